@@ -1,0 +1,27 @@
+"""tokpack: fast, deterministic sequence packing for LLM fine-tuning.
+
+>>> import tokpack
+>>> tokpack.plan([700, 300, 500, 500], max_len=1000).n_bins
+2
+"""
+
+from __future__ import annotations
+
+from ._tokpack import __version__
+from .compat import concatenate_and_pack, pack_sequences
+from .errors import ConfigError, DataError, OverlongError, TokpackError
+from .packing import pack_tokens
+from .planning import Plan, plan
+
+__all__ = [
+    "__version__",
+    "Plan",
+    "plan",
+    "pack_tokens",
+    "pack_sequences",
+    "concatenate_and_pack",
+    "TokpackError",
+    "ConfigError",
+    "DataError",
+    "OverlongError",
+]

@@ -1,0 +1,1 @@
+"""Subcommands of the ``tokpack`` CLI, one module each."""

@@ -1,0 +1,29 @@
+"""The exception hierarchy: everything tokpack raises on purpose is a ``TokpackError``."""
+
+from __future__ import annotations
+
+__all__ = [
+    "TokpackError",
+    "ConfigError",
+    "OverlongError",
+    "DataError",
+]
+
+
+class TokpackError(Exception):
+    """Base class of every error tokpack raises on purpose."""
+
+
+class ConfigError(TokpackError, ValueError):
+    """An argument or option is invalid (``max_len < 1``, unknown strategy, ...)."""
+
+
+class DataError(TokpackError, ValueError):
+    """The input data is invalid (negative lengths, nulls, labels of the wrong length, ...).
+
+    Messages name the file, row and column where one applies.
+    """
+
+
+class OverlongError(DataError):
+    """A sample is longer than ``max_len`` and the overlong policy is ``"error"``."""

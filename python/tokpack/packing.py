@@ -1,0 +1,87 @@
+"""``tokpack.pack_tokens``: token lists in, a pyarrow Table of packed rows out."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Optional, Tuple, Union
+
+import numpy as np
+import pyarrow as pa
+
+from . import _tokpack
+from ._arrays import as_flat_column, list_array
+from .errors import DataError
+from .planning import Plan, checked_args
+
+__all__ = ["pack_tokens", "packed_table"]
+
+
+def pack_tokens(
+    input_ids: Any,
+    max_len: int,
+    *,
+    labels: Any = None,
+    strategy: str = "bfd",
+    overlong: str = "error",
+    seed: int = 0,
+    threads: Optional[int] = None,
+    return_plan: bool = False,
+) -> Union[pa.Table, Tuple[pa.Table, Plan]]:
+    """Pack token sequences into rows of at most ``max_len`` tokens.
+
+    Args:
+        input_ids: a pyarrow list array (list/large_list of integers, chunked or not) or a
+            sequence of 1-D integer arrays / lists.
+        labels: optional, same shape as ``input_ids`` (-100 = not trained on).
+        strategy, overlong, seed, threads: as in :func:`tokpack.plan`.
+        return_plan: also return the :class:`tokpack.Plan` (to see dropped / truncated samples).
+
+    Returns:
+        A ``pyarrow.Table`` with one row per packed row: ``input_ids`` (list<int32>, unpadded),
+        ``labels`` (list<int32>, when labels were given), ``seq_lengths`` (list<int32>, the
+        length of each packed segment in order) and ``sample_ids`` (list<int64>). The schema
+        metadata ``tokpack`` holds the plan's figures as JSON.
+
+    >>> t = pack_tokens([[1, 2, 3], [4, 5], [6, 7, 8, 9]], max_len=5)
+    >>> t.column("seq_lengths").to_pylist()
+    [[4], [3, 2]]
+    """
+    max_len, seed, threads = checked_args(max_len, seed, threads)
+    values, offsets = as_flat_column(input_ids, "input_ids")
+    label_values = label_offsets = None
+    if labels is not None:
+        label_values, label_offsets = as_flat_column(labels, "labels", allow_negative=True)
+        if len(label_offsets) != len(offsets):
+            raise DataError(
+                f"labels have {len(label_offsets) - 1} rows but input_ids have {len(offsets) - 1}"
+            )
+    plan_parts, tokens, out_labels, row_offsets, _ = _tokpack.pack_flat(
+        values, offsets, label_values, label_offsets, max_len, strategy, overlong, seed, threads
+    )
+    plan = Plan._from_rust(plan_parts, strategy)
+    table = packed_table(plan, tokens, out_labels, row_offsets)
+    return (table, plan) if return_plan else table
+
+
+def packed_table(
+    plan: Plan, tokens: np.ndarray, labels: Optional[np.ndarray], row_offsets: np.ndarray
+) -> pa.Table:
+    """The in-memory packed-rows table, built over the Rust buffers without copying tokens."""
+    columns = {"input_ids": list_array(row_offsets, tokens, pa.int32())}
+    if labels is not None:
+        columns["labels"] = list_array(row_offsets, labels, pa.int32())
+    columns["seq_lengths"] = list_array(plan.bin_offsets, plan.lengths.astype(np.int32), pa.int32())
+    columns["sample_ids"] = list_array(plan.bin_offsets, plan.sample_ids, pa.int64())
+    figures = {
+        "strategy": plan.strategy,
+        "max_len": plan.max_len,
+        "n_samples": plan.n_samples,
+        "n_bins": plan.n_bins,
+        "total_tokens": plan.total_tokens,
+        "lower_bound": plan.lower_bound,
+        "efficiency": plan.efficiency,
+        "dropped": len(plan.dropped),
+        "truncated": len(plan.truncated),
+        "split": len(plan.split),
+    }
+    return pa.table(columns).replace_schema_metadata({"tokpack": json.dumps(figures)})

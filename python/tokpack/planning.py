@@ -1,0 +1,163 @@
+"""``tokpack.plan``: sample lengths in, a packing plan out (computed in Rust)."""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any, Optional, Tuple
+
+import numpy as np
+
+from . import _tokpack
+from ._arrays import as_lengths
+from .errors import ConfigError
+
+__all__ = ["Plan", "plan", "STRATEGIES", "OVERLONG_POLICIES"]
+
+STRATEGIES = ("bfd", "ffd", "next_fit", "padding", "random")
+OVERLONG_POLICIES = ("error", "truncate", "drop", "split")
+
+
+@dataclass(frozen=True, repr=False, eq=False)
+class Plan:
+    """How samples are packed into rows.
+
+    Row ``r`` holds segments ``bin_offsets[r]:bin_offsets[r+1]``; segment ``k`` is tokens
+    ``starts[k]:starts[k]+lengths[k]`` of input sample ``sample_ids[k]``. Samples not packed at
+    all are in ``dropped`` (over-long ones with ``overlong="drop"`` and zero-length ones, the
+    latter also in ``empty``); ``truncated`` and ``split`` list samples packed only in part or in
+    pieces. Every input sample is in exactly one of: packed whole, ``truncated``, ``split``,
+    ``dropped``.
+    """
+
+    bin_offsets: np.ndarray
+    sample_ids: np.ndarray
+    starts: np.ndarray
+    lengths: np.ndarray
+    dropped: np.ndarray
+    empty: np.ndarray
+    truncated: np.ndarray
+    split: np.ndarray
+    n_samples: int
+    input_tokens: int
+    max_len: int
+    strategy: str
+
+    @classmethod
+    def _from_rust(cls, parts: Tuple[Any, ...], strategy: str) -> "Plan":
+        return cls(*parts, strategy=strategy)
+
+    @property
+    def n_bins(self) -> int:
+        """Number of packed rows."""
+        return len(self.bin_offsets) - 1
+
+    @property
+    def n_segments(self) -> int:
+        return len(self.sample_ids)
+
+    @property
+    def total_tokens(self) -> int:
+        """Tokens placed in rows (after truncation and dropping)."""
+        return int(self.lengths.sum())
+
+    @property
+    def lower_bound(self) -> int:
+        """``ceil(total_tokens / max_len)``: no packing can use fewer rows."""
+        return -(-self.total_tokens // self.max_len)
+
+    @property
+    def efficiency(self) -> float:
+        """Packed tokens over the capacity of the rows used (1.0 means no padding)."""
+        capacity = self.n_bins * self.max_len
+        return self.total_tokens / capacity if capacity else 0.0
+
+    @property
+    def padding_tokens(self) -> int:
+        """Padding a layout with every row padded to ``max_len`` would need."""
+        return self.n_bins * self.max_len - self.total_tokens
+
+    def row_tokens(self) -> np.ndarray:
+        """Tokens in every row (int64, one per row)."""
+        if self.n_segments == 0:
+            return np.zeros(self.n_bins, dtype=np.int64)
+        return (
+            np.add.reduceat(self.lengths, self.bin_offsets[:-1])
+            if self.n_bins
+            else self.lengths[:0]
+        )
+
+    def row(self, r: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(sample_ids, starts, lengths)`` of the segments of row ``r``."""
+        if not -self.n_bins <= r < self.n_bins:
+            raise IndexError(f"row {r} out of range for a plan of {self.n_bins} rows")
+        r %= self.n_bins
+        a, b = self.bin_offsets[r], self.bin_offsets[r + 1]
+        return self.sample_ids[a:b], self.starts[a:b], self.lengths[a:b]
+
+    def __len__(self) -> int:
+        return self.n_bins
+
+    def __repr__(self) -> str:
+        return (
+            f"Plan(strategy={self.strategy!r}, max_len={self.max_len}, "
+            f"n_samples={self.n_samples:,}, n_bins={self.n_bins:,}, "
+            f"total_tokens={self.total_tokens:,}, lower_bound={self.lower_bound:,}, "
+            f"efficiency={self.efficiency:.4f}, dropped={len(self.dropped):,}, "
+            f"truncated={len(self.truncated):,}, split={len(self.split):,})"
+        )
+
+
+def plan(
+    lengths: Any,
+    max_len: int,
+    *,
+    strategy: str = "bfd",
+    overlong: str = "error",
+    seed: int = 0,
+    threads: Optional[int] = None,
+) -> Plan:
+    """Plan how to pack samples of the given lengths into rows of at most ``max_len`` tokens.
+
+    Args:
+        lengths: 1-D integer array-like (numpy, list, pyarrow array, torch tensor); int32 and
+            int64 numpy arrays are read without copying.
+        max_len: row capacity in tokens.
+        strategy: ``"bfd"`` best-fit decreasing (default), ``"ffd"`` first-fit decreasing,
+            ``"next_fit"`` input order, ``"padding"`` one sample per row, ``"random"`` shuffle,
+            concatenate and cut (samples may be split).
+        overlong: samples longer than ``max_len``: ``"error"``, ``"truncate"``, ``"drop"`` or
+            ``"split"`` (pieces of ``max_len`` tokens, each packed on its own).
+        seed: shuffling seed of the ``"random"`` strategy.
+        threads: worker threads (default: ``TOKPACK_NUM_THREADS`` or all cores). The plan is
+            identical for every value.
+
+    >>> p = plan([3, 2, 4, 3], max_len=8)
+    >>> p.n_bins, p.lower_bound
+    (2, 2)
+    """
+    args = checked_args(max_len, seed, threads)
+    parts = _tokpack.plan(as_lengths(lengths), args[0], strategy, overlong, args[1], args[2])
+    return Plan._from_rust(parts, strategy)
+
+
+def _integer(value: Any, name: str) -> int:
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise ConfigError(f"{name} must be an integer, got {value!r}") from None
+
+
+def checked_args(max_len: Any, seed: Any, threads: Any) -> Tuple[int, int, Optional[int]]:
+    """Validates the arguments every packing entry point shares."""
+    max_len = _integer(max_len, "max_len")
+    if max_len < 1:
+        raise ConfigError(f"max_len must be at least 1, got {max_len}")
+    seed = _integer(seed, "seed")
+    if not 0 <= seed < 2**64:
+        raise ConfigError(f"seed must be in 0..2**64, got {seed}")
+    if threads is not None:
+        threads = _integer(threads, "threads")
+        if threads < 1:
+            raise ConfigError(f"threads must be at least 1 (or None for all cores), got {threads}")
+    return max_len, seed, threads

@@ -1,0 +1,158 @@
+//! Materialising a plan: copying each segment's tokens (and labels) into packed rows.
+
+use crate::error::{CoreError, Result};
+use crate::plan::Plan;
+use rayon::prelude::*;
+
+/// Label value that the loss ignores.
+pub const IGNORE_INDEX: i32 = -100;
+
+/// A list column laid out flat: sample `i` is `values[offsets[i]..offsets[i+1]]`.
+#[derive(Clone, Copy)]
+pub struct FlatColumn<'a> {
+    pub values: &'a [i32],
+    pub offsets: &'a [i64],
+}
+
+impl FlatColumn<'_> {
+    pub fn len(&self) -> usize {
+        self.offsets.len().saturating_sub(1)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Checks that the offsets are a valid CSR over `values`; `name` is used in the error.
+    pub fn validate(&self, name: &str) -> Result<()> {
+        if self.offsets.is_empty() {
+            return Err(CoreError::Data(format!("{name}: offsets array is empty")));
+        }
+        for (row, w) in self.offsets.windows(2).enumerate() {
+            if w[1] < w[0] {
+                return Err(CoreError::Data(format!(
+                    "{name}: row {row} has decreasing offsets"
+                )));
+            }
+        }
+        let last = *self.offsets.last().unwrap_or(&0);
+        if self.offsets[0] < 0 || last as usize > self.values.len() {
+            return Err(CoreError::Data(format!(
+                "{name}: offsets run past the {} values",
+                self.values.len()
+            )));
+        }
+        Ok(())
+    }
+
+    pub fn lengths(&self) -> Vec<i64> {
+        self.offsets.windows(2).map(|w| w[1] - w[0]).collect()
+    }
+
+    fn slice(&self, sample: i64, start: i64, len: i64) -> &[i32] {
+        let a = (self.offsets[sample as usize] + start) as usize;
+        &self.values[a..a + len as usize]
+    }
+}
+
+/// Checks that labels have exactly as many entries as tokens in every row.
+pub fn check_labels_aligned(tokens: &FlatColumn, labels: &FlatColumn) -> Result<()> {
+    if tokens.len() != labels.len() {
+        return Err(CoreError::Data(format!(
+            "labels have {} rows but input_ids have {}",
+            labels.len(),
+            tokens.len()
+        )));
+    }
+    for row in 0..tokens.len() {
+        let t = tokens.offsets[row + 1] - tokens.offsets[row];
+        let l = labels.offsets[row + 1] - labels.offsets[row];
+        if t != l {
+            return Err(CoreError::Data(format!(
+                "row {row}: labels have {l} entries but input_ids have {t}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Packed rows laid out flat: row `r` is `tokens[row_offsets[r]..row_offsets[r+1]]`.
+pub struct PackedRows {
+    pub tokens: Vec<i32>,
+    pub labels: Option<Vec<i32>>,
+    pub row_offsets: Vec<i64>,
+    /// Per segment: labels that are not IGNORE_INDEX (only with labels).
+    pub seg_loss_tokens: Option<Vec<i32>>,
+}
+
+/// Copies the planned segments into rows, in parallel over groups of segments.
+pub fn materialize(plan: &Plan, tokens: &FlatColumn, labels: Option<&FlatColumn>) -> PackedRows {
+    let mut seg_offsets = Vec::with_capacity(plan.lengths.len() + 1);
+    let mut acc = 0i64;
+    seg_offsets.push(0);
+    for &l in &plan.lengths {
+        acc += l;
+        seg_offsets.push(acc);
+    }
+    let total = acc as usize;
+    let row_offsets: Vec<i64> = plan
+        .bin_offsets
+        .iter()
+        .map(|&s| seg_offsets[s as usize])
+        .collect();
+    let out_tokens = gather(plan, &seg_offsets, tokens, total);
+    let (out_labels, seg_loss_tokens) = match labels {
+        Some(col) => {
+            let out = gather(plan, &seg_offsets, col, total);
+            let loss: Vec<i32> = seg_offsets
+                .par_windows(2)
+                .map(|w| {
+                    out[w[0] as usize..w[1] as usize]
+                        .iter()
+                        .filter(|&&v| v != IGNORE_INDEX)
+                        .count() as i32
+                })
+                .collect();
+            (Some(out), Some(loss))
+        }
+        None => (None, None),
+    };
+    PackedRows {
+        tokens: out_tokens,
+        labels: out_labels,
+        row_offsets,
+        seg_loss_tokens,
+    }
+}
+
+const GROUP_TOKENS: i64 = 1 << 18;
+
+fn gather(plan: &Plan, seg_offsets: &[i64], col: &FlatColumn, total: usize) -> Vec<i32> {
+    let mut out = vec![0i32; total];
+    // Cut the output at segment boundaries into groups of ~GROUP_TOKENS tokens; groups are
+    // disjoint slices, filled in parallel.
+    let mut groups: Vec<(usize, usize, &mut [i32])> = Vec::new();
+    let mut rest: &mut [i32] = &mut out;
+    let n = plan.lengths.len();
+    let mut a = 0;
+    while a < n {
+        let mut b = a + 1;
+        while b < n && seg_offsets[b] - seg_offsets[a] < GROUP_TOKENS {
+            b += 1;
+        }
+        let size = (seg_offsets[b] - seg_offsets[a]) as usize;
+        let (head, tail) = std::mem::take(&mut rest).split_at_mut(size);
+        groups.push((a, b, head));
+        rest = tail;
+        a = b;
+    }
+    groups.into_par_iter().for_each(|(a, b, dst)| {
+        let mut pos = 0;
+        for k in a..b {
+            let src = col.slice(plan.sample_ids[k], plan.starts[k], plan.lengths[k]);
+            dst[pos..pos + src.len()].copy_from_slice(src);
+            pos += src.len();
+        }
+    });
+    out
+}

@@ -1,0 +1,190 @@
+//! Planning: sample lengths in, rows of segments out.
+
+use crate::error::{CoreError, Result};
+use crate::items::{build_items, Length};
+use crate::strategies;
+use std::str::FromStr;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Strategy {
+    /// Best-fit decreasing (the default).
+    Bfd,
+    /// First-fit decreasing.
+    Ffd,
+    /// Input order, a new row when the next sample does not fit.
+    NextFit,
+    /// One sample per row.
+    Padding,
+    /// Shuffle, concatenate, cut every max_len tokens (samples may be split).
+    Random,
+}
+
+impl FromStr for Strategy {
+    type Err = CoreError;
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s {
+            "bfd" => Self::Bfd,
+            "ffd" => Self::Ffd,
+            "next_fit" => Self::NextFit,
+            "padding" => Self::Padding,
+            "random" => Self::Random,
+            _ => {
+                return Err(CoreError::Config(format!(
+                    "unknown strategy {s:?}; expected one of \"bfd\", \"ffd\", \"next_fit\", \"padding\", \"random\""
+                )))
+            }
+        })
+    }
+}
+
+/// What to do with samples longer than max_len.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Overlong {
+    Error,
+    Truncate,
+    Drop,
+    Split,
+}
+
+impl FromStr for Overlong {
+    type Err = CoreError;
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s {
+            "error" => Self::Error,
+            "truncate" => Self::Truncate,
+            "drop" => Self::Drop,
+            "split" => Self::Split,
+            _ => {
+                return Err(CoreError::Config(format!(
+                    "unknown overlong policy {s:?}; expected one of \"error\", \"truncate\", \"drop\", \"split\""
+                )))
+            }
+        })
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct PlanConfig {
+    pub max_len: u32,
+    pub strategy: Strategy,
+    pub overlong: Overlong,
+    pub seed: u64,
+}
+
+impl PlanConfig {
+    pub fn new(max_len: i64, strategy: &str, overlong: &str, seed: u64) -> Result<Self> {
+        if !(1..=i64::from(u32::MAX >> 1)).contains(&max_len) {
+            return Err(CoreError::Config(format!(
+                "max_len must be between 1 and {}, got {max_len}",
+                u32::MAX >> 1
+            )));
+        }
+        Ok(Self {
+            max_len: max_len as u32,
+            strategy: strategy.parse()?,
+            overlong: overlong.parse()?,
+            seed,
+        })
+    }
+}
+
+/// A packing plan: row `r` holds segments `bin_offsets[r]..bin_offsets[r+1]`; segment `k` is
+/// tokens `starts[k]..starts[k]+lengths[k]` of input sample `sample_ids[k]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    pub max_len: u32,
+    pub bin_offsets: Vec<i64>,
+    pub sample_ids: Vec<i64>,
+    pub starts: Vec<i64>,
+    pub lengths: Vec<i64>,
+    /// Samples not packed at all (over-long with `drop`, and zero-length ones), ascending.
+    pub dropped: Vec<i64>,
+    /// The zero-length samples among `dropped`.
+    pub empty: Vec<i64>,
+    /// Samples cut to max_len (`truncate`), ascending.
+    pub truncated: Vec<i64>,
+    /// Samples packed as several pieces (`split`, or cut by the `random` strategy), ascending.
+    pub split: Vec<i64>,
+    pub n_samples: usize,
+    /// Tokens in the input, before truncation or dropping.
+    pub input_tokens: u64,
+}
+
+impl Plan {
+    pub fn n_bins(&self) -> usize {
+        self.bin_offsets.len() - 1
+    }
+
+    /// Tokens placed in rows.
+    pub fn total_tokens(&self) -> u64 {
+        self.lengths.iter().map(|&l| l as u64).sum()
+    }
+
+    /// No packing can use fewer rows than this.
+    pub fn lower_bound(&self) -> u64 {
+        self.total_tokens().div_ceil(u64::from(self.max_len))
+    }
+
+    /// Packed tokens over the capacity of the rows used (1.0 = no padding at all).
+    pub fn efficiency(&self) -> f64 {
+        let capacity = self.n_bins() as f64 * f64::from(self.max_len);
+        if capacity == 0.0 {
+            0.0
+        } else {
+            self.total_tokens() as f64 / capacity
+        }
+    }
+
+    /// Tokens in every row, in order.
+    pub fn row_tokens(&self) -> Vec<i64> {
+        self.bin_offsets
+            .windows(2)
+            .map(|w| self.lengths[w[0] as usize..w[1] as usize].iter().sum())
+            .collect()
+    }
+}
+
+/// Plans how to pack samples of the given lengths into rows of at most `max_len` tokens.
+/// Deterministic: the result depends only on the inputs, never on the thread count.
+pub fn plan<L: Length>(lengths: &[L], config: &PlanConfig) -> Result<Plan> {
+    let items = build_items(lengths, config.max_len, config.overlong)?;
+    let max_len = config.max_len;
+    let (rows, cut) = match config.strategy {
+        Strategy::Bfd => (
+            strategies::best_fit_decreasing(&items.items, max_len),
+            Vec::new(),
+        ),
+        Strategy::Ffd => (
+            strategies::first_fit_decreasing(&items.items, max_len),
+            Vec::new(),
+        ),
+        Strategy::NextFit => (strategies::next_fit(&items.items, max_len), Vec::new()),
+        Strategy::Padding => (strategies::padding(&items.items), Vec::new()),
+        Strategy::Random => strategies::random_concat(&items.items, max_len, config.seed),
+    };
+    let mut split = items.split;
+    if !cut.is_empty() {
+        split.extend_from_slice(&cut);
+        split.sort_unstable();
+        split.dedup();
+    }
+    let mut dropped = items.dropped;
+    if !items.empty.is_empty() {
+        dropped.extend_from_slice(&items.empty);
+        dropped.sort_unstable();
+    }
+    let segments = rows.segments;
+    Ok(Plan {
+        max_len,
+        bin_offsets: rows.offsets,
+        sample_ids: segments.iter().map(|s| s.sample).collect(),
+        starts: segments.iter().map(|s| s.start).collect(),
+        lengths: segments.iter().map(|s| i64::from(s.len)).collect(),
+        dropped,
+        empty: items.empty,
+        truncated: items.truncated,
+        split,
+        n_samples: lengths.len(),
+        input_tokens: items.input_tokens,
+    })
+}

@@ -1,0 +1,16 @@
+//! The thin pyo3 layer over tokpack-core: conversions, error mapping, GIL release.
+//! The public API, docstrings and defaults live in the Python package (`python/tokpack`).
+
+mod errors;
+mod plan;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _tokpack(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_function(wrap_pyfunction!(plan::plan, m)?)?;
+    m.add_function(wrap_pyfunction!(plan::pack_flat, m)?)?;
+    m.add_function(wrap_pyfunction!(plan::default_threads, m)?)?;
+    Ok(())
+}
