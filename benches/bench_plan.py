@@ -49,8 +49,8 @@ def main() -> int:
             times = {}
             for threads in (1, 2):
                 times[threads] = best_of(
-                    lambda t=threads: tokpack.plan(
-                        lengths, max_len, strategy=strategy, overlong="split", threads=t
+                    lambda t=threads, m=max_len, s=strategy: tokpack.plan(
+                        lengths, m, strategy=s, overlong="split", threads=t
                     ),
                     args.repeat,
                 )

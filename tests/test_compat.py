@@ -3,6 +3,7 @@
 
 import numpy as np
 import pytest
+
 import tokpack
 from tokpack import concatenate_and_pack, pack_sequences
 

@@ -5,9 +5,10 @@ import json
 import numpy as np
 import pyarrow as pa
 import pytest
-import tokpack
 from hypothesis import given
 from hypothesis import strategies as st
+
+import tokpack
 
 
 def make_corpus(lengths, seed=0):

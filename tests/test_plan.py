@@ -3,9 +3,10 @@
 import numpy as np
 import pyarrow as pa
 import pytest
-import tokpack
 from hypothesis import given
 from hypothesis import strategies as st
+
+import tokpack
 from tokpack.synthetic import sft_lengths
 
 WHOLE = ("bfd", "ffd", "next_fit", "padding")
