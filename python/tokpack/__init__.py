@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from ._tokpack import __version__
 from .compat import concatenate_and_pack, pack_sequences
-from .errors import ConfigError, DataError, OverlongError, TokpackError
+from .errors import (
+    ConfigError,
+    CorruptOutputError,
+    DataError,
+    InputNotFoundError,
+    OverlongError,
+    TokpackError,
+)
 from .packing import pack_tokens
 from .planning import Plan, plan
 
@@ -24,4 +31,6 @@ __all__ = [
     "ConfigError",
     "DataError",
     "OverlongError",
+    "InputNotFoundError",
+    "CorruptOutputError",
 ]

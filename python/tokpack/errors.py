@@ -7,6 +7,8 @@ __all__ = [
     "ConfigError",
     "OverlongError",
     "DataError",
+    "InputNotFoundError",
+    "CorruptOutputError",
 ]
 
 
@@ -27,3 +29,11 @@ class DataError(TokpackError, ValueError):
 
 class OverlongError(DataError):
     """A sample is longer than ``max_len`` and the overlong policy is ``"error"``."""
+
+
+class InputNotFoundError(TokpackError, FileNotFoundError):
+    """An input file is missing or unreadable."""
+
+
+class CorruptOutputError(DataError):
+    """An output directory's manifest or files are damaged."""
