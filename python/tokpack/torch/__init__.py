@@ -12,9 +12,11 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch in
 from .attention import document_ids, flex_block_mask, sdpa_block_causal_mask
 from .collate import FORMATS, IGNORE_INDEX, PackedCollator
 from .dataset import PackedDataset
+from .iterable import PackedIterableDataset
 
 __all__ = [
     "PackedDataset",
+    "PackedIterableDataset",
     "PackedCollator",
     "FORMATS",
     "IGNORE_INDEX",
