@@ -12,12 +12,14 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch in
 from .attention import document_ids, flex_block_mask, sdpa_block_causal_mask
 from .collate import FORMATS, IGNORE_INDEX, PackedCollator
 from .dataset import PackedDataset
+from .device import DeviceLoader
 from .iterable import PackedIterableDataset
 
 __all__ = [
     "PackedDataset",
     "PackedIterableDataset",
     "PackedCollator",
+    "DeviceLoader",
     "FORMATS",
     "IGNORE_INDEX",
     "document_ids",
