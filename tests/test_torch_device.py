@@ -67,3 +67,12 @@ def test_in_device_mode_rows_are_slices_of_one_flat_tensor(corpus):
     )
     batch = PackedCollator("hf")([ds[i] for i in range(4)])
     assert batch["input_ids"].device.type == "cpu" and batch["input_ids"].shape[0] == 1
+
+
+def test_device_loader_copies_and_reports_missing_attributes(corpus):
+    import copy
+
+    wrapped = copy.copy(DeviceLoader([{"x": torch.ones(1)}], "cpu"))
+    assert [b["x"].item() for b in wrapped] == [1.0]
+    with pytest.raises(AttributeError):
+        assert wrapped.no_such_attribute is None

@@ -19,6 +19,24 @@ FORMATS = ("hf", "flash", "padded", "torchtune")
 IGNORE_INDEX = -100
 
 
+def _segments(lens: torch.Tensor, total: int) -> "tuple[torch.Tensor, torch.Tensor]":
+    """(position within its segment, segment index) of each of ``total`` tokens, int64.
+
+    Built with two cumulative sums (a step at every segment start): several times faster on CPU
+    than ``repeat_interleave`` for rows of thousands of tokens.
+    """
+    device = lens.device
+    starts = torch.cumsum(lens, 0)[:-1]
+    step = torch.zeros(total, dtype=torch.int64, device=device)
+    step[starts] = 1
+    seg = torch.cumsum(step, 0)
+    pos_step = torch.ones(total, dtype=torch.int64, device=device)
+    pos_step[starts] = 1 - lens[:-1]
+    if total:
+        pos_step[0] = 0
+    return torch.cumsum(pos_step, 0), seg
+
+
 def _as_tensor(value: Any, name: str, row: int) -> torch.Tensor:
     t = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
     if t.dim() != 1:
@@ -113,9 +131,7 @@ class PackedCollator:
         torch.cumsum(lens, 0, out=cu[1:])
         starts = cu[:-1]
         lab[starts] = IGNORE_INDEX
-        positions = torch.arange(input_ids.numel(), device=device) - torch.repeat_interleave(
-            starts, lens
-        )
+        positions, seq_idx = _segments(lens, input_ids.numel())
         max_len = int(lens.max()) if lens.numel() else 0
         flat = self.format == "flash"
         shape = (-1,) if flat else (1, -1)
@@ -133,7 +149,6 @@ class PackedCollator:
             out["cu_seq_lens_k"] = cu32.clone()
             out["max_length_q"] = max_len
             out["max_length_k"] = max_len
-        seq_idx = torch.repeat_interleave(torch.arange(lens.numel(), device=device), lens)
         self._extras(out, lab.view(shape), seq_idx.view(shape), lens.numel())
         return out
 
@@ -158,10 +173,9 @@ class PackedCollator:
             input_ids[r, :n] = x
             lab[r, :n] = y
             lab[r, starts] = IGNORE_INDEX
-            positions[r, :n] = torch.arange(n, device=device) - torch.repeat_interleave(starts, s)
-            doc[r, :n] = torch.repeat_interleave(
-                torch.arange(s.numel(), dtype=torch.int32, device=device), s
-            )
+            pos, seg = _segments(s, n)
+            positions[r, :n] = pos
+            doc[r, :n] = seg.to(torch.int32)
             seq_idx[r, :n] = doc[r, :n] + n_seqs
             if n < width:
                 # torchtune gives the padding its own segment and continuing positions.

@@ -70,7 +70,10 @@ class DeviceLoader:
 
     def __getattr__(self, name: str) -> Any:
         # set_epoch, state_dict, dataset, ... of the wrapped loader.
-        return getattr(self.__dict__["loader"], name)
+        loader = self.__dict__.get("loader")
+        if loader is None:
+            raise AttributeError(name)
+        return getattr(loader, name)
 
     def __iter__(self) -> Iterator[Any]:
         cuda = self.device.type == "cuda"
