@@ -126,13 +126,14 @@ class PackedCollator:
         device = ids[0].device
         input_ids = torch.cat(ids).to(torch.int64)
         lab = torch.cat(labels).to(torch.int64)
-        lens = torch.cat(seg_lens).to(device=device, dtype=torch.int64)
+        host_lens = torch.cat([s.cpu() for s in seg_lens]).to(torch.int64)
+        max_len = int(host_lens.max()) if host_lens.numel() else 0
+        lens = host_lens.to(device)
         cu = torch.zeros(lens.numel() + 1, dtype=torch.int64, device=device)
         torch.cumsum(lens, 0, out=cu[1:])
         starts = cu[:-1]
         lab[starts] = IGNORE_INDEX
         positions, seq_idx = _segments(lens, input_ids.numel())
-        max_len = int(lens.max()) if lens.numel() else 0
         flat = self.format == "flash"
         shape = (-1,) if flat else (1, -1)
         cu32 = cu.to(torch.int32)
@@ -146,7 +147,7 @@ class PackedCollator:
             out["max_seqlen"] = max_len
         else:
             out["cu_seq_lens_q"] = cu32
-            out["cu_seq_lens_k"] = cu32.clone()
+            out["cu_seq_lens_k"] = cu32
             out["max_length_q"] = max_len
             out["max_length_k"] = max_len
         self._extras(out, lab.view(shape), seq_idx.view(shape), lens.numel())

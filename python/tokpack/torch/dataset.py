@@ -28,8 +28,9 @@ class PackedDataset(torch.utils.data.Dataset):
     a group for most rows and is better served by ``device=`` mode on corpora that fit in memory.
 
     With ``device`` set (``"cuda"``, or ``"cpu"`` for the same code path on the host), the whole
-    corpus is loaded once as flat tensors on that device plus host-side row offsets, and rows are
-    slices of those tensors: no decoding and no host-to-device copy per step. Use it with
+    corpus is loaded once as flat token/label tensors on that device plus host-side row offsets
+    (``seq_lengths`` and ``sample_ids`` stay on the host), and rows are slices of those tensors:
+    no decoding and no host-to-device copy of tokens per step. Use it with
     ``num_workers=0`` (CUDA tensors must not cross into worker processes).
 
     The dataset holds only numpy arrays with one entry per row group (or, in device mode, per
@@ -86,5 +87,8 @@ class PackedDataset(torch.utils.data.Dataset):
         for name in self.packed.columns:
             values = np.concatenate(parts[name]) if parts[name] else np.zeros(0, np.int32)
             lens = np.concatenate(lengths[name]) if lengths[name] else np.zeros(0, np.int64)
-            self._flat[name] = torch.from_numpy(values).to(self.device)
+            # Tokens and labels live on the device; the small boundary columns stay on the host
+            # so collating needs no device-to-host synchronisation.
+            device = self.device if name in ("input_ids", "labels") else "cpu"
+            self._flat[name] = torch.from_numpy(values).to(device)
             self._flat_offsets[name] = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
