@@ -2,6 +2,7 @@
 resumption with a different topology, fork/spawn workers."""
 
 import collections
+import os
 
 import numpy as np
 import pytest
@@ -181,18 +182,22 @@ def plan_in_worker(rows):
     """A collate_fn that runs Rust work (the thread pool) inside the worker process."""
     lengths = [int(n) for r in rows for n in r["seq_lengths"]]
     p = tokpack.plan(lengths, max_len=64, threads=2)
-    return {"n_bins": p.n_bins, "ids": [r["sample_ids"] for r in rows]}
+    threads = os.environ.get("TOKPACK_NUM_THREADS")
+    return {"n_bins": p.n_bins, "ids": [r["sample_ids"] for r in rows], "threads": threads}
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])
-def test_workers_with_fork_and_spawn(corpus, method):
+def test_workers_with_fork_and_spawn(corpus, method, monkeypatch):
+    monkeypatch.delenv("TOKPACK_NUM_THREADS", raising=False)
     tokpack.plan([5, 6, 7] * 1000, max_len=64, threads=2)  # start the parent's pool before fork
     ds = PackedIterableDataset(
         corpus, batch_rows=8, world_size=1, rank=0, collate_fn=plan_in_worker
     )
     loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=method)
-    seen = [int(x) for b in loader for t in b["ids"] for x in t]
+    batches = list(loader)
+    seen = [int(x) for b in batches for t in b["ids"] for x in t]
     assert sorted(seen) == list(range(N_SAMPLES))
+    assert {b["threads"] for b in batches} == {"1"}  # one Rust thread per worker by default
     mapped = DataLoader(
         PackedDataset(corpus),
         batch_size=8,
@@ -200,4 +205,6 @@ def test_workers_with_fork_and_spawn(corpus, method):
         multiprocessing_context=method,
         collate_fn=plan_in_worker,
     )
-    assert sum(b["n_bins"] > 0 for b in mapped) == len(mapped)
+    mapped_batches = list(mapped)
+    assert len(mapped_batches) == len(mapped) and all(b["n_bins"] > 0 for b in mapped_batches)
+    assert {b["threads"] for b in mapped_batches} == {"1"}

@@ -10,6 +10,7 @@ import torch
 
 from ..errors import ConfigError
 from ._rows import GroupCache
+from ._workers import worker_slot
 from .packed_dir import PackedDir
 
 __all__ = ["PackedDataset"]
@@ -73,6 +74,7 @@ class PackedDataset(torch.utils.data.Dataset):
                 ]
                 for name, values in self._flat.items()
             }
+        worker_slot()  # in a DataLoader worker: one decoding thread (set once per process)
         group, r = self.packed.locate(i)
         return self._cache.get(group).row(r)
 
