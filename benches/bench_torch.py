@@ -7,7 +7,7 @@ PackedIterableDataset, against a Hugging Face ``datasets`` Dataset of the rows w
 a full pass of the corpus in order (no shuffle for the map-style readers, the iterable dataset's
 own windowed shuffle for it). Goal (issue 4): at least 3x the baseline's tokens/s.
 
-    pip install -e ".[test,torch]" && python benches/bench_torch.py
+    pip install -e ".[test,torch]" datasets && python benches/bench_torch.py
 """
 
 from __future__ import annotations
