@@ -208,3 +208,34 @@ def test_workers_with_fork_and_spawn(corpus, method, monkeypatch):
     mapped_batches = list(mapped)
     assert len(mapped_batches) == len(mapped) and all(b["n_bins"] > 0 for b in mapped_batches)
     assert {b["threads"] for b in mapped_batches} == {"1"}
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_torchdata_stateful_dataloader_resumes_in_order(corpus, world_size):
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+
+    def make(rank):
+        ds = PackedIterableDataset(corpus, batch_rows=3, rank=rank, world_size=world_size, seed=5)
+        return stateful.StatefulDataLoader(ds, batch_size=None, num_workers=2)
+
+    for rank in range(world_size):
+        full = [b["position"]["batch"] for b in make(rank)]
+        loader = make(rank)
+        it = iter(loader)
+        head = [next(it)["position"]["batch"] for _ in range(5)]
+        saved = loader.state_dict()
+        del it
+        resumed = make(rank)
+        resumed.load_state_dict(saved)
+        tail = [b["position"]["batch"] for b in resumed]
+        assert head + tail == full == list(range(len(full)))
+
+
+def test_in_process_pass_continues_after_interruption_and_replays_when_done(corpus):
+    ds = PackedIterableDataset(corpus, batch_rows=4, world_size=1, rank=0)
+    full = [b["position"]["batch"] for b in ds]
+    it = iter(ds)
+    next(it), next(it)
+    del it
+    assert [b["position"]["batch"] for b in ds] == full[2:]
+    assert [b["position"]["batch"] for b in ds] == full

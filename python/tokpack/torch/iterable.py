@@ -44,8 +44,10 @@ class PackedIterableDataset(torch.utils.data.IterableDataset):
     Resuming: save ``batch["position"]`` of the last batch trained on (or
     ``ds.state_dict(batches_consumed=n)``), then ``ds.load_state_dict(state)`` before building the
     DataLoader of the resumed run; the rest of the epoch is delivered exactly once, for any
-    ``num_workers`` and any ``world_size``. Call ``set_epoch(e)`` before each epoch; keep
-    ``persistent_workers=False`` so workers see the new epoch and state.
+    ``num_workers`` and any ``world_size``. torchdata's ``StatefulDataLoader`` works too (same
+    topology). Call ``set_epoch(e)`` before each epoch; keep ``persistent_workers=False`` so
+    workers see the new epoch and state. Iterating again after a finished pass replays the epoch;
+    after an interrupted in-process pass it continues where that pass stopped.
     """
 
     def __init__(
@@ -78,7 +80,8 @@ class PackedIterableDataset(torch.utils.data.IterableDataset):
             )
         self.epoch = 0
         self._start = 0
-        self._consumed = 0
+        # Batches of this rank's sequence (from _start) before the next one this process makes.
+        self._next_batch = 0
         self._cache = GroupCache(self.packed, self.shuffle_window + 1)
 
     # -- order and state -------------------------------------------------------------------
@@ -100,31 +103,43 @@ class PackedIterableDataset(torch.utils.data.IterableDataset):
         """Select the epoch's order; a new epoch starts from its first row."""
         epoch = _non_negative_int("epoch", epoch)
         if epoch != self.epoch:
-            self.epoch, self._start, self._consumed = epoch, 0, 0
+            self.epoch, self._start, self._next_batch = epoch, 0, 0
 
     def state_dict(self, batches_consumed: Optional[int] = None) -> Dict[str, Any]:
         """The resumption state, in global rows consumed this epoch.
 
         ``batches_consumed``: batches this rank has trained on since iteration started from the
-        current state (what the training loop counts). Without it, the count of batches handed
-        out by an iterator running in this process (``num_workers=0``) is used.
+        current state (what the training loop counts). Without it, the batches handed out by this
+        process's iterator are counted (exact with ``num_workers=0``). Inside a DataLoader worker
+        (torchdata's ``StatefulDataLoader`` asks each worker) the state also records the worker's
+        own next batch, which ``load_state_dict`` restores when the topology is unchanged.
         """
+        split = self._split()
         if batches_consumed is None:
-            rows = self._consumed
+            n = self._next_batch
         else:
             n = _non_negative_int("batches_consumed", batches_consumed)
-            split = self._split()
             if n > split.num_batches:
                 raise ConfigError(f"batches_consumed={n} but this epoch has {split.num_batches}")
-            rows = split.round_end(n - 1)
-        return {
+        state = {
             "epoch": self.epoch,
-            "rows_consumed": int(max(rows, self._start)),
+            "rows_consumed": split.round_end(min(n, split.num_batches) - 1),
             "num_rows": self.packed.num_rows,
             "seed": self.seed,
             "shuffle": self.shuffle,
             "shuffle_window": self.shuffle_window,
         }
+        _, num_workers = worker_slot()
+        if batches_consumed is None and num_workers > 1:
+            state["worker"] = {
+                "from_rows": self._start,
+                "next_batch": n,
+                "num_workers": num_workers,
+                "world_size": self.world_size,
+                "batch_rows": self.batch_rows,
+                "tail": self.tail,
+            }
+        return state
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Resume from :meth:`state_dict` or from a batch's ``position`` dict."""
@@ -139,7 +154,22 @@ class PackedIterableDataset(torch.utils.data.IterableDataset):
                 raise ConfigError(f"state was saved with {key}={state[key]!r}, this is {mine!r}")
         if rows > self.packed.num_rows:
             raise ConfigError(f"rows_consumed={rows} > the corpus's {self.packed.num_rows} rows")
-        self.epoch, self._start, self._consumed = epoch, rows, rows
+        worker = state.get("worker")
+        same = worker is not None and all(
+            worker.get(k) == v
+            for k, v in (
+                ("world_size", self.world_size),
+                ("batch_rows", self.batch_rows),
+                ("tail", self.tail),
+                ("num_workers", worker_slot()[1]),
+            )
+        )
+        if same:
+            # A worker's own state (StatefulDataLoader): resume at that worker's next batch.
+            self.epoch, self._start = epoch, int(worker["from_rows"])
+            self._next_batch = int(worker["next_batch"])
+        else:
+            self.epoch, self._start, self._next_batch = epoch, rows, 0
 
     # -- iteration -------------------------------------------------------------------------
 
@@ -159,7 +189,10 @@ class PackedIterableDataset(torch.utils.data.IterableDataset):
             shuffle=self.shuffle,
             window=self.shuffle_window,
         )
-        for k in range(worker, split.num_batches, num_workers):
+        if self._next_batch >= split.num_batches:
+            self._next_batch = 0  # the previous pass finished: a new pass replays the epoch
+        first = self._next_batch + (worker - self._next_batch) % num_workers
+        for k in range(first, split.num_batches, num_workers):
             a, b = split.batch(self.rank, k)
             groups, rows = order.rows(a, b)
             batch_rows = [self._cache.get(int(g)).row(int(r)) for g, r in zip(groups, rows)]
@@ -169,6 +202,5 @@ class PackedIterableDataset(torch.utils.data.IterableDataset):
                 batch = {name: [row[name] for row in batch_rows] for name in self.packed.columns}
             consumed = split.round_end(k)
             batch["position"] = {"epoch": self.epoch, "batch": k, "rows_consumed": consumed}
-            if num_workers == 1:
-                self._consumed = consumed
+            self._next_batch = k + 1
             yield batch
