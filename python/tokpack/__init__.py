@@ -19,6 +19,20 @@ from .errors import (
 )
 from .packing import pack_tokens
 from .planning import Plan, plan
+from .streaming import streaming_dataset_reader
+
+# The PyTorch side is imported on first use, so `import tokpack` works without torch.
+_TORCH_EXPORTS = ("PackedDataset", "PackedIterableDataset", "PackedCollator", "DeviceLoader")
+
+
+def __getattr__(name: str):
+    if name in _TORCH_EXPORTS or name == "torch":
+        import importlib
+
+        module = importlib.import_module(".torch", __name__)
+        return module if name == "torch" else getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "__version__",
@@ -27,6 +41,7 @@ __all__ = [
     "pack_tokens",
     "pack_sequences",
     "concatenate_and_pack",
+    "streaming_dataset_reader",
     "TokpackError",
     "ConfigError",
     "DataError",

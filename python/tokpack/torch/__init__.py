@@ -1,0 +1,28 @@
+"""PyTorch side of tokpack: datasets over packed directories, collators, attention masks and
+device delivery. Needs the ``torch`` extra (``pip install tokpack[torch]``).
+"""
+
+from __future__ import annotations
+
+try:
+    import torch  # noqa: F401
+except ImportError as exc:  # pragma: no cover - exercised only without torch installed
+    raise ImportError("tokpack.torch needs PyTorch: pip install 'tokpack[torch]'") from exc
+
+from .attention import document_ids, flex_block_mask, sdpa_block_causal_mask
+from .collate import FORMATS, IGNORE_INDEX, PackedCollator
+from .dataset import PackedDataset
+from .device import DeviceLoader
+from .iterable import PackedIterableDataset
+
+__all__ = [
+    "PackedDataset",
+    "PackedIterableDataset",
+    "PackedCollator",
+    "DeviceLoader",
+    "FORMATS",
+    "IGNORE_INDEX",
+    "document_ids",
+    "sdpa_block_causal_mask",
+    "flex_block_mask",
+]

@@ -1,0 +1,69 @@
+"""Decoded row groups as torch tensors, and rows as views into them."""
+
+from __future__ import annotations
+
+import warnings
+from collections import OrderedDict
+from typing import Dict, Tuple
+
+import numpy as np
+import torch
+
+from .packed_dir import Column, PackedDir
+
+__all__ = ["TensorGroup", "GroupCache"]
+
+
+def _tensor(values: np.ndarray) -> torch.Tensor:
+    # Decoded Arrow buffers are read-only; the rows handed out are never written to, so share
+    # the memory instead of copying (torch only warns that writes would be undefined).
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(values)
+
+
+class TensorGroup:
+    """One decoded row group: per column, flat values as a tensor plus numpy row offsets."""
+
+    __slots__ = ("columns",)
+
+    def __init__(self, cols: Dict[str, Column]) -> None:
+        self.columns: Dict[str, Tuple[torch.Tensor, np.ndarray]] = {
+            name: (_tensor(values), offsets) for name, (values, offsets) in cols.items()
+        }
+
+    def row(self, i: int) -> Dict[str, torch.Tensor]:
+        """Row ``i`` as zero-copy tensor views."""
+        out = {}
+        for name, (values, offsets) in self.columns.items():
+            out[name] = values[int(offsets[i]) : int(offsets[i + 1])]
+        return out
+
+
+class GroupCache:
+    """A small LRU of decoded row groups, local to the process that fills it."""
+
+    def __init__(self, packed: PackedDir, capacity: int) -> None:
+        self.packed = packed
+        self.capacity = max(1, int(capacity))
+        self._groups: "OrderedDict[int, TensorGroup]" = OrderedDict()
+
+    def get(self, group: int) -> TensorGroup:
+        hit = self._groups.get(group)
+        if hit is not None:
+            self._groups.move_to_end(group)
+            return hit
+        decoded = TensorGroup(self.packed.decode(group))
+        self._groups[group] = decoded
+        while len(self._groups) > self.capacity:
+            self._groups.popitem(last=False)
+        return decoded
+
+    def __getstate__(self):
+        # Decoded data never travels to worker processes: each one decodes what it reads.
+        return {"packed": self.packed, "capacity": self.capacity}
+
+    def __setstate__(self, state) -> None:
+        self.packed = state["packed"]
+        self.capacity = state["capacity"]
+        self._groups = OrderedDict()

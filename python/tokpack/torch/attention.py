@@ -1,0 +1,74 @@
+"""Attention structure of a packed batch: each token attends only to earlier tokens of its own
+sample. Built from the boundary information every ``PackedCollator`` format carries.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+import torch
+
+from ..errors import ConfigError
+
+__all__ = ["document_ids", "sdpa_block_causal_mask", "flex_block_mask"]
+
+
+def _ids_from_lengths(lengths: torch.Tensor, device: torch.device) -> torch.Tensor:
+    lengths = lengths.to(device=device, dtype=torch.int64)
+    return torch.repeat_interleave(torch.arange(lengths.numel(), device=device), lengths)
+
+
+def document_ids(batch: Mapping[str, Any]) -> torch.Tensor:
+    """``[B, L]`` int64: the sample index of every token (distinct per sample within a row).
+
+    Works for every collator format: ``document_ids`` (padded; padding is ``-1``, its own
+    document), ``cu_seq_lens_q`` (hf, ``[1, T]``), ``cu_seqlens`` (flash, ``[1, T]``) and
+    ``seq_lens`` (torchtune, the padding tail is its own segment).
+    """
+    if "document_ids" in batch:
+        return batch["document_ids"].to(torch.int64)
+    for key in ("cu_seq_lens_q", "cu_seqlens"):
+        if key in batch:
+            cu = batch[key]
+            return _ids_from_lengths(cu[1:] - cu[:-1], cu.device).view(1, -1)
+    if "seq_lens" in batch:
+        device = batch["tokens"].device
+        return torch.stack([_ids_from_lengths(s, device) for s in batch["seq_lens"]])
+    raise ConfigError(
+        "batch has no boundary information (document_ids, cu_seq_lens_q, cu_seqlens or seq_lens)"
+    )
+
+
+def sdpa_block_causal_mask(batch: Mapping[str, Any]) -> torch.Tensor:
+    """Boolean ``[B, 1, L, L]`` mask for ``scaled_dot_product_attention`` (True = may attend).
+
+    Memory grows as L^2 per row: for long rows prefer FlexAttention or varlen kernels.
+    """
+    doc = document_ids(batch)
+    n = doc.shape[1]
+    causal = torch.ones(n, n, dtype=torch.bool, device=doc.device).tril()
+    same = doc.unsqueeze(2) == doc.unsqueeze(1)
+    return (same & causal).unsqueeze(1)
+
+
+def flex_block_mask(
+    batch: Mapping[str, Any], *, block_size: int = 128, device: Optional[torch.device] = None
+):
+    """A FlexAttention ``BlockMask`` (``create_block_mask``) of same-document causal attention.
+
+    Blocks with no allowed pair are skipped by ``flex_attention``, so packed rows cost little more
+    than their samples would alone.
+    """
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    doc = document_ids(batch)
+    if device is not None:
+        doc = doc.to(device)
+    b, n = doc.shape
+
+    def same_document_causal(bi, h, q_idx, kv_idx):
+        return (doc[bi, q_idx] == doc[bi, kv_idx]) & (q_idx >= kv_idx)
+
+    return create_block_mask(
+        same_document_causal, b, None, n, n, device=doc.device, BLOCK_SIZE=block_size
+    )

@@ -1,0 +1,96 @@
+"""``PackedDataset``: map-style access to the rows of a packed directory."""
+
+from __future__ import annotations
+
+import os
+from typing import Dict, Optional, Union
+
+import numpy as np
+import torch
+
+from ..errors import ConfigError
+from ._rows import GroupCache
+from ._workers import worker_slot
+from .packed_dir import PackedDir
+
+__all__ = ["PackedDataset"]
+
+
+class PackedDataset(torch.utils.data.Dataset):
+    """Map-style dataset over a packed directory written by ``tokpack pack``.
+
+    ``ds[i]`` is a dict of 1-D tensors for packed row ``i``: ``input_ids`` (int32), ``labels``
+    (int32, when the corpus has labels), ``seq_lengths`` (int32) and ``sample_ids`` (int64). They
+    are views of the decoded row group, shared with the cache: do not write to them.
+
+    Rows are decoded one Parquet row group at a time and the last ``cache_row_groups`` groups are
+    kept, so sequential or group-local access (``DistributedSampler(shuffle=False)``, the
+    streaming :class:`PackedIterableDataset`) decodes each group once; fully random access decodes
+    a group for most rows and is better served by ``device=`` mode on corpora that fit in memory.
+
+    With ``device`` set (``"cuda"``, or ``"cpu"`` for the same code path on the host), the whole
+    corpus is loaded once as flat token/label tensors on that device plus host-side row offsets
+    (``seq_lengths`` and ``sample_ids`` stay on the host), and rows are slices of those tensors:
+    no decoding and no host-to-device copy of tokens per step. Use it with
+    ``num_workers=0`` (CUDA tensors must not cross into worker processes).
+
+    The dataset holds only numpy arrays with one entry per row group (or, in device mode, per
+    row), never per-row Python objects, so copying it into workers is cheap.
+    """
+
+    def __init__(
+        self,
+        path: Union[str, os.PathLike],
+        device: Optional[Union[str, torch.device]] = None,
+        *,
+        cache_row_groups: int = 4,
+    ) -> None:
+        if cache_row_groups < 1:
+            raise ConfigError(f"cache_row_groups must be >= 1, got {cache_row_groups}")
+        self.packed = PackedDir(path)
+        self.max_len = self.packed.max_len
+        self.has_labels = self.packed.has_labels
+        self.device = None if device is None else torch.device(device)
+        self._cache = GroupCache(self.packed, cache_row_groups)
+        self._flat: Dict[str, torch.Tensor] = {}
+        self._flat_offsets: Dict[str, np.ndarray] = {}
+        if self.device is not None:
+            self._load_flat()
+
+    def __len__(self) -> int:
+        return self.packed.num_rows
+
+    def __getitem__(self, index: int) -> Dict[str, torch.Tensor]:
+        n = len(self)
+        i = int(index)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"row {index} out of range for a packed directory of {n} rows")
+        if self._flat:
+            return {
+                name: values[
+                    int(self._flat_offsets[name][i]) : int(self._flat_offsets[name][i + 1])
+                ]
+                for name, values in self._flat.items()
+            }
+        worker_slot()  # in a DataLoader worker: one decoding thread (set once per process)
+        group, r = self.packed.locate(i)
+        return self._cache.get(group).row(r)
+
+    def _load_flat(self) -> None:
+        """Decode every row group once into flat device tensors and host row offsets."""
+        parts: Dict[str, list] = {name: [] for name in self.packed.columns}
+        lengths: Dict[str, list] = {name: [] for name in self.packed.columns}
+        for g in range(self.packed.num_groups):
+            for name, (values, offsets) in self.packed.decode(g).items():
+                parts[name].append(values)
+                lengths[name].append(np.diff(offsets))
+        for name in self.packed.columns:
+            values = np.concatenate(parts[name]) if parts[name] else np.zeros(0, np.int32)
+            lens = np.concatenate(lengths[name]) if lengths[name] else np.zeros(0, np.int64)
+            # Tokens and labels live on the device; the small boundary columns stay on the host
+            # so collating needs no device-to-host synchronisation.
+            device = self.device if name in ("input_ids", "labels") else "cpu"
+            self._flat[name] = torch.from_numpy(values).to(device)
+            self._flat_offsets[name] = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)

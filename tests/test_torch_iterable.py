@@ -1,0 +1,241 @@
+"""PackedIterableDataset: one global order, exactly-once delivery across ranks and workers,
+resumption with a different topology, fork/spawn workers."""
+
+import collections
+import os
+
+import numpy as np
+import pytest
+from torch.utils.data import DataLoader
+
+import tokpack
+from tokpack.torch import PackedCollator, PackedDataset, PackedIterableDataset
+from tokpack.torch.order import EpochOrder
+
+from .packed_corpus import random_samples, write_packed_dir
+
+N_SAMPLES = 400
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    out = tmp_path_factory.mktemp("packed_iter")
+    samples, labels = random_samples(N_SAMPLES, 30, seed=2)
+    write_packed_dir(out, samples, labels, max_len=48, rows_per_shard=60, row_group_rows=8)
+    return out
+
+
+def _run(path, *, rank, world_size, num_workers, state=None, stop_after=None, **kw):
+    """Batches one rank receives: (list of sample_id lists, positions)."""
+    ds = PackedIterableDataset(path, batch_rows=3, rank=rank, world_size=world_size, seed=7, **kw)
+    if state is not None:
+        ds.load_state_dict(state)
+    loader = DataLoader(ds, batch_size=None, num_workers=num_workers)
+    batches, positions = [], []
+    for batch in loader:
+        batches.append([int(x) for ids in batch["sample_ids"] for x in ids])
+        positions.append(batch["position"])
+        if stop_after is not None and len(batches) == stop_after:
+            break
+    return ds, batches, positions
+
+
+def _assert_exactly_once(sample_lists):
+    counts = collections.Counter(s for b in sample_lists for s in b)
+    assert sorted(counts) == list(range(N_SAMPLES))
+    assert max(counts.values()) == 1
+
+
+def test_exactly_once_world2_workers2_and_order_independent_of_workers(corpus):
+    delivered, lengths = [], []
+    for rank in range(2):
+        ds, batches, positions = _run(corpus, rank=rank, world_size=2, num_workers=2)
+        assert len(batches) == len(ds)
+        assert [p["batch"] for p in positions] == list(range(len(ds)))
+        _, alone, _ = _run(corpus, rank=rank, world_size=2, num_workers=0)
+        assert batches == alone
+        delivered.extend(batches)
+        lengths.append(len(batches))
+    assert lengths[0] == lengths[1]
+    _assert_exactly_once(delivered)
+
+
+def test_resume_mid_epoch_with_other_workers_and_world_size(corpus):
+    first = []
+    for rank in range(2):
+        ds, batches, positions = _run(corpus, rank=rank, world_size=2, num_workers=2, stop_after=5)
+        first.extend(batches)
+        state = ds.state_dict(batches_consumed=5)
+        assert state["rows_consumed"] == positions[-1]["rows_consumed"] == 5 * 2 * 3
+    # Same world size, one worker instead of two; state from the batch's position dict.
+    rest = []
+    for rank in range(2):
+        _, batches, _ = _run(corpus, rank=rank, world_size=2, num_workers=1, state=positions[-1])
+        rest.extend(batches)
+    _assert_exactly_once(first + rest)
+    # World size 3 with two workers.
+    rest3 = []
+    counts = set()
+    for rank in range(3):
+        _, batches, _ = _run(corpus, rank=rank, world_size=3, num_workers=2, state=state)
+        rest3.extend(batches)
+        counts.add(len(batches))
+    assert len(counts) == 1
+    _assert_exactly_once(first + rest3)
+
+
+def test_in_process_state_dict_counts_handed_out_batches(corpus):
+    ds = PackedIterableDataset(corpus, batch_rows=4, world_size=1, rank=0)
+    it = iter(ds)
+    next(it), next(it)
+    assert ds.state_dict()["rows_consumed"] == 8
+    resumed = PackedIterableDataset(corpus, batch_rows=4, world_size=1, rank=0)
+    resumed.load_state_dict(ds.state_dict())
+    first_rest = next(iter(resumed))["sample_ids"]
+    third = next(it)["sample_ids"]
+    assert [t.tolist() for t in first_rest] == [t.tolist() for t in third]
+
+
+def test_epochs_reshuffle_and_are_deterministic(corpus):
+    ds = PackedIterableDataset(corpus, batch_rows=4, world_size=1, rank=0, seed=3)
+    e0 = [b["sample_ids"][0].tolist() for b in ds]
+    again = [b["sample_ids"][0].tolist() for b in ds]
+    ds.set_epoch(1)
+    e1 = [b["sample_ids"][0].tolist() for b in ds]
+    assert e0 == again and e0 != e1
+    plain = PackedIterableDataset(corpus, batch_rows=4, world_size=1, rank=0, shuffle=False)
+    rows = [t.tolist() for b in plain for t in b["sample_ids"]]
+    ref = PackedDataset(corpus)
+    assert rows == [ref[i]["sample_ids"].tolist() for i in range(len(ref))]
+
+
+def test_window_shuffle_is_a_permutation_that_mixes_row_groups():
+    group_rows = np.array([8] * 10 + [5])
+    order = EpochOrder(group_rows, seed=1, epoch=0, shuffle=True, window=4)
+    g, r = order.rows(0, order.num_rows)
+    starts = np.concatenate([[0], np.cumsum(group_rows)])
+    flat = starts[g] + r
+    assert sorted(flat.tolist()) == list(range(85))
+    assert len(set(g[:8].tolist())) > 1
+    g2, r2 = order.rows(13, 40)
+    assert (g2 == g[13:40]).all() and (r2 == r[13:40]).all()
+
+
+def test_drop_tail_gives_full_batches(corpus):
+    counts = []
+    for rank in range(2):
+        ds = PackedIterableDataset(corpus, batch_rows=5, rank=rank, world_size=2, tail="drop")
+        sizes = [len(b["input_ids"]) for b in ds]
+        assert set(sizes) == {5}
+        counts.append(len(sizes))
+    assert counts[0] == counts[1] == len(ds)
+
+
+def test_even_tail_merges_a_round_shorter_than_the_world(corpus):
+    n = PackedDataset(corpus).packed.num_rows
+    world = 4
+    batch_rows = 2
+    # Find a resume point leaving a last round of fewer rows than ranks.
+    start = n - (2 * world * batch_rows + 1)
+    delivered = []
+    sizes = set()
+    for rank in range(world):
+        ds = PackedIterableDataset(corpus, batch_rows=batch_rows, rank=rank, world_size=world)
+        ds.load_state_dict({"epoch": 0, "rows_consumed": start})
+        batches = [b["sample_ids"] for b in ds]
+        assert len(batches) == 2
+        sizes.update(len(b) for b in batches)
+        delivered.extend(int(x) for b in batches for t in b for x in t)
+    assert sizes == {2, 3}
+    assert len(delivered) == len(set(delivered))
+
+
+def test_collate_fn_batches(corpus):
+    ds = PackedIterableDataset(
+        corpus, batch_rows=4, world_size=1, rank=0, collate_fn=PackedCollator("padded", pad_to=48)
+    )
+    batch = next(iter(DataLoader(ds, batch_size=None, num_workers=0)))
+    assert batch["input_ids"].shape == (4, 48)
+    assert batch["position"] == {"epoch": 0, "batch": 0, "rows_consumed": 4}
+
+
+def test_bad_arguments(corpus, monkeypatch):
+    with pytest.raises(tokpack.ConfigError, match="batch_rows"):
+        PackedIterableDataset(corpus, batch_rows=0)
+    with pytest.raises(tokpack.ConfigError, match="tail"):
+        PackedIterableDataset(corpus, batch_rows=2, tail="wrap")
+    with pytest.raises(tokpack.ConfigError, match="rank"):
+        PackedIterableDataset(corpus, batch_rows=2, rank=2, world_size=2)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "3")
+    ds = PackedIterableDataset(corpus, batch_rows=2)
+    assert (ds.rank, ds.world_size) == (3, 4)
+    with pytest.raises(tokpack.ConfigError, match="seed=7"):
+        ds.load_state_dict({"epoch": 0, "rows_consumed": 0, "seed": 7})
+    with pytest.raises(tokpack.ConfigError, match="rows_consumed"):
+        ds.load_state_dict({"epoch": 0})
+    with pytest.raises(tokpack.InputNotFoundError):
+        PackedIterableDataset(corpus / "nope", batch_rows=2)
+
+
+def plan_in_worker(rows):
+    """A collate_fn that runs Rust work (the thread pool) inside the worker process."""
+    lengths = [int(n) for r in rows for n in r["seq_lengths"]]
+    p = tokpack.plan(lengths, max_len=64, threads=2)
+    threads = os.environ.get("TOKPACK_NUM_THREADS")
+    return {"n_bins": p.n_bins, "ids": [r["sample_ids"] for r in rows], "threads": threads}
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_workers_with_fork_and_spawn(corpus, method, monkeypatch):
+    monkeypatch.delenv("TOKPACK_NUM_THREADS", raising=False)
+    tokpack.plan([5, 6, 7] * 1000, max_len=64, threads=2)  # start the parent's pool before fork
+    ds = PackedIterableDataset(
+        corpus, batch_rows=8, world_size=1, rank=0, collate_fn=plan_in_worker
+    )
+    loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=method)
+    batches = list(loader)
+    seen = [int(x) for b in batches for t in b["ids"] for x in t]
+    assert sorted(seen) == list(range(N_SAMPLES))
+    assert {b["threads"] for b in batches} == {"1"}  # one Rust thread per worker by default
+    mapped = DataLoader(
+        PackedDataset(corpus),
+        batch_size=8,
+        num_workers=2,
+        multiprocessing_context=method,
+        collate_fn=plan_in_worker,
+    )
+    mapped_batches = list(mapped)
+    assert len(mapped_batches) == len(mapped) and all(b["n_bins"] > 0 for b in mapped_batches)
+    assert {b["threads"] for b in mapped_batches} == {"1"}
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_torchdata_stateful_dataloader_resumes_in_order(corpus, world_size):
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+
+    def make(rank):
+        ds = PackedIterableDataset(corpus, batch_rows=3, rank=rank, world_size=world_size, seed=5)
+        return stateful.StatefulDataLoader(ds, batch_size=None, num_workers=2)
+
+    for rank in range(world_size):
+        full = [b["position"]["batch"] for b in make(rank)]
+        loader = make(rank)
+        it = iter(loader)
+        head = [next(it)["position"]["batch"] for _ in range(5)]
+        saved = loader.state_dict()
+        del it
+        resumed = make(rank)
+        resumed.load_state_dict(saved)
+        tail = [b["position"]["batch"] for b in resumed]
+        assert head + tail == full == list(range(len(full)))
+
+
+def test_in_process_pass_continues_after_interruption_and_replays_when_done(corpus):
+    ds = PackedIterableDataset(corpus, batch_rows=4, world_size=1, rank=0)
+    full = [b["position"]["batch"] for b in ds]
+    it = iter(ds)
+    next(it), next(it)
+    del it
+    assert [b["position"]["batch"] for b in ds] == full[2:]
+    assert [b["position"]["batch"] for b in ds] == full
