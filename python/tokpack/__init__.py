@@ -11,12 +11,16 @@ from ._tokpack import __version__
 from .compat import concatenate_and_pack, pack_sequences
 from .errors import (
     ConfigError,
+    CorruptInputError,
     CorruptOutputError,
     DataError,
     InputNotFoundError,
+    OutputError,
     OverlongError,
+    SchemaError,
     TokpackError,
 )
+from .files import pack_files
 from .packing import pack_tokens
 from .planning import Plan, plan
 
@@ -25,6 +29,7 @@ __all__ = [
     "Plan",
     "plan",
     "pack_tokens",
+    "pack_files",
     "pack_sequences",
     "concatenate_and_pack",
     "TokpackError",
@@ -33,4 +38,7 @@ __all__ = [
     "OverlongError",
     "InputNotFoundError",
     "CorruptOutputError",
+    "CorruptInputError",
+    "SchemaError",
+    "OutputError",
 ]
