@@ -11,12 +11,16 @@ from ._tokpack import __version__
 from .compat import concatenate_and_pack, pack_sequences
 from .errors import (
     ConfigError,
+    CorruptInputError,
     CorruptOutputError,
     DataError,
     InputNotFoundError,
+    OutputError,
     OverlongError,
+    SchemaError,
     TokpackError,
 )
+from .files import pack_files
 from .packing import pack_tokens
 from .planning import Plan, plan
 from .streaming import streaming_dataset_reader
@@ -39,6 +43,7 @@ __all__ = [
     "Plan",
     "plan",
     "pack_tokens",
+    "pack_files",
     "pack_sequences",
     "concatenate_and_pack",
     "streaming_dataset_reader",
@@ -48,4 +53,7 @@ __all__ = [
     "OverlongError",
     "InputNotFoundError",
     "CorruptOutputError",
+    "CorruptInputError",
+    "SchemaError",
+    "OutputError",
 ]

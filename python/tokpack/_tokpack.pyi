@@ -1,6 +1,6 @@
 """Type stubs of the compiled module. The public API is the Python facade in ``tokpack``."""
 
-from typing import Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -47,3 +47,40 @@ def pack_flat(
     Optional[npt.NDArray[np.int32]],
 ]: ...
 def default_threads() -> int: ...
+
+class Progress:
+    """Counters of running file work, polled by the caller; ``cancel()`` stops the work."""
+
+    def __init__(self) -> None: ...
+    def snapshot(self) -> Tuple[str, int, int, int]: ...
+    def cancel(self) -> None: ...
+
+def pack_files(
+    paths: List[str],
+    out_dir: str,
+    spill_dir: str,
+    tokens_column: str,
+    labels_column: Optional[str],
+    labels_required: bool,
+    loss_mask_column: Optional[str],
+    max_len: int,
+    strategy: str,
+    overlong: str,
+    seed: int,
+    rows_per_shard: int,
+    row_group_rows: int,
+    compression: str,
+    batch_rows: int,
+    threads: Optional[int] = None,
+    progress: Optional[Progress] = None,
+) -> Dict[str, Any]: ...
+def read_lengths(
+    paths: List[str],
+    tokens_column: str,
+    batch_rows: int,
+    threads: Optional[int] = None,
+    progress: Optional[Progress] = None,
+) -> Tuple[npt.NDArray[np.int64], List[int]]: ...
+def read_row_group(
+    path: str, row_group: int, columns: List[str]
+) -> Dict[str, Union[npt.NDArray[Any], Tuple[npt.NDArray[Any], npt.NDArray[np.int64]]]]: ...

@@ -14,6 +14,9 @@ from .errors import TokpackError
 # name -> (module, one-line help). Modules are imported only when their command runs.
 COMMANDS = {
     "demo": ("tokpack.commands.demo", "pack a built-in synthetic SFT corpus and print the figures"),
+    "pack": ("tokpack.commands.pack", "pack Parquet / Arrow IPC token shards into packed shards"),
+    "stats": ("tokpack.commands.stats", "length distribution and packing efficiency of shards"),
+    "inspect": ("tokpack.commands.inspect", "figures and a few rows of a packed directory"),
 }
 
 

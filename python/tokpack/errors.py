@@ -9,6 +9,9 @@ __all__ = [
     "DataError",
     "InputNotFoundError",
     "CorruptOutputError",
+    "CorruptInputError",
+    "SchemaError",
+    "OutputError",
 ]
 
 
@@ -37,3 +40,15 @@ class InputNotFoundError(TokpackError, FileNotFoundError):
 
 class CorruptOutputError(DataError):
     """An output directory's manifest or files are damaged."""
+
+
+class CorruptInputError(DataError):
+    """An input file is not valid Parquet / Arrow IPC, or a row group does not decode."""
+
+
+class SchemaError(DataError):
+    """An input file lacks a needed column, or has it with an unsupported type."""
+
+
+class OutputError(TokpackError, OSError):
+    """Writing the output directory (or its temporary files) failed: disk full, permissions."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["sft_lengths"]
+__all__ = ["sft_lengths", "write_token_shards"]
 
 # (weight, median, sigma) of a lognormal mixture: mostly short chat turns, a band of longer
 # answers and a thin tail of long documents, clipped to [1, max_length]. The overall median is
@@ -21,3 +21,56 @@ def sft_lengths(n: int, seed: int = 0, max_length: int = 8192) -> np.ndarray:
     sigmas = np.array([s for _, _, s in _MIXTURE])[component]
     lengths = np.exp(np.log(medians) + sigmas * rng.standard_normal(n))
     return np.clip(np.rint(lengths), 1, max_length).astype(np.int32)
+
+
+def write_token_shards(
+    out_dir,
+    n: int,
+    *,
+    n_files: int = 4,
+    seed: int = 0,
+    max_length: int = 8192,
+    vocab_size: int = 32_000,
+    labels: bool = True,
+    row_group_rows: int = 8192,
+    compression: str = "zstd",
+):
+    """Writes an SFT-like tokenized corpus of ``n`` samples as Parquet token shards
+    ``shard-NNNNN.parquet`` with ``input_ids`` (list<int32>) and, with ``labels``, a ``labels``
+    column where a prompt prefix of each sample is -100. Returns the list of files.
+
+    Tokens are random ids, generated and written one row group at a time, so a corpus larger
+    than memory can be made."""
+    from pathlib import Path
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lengths = sft_lengths(n, seed=seed, max_length=max_length)
+    rng = np.random.default_rng(seed + 1)
+    bounds = np.linspace(0, n, n_files + 1).astype(np.int64)
+    files = []
+    for f in range(n_files):
+        path = out_dir / f"shard-{f:05d}.parquet"
+        schema = pa.schema(
+            [("input_ids", pa.list_(pa.int32()))] + ([("labels", pa.list_(pa.int32()))] * labels)
+        )
+        with pq.ParquetWriter(path, schema, compression=compression) as writer:
+            for a in range(bounds[f], bounds[f + 1], row_group_rows):
+                b = min(a + row_group_rows, bounds[f + 1])
+                lens = lengths[a:b].astype(np.int64)
+                offsets = np.zeros(len(lens) + 1, dtype=np.int32)
+                np.cumsum(lens, out=offsets[1:])
+                tokens = rng.integers(0, vocab_size, size=int(offsets[-1]), dtype=np.int32)
+                cols = {"input_ids": pa.ListArray.from_arrays(offsets, tokens)}
+                if labels:
+                    # The first ~30% of each sample is the prompt: not trained on.
+                    prompt = (lens * 0.3).astype(np.int64)
+                    pos = np.arange(int(offsets[-1])) - np.repeat(offsets[:-1], lens)
+                    lab = np.where(pos < np.repeat(prompt, lens), -100, tokens).astype(np.int32)
+                    cols["labels"] = pa.ListArray.from_arrays(offsets, lab)
+                writer.write_table(pa.table(cols, schema=schema), row_group_size=row_group_rows)
+        files.append(path)
+    return files

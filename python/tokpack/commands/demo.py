@@ -1,14 +1,20 @@
-"""``tokpack demo``: generate a synthetic SFT-like corpus, plan it with every strategy and print
-rows, padding share and efficiency per strategy."""
+"""``tokpack demo``: write a synthetic SFT-like corpus as Parquet token shards, pack it with the
+full ``pack`` pipeline, and print the summary and per-strategy figures."""
 
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
+from pathlib import Path
 
+import numpy as np
+
+from ..files import pack_files, read_lengths
 from ..planning import STRATEGIES, plan
 from ..report import table
-from ..synthetic import sft_lengths
+from ..synthetic import write_token_shards
+from .pack import summary
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -16,38 +22,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-len", type=int, default=4096, help="row capacity (default 4096)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument(
+        "--dir", default=None, help="keep the corpus and output here (default: a temp dir)"
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
 def run(args: argparse.Namespace) -> int:
-    lengths = sft_lengths(args.samples, seed=args.seed)
-    print(
-        f"Synthetic SFT corpus: {len(lengths):,} samples, {int(lengths.sum()):,} tokens, "
-        f"median length {int(sorted(lengths)[len(lengths) // 2]) if len(lengths) else 0}, "
-        f"max_len {args.max_len} (over-long samples are split)\n"
-    )
-    rows = []
-    for strategy in STRATEGIES:
+    with tempfile.TemporaryDirectory(prefix="tokpack-demo-") as tmp:
+        base = Path(args.dir or tmp)
         start = time.perf_counter()
-        p = plan(
-            lengths,
+        files = write_token_shards(base / "corpus", args.samples, seed=args.seed)
+        print(
+            f"Synthetic SFT corpus: {args.samples:,} samples in {len(files)} Parquet token shards "
+            f"under {base / 'corpus'} ({time.perf_counter() - start:.1f} s)"
+        )
+        out = base / "packed"
+        print(
+            f"tokpack pack {base / 'corpus'} -o {out} --max-len {args.max_len} --overlong split\n"
+        )
+        manifest = pack_files(
+            files,
+            out,
             args.max_len,
-            strategy=strategy,
             overlong="split",
-            seed=args.seed,
             threads=args.threads,
+            progress=not args.quiet,
         )
-        ms = (time.perf_counter() - start) * 1e3
-        capacity = max(p.n_bins * p.max_len, 1)
-        rows.append(
-            [
-                strategy,
-                f"{p.n_bins:,}",
-                f"{p.padding_tokens / capacity:.1%}",
-                f"{p.efficiency:.4f}",
-                f"{len(p.split):,}",
-                f"{ms:.1f}",
-            ]
+        print(summary(manifest))
+        lengths = read_lengths(files, threads=args.threads)
+        print(
+            f"\nEvery strategy on the same lengths (median {int(np.median(lengths))}, "
+            f"max_len {args.max_len}):"
         )
-    print(table(["strategy", "rows", "padding", "efficiency", "samples split", "plan ms"], rows))
-    print(f"\nlower bound: {p.lower_bound:,} rows")
+        rows = []
+        for strategy in STRATEGIES:
+            p = plan(lengths, args.max_len, strategy=strategy, overlong="split", seed=args.seed)
+            rows.append([strategy, f"{p.n_bins:,}", f"{p.efficiency:.4f}"])
+        print(table(["strategy", "rows", "efficiency"], rows))
+        print(f"\nlower bound: {p.lower_bound:,} rows")
     return 0

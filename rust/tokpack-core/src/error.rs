@@ -16,9 +16,27 @@ pub enum CoreError {
         length: i64,
         max_len: u32,
     },
+    /// A sample is longer than max_len (policy `error`), located in its input file.
+    #[error("{0}")]
+    OverlongAt(String),
     /// The data itself is invalid (negative length, mismatched labels, ...).
     #[error("{0}")]
     Data(String),
+    /// An input file is missing or cannot be opened (the message names the file).
+    #[error("{0}")]
+    InputNotFound(String),
+    /// An input file is not valid Parquet / Arrow IPC, or its pages do not decode.
+    #[error("{0}")]
+    CorruptInput(String),
+    /// An input file lacks a needed column or has it with an unsupported type.
+    #[error("{0}")]
+    Schema(String),
+    /// Writing the output (or the temporary spill files) failed.
+    #[error("{0}")]
+    Output(String),
+    /// The caller asked the work to stop (Ctrl-C).
+    #[error("interrupted")]
+    Cancelled,
 }
 
 pub type Result<T> = std::result::Result<T, CoreError>;

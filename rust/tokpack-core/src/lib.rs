@@ -5,6 +5,7 @@
 
 mod capacity_index;
 pub mod error;
+pub mod io;
 pub mod items;
 pub mod materialize;
 pub mod plan;

@@ -2,6 +2,7 @@
 //! The public API, docstrings and defaults live in the Python package (`python/tokpack`).
 
 mod errors;
+mod files;
 mod plan;
 
 use pyo3::prelude::*;
@@ -12,5 +13,9 @@ fn _tokpack(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(plan::plan, m)?)?;
     m.add_function(wrap_pyfunction!(plan::pack_flat, m)?)?;
     m.add_function(wrap_pyfunction!(plan::default_threads, m)?)?;
+    m.add_class::<files::Progress>()?;
+    m.add_function(wrap_pyfunction!(files::pack_files, m)?)?;
+    m.add_function(wrap_pyfunction!(files::read_lengths, m)?)?;
+    m.add_function(wrap_pyfunction!(files::read_row_group, m)?)?;
     Ok(())
 }

@@ -1,0 +1,89 @@
+"""Progress bars for long Rust work. The work runs in a helper thread with the GIL released;
+the calling thread polls its counters, draws a bar on stderr, and turns Ctrl-C into a cancel
+request the Rust side honours between units of work (so OUT_DIR is never left half-written)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import Any, Callable, Optional, TextIO
+
+from . import _tokpack
+
+__all__ = ["run_with_progress"]
+
+_UNITS = {"reading": "units", "planning": "", "writing": "rows"}
+
+
+def _fmt_eta(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 60:d}:{seconds % 60:02d}"
+
+
+class _Bar:
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.phase = ""
+        self.started = time.perf_counter()
+        self.width = 0
+
+    def draw(self, phase: str, done: int, total: int, samples: int) -> None:
+        if phase != self.phase:
+            if self.phase:
+                self.stream.write("\n")
+            self.phase, self.started = phase, time.perf_counter()
+        elapsed = max(time.perf_counter() - self.started, 1e-9)
+        frac = done / total if total else 0.0
+        bar = "#" * int(frac * 24)
+        rate = done / elapsed
+        eta = _fmt_eta((total - done) / rate) if rate > 0 and total else "?"
+        extra = f" {samples:,} samples" if phase == "reading" else ""
+        line = (
+            f"{phase:>8} [{bar:<24}] {done:,}/{total:,} {_UNITS.get(phase, '')} "
+            f"{rate:,.1f}/s ETA {eta}{extra}"
+        )
+        self.stream.write("\r" + line.ljust(self.width))
+        self.width = len(line)
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.phase:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def run_with_progress(
+    work: Callable[[Any], Any], show: bool, stream: Optional[TextIO] = None
+) -> Any:
+    """Runs ``work(progress)`` in a thread; draws bars when ``show`` and the stream is a TTY."""
+    stream = stream or sys.stderr
+    progress = _tokpack.Progress()
+    result: dict = {}
+
+    def target() -> None:
+        try:
+            result["value"] = work(progress)
+        except BaseException as exc:  # re-raised in the calling thread
+            result["error"] = exc
+
+    thread = threading.Thread(target=target, name="tokpack-work", daemon=True)
+    bar = _Bar(stream) if show and stream.isatty() else None
+    thread.start()
+    try:
+        while thread.is_alive():
+            thread.join(0.1)
+            if bar is not None:
+                phase, done, total, samples = progress.snapshot()
+                if phase in _UNITS:
+                    bar.draw(phase, done, total, samples)
+    except KeyboardInterrupt:
+        progress.cancel()
+        thread.join()
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+    if "error" in result:
+        raise result["error"]
+    return result["value"]

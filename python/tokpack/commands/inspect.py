@@ -1,0 +1,66 @@
+"""``tokpack inspect``: the manifest figures of a packed directory and a few rows with their
+sample boundaries."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from .._outdir import read_manifest
+from ..errors import CorruptOutputError, InputNotFoundError
+from ..report import table
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("output", metavar="OUT_DIR")
+    parser.add_argument("--rows", type=int, default=3, help="rows to show (default 3)")
+
+
+def run(args: argparse.Namespace) -> int:
+    out = Path(args.output)
+    manifest = read_manifest(out)
+    if manifest is None:
+        raise InputNotFoundError(f"{out}: no _manifest.json (not a tokpack output directory)")
+    if manifest.get("format") != "tokpack-packed":
+        raise CorruptOutputError(f"{out}: not a packed directory (format {manifest.get('format')})")
+    c, f = manifest["config"], manifest["figures"]
+    print(
+        f"{out}: {len(manifest['shards'])} shards, max_len {c['max_len']}, strategy "
+        f"{c['strategy']}, overlong {c['overlong']}, labels {manifest['has_labels']}, "
+        f"tokpack {manifest['tokpack_version']}\n"
+    )
+    print(
+        table(
+            ["figure", "value"], [[k, f"{v:,}" if isinstance(v, int) else v] for k, v in f.items()]
+        )
+    )
+    shown = []
+    for shard in manifest["shards"]:
+        if len(shown) >= args.rows:
+            break
+        path = out / shard["file"]
+        if not path.exists():
+            raise CorruptOutputError(f"{path}: listed in the manifest but missing")
+        pf = pq.ParquetFile(path)
+        for g in range(pf.num_row_groups):
+            cols = ["input_ids", "seq_lengths", "sample_ids", "num_tokens", "num_loss_tokens"]
+            for row in pf.read_row_group(g, columns=cols).to_pylist():
+                shown.append((shard["file"], row))
+                if len(shown) >= args.rows:
+                    break
+            if len(shown) >= args.rows:
+                break
+    for file, row in shown:
+        ids = row["input_ids"]
+        print(
+            f"\n{file}: {row['num_tokens']} tokens ({row['num_loss_tokens']} trained on), "
+            f"{len(row['seq_lengths'])} samples"
+        )
+        pos = 0
+        for n, s in zip(row["seq_lengths"], row["sample_ids"]):
+            head = " ".join(map(str, ids[pos : pos + min(n, 8)]))
+            print(f"  [{pos:>6}:{pos + n:<6}] sample {s}: {head}{' ...' if n > 8 else ''}")
+            pos += n
+    return 0

@@ -1,0 +1,85 @@
+"""``tokpack pack``: pack token shards on disk into packed Parquet shards (``pack_files``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Dict
+
+from ..files import pack_files
+from ..planning import OVERLONG_POLICIES, STRATEGIES
+from ..report import table
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("inputs", nargs="+", metavar="INPUT", help="files, directories or globs")
+    parser.add_argument("-o", "--output", required=True, metavar="OUT_DIR")
+    parser.add_argument("--max-len", type=int, default=4096, help="row capacity (default 4096)")
+    parser.add_argument("--strategy", choices=STRATEGIES, default="bfd")
+    parser.add_argument("--tokens-column", default="input_ids")
+    parser.add_argument(
+        "--labels-column", default="labels", help="used when present (-100 = not trained on)"
+    )
+    parser.add_argument("--loss-mask-column", default=None, help="0/1 column instead of labels")
+    parser.add_argument("--overlong", choices=OVERLONG_POLICIES, default="error")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--rows-per-shard", type=int, default=16384)
+    parser.add_argument("--row-group-rows", type=int, default=1024)
+    parser.add_argument("--compression", default="zstd", help="zstd[:LEVEL], snappy, lz4, none")
+    parser.add_argument("--force", action="store_true", help="rebuild even when up to date")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars or summary")
+
+
+def summary(manifest: Dict[str, Any]) -> str:
+    """The end-of-run table: samples, rows, efficiency, padding saved, time."""
+    f = manifest["figures"]
+    saved = f["padding_tokens_unpacked"] - f["padding_tokens"]
+    unpacked = f["padding_tokens_unpacked"] + f["tokens"]
+    rows = [
+        ["samples in", f"{f['samples_in']:,}"],
+        [
+            "packed / truncated / split / dropped",
+            f"{f['samples_packed']:,} / {f['samples_truncated']:,} / "
+            f"{f['samples_split']:,} / {f['samples_dropped']:,}",
+        ],
+        ["rows (lower bound)", f"{f['rows']:,} ({f['lower_bound']:,})"],
+        ["tokens", f"{f['tokens']:,}"],
+        ["efficiency", f"{f['efficiency']:.4f}"],
+        [
+            "padding saved vs one sample per row",
+            f"{saved:,} tokens ({saved / max(unpacked, 1):.1%})",
+        ],
+        ["shards", f"{len(manifest['shards'])}"],
+        ["wall time", f"{f['wall_time_s']:.1f} s"],
+    ]
+    return table(["figure", "value"], rows)
+
+
+def run(args: argparse.Namespace) -> int:
+    manifest = pack_files(
+        args.inputs,
+        args.output,
+        args.max_len,
+        strategy=args.strategy,
+        overlong=args.overlong,
+        seed=args.seed,
+        tokens_column=args.tokens_column,
+        labels_column=args.labels_column,
+        loss_mask_column=args.loss_mask_column,
+        rows_per_shard=args.rows_per_shard,
+        row_group_rows=args.row_group_rows,
+        compression=args.compression,
+        threads=args.threads,
+        force=args.force,
+        progress=not args.quiet,
+    )
+    if manifest["cache_hit"]:
+        print(
+            f"{args.output} is up to date (cache hit: same inputs and config); nothing to do. "
+            "Pass --force to rebuild.",
+            file=sys.stderr,
+        )
+    if not args.quiet:
+        print(summary(manifest))
+    return 0

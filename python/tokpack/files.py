@@ -1,0 +1,276 @@
+"""``tokpack.pack_files``: pack a tokenized corpus on disk (Parquet / Arrow IPC token shards)
+into packed Parquet shards with a boundary index and a manifest.
+
+The heavy lifting is in Rust (``tokpack_core::io``): units are read in parallel with only the
+needed columns, tokens are spilled to flat files next to OUT_DIR, the plan is made from lengths
+alone and shards are written in parallel, so memory grows with the number of samples and the
+row-group size, not with the number of tokens. This module resolves the inputs, owns the
+cache / atomic-output logic (``_outdir``) and writes the manifest and the dropped-samples list.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import secrets
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+import numpy as np
+import pyarrow as pa
+
+from . import _tokpack
+from ._outdir import (
+    MANIFEST_NAME,
+    atomic_output_dir,
+    cache_key,
+    describe_inputs,
+    is_cache_hit,
+    write_json_atomic,
+)
+from ._progress import run_with_progress
+from .errors import ConfigError, InputNotFoundError
+from .planning import OVERLONG_POLICIES, STRATEGIES, checked_args
+
+__all__ = ["pack_files", "expand_inputs", "read_lengths", "FORMAT", "FORMAT_VERSION"]
+
+FORMAT = "tokpack-packed"
+FORMAT_VERSION = 1
+# Arrow IPC, not Parquet: HF ``datasets`` reads every ``*.parquet`` under data_dir, ``_`` or not.
+DROPPED_NAME = "_dropped.arrow"
+SHARD_SUFFIXES = (".parquet", ".arrow", ".feather", ".ipc")
+# Rows decoded at a time inside a row group: bounds reading memory to a few tens of MB per thread.
+BATCH_ROWS = 4096
+
+PathsLike = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
+
+
+def expand_inputs(inputs: PathsLike) -> List[Path]:
+    """Files, directories (their token shards, sorted, recursively) and globs, in the order
+    given. Names starting with ``_`` or ``.`` inside directories are side files and skipped."""
+    items = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
+    out: List[Path] = []
+    for item in items:
+        text = os.fspath(item)
+        path = Path(text)
+        if path.is_dir():
+            found = sorted(
+                p
+                for p in path.rglob("*")
+                if p.is_file()
+                and p.suffix in SHARD_SUFFIXES
+                and not any(part.startswith(("_", ".")) for part in p.relative_to(path).parts)
+            )
+            if not found:
+                raise InputNotFoundError(f"{path}: no {'/'.join(SHARD_SUFFIXES)} files inside")
+            out.extend(found)
+        elif glob.has_magic(text):
+            found = sorted(Path(p) for p in glob.glob(text, recursive=True) if Path(p).is_file())
+            if not found:
+                raise InputNotFoundError(f"{text}: no file matches")
+            out.extend(found)
+        elif path.exists():
+            out.append(path)
+        else:
+            raise InputNotFoundError(f"{path}: no such file")
+    if not out:
+        raise InputNotFoundError("no input files given")
+    return out
+
+
+def _describe(paths: List[Path], threads: Optional[int]) -> List[Dict[str, Any]]:
+    """``describe_inputs`` over the files in parallel (hashing releases the GIL)."""
+    workers = max(1, min(len(paths), threads or _tokpack.default_threads()))
+    with ThreadPoolExecutor(workers) as pool:
+        return [d[0] for d in pool.map(lambda p: describe_inputs([p]), paths)]
+
+
+def read_lengths(
+    inputs: PathsLike,
+    tokens_column: str = "input_ids",
+    *,
+    threads: Optional[int] = None,
+    progress: bool = False,
+) -> np.ndarray:
+    """Sample lengths (int64) of the token column across the inputs, read in Rust."""
+    paths = expand_inputs(inputs)
+    _, _, threads = checked_args(1, 0, threads)
+    lengths, _ = run_with_progress(
+        lambda p: _tokpack.read_lengths(
+            [str(x) for x in paths], tokens_column, BATCH_ROWS, threads, p
+        ),
+        progress,
+    )
+    return lengths
+
+
+def _config(**kw: Any) -> Dict[str, Any]:
+    if kw["strategy"] not in STRATEGIES:
+        raise ConfigError(f"unknown strategy {kw['strategy']!r}; expected one of {STRATEGIES}")
+    if kw["overlong"] not in OVERLONG_POLICIES:
+        raise ConfigError(
+            f"unknown overlong policy {kw['overlong']!r}; expected one of {OVERLONG_POLICIES}"
+        )
+    for name in ("rows_per_shard", "row_group_rows"):
+        if not isinstance(kw[name], int) or kw[name] < 1:
+            raise ConfigError(f"{name} must be a positive integer, got {kw[name]!r}")
+    if kw["loss_mask_column"] is not None and kw["labels_column"] not in (None, "labels"):
+        raise ConfigError("pass either labels_column or loss_mask_column, not both")
+    return {"format_version": FORMAT_VERSION, **kw}
+
+
+def pack_files(
+    inputs: PathsLike,
+    output_dir: Union[str, os.PathLike],
+    max_len: int,
+    *,
+    strategy: str = "bfd",
+    overlong: str = "error",
+    seed: int = 0,
+    tokens_column: str = "input_ids",
+    labels_column: Optional[str] = "labels",
+    loss_mask_column: Optional[str] = None,
+    rows_per_shard: int = 16384,
+    row_group_rows: int = 1024,
+    compression: str = "zstd",
+    threads: Optional[int] = None,
+    force: bool = False,
+    progress: bool = False,
+) -> Dict[str, Any]:
+    """Pack token shards on disk into ``output_dir``; returns the manifest as a dict.
+
+    Args:
+        inputs: Parquet / Arrow IPC (Feather v2) files, directories or globs. Sample ``i`` is
+            the ``i``-th row across the files in the order given (directories and globs sorted).
+        output_dir: written atomically: absent or complete, even after kill -9.
+        max_len, strategy, overlong, seed, threads: as in :func:`tokpack.plan`; the output is
+            byte-identical for every ``threads``.
+        tokens_column: list of integers (int32, int64, uint32, ...; every id must fit in int32).
+        labels_column: carried along when every input has it (-100 = not trained on); a name
+            other than the default ``"labels"`` must exist. ``None`` ignores labels.
+        loss_mask_column: a 0/1 column instead of labels: labels = tokens where it is 1.
+        rows_per_shard, row_group_rows: output layout (rows per ``part-NNNNN.parquet`` and per
+            Parquet row group).
+        compression: ``"zstd"``, ``"zstd:LEVEL"``, ``"snappy"``, ``"lz4"`` or ``"none"``.
+        force: rebuild even when ``output_dir`` is already current (a cache hit).
+        progress: draw progress bars on stderr (only when it is a terminal).
+
+    Returns:
+        The manifest (``format``, ``config``, ``inputs``, ``shards``, ``figures``, ...) plus
+        ``cache_hit``: True when ``output_dir`` was already current and nothing was done.
+    """
+    started = time.perf_counter()
+    max_len, seed, threads = checked_args(max_len, seed, threads)
+    out = Path(output_dir)
+    paths = expand_inputs(inputs)
+    config = _config(
+        max_len=max_len,
+        strategy=strategy,
+        overlong=overlong,
+        seed=seed,
+        tokens_column=tokens_column,
+        labels_column=labels_column,
+        loss_mask_column=loss_mask_column,
+        rows_per_shard=rows_per_shard,
+        row_group_rows=row_group_rows,
+        compression=compression,
+    )
+    described = _describe(paths, threads)
+    key = cache_key("pack", described, config)
+    if not force:
+        hit = is_cache_hit(out, key)
+        if hit is not None:
+            return {**hit, "cache_hit": True}
+    with atomic_output_dir(out) as tmp:
+        spill = out.parent / f".{out.name}.tmp-{os.getpid()}-spill-{secrets.token_hex(4)}"
+        spill.mkdir()
+        try:
+            result = run_with_progress(
+                lambda p: _tokpack.pack_files(
+                    [str(x) for x in paths],
+                    str(tmp),
+                    str(spill),
+                    tokens_column,
+                    labels_column,
+                    labels_column not in (None, "labels"),
+                    loss_mask_column,
+                    max_len,
+                    strategy,
+                    overlong,
+                    seed,
+                    rows_per_shard,
+                    row_group_rows,
+                    compression,
+                    BATCH_ROWS,
+                    threads,
+                    p,
+                ),
+                progress,
+            )
+        finally:
+            shutil.rmtree(spill, ignore_errors=True)
+        _write_dropped(tmp / DROPPED_NAME, result, paths)
+        manifest = _manifest(key, config, described, result, time.perf_counter() - started)
+        write_json_atomic(tmp / MANIFEST_NAME, manifest)
+    return {**manifest, "cache_hit": False}
+
+
+def _write_dropped(path: Path, result: Dict[str, Any], paths: List[Path]) -> None:
+    """Every sample that is not in the output, with its file, row and reason."""
+    dropped = result["dropped"]
+    bounds = np.cumsum([0] + list(result["input_rows"]))
+    file_idx = np.searchsorted(bounds, dropped, side="right") - 1
+    reason = np.where(np.isin(dropped, result["empty"]), "empty", "overlong")
+    table = pa.table(
+        {
+            "sample_id": pa.array(dropped, pa.int64()),
+            "file": pa.array([str(paths[i]) for i in file_idx], pa.string()),
+            "row": pa.array(dropped - bounds[file_idx], pa.int64()),
+            "reason": pa.array(reason.tolist(), pa.string()),
+        }
+    )
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+
+
+def _manifest(
+    key: str,
+    config: Dict[str, Any],
+    described: List[Dict[str, Any]],
+    result: Dict[str, Any],
+    wall: float,
+) -> Dict[str, Any]:
+    n = result["n_samples"]
+    dropped, truncated, split = (len(result[k]) for k in ("dropped", "truncated", "split"))
+    rows, tokens, max_len = result["rows"], result["tokens"], result["max_len"]
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "tokpack_version": _tokpack.__version__,
+        "cache_key": key,
+        "config": config,
+        "inputs": [{**d, "rows": r} for d, r in zip(described, result["input_rows"])],
+        "has_labels": result["has_labels"],
+        "shards": result["shards"],
+        "dropped_file": DROPPED_NAME,
+        "figures": {
+            "samples_in": n,
+            "samples_packed": n - dropped - truncated - split,
+            "samples_truncated": truncated,
+            "samples_split": split,
+            "samples_dropped": dropped,
+            "samples_empty": len(result["empty"]),
+            "input_tokens": result["input_tokens"],
+            "rows": rows,
+            "tokens": tokens,
+            "loss_tokens": sum(s["loss_tokens"] for s in result["shards"]),
+            "padding_tokens": rows * max_len - tokens,
+            "padding_tokens_unpacked": result["segments"] * max_len - tokens,
+            "efficiency": result["efficiency"],
+            "lower_bound": result["lower_bound"],
+            "wall_time_s": round(wall, 3),
+        },
+    }

@@ -1,0 +1,19 @@
+//! Reading token shards from disk and writing packed shards.
+//!
+//! [`source`] opens Parquet and Arrow IPC files and reads them one unit (row group / record
+//! batch) at a time, projecting only the needed columns; [`columns`] turns Arrow list columns
+//! into checked int32 tokens; [`spill`] keeps the tokens in flat files so packing needs memory
+//! for the per-sample bookkeeping only; [`writer`] writes packed shards with their boundary
+//! index; [`pack`] ties them together.
+
+pub mod columns;
+pub mod pack;
+pub mod progress;
+pub mod source;
+pub mod spill;
+pub mod writer;
+
+pub use pack::{pack_files, read_lengths, LabelSource, PackFilesConfig, PackOutcome};
+pub use progress::{Phase, Progress};
+pub use source::{read_row_group, Source};
+pub use writer::{parse_compression, ShardInfo};

@@ -1,0 +1,226 @@
+//! Input files: Parquet (one unit per row group) and Arrow IPC / Feather v2 (one unit per
+//! record batch), read with only the requested columns.
+
+use crate::error::{CoreError, Result};
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
+use arrow::ipc::reader::FileReader;
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
+};
+use parquet::arrow::ProjectionMask;
+use std::fs::File;
+use std::io::{ErrorKind, Read};
+use std::path::{Path, PathBuf};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Parquet,
+    Ipc,
+}
+
+/// An opened input file: its format, Arrow schema and units.
+pub struct Source {
+    pub path: PathBuf,
+    pub format: Format,
+    pub schema: SchemaRef,
+    parquet: Option<ArrowReaderMetadata>,
+    /// Row groups (Parquet) or record batches (IPC).
+    pub units: usize,
+}
+
+pub(crate) fn open_file(path: &Path) -> Result<File> {
+    File::open(path).map_err(|e| {
+        let shown = path.display();
+        match e.kind() {
+            ErrorKind::NotFound => CoreError::InputNotFound(format!("{shown}: no such file")),
+            _ => CoreError::InputNotFound(format!("{shown}: cannot read ({e})")),
+        }
+    })
+}
+
+impl Source {
+    /// Opens `path` and reads its footer; the format is recognised by its magic bytes.
+    pub fn open(path: &Path) -> Result<Self> {
+        let shown = path.display().to_string();
+        let mut file = open_file(path)?;
+        let mut magic = [0u8; 6];
+        let n = read_up_to(&mut file, &mut magic)
+            .map_err(|e| CoreError::InputNotFound(format!("{shown}: cannot read ({e})")))?;
+        if n >= 4 && &magic[..4] == b"PAR1" {
+            let meta =
+                ArrowReaderMetadata::load(&file, ArrowReaderOptions::new()).map_err(|e| {
+                    CoreError::CorruptInput(format!("{shown}: not a valid Parquet file ({e})"))
+                })?;
+            Ok(Self {
+                path: path.to_path_buf(),
+                format: Format::Parquet,
+                schema: meta.schema().clone(),
+                units: meta.metadata().num_row_groups(),
+                parquet: Some(meta),
+            })
+        } else if n == 6 && &magic == b"ARROW1" {
+            let reader = FileReader::try_new_buffered(open_file(path)?, None).map_err(|e| {
+                CoreError::CorruptInput(format!("{shown}: not a valid Arrow IPC file ({e})"))
+            })?;
+            Ok(Self {
+                path: path.to_path_buf(),
+                format: Format::Ipc,
+                schema: reader.schema(),
+                units: reader.num_batches(),
+                parquet: None,
+            })
+        } else {
+            Err(CoreError::CorruptInput(format!(
+                "{shown}: not a Parquet or Arrow IPC (Feather v2) file"
+            )))
+        }
+    }
+
+    /// "row group" or "record batch", for messages.
+    pub fn unit_kind(&self) -> &'static str {
+        match self.format {
+            Format::Parquet => "row group",
+            Format::Ipc => "record batch",
+        }
+    }
+
+    /// Rows in each unit when the footer says (Parquet); IPC batches are counted by reading.
+    pub fn unit_rows(&self) -> Option<Vec<u64>> {
+        self.parquet.as_ref().map(|m| {
+            m.metadata()
+                .row_groups()
+                .iter()
+                .map(|g| g.num_rows() as u64)
+                .collect()
+        })
+    }
+
+    /// Top-level column indices of `names`, or a schema error naming the missing one.
+    pub fn column_indices(&self, names: &[&str]) -> Result<Vec<usize>> {
+        names
+            .iter()
+            .map(|name| {
+                self.schema.index_of(name).map_err(|_| {
+                    let have: Vec<&str> = self
+                        .schema
+                        .fields()
+                        .iter()
+                        .map(|f| f.name().as_str())
+                        .collect();
+                    CoreError::Schema(format!(
+                        "{}: no column {name:?} (columns: {})",
+                        self.path.display(),
+                        have.join(", ")
+                    ))
+                })
+            })
+            .collect()
+    }
+
+    /// Streams unit `unit` in batches of at most `batch_rows` rows holding only `columns`.
+    pub fn read_unit(
+        &self,
+        unit: usize,
+        columns: &[&str],
+        batch_rows: usize,
+        mut f: impl FnMut(RecordBatch) -> Result<()>,
+    ) -> Result<()> {
+        let indices = self.column_indices(columns)?;
+        let corrupt = |e: &dyn std::fmt::Display| {
+            CoreError::CorruptInput(format!(
+                "{}, {} {unit}: cannot decode ({e})",
+                self.path.display(),
+                self.unit_kind()
+            ))
+        };
+        let file = open_file(&self.path)?;
+        match &self.parquet {
+            Some(meta) => {
+                let mask = ProjectionMask::roots(meta.parquet_schema(), indices);
+                let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file, meta.clone())
+                    .with_projection(mask)
+                    .with_row_groups(vec![unit])
+                    .with_batch_size(batch_rows.max(1))
+                    .build()
+                    .map_err(|e| corrupt(&e))?;
+                for batch in reader {
+                    f(batch.map_err(|e| corrupt(&e))?)?;
+                }
+            }
+            None => {
+                let mut reader =
+                    FileReader::try_new_buffered(file, Some(indices)).map_err(|e| corrupt(&e))?;
+                reader.set_index(unit).map_err(|e| corrupt(&e))?;
+                match reader.next() {
+                    Some(batch) => f(batch.map_err(|e| corrupt(&e))?)?,
+                    None => return Err(corrupt(&"record batch missing")),
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn read_up_to(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match file.read(&mut buf[n..])? {
+            0 => break,
+            k => n += k,
+        }
+    }
+    Ok(n)
+}
+
+/// One whole row group (Parquet) or record batch (IPC) of `path`, with only `columns`.
+pub fn read_row_group(path: &Path, unit: usize, columns: &[&str]) -> Result<RecordBatch> {
+    let source = Source::open(path)?;
+    if unit >= source.units {
+        return Err(CoreError::Config(format!(
+            "{}: {} {unit} does not exist (the file has {})",
+            path.display(),
+            source.unit_kind(),
+            source.units
+        )));
+    }
+    let mut indices = source.column_indices(columns)?;
+    indices.sort_unstable();
+    indices.dedup();
+    let mut batches = Vec::new();
+    source.read_unit(unit, columns, 1 << 20, |b| {
+        batches.push(b);
+        Ok(())
+    })?;
+    let schema = match batches.first() {
+        Some(b) => b.schema(),
+        None => std::sync::Arc::new(
+            source
+                .schema
+                .project(&indices)
+                .map_err(|e| CoreError::Schema(format!("{}: {e}", path.display())))?,
+        ),
+    };
+    let batch = arrow::compute::concat_batches(&schema, &batches).map_err(|e| {
+        CoreError::CorruptInput(format!(
+            "{}, {} {unit}: {e}",
+            path.display(),
+            source.unit_kind()
+        ))
+    })?;
+    // Columns in the order asked for, not the file's order.
+    let ordered: Vec<_> = columns
+        .iter()
+        .map(|c| batch.column_by_name(c).cloned())
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| CoreError::Schema(format!("{}: column missing", path.display())))?;
+    let fields: Vec<_> = columns
+        .iter()
+        .filter_map(|c| schema.field_with_name(c).ok().cloned())
+        .collect();
+    RecordBatch::try_new(
+        std::sync::Arc::new(arrow::datatypes::Schema::new(fields)),
+        ordered,
+    )
+    .map_err(|e| CoreError::CorruptInput(format!("{}: {e}", path.display())))
+}

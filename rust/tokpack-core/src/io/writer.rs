@@ -1,0 +1,297 @@
+//! Packed shards: `part-NNNNN.parquet` (one row per packed row, row groups of at most
+//! `row_group_rows` rows) and `_index-part-NNNNN.arrow` (per row: token offset inside the shard,
+//! tokens, segments, loss tokens) so readers learn lengths without touching token data.
+
+use super::progress::Progress;
+use super::spill::SpillReader;
+use crate::error::{CoreError, Result};
+use crate::plan::Plan;
+use crate::IGNORE_INDEX;
+use arrow::array::{ArrayRef, Int32Array, Int64Array, ListArray, RecordBatch};
+use arrow::buffer::OffsetBuffer;
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::ipc::writer::FileWriter;
+use parquet::arrow::ArrowWriter;
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::properties::WriterProperties;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::ops::Range;
+use std::path::Path;
+use std::sync::Arc;
+
+/// What was written for one shard (recorded in the manifest).
+#[derive(Clone, Debug)]
+pub struct ShardInfo {
+    pub file: String,
+    pub index: String,
+    pub rows: u64,
+    pub row_groups: u64,
+    pub tokens: u64,
+    pub loss_tokens: u64,
+    /// `xxh3_128:<hex>` of the shard file's bytes.
+    pub checksum: String,
+}
+
+/// `zstd`, `zstd:LEVEL`, `snappy`, `lz4` or `none`.
+pub fn parse_compression(name: &str) -> Result<Compression> {
+    let bad = || {
+        CoreError::Config(format!(
+            "unknown compression {name:?}; expected \"zstd\" (or \"zstd:LEVEL\"), \"snappy\", \"lz4\" or \"none\""
+        ))
+    };
+    Ok(match name {
+        "zstd" => Compression::ZSTD(ZstdLevel::default()),
+        "snappy" => Compression::SNAPPY,
+        "lz4" => Compression::LZ4_RAW,
+        "none" | "uncompressed" => Compression::UNCOMPRESSED,
+        _ => match name
+            .strip_prefix("zstd:")
+            .and_then(|l| l.parse::<i32>().ok())
+        {
+            Some(level) => Compression::ZSTD(ZstdLevel::try_new(level).map_err(|_| bad())?),
+            None => return Err(bad()),
+        },
+    })
+}
+
+fn list_field(name: &str, child: DataType) -> Field {
+    Field::new(
+        name,
+        DataType::List(Arc::new(Field::new("item", child, true))),
+        false,
+    )
+}
+
+/// The packed-shard schema (see PACKED_FORMAT / README).
+pub fn shard_schema(has_labels: bool) -> SchemaRef {
+    let mut fields = vec![list_field("input_ids", DataType::Int32)];
+    if has_labels {
+        fields.push(list_field("labels", DataType::Int32));
+    }
+    fields.extend([
+        list_field("seq_lengths", DataType::Int32),
+        list_field("sample_ids", DataType::Int64),
+        Field::new("num_tokens", DataType::Int32, false),
+        Field::new("num_seqs", DataType::Int32, false),
+        Field::new("num_loss_tokens", DataType::Int32, false),
+        list_field("seq_loss_tokens", DataType::Int32),
+    ]);
+    Arc::new(Schema::new(fields))
+}
+
+fn index_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("offset", DataType::Int64, false),
+        Field::new("num_tokens", DataType::Int32, false),
+        Field::new("num_seqs", DataType::Int32, false),
+        Field::new("num_loss_tokens", DataType::Int32, false),
+    ]))
+}
+
+/// Hashes everything written through it.
+struct Hashing<W: Write> {
+    inner: W,
+    hasher: twox_hash::XxHash3_128,
+}
+
+impl<W: Write> Write for Hashing<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hasher.write(&buf[..n]);
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Everything a shard writer needs besides its row range.
+pub struct ShardContext<'a> {
+    pub dir: &'a Path,
+    pub plan: &'a Plan,
+    /// Spill location of every input sample.
+    pub locations: &'a [u64],
+    pub spill: &'a SpillReader,
+    pub has_labels: bool,
+    pub row_group_rows: usize,
+    pub compression: Compression,
+    pub progress: &'a Progress,
+}
+
+fn list(offsets: Vec<i32>, values: ArrayRef) -> ArrayRef {
+    let field = Arc::new(Field::new("item", values.data_type().clone(), true));
+    Arc::new(ListArray::new(
+        field,
+        OffsetBuffer::new(offsets.into()),
+        values,
+        None,
+    ))
+}
+
+fn out_err(path: &Path, e: impl std::fmt::Display) -> CoreError {
+    CoreError::Output(format!("{}: {e}", path.display()))
+}
+
+/// Writes shard `shard` holding plan rows `rows`.
+pub fn write_shard(ctx: &ShardContext, shard: usize, rows: Range<usize>) -> Result<ShardInfo> {
+    let name = format!("part-{shard:05}.parquet");
+    let index_name = format!("_index-part-{shard:05}.arrow");
+    let path = ctx.dir.join(&name);
+    let schema = shard_schema(ctx.has_labels);
+    let props = WriterProperties::builder()
+        .set_compression(ctx.compression)
+        .set_max_row_group_row_count(Some(ctx.row_group_rows))
+        .set_created_by(format!("tokpack {}", env!("CARGO_PKG_VERSION")))
+        .build();
+    let file = File::create(&path).map_err(|e| out_err(&path, e))?;
+    let sink = Hashing {
+        inner: BufWriter::with_capacity(1 << 20, file),
+        hasher: twox_hash::XxHash3_128::new(),
+    };
+    let mut writer =
+        ArrowWriter::try_new(sink, schema.clone(), Some(props)).map_err(|e| out_err(&path, e))?;
+    let mut index = IndexColumns::default();
+    let mut info = ShardInfo {
+        file: name,
+        index: index_name.clone(),
+        rows: rows.len() as u64,
+        row_groups: 0,
+        tokens: 0,
+        loss_tokens: 0,
+        checksum: String::new(),
+    };
+    let mut start = rows.start;
+    while start < rows.end || (info.row_groups == 0 && rows.is_empty()) {
+        ctx.progress.check()?;
+        let end = (start + ctx.row_group_rows).min(rows.end);
+        let batch = row_group(ctx, &schema, start..end, &mut index, &mut info)?;
+        writer.write(&batch).map_err(|e| out_err(&path, e))?;
+        writer.flush().map_err(|e| out_err(&path, e))?;
+        info.row_groups += 1;
+        ctx.progress.advance((end - start) as u64);
+        if rows.is_empty() {
+            break;
+        }
+        start = end;
+    }
+    let mut sink = writer.into_inner().map_err(|e| out_err(&path, e))?;
+    sink.flush().map_err(|e| out_err(&path, e))?;
+    info.checksum = format!("xxh3_128:{:032x}", sink.hasher.finish_128());
+    write_index(&ctx.dir.join(&index_name), index)?;
+    Ok(info)
+}
+
+#[derive(Default)]
+struct IndexColumns {
+    offset: Vec<i64>,
+    num_tokens: Vec<i32>,
+    num_seqs: Vec<i32>,
+    num_loss_tokens: Vec<i32>,
+}
+
+fn write_index(path: &Path, index: IndexColumns) -> Result<()> {
+    let batch = RecordBatch::try_new(
+        index_schema(),
+        vec![
+            Arc::new(Int64Array::from(index.offset)),
+            Arc::new(Int32Array::from(index.num_tokens)),
+            Arc::new(Int32Array::from(index.num_seqs)),
+            Arc::new(Int32Array::from(index.num_loss_tokens)),
+        ],
+    )
+    .map_err(|e| out_err(path, e))?;
+    let file = File::create(path).map_err(|e| out_err(path, e))?;
+    let mut w =
+        FileWriter::try_new_buffered(file, &index_schema()).map_err(|e| out_err(path, e))?;
+    w.write(&batch).map_err(|e| out_err(path, e))?;
+    w.finish().map_err(|e| out_err(path, e))?;
+    Ok(())
+}
+
+/// Gathers plan rows `rows` from the spill into one record batch.
+fn row_group(
+    ctx: &ShardContext,
+    schema: &SchemaRef,
+    rows: Range<usize>,
+    index: &mut IndexColumns,
+    info: &mut ShardInfo,
+) -> Result<RecordBatch> {
+    let plan = ctx.plan;
+    let segs = plan.bin_offsets[rows.start] as usize..plan.bin_offsets[rows.end] as usize;
+    let total: usize = plan.lengths[segs.clone()].iter().map(|&l| l as usize).sum();
+    let mut tokens = vec![0i32; total];
+    let mut labels = if ctx.has_labels {
+        vec![0i32; total]
+    } else {
+        Vec::new()
+    };
+    let mut seg_loss = Vec::with_capacity(segs.len());
+    let mut pos = 0usize;
+    for k in segs.clone() {
+        let len = plan.lengths[k] as usize;
+        let loc = ctx.locations[plan.sample_ids[k] as usize];
+        let span = pos..pos + len;
+        ctx.spill
+            .tokens(loc, plan.starts[k], &mut tokens[span.clone()])?;
+        if ctx.has_labels {
+            ctx.spill
+                .labels(loc, plan.starts[k], &mut labels[span.clone()])?;
+            seg_loss.push(labels[span].iter().filter(|&&v| v != IGNORE_INDEX).count() as i32);
+        } else {
+            seg_loss.push(len as i32);
+        }
+        pos += len;
+    }
+    // Row-level offsets into this row group's tokens and segments.
+    let mut tok_offsets = Vec::with_capacity(rows.len() + 1);
+    let mut seg_offsets = Vec::with_capacity(rows.len() + 1);
+    let mut num_tokens = Vec::with_capacity(rows.len());
+    let mut num_seqs = Vec::with_capacity(rows.len());
+    let mut num_loss = Vec::with_capacity(rows.len());
+    let (mut t, s0) = (0i64, segs.start);
+    tok_offsets.push(0i32);
+    seg_offsets.push(0i32);
+    for r in rows.clone() {
+        let (a, b) = (
+            plan.bin_offsets[r] as usize,
+            plan.bin_offsets[r + 1] as usize,
+        );
+        let n: i64 = plan.lengths[a..b].iter().sum();
+        let loss: i32 = seg_loss[a - s0..b - s0].iter().sum();
+        index.offset.push(info.tokens as i64 + t);
+        t += n;
+        tok_offsets.push(t as i32);
+        seg_offsets.push((b - s0) as i32);
+        num_tokens.push(n as i32);
+        num_seqs.push((b - a) as i32);
+        num_loss.push(loss);
+        info.loss_tokens += loss as u64;
+    }
+    info.tokens += t as u64;
+    index.num_tokens.extend_from_slice(&num_tokens);
+    index.num_seqs.extend_from_slice(&num_seqs);
+    index.num_loss_tokens.extend_from_slice(&num_loss);
+    let seq_lengths: Vec<i32> = plan.lengths[segs.clone()]
+        .iter()
+        .map(|&l| l as i32)
+        .collect();
+    let sample_ids = plan.sample_ids[segs].to_vec();
+    let mut columns: Vec<ArrayRef> = vec![list(
+        tok_offsets.clone(),
+        Arc::new(Int32Array::from(tokens)),
+    )];
+    if ctx.has_labels {
+        columns.push(list(tok_offsets, Arc::new(Int32Array::from(labels))));
+    }
+    columns.extend([
+        list(seg_offsets.clone(), Arc::new(Int32Array::from(seq_lengths))),
+        list(seg_offsets.clone(), Arc::new(Int64Array::from(sample_ids))),
+        Arc::new(Int32Array::from(num_tokens)) as ArrayRef,
+        Arc::new(Int32Array::from(num_seqs)),
+        Arc::new(Int32Array::from(num_loss)),
+        list(seg_offsets, Arc::new(Int32Array::from(seg_loss))),
+    ]);
+    RecordBatch::try_new(schema.clone(), columns)
+        .map_err(|e| CoreError::Output(format!("{}: {e}", ctx.dir.display())))
+}
