@@ -16,7 +16,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..errors import CorruptOutputError, InputNotFoundError
+from .. import _tokpack
+from ..errors import CorruptOutputError, InputNotFoundError, TokpackError
 
 __all__ = ["PackedDir", "decode_row_group", "ROW_COLUMNS"]
 
@@ -30,37 +31,17 @@ Column = Union[Tuple[np.ndarray, np.ndarray], np.ndarray]
 
 def decode_row_group(path: str, row_group: int, columns: Sequence[str]) -> Dict[str, Column]:
     """Decode one row group of a shard: list columns -> ``(values, offsets int64)``, primitive
-    columns -> ndarray. Values are zero-copy views of the decoded Arrow buffers (read-only).
+    columns -> ndarray.
 
-    Every shard read of ``tokpack.torch`` goes through here (pyarrow decodes with the GIL
-    released), so the decoder can be replaced in one place.
+    Every shard read of ``tokpack.torch`` goes through here. Decoding runs in Rust (arrow-rs /
+    parquet) with the GIL released, on the calling thread.
     """
     try:
-        table = pq.ParquetFile(path, memory_map=True).read_row_group(
-            row_group, columns=list(columns)
-        )
-    except FileNotFoundError:
-        raise CorruptOutputError(f"{path}: shard file is missing") from None
-    except (pa.ArrowException, OSError, IndexError) as exc:
+        return _tokpack.read_row_group(str(path), int(row_group), list(columns))
+    except (TokpackError, OSError) as exc:
         raise CorruptOutputError(
             f"{path}: cannot decode row group {row_group} (columns {list(columns)}): {exc}"
         ) from None
-    out: Dict[str, Column] = {}
-    for name in columns:
-        arr = table.column(name).combine_chunks()
-        if arr.null_count:
-            raise CorruptOutputError(
-                f"{path}: row group {row_group}, column {name!r} has {arr.null_count} nulls"
-            )
-        if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
-            offsets = np.asarray(arr.offsets, dtype=np.int64)
-            values = arr.values.to_numpy(zero_copy_only=False)
-            if offsets[0] != 0:
-                values, offsets = values[offsets[0] : offsets[-1]], offsets - offsets[0]
-            out[name] = (values, offsets)
-        else:
-            out[name] = arr.to_numpy(zero_copy_only=False)
-    return out
 
 
 def _corrupt(root: Path, what: str) -> CorruptOutputError:
