@@ -111,3 +111,23 @@ def test_kill_9_mid_write_leaves_out_dir_absent_then_next_run_is_clean(tmp_path)
     assert subprocess.run(cmd, check=False).returncode == 0
     assert (out / "_manifest.json").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus", "out"]
+
+
+def test_ctrl_c_cancels_cleanly(tmp_path):
+    corpus = tmp_path / "corpus"
+    write_token_shards(corpus, 30000, n_files=2, seed=2)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "tokpack", "pack", str(corpus), "-o", str(out), "--quiet"]
+    cmd += ["--overlong", "split", "--rows-per-shard", "64", "--row-group-rows", "16"]
+    proc = subprocess.Popen(cmd + ["--threads", "1"], stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        tmps = [p for p in tmp_path.iterdir() if p.name.startswith(".out.tmp-")]
+        if any(any(t.glob("part-*.parquet")) for t in tmps):
+            break
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus"]
