@@ -10,6 +10,7 @@ import pytest
 
 import tokpack
 from tokpack._outdir import (
+    MANIFEST_NAME,
     atomic_output_dir,
     cache_key,
     describe_inputs,
@@ -71,10 +72,10 @@ def test_cache_key_tracks_inputs_and_config(tmp_path):
     assert key != cache_key("pack", describe_inputs([f]), {"max_len": 8})
     out = tmp_path / "out"
     out.mkdir()
-    write_json_atomic(out / "_manifest.json", {"cache_key": key})
+    write_json_atomic(out / MANIFEST_NAME, {"cache_key": key})
     assert is_cache_hit(out, key) == {"cache_key": key}
     assert is_cache_hit(out, "other") is None
-    (out / "_manifest.json").write_text("{broken")
+    (out / MANIFEST_NAME).write_text("{broken")
     assert is_cache_hit(out, key) is None
     assert json.loads(json.dumps(inputs)) == inputs
 

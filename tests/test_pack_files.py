@@ -11,6 +11,7 @@ import pytest
 
 import tokpack
 from tokpack import _tokpack
+from tokpack._outdir import MANIFEST_NAME
 from tokpack.errors import (
     ConfigError,
     CorruptInputError,
@@ -19,7 +20,7 @@ from tokpack.errors import (
     OverlongError,
     SchemaError,
 )
-from tokpack.files import pack_files
+from tokpack.files import DROPPED_NAME, pack_files
 from tokpack.synthetic import write_token_shards
 
 MAX_LEN = 512
@@ -59,9 +60,7 @@ def check_every_sample(out, files, manifest, labels=True):
                 (rows_ids[r][pos : pos + n], rows_labels and rows_labels[r][pos : pos + n])
             )
             pos += n
-    dropped = set(
-        pa.ipc.open_file(out / "_dropped.arrow").read_all().column("sample_id").to_pylist()
-    )
+    dropped = set(pa.ipc.open_file(out / DROPPED_NAME).read_all().column("sample_id").to_pylist())
     for s, sample in enumerate(ids):
         if s in dropped:
             assert s not in seen
@@ -111,7 +110,7 @@ def test_every_sample_once_and_unchanged(corpus, tmp_path):
         assert offs[0] == 0 and np.all(np.diff(offs) == idx.column("num_tokens").to_numpy()[:-1])
         seq_loss = shard.column("seq_loss_tokens").to_pylist()
         assert [sum(x) for x in seq_loss] == shard.column("num_loss_tokens").to_pylist()
-    on_disk = json.loads((out / "_manifest.json").read_text())
+    on_disk = json.loads((out / MANIFEST_NAME).read_text())
     assert on_disk["figures"] == f and on_disk["shards"] == m["shards"]
 
 
@@ -123,7 +122,7 @@ def test_loads_with_huggingface_datasets(corpus, tmp_path):
     m = pack_files(corpus, out, MAX_LEN, overlong="truncate", rows_per_shard=500)
     ds = datasets.load_dataset(
         "parquet",
-        data_files=str(out / "part-*.parquet"),
+        data_dir=str(out),
         split="train",
         cache_dir=str(tmp_path / "hf"),
     )
@@ -138,8 +137,17 @@ def test_bytes_identical_for_any_thread_count(corpus, tmp_path):
         out = tmp_path / f"out{threads}"
         pack_files(corpus, out, MAX_LEN, overlong="drop", rows_per_shard=200, threads=threads)
         outs.append(out)
-    names = sorted(p.name for p in outs[0].iterdir() if p.name != "_manifest.json")
-    assert names == sorted(p.name for p in outs[1].iterdir() if p.name != "_manifest.json")
+
+    def files(out):
+        return sorted(
+            str(p.relative_to(out))
+            for p in out.rglob("*")
+            if p.is_file() and p.name != "_manifest.json"
+        )
+
+    names = files(outs[0])
+    assert names == files(outs[1])
+    assert any(n.startswith("__tokpack__/_index-part-") for n in names)
     assert any(n.startswith("part-") for n in names)
     for n in names:
         assert (outs[0] / n).read_bytes() == (outs[1] / n).read_bytes(), n
@@ -149,7 +157,7 @@ def test_drop_and_truncate_account_for_every_sample(corpus, tmp_path):
     out = tmp_path / "drop"
     m = pack_files(corpus, out, MAX_LEN, overlong="drop")
     check_every_sample(out, corpus, m)
-    dropped = pa.ipc.open_file(out / "_dropped.arrow").read_all().to_pylist()
+    dropped = pa.ipc.open_file(out / DROPPED_NAME).read_all().to_pylist()
     assert len(dropped) == m["figures"]["samples_dropped"] > 0
     ids, _ = read_inputs(corpus)
     assert all(len(ids[d["sample_id"]]) > MAX_LEN and d["reason"] == "overlong" for d in dropped)

@@ -9,6 +9,7 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
+from tokpack._outdir import MANIFEST_NAME
 from tokpack.cli import main
 from tokpack.synthetic import write_token_shards
 
@@ -109,7 +110,7 @@ def test_kill_9_mid_write_leaves_out_dir_absent_then_next_run_is_clean(tmp_path)
     leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".out")]
     assert leftovers  # the dead run's temporaries (output and spill)
     assert subprocess.run(cmd, check=False).returncode == 0
-    assert (out / "_manifest.json").exists()
+    assert (out / MANIFEST_NAME).exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus", "out"]
 
 

@@ -9,6 +9,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 import tokpack
+from tokpack._outdir import MANIFEST_NAME
 from tokpack.torch import PackedCollator, PackedDataset
 
 from .packed_corpus import random_samples, write_packed_dir
@@ -131,7 +132,7 @@ def test_hf_trainer_runs_on_packed_dataset(corpus, tmp_path):
 def test_bad_paths(tmp_path):
     with pytest.raises(tokpack.InputNotFoundError, match="no such packed directory"):
         PackedDataset(tmp_path / "missing")
-    with pytest.raises(tokpack.InputNotFoundError, match="no _manifest.json"):
+    with pytest.raises(tokpack.InputNotFoundError, match="no __tokpack__/_manifest.json"):
         PackedDataset(tmp_path)
     f = tmp_path / "file"
     f.write_text("x")
@@ -143,11 +144,11 @@ def _corrupt_copy(src, dst, edit):
     import shutil
 
     shutil.copytree(src, dst)
-    manifest = json.loads((dst / "_manifest.json").read_text())
+    manifest = json.loads((dst / MANIFEST_NAME).read_text())
     text = edit(manifest, dst)
     if not isinstance(text, str):
         text = json.dumps(manifest)
-    (dst / "_manifest.json").write_text(text)
+    (dst / MANIFEST_NAME).write_text(text)
     return dst
 
 

@@ -23,6 +23,7 @@ from .errors import ConfigError, CorruptOutputError, InputNotFoundError
 
 __all__ = [
     "MANIFEST_NAME",
+    "SIDE_DIR",
     "fingerprint_file",
     "describe_inputs",
     "cache_key",
@@ -32,7 +33,12 @@ __all__ = [
     "write_json_atomic",
 ]
 
-MANIFEST_NAME = "_manifest.json"
+# Side files (manifest, indexes, accounting) live in a subdirectory that Parquet readers skip:
+# pyarrow.dataset ignores names starting with "_", Hugging Face datasets ignores directories
+# starting with "__". So `pyarrow.dataset.dataset(OUT_DIR)` and
+# `datasets.load_dataset("parquet", data_dir=OUT_DIR)` both see only the data files.
+SIDE_DIR = "__tokpack__"
+MANIFEST_NAME = f"{SIDE_DIR}/_manifest.json"
 _TMP_TAG = ".tmp-"
 _OLD_TAG = ".old-"
 
@@ -163,6 +169,7 @@ def _fsync_dir(path: Path) -> None:
 def write_json_atomic(path: os.PathLike, data: Dict[str, Any]) -> None:
     """Writes JSON to a temporary name in the same directory, then renames it."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(data, f, indent=2, sort_keys=True)

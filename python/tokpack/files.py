@@ -25,6 +25,7 @@ import pyarrow as pa
 from . import _tokpack
 from ._outdir import (
     MANIFEST_NAME,
+    SIDE_DIR,
     atomic_output_dir,
     cache_key,
     describe_inputs,
@@ -40,7 +41,7 @@ __all__ = ["pack_files", "expand_inputs", "read_lengths", "FORMAT", "FORMAT_VERS
 FORMAT = "tokpack-packed"
 FORMAT_VERSION = 1
 # Arrow IPC, not Parquet: HF ``datasets`` reads every ``*.parquet`` under data_dir, ``_`` or not.
-DROPPED_NAME = "_dropped.arrow"
+DROPPED_NAME = f"{SIDE_DIR}/_dropped.arrow"
 SHARD_SUFFIXES = (".parquet", ".arrow", ".feather", ".ipc")
 # Rows decoded at a time inside a row group: bounds reading memory to a few tens of MB per thread.
 BATCH_ROWS = 4096
@@ -232,6 +233,7 @@ def _write_dropped(path: Path, result: Dict[str, Any], paths: List[Path]) -> Non
             "reason": pa.array(reason.tolist(), pa.string()),
         }
     )
+    path.parent.mkdir(parents=True, exist_ok=True)
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)
 

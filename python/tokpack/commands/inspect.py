@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from .._outdir import read_manifest
+from .._outdir import MANIFEST_NAME, read_manifest
 from ..errors import CorruptOutputError, InputNotFoundError
 from ..report import table
 
@@ -22,7 +22,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.output)
     manifest = read_manifest(out)
     if manifest is None:
-        raise InputNotFoundError(f"{out}: no _manifest.json (not a tokpack output directory)")
+        raise InputNotFoundError(f"{out}: no {MANIFEST_NAME} (not a tokpack output directory)")
     if manifest.get("format") != "tokpack-packed":
         raise CorruptOutputError(f"{out}: not a packed directory (format {manifest.get('format')})")
     c, f = manifest["config"], manifest["figures"]

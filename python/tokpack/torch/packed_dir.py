@@ -17,11 +17,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .. import _tokpack
+from .._outdir import MANIFEST_NAME
 from ..errors import CorruptOutputError, InputNotFoundError, TokpackError
 
 __all__ = ["PackedDir", "decode_row_group", "ROW_COLUMNS"]
 
-MANIFEST_NAME = "_manifest.json"
 FORMAT = "tokpack-packed"
 FORMAT_VERSION = 1
 ROW_COLUMNS = ("input_ids", "labels", "seq_lengths", "sample_ids")

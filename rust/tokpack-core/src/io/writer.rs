@@ -7,6 +7,9 @@ use super::spill::SpillReader;
 use crate::error::{CoreError, Result};
 use crate::plan::Plan;
 use crate::IGNORE_INDEX;
+
+/// Subdirectory of side files (indexes, manifest): Parquet readers skip it (see `_outdir.py`).
+pub const SIDE_DIR: &str = "__tokpack__";
 use arrow::array::{ArrayRef, Int32Array, Int64Array, ListArray, RecordBatch};
 use arrow::buffer::OffsetBuffer;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
@@ -136,7 +139,7 @@ fn out_err(path: &Path, e: impl std::fmt::Display) -> CoreError {
 /// Writes shard `shard` holding plan rows `rows`.
 pub fn write_shard(ctx: &ShardContext, shard: usize, rows: Range<usize>) -> Result<ShardInfo> {
     let name = format!("part-{shard:05}.parquet");
-    let index_name = format!("_index-part-{shard:05}.arrow");
+    let index_name = format!("{SIDE_DIR}/_index-part-{shard:05}.arrow");
     let path = ctx.dir.join(&name);
     let schema = shard_schema(ctx.has_labels);
     let props = WriterProperties::builder()
@@ -191,6 +194,9 @@ struct IndexColumns {
 }
 
 fn write_index(path: &Path, index: IndexColumns) -> Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| out_err(dir, e))?;
+    }
     let batch = RecordBatch::try_new(
         index_schema(),
         vec![
