@@ -14,11 +14,13 @@ from .errors import (
     CorruptOutputError,
     DataError,
     InputNotFoundError,
+    InvalidRecordError,
     OverlongError,
     TokpackError,
 )
 from .packing import pack_tokens
 from .planning import Plan, plan
+from .tokenize import tokenize_files, tokenize_to_batches
 
 __all__ = [
     "__version__",
@@ -27,10 +29,13 @@ __all__ = [
     "pack_tokens",
     "pack_sequences",
     "concatenate_and_pack",
+    "tokenize_files",
+    "tokenize_to_batches",
     "TokpackError",
     "ConfigError",
     "DataError",
     "OverlongError",
     "InputNotFoundError",
     "CorruptOutputError",
+    "InvalidRecordError",
 ]
