@@ -14,6 +14,7 @@ from .errors import TokpackError
 # name -> (module, one-line help). Modules are imported only when their command runs.
 COMMANDS = {
     "demo": ("tokpack.commands.demo", "pack a built-in synthetic SFT corpus and print the figures"),
+    "tokenize": ("tokpack.commands.tokenize", "chat / instruction / text files to token shards"),
 }
 
 
