@@ -320,3 +320,20 @@ def test_template_syntax_error_is_config_error(tmp_path, tok_dir):
     bad.write_text("{% for m in messages %}{{ m }", encoding="utf-8")
     with pytest.raises(tokpack.ConfigError, match="syntax error"):
         tokpack.tokenize_to_batches(["x.jsonl"], tok_dir, chat_template=bad)
+
+
+def test_unreadable_files_are_reported(tmp_path, tok_dir):
+    broken_gz = tmp_path / "broken.jsonl.gz"
+    broken_gz.write_bytes(b"\x1f\x8b\x08\x00garbage-not-deflate")
+    with pytest.raises(tokpack.InvalidRecordError, match=r"broken\.jsonl\.gz:1: cannot read"):
+        run(broken_gz, tok_dir)
+    broken_pq = tmp_path / "broken.parquet"
+    broken_pq.write_bytes(b"PAR1 not really")
+    with pytest.raises(tokpack.InvalidRecordError, match=r"broken\.parquet: not a readable"):
+        run(broken_pq, tok_dir)
+    latin = tmp_path / "latin.jsonl"
+    latin.write_bytes(b'{"text": "ok"}\n{"text": "caf\xe9"}\n')
+    with pytest.raises(tokpack.InvalidRecordError, match=r"latin\.jsonl:2: not UTF-8"):
+        run(latin, tok_dir)
+    with pytest.raises(tokpack.InputNotFoundError):
+        run(tmp_path / "missing.jsonl", tok_dir)

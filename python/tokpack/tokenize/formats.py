@@ -13,6 +13,7 @@ import gzip
 import io
 import json
 import os
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Union
@@ -142,6 +143,7 @@ def _jsonl_records(
     with open(path, "rb") as raw_file:
         stream: io.BufferedIOBase = gzip.GzipFile(fileobj=raw_file) if gzip_ else raw_file
         last_pos = 0
+        line_no = 0
         try:
             for line_no, line in enumerate(stream, start=1):
                 if on_bytes is not None:
@@ -162,7 +164,7 @@ def _jsonl_records(
                     yield Record(shown, line_no, False, stripped, None, f"invalid JSON ({exc})")
                     continue
                 yield Record(shown, line_no, False, stripped, value)
-        except (OSError, EOFError) as exc:
+        except (OSError, EOFError, zlib.error) as exc:
             raise InvalidRecordError(shown, line_no + 1, f"cannot read file ({exc})") from None
 
 
