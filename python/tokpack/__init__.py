@@ -15,6 +15,7 @@ from .errors import (
     CorruptOutputError,
     DataError,
     InputNotFoundError,
+    InvalidRecordError,
     OutputError,
     OverlongError,
     SchemaError,
@@ -24,6 +25,7 @@ from .files import pack_files
 from .packing import pack_tokens
 from .planning import Plan, plan
 from .streaming import streaming_dataset_reader
+from .tokenize import tokenize_files, tokenize_to_batches
 
 # The PyTorch side is imported on first use, so `import tokpack` works without torch.
 _TORCH_EXPORTS = ("PackedDataset", "PackedIterableDataset", "PackedCollator", "DeviceLoader")
@@ -47,6 +49,8 @@ __all__ = [
     "pack_sequences",
     "concatenate_and_pack",
     "streaming_dataset_reader",
+    "tokenize_files",
+    "tokenize_to_batches",
     "TokpackError",
     "ConfigError",
     "DataError",
@@ -56,4 +60,5 @@ __all__ = [
     "CorruptInputError",
     "SchemaError",
     "OutputError",
+    "InvalidRecordError",
 ]

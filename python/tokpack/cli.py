@@ -17,6 +17,7 @@ COMMANDS = {
     "pack": ("tokpack.commands.pack", "pack Parquet / Arrow IPC token shards into packed shards"),
     "stats": ("tokpack.commands.stats", "length distribution and packing efficiency of shards"),
     "inspect": ("tokpack.commands.inspect", "figures and a few rows of a packed directory"),
+    "tokenize": ("tokpack.commands.tokenize", "chat / instruction / text files to token shards"),
 }
 
 

@@ -12,6 +12,7 @@ __all__ = [
     "CorruptInputError",
     "SchemaError",
     "OutputError",
+    "InvalidRecordError",
 ]
 
 
@@ -52,3 +53,21 @@ class SchemaError(DataError):
 
 class OutputError(TokpackError, OSError):
     """Writing the output directory (or its temporary files) failed: disk full, permissions."""
+
+
+class InvalidRecordError(DataError):
+    """One input record (a JSONL line or a Parquet row) cannot be turned into a sample: invalid
+    JSON, a missing field, an unknown role, an empty conversation, a template that fails on it.
+
+    The message starts with ``FILE:LINE`` (``FILE:row N`` for Parquet, ``FILE`` alone when the
+    whole file is unreadable, ``line`` 0); ``path`` and ``line`` hold the same.
+    ``tokpack tokenize --skip-invalid`` writes these records to ``_rejected.jsonl`` instead of
+    failing.
+    """
+
+    def __init__(self, path: str, line: int, reason: str, *, row: bool = False) -> None:
+        self.path = path
+        self.line = line
+        self.reason = reason
+        where = path if line == 0 else f"{path}:row {line}" if row else f"{path}:{line}"
+        super().__init__(f"{where}: {reason}")

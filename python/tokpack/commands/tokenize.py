@@ -1,0 +1,120 @@
+"""``tokpack tokenize``: chat / instruction / text files to Parquet token shards with loss
+masks (calls :func:`tokpack.tokenize_files`)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Dict, List, Optional
+
+from ..errors import ConfigError
+from ..planning import OVERLONG_POLICIES
+from ..tokenize.formats import DEFAULT_COLUMNS, FORMATS
+from ..tokenize.template import TRAIN_ON
+from ..tokenize.writer import DEFAULT_SHARD_ROWS
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("inputs", nargs="+", metavar="INPUT", help="JSONL, .jsonl.gz or Parquet")
+    parser.add_argument("-o", "--output", required=True, metavar="TOKENS_DIR")
+    parser.add_argument(
+        "--tokenizer",
+        required=True,
+        metavar="PATH",
+        help="tokenizer.json, or a directory with tokenizer.json and tokenizer_config.json",
+    )
+    parser.add_argument(
+        "--chat-template", metavar="FILE", help="Jinja chat template (default: the tokenizer's)"
+    )
+    parser.add_argument("--format", choices=FORMATS, default="auto")
+    parser.add_argument(
+        "--train-on",
+        choices=TRAIN_ON,
+        default="assistant",
+        help="tokens with labels: assistant turns (default), the last one, or all",
+    )
+    parser.add_argument("--max-len", type=int, default=None, metavar="N")
+    parser.add_argument(
+        "--overlong",
+        choices=OVERLONG_POLICIES,
+        default="error",
+        help="samples longer than --max-len (default: error)",
+    )
+    eos = parser.add_mutually_exclusive_group()
+    eos.add_argument(
+        "--add-eos",
+        dest="add_eos",
+        action="store_true",
+        default=None,
+        help="append EOS to every sample (default: to plain-text samples only)",
+    )
+    eos.add_argument("--no-add-eos", dest="add_eos", action="store_false")
+    parser.add_argument(
+        "--column",
+        action="append",
+        default=[],
+        metavar="FIELD=NAME",
+        help=f"read FIELD from column NAME (fields: {', '.join(DEFAULT_COLUMNS)})",
+    )
+    parser.add_argument("--shard-rows", type=int, default=DEFAULT_SHARD_ROWS, metavar="N")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
+    parser.add_argument(
+        "--skip-invalid",
+        action="store_true",
+        help="write bad records to TOKENS_DIR/__tokpack__/_rejected.jsonl instead of failing",
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+
+
+def _columns(items: List[str]) -> Optional[Dict[str, str]]:
+    columns = {}
+    for item in items:
+        field, sep, name = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--column expects FIELD=NAME, got {item!r}")
+        columns[field] = name
+    return columns or None
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..tokenize import tokenize_files
+
+    manifest = tokenize_files(
+        args.inputs,
+        args.output,
+        args.tokenizer,
+        chat_template=args.chat_template,
+        format=args.format,
+        train_on=args.train_on,
+        max_len=args.max_len,
+        overlong=args.overlong,
+        add_eos=args.add_eos,
+        columns=_columns(args.column),
+        threads=args.threads,
+        skip_invalid=args.skip_invalid,
+        force=args.force,
+        shard_rows=args.shard_rows,
+        progress=not args.quiet,
+    )
+    if args.quiet:
+        return 0
+    c = manifest["counts"]
+    if manifest.get("cache_hit"):
+        print(f"{args.output}: up to date ({c['samples_out']:,} samples); --force to rebuild")
+        return 0
+    print(
+        f"{args.output}: {c['samples_out']:,} samples in {len(manifest['shards'])} shard(s), "
+        f"{c['tokens']:,} tokens, {c['trained_share']:.1%} trained; template "
+        f"{manifest['template']['source']}"
+    )
+    extra = []
+    if c["rejected"]:
+        extra.append(f"{c['rejected']:,} rejected (see {manifest['rejected_file']})")
+    for key in ("truncated", "dropped", "split"):
+        if c[key]:
+            extra.append(f"{c[key]:,} over-long {key}")
+    if c["untrained_samples"]:
+        extra.append(f"{c['untrained_samples']:,} samples without trained tokens")
+    if extra:
+        print("  " + "; ".join(extra))
+    return 0

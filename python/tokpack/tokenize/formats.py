@@ -1,0 +1,344 @@
+"""Input files and record formats: JSONL (also ``.jsonl.gz``) and Parquet, holding OpenAI-style
+``messages``, ShareGPT ``conversations``, Alpaca ``instruction``/``input``/``output`` or plain
+``text`` records.
+
+Reading and parsing are separate so a bad record is reported with its file and line and, with
+``skip_invalid``, set aside without stopping the run: every record read ends up either as one
+sample or as one rejection.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+
+from ..errors import ConfigError, InputNotFoundError, InvalidRecordError
+
+__all__ = [
+    "FORMATS",
+    "DEFAULT_COLUMNS",
+    "Record",
+    "Sample",
+    "read_records",
+    "detect_format",
+    "parse_record",
+    "resolve_columns",
+]
+
+FORMATS = ("auto", "messages", "sharegpt", "alpaca", "text")
+
+# Logical field -> column (JSON key) it is read from; users override any of them.
+DEFAULT_COLUMNS: Dict[str, str] = {
+    "messages": "messages",
+    "conversations": "conversations",
+    "system": "system",
+    "instruction": "instruction",
+    "input": "input",
+    "output": "output",
+    "text": "text",
+}
+
+CHAT_ROLES = frozenset({"system", "user", "assistant", "tool"})
+
+# ShareGPT speaker names -> chat roles.
+SHAREGPT_ROLES = {
+    "system": "system",
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "chatgpt": "assistant",
+    "model": "assistant",
+    "tool": "tool",
+    "observation": "tool",
+}
+
+
+@dataclass
+class Record:
+    """One raw input record. ``value`` is the decoded object, or None when ``error`` says why it
+    could not be decoded. ``raw`` is the line's text (JSONL) for the rejected-records file."""
+
+    path: str
+    line: int
+    is_row: bool
+    raw: Optional[str]
+    value: Optional[Any]
+    error: Optional[str] = None
+
+    def fail(self, reason: str) -> InvalidRecordError:
+        return InvalidRecordError(self.path, self.line, reason, row=self.is_row)
+
+    def to_rejection(self, reason: str) -> Dict[str, Any]:
+        data: Dict[str, Any] = {"file": self.path, "error": reason}
+        data["row" if self.is_row else "line"] = self.line
+        if self.raw is not None:
+            data["raw"] = self.raw
+        else:
+            data["record"] = _jsonable(self.value)
+        return data
+
+
+@dataclass
+class Sample:
+    """A parsed record: a chat (``messages``, role/content dicts) or a plain ``text``."""
+
+    record: Record
+    messages: Optional[List[Dict[str, Any]]] = None
+    text: Optional[str] = None
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        json.dumps(value)
+        return value
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def resolve_columns(columns: Optional[Mapping[str, str]]) -> Dict[str, str]:
+    """The default column names updated with the user's overrides (unknown fields are an error)."""
+    resolved = dict(DEFAULT_COLUMNS)
+    for key, name in (columns or {}).items():
+        if key not in DEFAULT_COLUMNS:
+            raise ConfigError(
+                f"unknown column field {key!r}; choose among {', '.join(DEFAULT_COLUMNS)}"
+            )
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"column name for {key!r} must be a non-empty string")
+        resolved[key] = name
+    return resolved
+
+
+# --- reading ---------------------------------------------------------------------------------
+
+
+def read_records(
+    path: Union[str, os.PathLike], on_bytes: Optional[Callable[[int], None]] = None
+) -> Iterator[Record]:
+    """Records of one input file, in file order. ``on_bytes`` is told how many bytes of the file
+    (compressed size for ``.gz``) each step consumed, for progress bars."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputNotFoundError(f"{path}: no such file")
+    name = path.name.lower()
+    if name.endswith(".parquet") or name.endswith(".pq"):
+        yield from _parquet_records(path, on_bytes)
+    elif name.endswith(".gz"):
+        yield from _jsonl_records(path, gzip_=True, on_bytes=on_bytes)
+    else:
+        yield from _jsonl_records(path, gzip_=False, on_bytes=on_bytes)
+
+
+def _jsonl_records(
+    path: Path, gzip_: bool, on_bytes: Optional[Callable[[int], None]]
+) -> Iterator[Record]:
+    shown = str(path)
+    with open(path, "rb") as raw_file:
+        stream: io.BufferedIOBase = gzip.GzipFile(fileobj=raw_file) if gzip_ else raw_file
+        last_pos = 0
+        line_no = 0
+        try:
+            for line_no, line in enumerate(stream, start=1):
+                if on_bytes is not None:
+                    pos = raw_file.tell()
+                    on_bytes(pos - last_pos)
+                    last_pos = pos
+                try:
+                    text = line.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    yield Record(shown, line_no, False, None, None, f"not UTF-8 ({exc.reason})")
+                    continue
+                stripped = text.strip()
+                if not stripped:
+                    continue
+                try:
+                    value = json.loads(stripped)
+                except ValueError as exc:
+                    yield Record(shown, line_no, False, stripped, None, f"invalid JSON ({exc})")
+                    continue
+                yield Record(shown, line_no, False, stripped, value)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise InvalidRecordError(shown, line_no + 1, f"cannot read file ({exc})") from None
+
+
+def _parquet_records(path: Path, on_bytes: Optional[Callable[[int], None]]) -> Iterator[Record]:
+    import pyarrow.parquet as pq
+
+    shown = str(path)
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as exc:  # pyarrow raises several unrelated types for a damaged file
+        raise InvalidRecordError(
+            shown, 0, f"not a readable Parquet file ({exc})", row=True
+        ) from None
+    size = path.stat().st_size
+    total_rows = max(pf.metadata.num_rows, 1)
+    row = 0
+    for group in range(pf.num_row_groups):
+        try:
+            rows = pf.read_row_group(group).to_pylist()
+        except Exception as exc:
+            raise InvalidRecordError(
+                shown, row + 1, f"cannot read row group {group} ({exc})", row=True
+            ) from None
+        for value in rows:
+            row += 1
+            yield Record(shown, row, True, None, value)
+        if on_bytes is not None:
+            on_bytes(size * len(rows) // total_rows)
+
+
+# --- parsing ---------------------------------------------------------------------------------
+
+
+def detect_format(value: Any, columns: Mapping[str, str]) -> Optional[str]:
+    """The format a decoded record looks like, or None."""
+    if not isinstance(value, dict):
+        return None
+    if columns["messages"] in value:
+        return "messages"
+    if columns["conversations"] in value:
+        return "sharegpt"
+    if columns["instruction"] in value and columns["output"] in value:
+        return "alpaca"
+    if columns["text"] in value:
+        return "text"
+    return None
+
+
+def parse_record(record: Record, fmt: str, columns: Mapping[str, str]) -> Sample:
+    """Turns a decoded record into a Sample; raises InvalidRecordError naming file and line."""
+    if record.error is not None:
+        raise record.fail(record.error)
+    value = record.value
+    if not isinstance(value, dict):
+        raise record.fail(f"expected a JSON object, got {type(value).__name__}")
+    if fmt == "auto":
+        detected = detect_format(value, columns)
+        if detected is None:
+            raise record.fail(
+                "cannot detect the format: no "
+                + ", ".join(
+                    repr(columns[k]) for k in ("messages", "conversations", "instruction", "text")
+                )
+                + f" field (fields: {', '.join(map(repr, list(value)[:8])) or 'none'})"
+            )
+        fmt = detected
+    if fmt == "messages":
+        return Sample(record, messages=_messages(record, value, columns))
+    if fmt == "sharegpt":
+        return Sample(record, messages=_sharegpt(record, value, columns))
+    if fmt == "alpaca":
+        return Sample(record, messages=_alpaca(record, value, columns))
+    if fmt == "text":
+        text = _field(record, value, columns["text"])
+        if not isinstance(text, str):
+            raise record.fail(f"{columns['text']!r} must be a string")
+        if not text:
+            raise record.fail(f"{columns['text']!r} is empty")
+        return Sample(record, text=text)
+    raise ConfigError(f"unknown format {fmt!r}; choose among {', '.join(FORMATS)}")
+
+
+def _field(record: Record, value: Dict[str, Any], name: str) -> Any:
+    if name not in value:
+        raise record.fail(f"missing field {name!r}")
+    return value[name]
+
+
+def _system(record: Record, value: Dict[str, Any], columns: Mapping[str, str]) -> List[Dict]:
+    system = value.get(columns["system"])
+    if system is None or system == "":
+        return []
+    if not isinstance(system, str):
+        raise record.fail(f"{columns['system']!r} must be a string")
+    return [{"role": "system", "content": system}]
+
+
+def _check_nonempty(record: Record, messages: Sequence[Any], name: str) -> None:
+    if not isinstance(messages, list):
+        raise record.fail(f"{name!r} must be a list of messages")
+    if not messages:
+        raise record.fail(f"empty conversation ({name!r} has no messages)")
+
+
+def _messages(record: Record, value: Dict[str, Any], columns: Mapping[str, str]) -> List[Dict]:
+    name = columns["messages"]
+    raw = _field(record, value, name)
+    _check_nonempty(record, raw, name)
+    out = _system(record, value, columns)
+    for i, msg in enumerate(raw):
+        if not isinstance(msg, dict):
+            raise record.fail(f"{name}[{i}] is not an object")
+        role = msg.get("role")
+        if role is None:
+            raise record.fail(f"{name}[{i}] has no 'role'")
+        if role not in CHAT_ROLES:
+            raise record.fail(
+                f"{name}[{i}] has unknown role {role!r} (expected {', '.join(sorted(CHAT_ROLES))})"
+            )
+        content = msg.get("content")
+        if content is None and not (role == "assistant" and msg.get("tool_calls")):
+            raise record.fail(f"{name}[{i}] ({role}) has no 'content'")
+        if content is not None and not isinstance(content, str):
+            raise record.fail(f"{name}[{i}] ({role}) 'content' must be a string")
+        # As transformers does: keys whose value is None are dropped before rendering.
+        out.append({k: v for k, v in msg.items() if v is not None})
+    return out
+
+
+def _sharegpt(record: Record, value: Dict[str, Any], columns: Mapping[str, str]) -> List[Dict]:
+    name = columns["conversations"]
+    raw = _field(record, value, name)
+    _check_nonempty(record, raw, name)
+    out = _system(record, value, columns)
+    for i, turn in enumerate(raw):
+        if not isinstance(turn, dict):
+            raise record.fail(f"{name}[{i}] is not an object")
+        speaker = turn.get("from")
+        if speaker is None:
+            raise record.fail(f"{name}[{i}] has no 'from'")
+        role = SHAREGPT_ROLES.get(speaker) if isinstance(speaker, str) else None
+        if role is None:
+            raise record.fail(
+                f"{name}[{i}] has unknown speaker {speaker!r} "
+                f"(expected {', '.join(sorted(SHAREGPT_ROLES))})"
+            )
+        content = turn.get("value")
+        if content is None:
+            raise record.fail(f"{name}[{i}] ({speaker}) has no 'value'")
+        if not isinstance(content, str):
+            raise record.fail(f"{name}[{i}] ({speaker}) 'value' must be a string")
+        out.append({"role": role, "content": content})
+    return out
+
+
+def _alpaca(record: Record, value: Dict[str, Any], columns: Mapping[str, str]) -> List[Dict]:
+    parts = {}
+    for key in ("instruction", "input", "output"):
+        col = columns[key]
+        item = value.get(col)
+        if item is None:
+            if key == "input":
+                item = ""
+            else:
+                raise record.fail(f"missing field {col!r}")
+        if not isinstance(item, str):
+            raise record.fail(f"{col!r} must be a string")
+        parts[key] = item
+    if not parts["instruction"] and not parts["input"]:
+        raise record.fail(f"empty conversation ({columns['instruction']!r} is empty)")
+    prompt = parts["instruction"]
+    if parts["input"]:
+        prompt = f"{prompt}\n\n{parts['input']}" if prompt else parts["input"]
+    return _system(record, value, columns) + [
+        {"role": "user", "content": prompt},
+        {"role": "assistant", "content": parts["output"]},
+    ]

@@ -1,0 +1,307 @@
+"""Chat template rendering with the semantics of transformers' ``apply_chat_template``
+(``add_generation_prompt=False``): the same sandboxed Jinja environment (``trim_blocks``,
+``lstrip_blocks``, ``loopcontrols``, ``raise_exception``, ``tojson``, ``strftime_now``, guarded
+``dict``/``namespace``), the tokenizer config's special tokens as variables, ``tools`` and
+``documents`` set to None, and ``{% generation %}`` blocks tracked exactly as transformers tracks
+them. The template is compiled once per run; each conversation is rendered once (twice for
+templates without generation markers, see :meth:`ChatTemplate.trained_spans`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+from ..errors import ConfigError, InputNotFoundError
+from .formats import Record
+
+__all__ = ["CHATML_TEMPLATE", "ChatTemplate", "resolve_template", "TRAIN_ON"]
+
+TRAIN_ON = ("assistant", "all", "last")
+
+# The built-in fallback for tokenizers without a chat template: ChatML, with generation markers
+# around each assistant turn's content and its end-of-turn token.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['role'] == 'assistant' %}"
+    "{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}"
+    "{% else %}{{ message['content'] + '<|im_end|>' }}{% endif %}"
+    "{{ '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+_GENERATION_RE = re.compile(r"\{\%-?\s*generation\s*-?\%\}")
+# Private-use characters that bracket assistant contents in the locating render.
+_OPEN, _CLOSE = "\ue000", "\ue001"
+
+
+def resolve_template(
+    template_dict_or_str: Optional[Union[str, Mapping[str, str]]],
+    chat_template_file: Optional[Union[str, os.PathLike]],
+) -> Tuple[str, Dict[str, Any]]:
+    """The template source to use and its description for the manifest:
+    ``--chat-template FILE`` > the tokenizer config's template > built-in ChatML."""
+    if chat_template_file is not None:
+        path = Path(chat_template_file)
+        try:
+            source = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise InputNotFoundError(f"{path}: no such chat template file") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InputNotFoundError(f"{path}: cannot read chat template ({exc})") from None
+        return source, {"source": "file", "path": str(path.resolve())}
+    if isinstance(template_dict_or_str, str):
+        return template_dict_or_str, {"source": "tokenizer_config"}
+    if isinstance(template_dict_or_str, Mapping):
+        if "default" not in template_dict_or_str:
+            raise ConfigError(
+                "the tokenizer config has several chat templates and no 'default' one "
+                f"({', '.join(sorted(template_dict_or_str))}); pass --chat-template FILE"
+            )
+        return template_dict_or_str["default"], {"source": "tokenizer_config", "name": "default"}
+    return CHATML_TEMPLATE, {"source": "builtin-chatml"}
+
+
+class _Tracker:
+    """Where the render currently is, so generation blocks can record their character span."""
+
+    __slots__ = ("active", "pos", "spans")
+
+    def __init__(self) -> None:
+        self.active = False
+        self.pos = 0
+        self.spans: List[Tuple[int, int]] = []
+
+
+def _compile(source: str, tracker: _Tracker):
+    try:
+        import jinja2
+        import jinja2.ext
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+    except ImportError:
+        raise ConfigError(
+            "chat templates need the 'jinja2' package: pip install 'tokpack[tokenize]'"
+        ) from None
+
+    class GenerationTracker(jinja2.ext.Extension):
+        # ``{% generation %}...{% endgeneration %}`` renders its body unchanged and, as in
+        # transformers, records the body's span at the position the output has reached.
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_generation"), [], [], body).set_lineno(
+                lineno
+            )
+
+        def _generation(self, caller):
+            rv = caller()
+            if tracker.active:
+                tracker.spans.append((tracker.pos, tracker.pos + len(rv)))
+            return rv
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(
+            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+        )
+
+    def strftime_now(fmt):
+        return datetime.now().strftime(fmt)
+
+    class TemplateDict:
+        def __call__(self, *args, **kwargs):
+            return dict(*args, **kwargs)
+
+        def fromkeys(self, *args, **kwargs):
+            return dict.fromkeys(*args, **kwargs)
+
+    class TemplateNamespace(jinja2.utils.Namespace):
+        # Namespaces refuse underscore attributes so templates cannot reach CPython internals.
+        def __init__(*args, **kwargs):
+            self, args = args[0], args[1:]
+            attrs = dict(*args, **kwargs)
+            for name in attrs:
+                TemplateNamespace._check_name(name)
+            jinja2.utils.Namespace.__init__(self, attrs)
+
+        def __setitem__(self, name, value):
+            TemplateNamespace._check_name(name)
+            jinja2.utils.Namespace.__setitem__(self, name, value)
+
+        @staticmethod
+        def _check_name(name):
+            if isinstance(name, str) and name.startswith("_"):
+                raise jinja2.exceptions.SecurityError(
+                    f"chat templates cannot set underscore attributes on a namespace ({name!r})"
+                )
+
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=[GenerationTracker, jinja2.ext.loopcontrols],
+    )
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    env.globals["dict"] = TemplateDict()
+    env.globals["namespace"] = TemplateNamespace
+    try:
+        return env.from_string(source)
+    except jinja2.exceptions.TemplateSyntaxError as exc:
+        raise ConfigError(
+            f"chat template: syntax error on line {exc.lineno}: {exc.message}"
+        ) from None
+
+
+class ChatTemplate:
+    """A compiled chat template and the spans of a conversation that are trained on."""
+
+    def __init__(
+        self,
+        source: str,
+        variables: Mapping[str, str],
+        special_token_strings: Sequence[str] = (),
+    ) -> None:
+        self.source = source
+        self.hash = hashlib.blake2b(source.encode("utf-8"), digest_size=16).hexdigest()
+        self.has_generation = bool(_GENERATION_RE.search(source))
+        self._variables = dict(variables)
+        self._specials = tuple(sorted(special_token_strings, key=len, reverse=True))
+        self._tracker = _Tracker()
+        self._template = _compile(source, self._tracker)
+
+    def render(self, messages: List[Dict[str, Any]], record: Record) -> str:
+        """The rendered conversation (as ``apply_chat_template(tokenize=False)``)."""
+        try:
+            return self._template.render(
+                messages=_alias_reasoning(messages),
+                tools=None,
+                documents=None,
+                add_generation_prompt=False,
+                **self._variables,
+            )
+        except Exception as exc:  # raise_exception() and any failure of template code
+            raise record.fail(f"chat template failed: {exc}") from None
+
+    def render_tracked(
+        self, messages: List[Dict[str, Any]], record: Record
+    ) -> Tuple[str, List[Tuple[int, int]]]:
+        """The rendered conversation and the character spans of its generation blocks."""
+        tracker = self._tracker
+        tracker.pos = 0
+        tracker.spans = []
+        blocks = []
+        tracker.active = True
+        try:
+            for block in self._template.generate(
+                messages=_alias_reasoning(messages),
+                tools=None,
+                documents=None,
+                add_generation_prompt=False,
+                **self._variables,
+            ):
+                blocks.append(block)
+                tracker.pos += len(block)
+        except Exception as exc:
+            raise record.fail(f"chat template failed: {exc}") from None
+        finally:
+            tracker.active = False
+        return "".join(blocks), tracker.spans
+
+    def trained_spans(
+        self, messages: List[Dict[str, Any]], train_on: str, record: Record
+    ) -> Tuple[str, List[Tuple[int, int]]]:
+        """The rendered text and the character spans to train on, in order.
+
+        ``assistant``: with generation markers, every generation block (what transformers'
+        ``return_assistant_tokens_mask`` marks); without, every assistant message's content plus
+        the special token right after it (its end-of-turn token). ``last``: only the final one.
+        ``all``: the whole text.
+        """
+        if train_on == "all":
+            text = self.render(messages, record)
+            return text, [(0, len(text))]
+        if self.has_generation:
+            text, spans = self.render_tracked(messages, record)
+            spans = [s for s in spans if s[1] > s[0]]
+        else:
+            text = self.render(messages, record)
+            spans = self._content_spans(messages, text, record)
+        if train_on == "last":
+            spans = spans[-1:]
+        return text, spans
+
+    def _content_spans(
+        self, messages: List[Dict[str, Any]], text: str, record: Record
+    ) -> List[Tuple[int, int]]:
+        # Render again with each assistant content bracketed by private-use markers; removing
+        # the markers must give the same text, and their positions are the content spans. A
+        # template that rewrites content (a trim that changes it, say) fails the check.
+        targets = [
+            i
+            for i, m in enumerate(messages)
+            if m.get("role") == "assistant" and isinstance(m.get("content"), str)
+        ]
+        if not targets:
+            return []
+        marked = list(messages)
+        for i in targets:
+            content = messages[i]["content"]
+            if _OPEN in content or _CLOSE in content:
+                raise record.fail("message content holds private-use characters U+E000/U+E001")
+            marked[i] = {**messages[i], "content": _OPEN + content + _CLOSE}
+        marked_text = self.render(marked, record)
+        pieces = marked_text.split(_OPEN)
+        out = [pieces[0]]
+        pos = len(pieces[0])
+        spans = []
+        ok = _CLOSE not in pieces[0]
+        for piece in pieces[1:]:
+            inner, sep, rest = piece.partition(_CLOSE)
+            if not sep or _CLOSE in rest:
+                ok = False
+                break
+            end = pos + len(inner)
+            spans.append((pos, end))
+            pos = end + len(rest)
+            out.append(inner)
+            out.append(rest)
+        if not ok or len(spans) != len(targets) or "".join(out) != text:
+            raise record.fail(
+                "cannot locate the assistant turns in the rendered chat (the template changes or "
+                "repeats their content); add {% generation %} markers to the template or train "
+                "on 'all'"
+            )
+        return [(a, b + self._special_at(text, b)) for a, b in spans]
+
+    def _special_at(self, text: str, pos: int) -> int:
+        for token in self._specials:
+            if text.startswith(token, pos):
+                return len(token)
+        return 0
+
+
+def _alias_reasoning(messages: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    # As transformers: reasoning given under an older name is also passed as
+    # ``reasoning_content`` (the standard name) and ``thinking`` (read by gpt-oss templates).
+    out = messages
+    for i, message in enumerate(messages):
+        for key in ("reasoning_content", "thinking", "reasoning"):
+            value = message.get(key)
+            if value is not None:
+                if out is messages:
+                    out = list(messages)
+                out[i] = {"thinking": value, **message, "reasoning_content": value}
+                break
+    return out

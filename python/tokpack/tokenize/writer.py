@@ -1,0 +1,184 @@
+"""``tokenize_files``: raw inputs to a directory of Parquet token shards (``part-NNNNN.parquet``:
+``input_ids`` list<int32>, ``labels`` list<int32>, ``length`` int32) with a manifest, written
+atomically and skipped when the manifest's cache key (inputs, tokenizer and template hashes,
+config) is unchanged."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, TextIO, Union
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .. import __version__
+from .._outdir import (
+    MANIFEST_NAME,
+    SIDE_DIR,
+    atomic_output_dir,
+    cache_key,
+    describe_inputs,
+    is_cache_hit,
+    write_json_atomic,
+)
+from ..errors import ConfigError
+from .pipeline import TOKEN_SCHEMA, PathLike, TokenStream
+from .progress import Progress
+from .tokenizer import LoadedTokenizer
+
+__all__ = ["tokenize_files", "REJECTED_NAME", "DEFAULT_SHARD_ROWS"]
+
+REJECTED_NAME = f"{SIDE_DIR}/_rejected.jsonl"
+DEFAULT_SHARD_ROWS = 100_000
+
+
+class _ShardWriter:
+    """Cuts the batch stream into shards of ``shard_rows`` samples (by count only, so shard
+    boundaries never depend on the thread count)."""
+
+    def __init__(self, directory: Path, shard_rows: int) -> None:
+        self.directory = directory
+        self.shard_rows = shard_rows
+        self.shards: List[Dict[str, Any]] = []
+        self._writer: Optional[pq.ParquetWriter] = None
+        self._rows = 0
+        self._tokens = 0
+
+    def _open(self) -> None:
+        name = f"part-{len(self.shards):05d}.parquet"
+        self._writer = pq.ParquetWriter(self.directory / name, TOKEN_SCHEMA, compression="zstd")
+        self.shards.append({"file": name, "rows": 0, "tokens": 0})
+        self._rows = 0
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        while batch.num_rows:
+            if self._writer is None or self._rows == self.shard_rows:
+                self.close_shard()
+                self._open()
+            take = min(batch.num_rows, self.shard_rows - self._rows)
+            part = batch.slice(0, take)
+            assert self._writer is not None
+            self._writer.write_batch(part)
+            self._rows += take
+            self.shards[-1]["rows"] += take
+            self.shards[-1]["tokens"] += int(part.column("length").to_numpy().sum())
+            batch = batch.slice(take)
+
+    def close_shard(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def finish(self) -> None:
+        if not self.shards:  # an empty result still has one (empty) shard with the schema
+            self._open()
+        self.close_shard()
+
+
+class _RejectedFile:
+    """``__tokpack__/_rejected.jsonl``, created at the first rejected record."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file: Optional[TextIO] = None
+
+    def __call__(self, rejection: Dict[str, Any]) -> None:
+        if self._file is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.path, "w", encoding="utf-8")
+        self._file.write(json.dumps(rejection, ensure_ascii=False, sort_keys=True) + "\n")
+
+    def close(self) -> bool:
+        if self._file is None:
+            return False
+        self._file.close()
+        return True
+
+
+def tokenize_files(
+    inputs: Union[PathLike, Sequence[PathLike]],
+    output_dir: PathLike,
+    tokenizer: Union[PathLike, LoadedTokenizer],
+    *,
+    chat_template: Optional[PathLike] = None,
+    format: str = "auto",
+    train_on: str = "assistant",
+    max_len: Optional[int] = None,
+    overlong: str = "error",
+    add_eos: Optional[bool] = None,
+    columns: Optional[Dict[str, str]] = None,
+    threads: Optional[int] = None,
+    skip_invalid: bool = False,
+    force: bool = False,
+    shard_rows: int = DEFAULT_SHARD_ROWS,
+    progress: bool = False,
+) -> Dict[str, Any]:
+    """Tokenize chat / instruction / text files into Parquet token shards in ``output_dir``.
+
+    Options are those of :func:`tokpack.tokenize.tokenize_to_batches`, plus ``force`` (rebuild
+    even when the output is current), ``shard_rows`` (samples per shard) and ``progress`` (a
+    progress bar on stderr when it is a terminal).
+
+    Returns:
+        The manifest (also in ``output_dir/__tokpack__/_manifest.json``), with
+        ``"cache_hit": True`` added when the existing output was current and nothing was done.
+    """
+    if isinstance(inputs, (str, os.PathLike)):
+        inputs = [inputs]
+    if not isinstance(shard_rows, int) or shard_rows < 1:
+        raise ConfigError(f"shard_rows must be a positive integer, got {shard_rows!r}")
+    output_dir = Path(output_dir)
+    input_desc = describe_inputs(inputs)
+    stream = TokenStream(
+        inputs,
+        tokenizer,
+        chat_template=chat_template,
+        format=format,
+        train_on=train_on,
+        max_len=max_len,
+        overlong=overlong,
+        add_eos=add_eos,
+        columns=columns,
+        threads=threads,
+        skip_invalid=skip_invalid,
+        progress=Progress.for_terminal(
+            sum(d["size"] for d in input_desc), "tokenize", quiet=not progress
+        ),
+    )
+    config = {**stream.config(), "shard_rows": shard_rows}
+    key = cache_key("tokenize", input_desc, config)
+    if not force:
+        hit = is_cache_hit(output_dir, key)
+        if hit is not None:
+            return {**hit, "cache_hit": True}
+
+    with atomic_output_dir(output_dir) as tmp:
+        rejected = _RejectedFile(tmp / REJECTED_NAME)
+        stream._on_reject = rejected
+        shards = _ShardWriter(tmp, shard_rows)
+        try:
+            for batch in stream:
+                shards.write(batch)
+            shards.finish()
+        finally:
+            shards.close_shard()
+            had_rejections = rejected.close()
+            assert stream.progress is not None
+            stream.progress.close()
+        manifest = {
+            "kind": "tokenize",
+            "tokpack_version": __version__,
+            "cache_key": key,
+            "inputs": input_desc,
+            "tokenizer": {"path": str(stream.tokenizer.path.resolve()), **config["tokenizer"]},
+            "template": stream.template_info,
+            "config": config,
+            "counts": stream.stats.as_dict(),
+            "shards": shards.shards,
+            "rejected_file": REJECTED_NAME if had_rejections else None,
+            "columns": {"input_ids": "list<int32>", "labels": "list<int32>", "length": "int32"},
+        }
+        write_json_atomic(tmp / MANIFEST_NAME, manifest)
+    return manifest

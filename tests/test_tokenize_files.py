@@ -1,0 +1,196 @@
+"""tokenize_files / ``tokpack tokenize``: shards, manifest, cache rules, determinism across
+thread counts, rejected records, CLI errors."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import tokpack
+from tokpack._outdir import MANIFEST_NAME
+from tokpack.cli import main
+from tokpack.tokenize.writer import REJECTED_NAME
+
+from ._tokenizer_factory import (
+    CHATML_GEN,
+    CHATML_PLAIN,
+    build_tokenizer,
+    conversations,
+    write_jsonl,
+)
+
+pytest.importorskip("tokenizers")
+
+
+@pytest.fixture(scope="module")
+def tok_dir(tmp_path_factory):
+    return build_tokenizer(tmp_path_factory.mktemp("tok") / "gen", CHATML_GEN)
+
+
+@pytest.fixture()
+def corpus(tmp_path):
+    convs = conversations(300, seed=11)
+    return write_jsonl(tmp_path / "chat.jsonl", [{"messages": c} for c in convs])
+
+
+def read_dir(out):
+    files = sorted(out.glob("part-*.parquet"))
+    return pa.concat_tables([pq.read_table(f) for f in files]), files
+
+
+def test_shards_and_manifest(tmp_path, tok_dir, corpus):
+    out = tmp_path / "tokens"
+    manifest = tokpack.tokenize_files(corpus, out, tok_dir, shard_rows=128)
+    table, files = read_dir(out)
+    assert [f.name for f in files] == [
+        "part-00000.parquet",
+        "part-00001.parquet",
+        "part-00002.parquet",
+    ]
+    assert [s["rows"] for s in manifest["shards"]] == [128, 128, 44]
+    assert table.schema.field("input_ids").type == pa.list_(pa.int32())
+    assert table.schema.field("labels").type == pa.list_(pa.int32())
+    assert table.schema.field("length").type == pa.int32()
+    on_disk = json.loads((out / MANIFEST_NAME).read_text())
+    assert on_disk == manifest
+    counts = manifest["counts"]
+    assert counts["records"] == counts["samples_in"] == counts["samples_out"] == 300
+    assert counts["tokens"] == sum(table.column("length").to_pylist())
+    trained = sum(x != -100 for row in table.column("labels").to_pylist() for x in row)
+    assert counts["trained_tokens"] == trained
+    assert 0 < counts["trained_share"] < 1
+    assert manifest["template"]["source"] == "tokenizer_config"
+    assert set(manifest["tokenizer"]) >= {"path", "tokenizer.json", "tokenizer_config.json"}
+    assert manifest["inputs"][0]["fingerprint"]
+    assert manifest["rejected_file"] is None and not (out / REJECTED_NAME).exists()
+    # Same batches as the in-memory stream.
+    stream = tokpack.tokenize_to_batches(corpus, tok_dir)
+    assert pa.Table.from_batches(list(stream)).equals(table)
+
+
+def test_identical_bytes_for_any_thread_count(tmp_path, tok_dir, corpus):
+    blobs = []
+    for threads in (1, 2, 3):
+        out = tmp_path / f"t{threads}"
+        tokpack.tokenize_files(corpus, out, tok_dir, threads=threads, shard_rows=100)
+        blobs.append([f.read_bytes() for f in sorted(out.glob("part-*.parquet"))])
+    assert blobs[0] == blobs[1] == blobs[2]
+
+
+def test_cache_rules(tmp_path, tok_dir, corpus):
+    out = tmp_path / "tokens"
+    first = tokpack.tokenize_files(corpus, out, tok_dir)
+    assert "cache_hit" not in first
+    assert tokpack.tokenize_files(corpus, out, tok_dir)["cache_hit"] is True
+    assert "cache_hit" not in tokpack.tokenize_files(corpus, out, tok_dir, force=True)
+    # Config, template, tokenizer and input changes all rebuild.
+    assert "cache_hit" not in tokpack.tokenize_files(corpus, out, tok_dir, train_on="last")
+    template = tmp_path / "t.jinja"
+    template.write_text(CHATML_PLAIN, encoding="utf-8")
+    rebuilt = tokpack.tokenize_files(corpus, out, tok_dir, chat_template=template)
+    assert "cache_hit" not in rebuilt and rebuilt["template"]["source"] == "file"
+    template.write_text(CHATML_PLAIN + " ", encoding="utf-8")
+    again = tokpack.tokenize_files(corpus, out, tok_dir, chat_template=template)
+    assert "cache_hit" not in again
+    assert again["template"]["hash"] != rebuilt["template"]["hash"]
+    other_tok = build_tokenizer(tmp_path / "tok2", CHATML_GEN, vocab_size=500)
+    assert "cache_hit" not in tokpack.tokenize_files(corpus, out, other_tok)
+    assert tokpack.tokenize_files(corpus, out, other_tok)["cache_hit"] is True
+    with open(corpus, "a", encoding="utf-8") as f:
+        f.write(json.dumps({"text": "one more"}) + "\n")
+    assert tokpack.tokenize_files(corpus, out, other_tok)["counts"]["records"] == 301
+
+
+def test_failed_run_leaves_previous_output(tmp_path, tok_dir, corpus):
+    out = tmp_path / "tokens"
+    tokpack.tokenize_files(corpus, out, tok_dir)
+    before = sorted(p.name for p in out.iterdir())
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"messages": []}])
+    with pytest.raises(tokpack.InvalidRecordError):
+        tokpack.tokenize_files([corpus, bad], out, tok_dir)
+    assert sorted(p.name for p in out.iterdir()) == before
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".tokens")] == []
+
+
+def test_skip_invalid_writes_rejected_file(tmp_path, tok_dir):
+    good = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "a"}]}
+    lines = [good, '{"messages": [', good, {"messages": [{"role": "bot", "content": "x"}]}]
+    path = write_jsonl(tmp_path / "in.jsonl", lines)
+    out = tmp_path / "tokens"
+    manifest = tokpack.tokenize_files(path, out, tok_dir, skip_invalid=True)
+    assert manifest["counts"]["rejected"] == 2 and manifest["counts"]["samples_out"] == 2
+    assert manifest["rejected_file"] == REJECTED_NAME
+    rejected = [json.loads(x) for x in (out / REJECTED_NAME).read_text().splitlines()]
+    assert [r["line"] for r in rejected] == [2, 4]
+    assert rejected[0]["raw"] == '{"messages": ['
+    assert "unknown role 'bot'" in rejected[1]["error"]
+
+
+def test_all_rejected_still_writes_an_empty_shard(tmp_path, tok_dir):
+    path = write_jsonl(tmp_path / "in.jsonl", ['{"messages": []}'])
+    out = tmp_path / "tokens"
+    manifest = tokpack.tokenize_files(path, out, tok_dir, skip_invalid=True)
+    table, files = read_dir(out)
+    assert len(files) == 1 and table.num_rows == 0
+    assert manifest["counts"]["rejected"] == 1
+
+
+def test_cli_tokenize(tmp_path, tok_dir, corpus, capsys):
+    out = tmp_path / "tokens"
+    args = ["tokenize", str(corpus), "-o", str(out), "--tokenizer", str(tok_dir)]
+    assert main(args + ["--max-len", "64", "--overlong", "split"]) == 0
+    text = capsys.readouterr().out
+    assert "shard(s)" in text and "over-long split" in text
+    assert main(args + ["--max-len", "64", "--overlong", "split"]) == 0
+    assert "up to date" in capsys.readouterr().out
+    parquet = tmp_path / "chat.parquet"
+    pq.write_table(pa.Table.from_pylist([{"chat": c} for c in conversations(3)]), parquet)
+    out2 = tmp_path / "tokens2"
+    cmd = ["tokenize", str(parquet), "-o", str(out2), "--tokenizer", str(tok_dir), "--quiet"]
+    assert main(cmd + ["--column", "messages=chat", "--train-on", "all", "--no-add-eos"]) == 0
+    assert capsys.readouterr().out == ""
+    assert read_dir(out2)[0].num_rows == 3
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--tokenizer", "/nonexistent/tok"], "no such tokenizer"),
+        (["--column", "messages"], "expects FIELD=NAME"),
+        (["--max-len", "0"], "max_len must be a positive integer"),
+    ],
+)
+def test_cli_errors_exit_2_without_traceback(tmp_path, tok_dir, corpus, capsys, extra, message):
+    args = ["tokenize", str(corpus), "-o", str(tmp_path / "o")]
+    if "--tokenizer" not in extra:
+        args += ["--tokenizer", str(tok_dir)]
+    assert main(args + extra) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_cli_bad_record_names_file_and_line(tmp_path, tok_dir, capsys):
+    path = write_jsonl(tmp_path / "in.jsonl", [{"text": "ok"}, '{"messages": [{"role": 1}]}'])
+    args = ["tokenize", str(path), "-o", str(tmp_path / "o"), "--tokenizer", str(tok_dir)]
+    assert main(args) == 2
+    assert f"{path}:2: messages[0] has unknown role 1" in capsys.readouterr().err
+
+
+def test_progress_bar_shows_rate_and_eta():
+    import io
+
+    from tokpack.tokenize.progress import Progress
+
+    stream = io.StringIO()
+    bar = Progress(1000, "tokenize", enabled=True, stream=stream)
+    bar.advance(500)
+    bar.add_samples(10)
+    bar.close()
+    text = stream.getvalue()
+    assert "100.0%" in text and "10 samples" in text and "/s" in text and "ETA" in text
+    quiet = io.StringIO()
+    Progress(10, "tokenize", enabled=False, stream=quiet).close()
+    assert quiet.getvalue() == ""
