@@ -17,7 +17,7 @@ import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pyarrow as pa
@@ -35,6 +35,9 @@ from ._outdir import (
 from ._progress import run_with_progress
 from .errors import ConfigError, InputNotFoundError
 from .planning import OVERLONG_POLICIES, STRATEGIES, checked_args
+from .tokenize import REJECTED_NAME, TOKEN_SCHEMA, tokenize_to_batches
+from .tokenize.progress import Progress
+from .tokenize.writer import _RejectedFile
 
 __all__ = ["pack_files", "expand_inputs", "read_lengths", "FORMAT", "FORMAT_VERSION"]
 
@@ -43,15 +46,18 @@ FORMAT_VERSION = 1
 # Arrow IPC, not Parquet: HF ``datasets`` reads every ``*.parquet`` under data_dir, ``_`` or not.
 DROPPED_NAME = f"{SIDE_DIR}/_dropped.arrow"
 SHARD_SUFFIXES = (".parquet", ".arrow", ".feather", ".ipc")
+# Raw data that `pack --tokenizer` reads (".gz" covers ".jsonl.gz").
+RAW_SUFFIXES = (".jsonl", ".gz", ".parquet")
 # Rows decoded at a time inside a row group: bounds reading memory to a few tens of MB per thread.
 BATCH_ROWS = 4096
 
 PathsLike = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
 
 
-def expand_inputs(inputs: PathsLike) -> List[Path]:
-    """Files, directories (their token shards, sorted, recursively) and globs, in the order
-    given. Names starting with ``_`` or ``.`` inside directories are side files and skipped."""
+def expand_inputs(inputs: PathsLike, suffixes: Tuple[str, ...] = SHARD_SUFFIXES) -> List[Path]:
+    """Files, directories (their files with one of ``suffixes``, sorted, recursively) and globs,
+    in the order given. Names starting with ``_`` or ``.`` inside directories are side files and
+    skipped."""
     items = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
     out: List[Path] = []
     for item in items:
@@ -62,11 +68,11 @@ def expand_inputs(inputs: PathsLike) -> List[Path]:
                 p
                 for p in path.rglob("*")
                 if p.is_file()
-                and p.suffix in SHARD_SUFFIXES
+                and p.suffix in suffixes
                 and not any(part.startswith(("_", ".")) for part in p.relative_to(path).parts)
             )
             if not found:
-                raise InputNotFoundError(f"{path}: no {'/'.join(SHARD_SUFFIXES)} files inside")
+                raise InputNotFoundError(f"{path}: no {'/'.join(suffixes)} files inside")
             out.extend(found)
         elif glob.has_magic(text):
             found = sorted(Path(p) for p in glob.glob(text, recursive=True) if Path(p).is_file())
@@ -140,6 +146,8 @@ def pack_files(
     threads: Optional[int] = None,
     force: bool = False,
     progress: bool = False,
+    tokenizer: Optional[Union[str, os.PathLike]] = None,
+    tokenize: Optional[Dict[str, Any]] = None,
 ) -> Dict[str, Any]:
     """Pack token shards on disk into ``output_dir``; returns the manifest as a dict.
 
@@ -158,6 +166,12 @@ def pack_files(
         compression: ``"zstd"``, ``"zstd:LEVEL"``, ``"snappy"``, ``"lz4"`` or ``"none"``.
         force: rebuild even when ``output_dir`` is already current (a cache hit).
         progress: draw progress bars on stderr (only when it is a terminal).
+        tokenizer: one step from raw data: the inputs are JSONL / ``.jsonl.gz`` / Parquet chat,
+            instruction or text files, tokenized with this tokenizer (``tokenizer.json`` or its
+            directory) and packed in the same run, with no token shards written.
+            ``tokenize`` holds the options of :func:`tokpack.tokenize_to_batches` (format,
+            chat_template, train_on, add_eos, columns, skip_invalid); rejected records go to
+            ``__tokpack__/_rejected.jsonl``.
 
     Returns:
         The manifest (``format``, ``config``, ``inputs``, ``shards``, ``figures``, ...) plus
@@ -166,7 +180,13 @@ def pack_files(
     started = time.perf_counter()
     max_len, seed, threads = checked_args(max_len, seed, threads)
     out = Path(output_dir)
-    paths = expand_inputs(inputs)
+    stream = None
+    if tokenizer is not None:
+        paths = expand_inputs(inputs, RAW_SUFFIXES)
+        stream = tokenize_to_batches(paths, tokenizer, threads=threads, **(tokenize or {}))
+        tokens_column, labels_column, loss_mask_column = "input_ids", "labels", None
+    else:
+        paths = expand_inputs(inputs)
     config = _config(
         max_len=max_len,
         strategy=strategy,
@@ -179,6 +199,8 @@ def pack_files(
         row_group_rows=row_group_rows,
         compression=compression,
     )
+    if stream is not None:
+        config["tokenize"] = stream.config()
     described = _describe(paths, threads)
     key = cache_key("pack", described, config)
     if not force:
@@ -189,9 +211,13 @@ def pack_files(
         spill = out.parent / f".{out.name}.tmp-{os.getpid()}-spill-{secrets.token_hex(4)}"
         spill.mkdir()
         try:
+            sources = paths
+            if stream is not None:
+                sources = [spill / "tokenized.arrow"]
+                _stage_tokens(stream, sources[0], tmp, progress)
             result = run_with_progress(
                 lambda p: _tokpack.pack_files(
-                    [str(x) for x in paths],
+                    [str(x) for x in sources],
                     str(tmp),
                     str(spill),
                     tokens_column,
@@ -213,10 +239,33 @@ def pack_files(
             )
         finally:
             shutil.rmtree(spill, ignore_errors=True)
-        _write_dropped(tmp / DROPPED_NAME, result, paths)
+        _write_dropped(tmp / DROPPED_NAME, result, sources)
         manifest = _manifest(key, config, described, result, time.perf_counter() - started)
+        if stream is not None:
+            manifest["inputs"] = described
+            manifest["tokenize"] = {
+                "counts": stream.stats.as_dict(),
+                "template": stream.template_info,
+                "rejected_file": REJECTED_NAME if stream.stats.rejected else None,
+            }
         write_json_atomic(tmp / MANIFEST_NAME, manifest)
     return {**manifest, "cache_hit": False}
+
+
+def _stage_tokens(stream: Any, path: Path, out_tmp: Path, progress: bool) -> None:
+    """Tokenizes into one uncompressed Arrow IPC file in the run's temporary spill directory
+    (removed with it), the packer's input; rejected records go to the output's side files."""
+    rejected = _RejectedFile(out_tmp / REJECTED_NAME)
+    stream._on_reject = rejected
+    total = sum(p.stat().st_size for p in stream.inputs)
+    stream.progress = Progress.for_terminal(total, "tokenize", quiet=not progress)
+    try:
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, TOKEN_SCHEMA) as writer:
+            for batch in stream:
+                writer.write_batch(batch)
+    finally:
+        rejected.close()
+        stream.progress.close()
 
 
 def _write_dropped(path: Path, result: Dict[str, Any], paths: List[Path]) -> None:

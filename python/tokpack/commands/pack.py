@@ -9,6 +9,7 @@ from typing import Any, Dict
 from ..files import pack_files
 from ..planning import OVERLONG_POLICIES, STRATEGIES
 from ..report import table
+from .tokenize import add_tokenizer_arguments, tokenize_options
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,6 +30,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compression", default="zstd", help="zstd[:LEVEL], snappy, lz4, none")
     parser.add_argument("--force", action="store_true", help="rebuild even when up to date")
     parser.add_argument("--quiet", action="store_true", help="no progress bars or summary")
+    raw = parser.add_argument_group(
+        "one step from raw data (with --tokenizer: tokenize JSONL / Parquet chat or text data "
+        "and pack it in the same run, see `tokpack tokenize`)"
+    )
+    add_tokenizer_arguments(raw, required=False)
 
 
 def summary(manifest: Dict[str, Any]) -> str:
@@ -73,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
         threads=args.threads,
         force=args.force,
         progress=not args.quiet,
+        tokenizer=args.tokenizer,
+        tokenize=tokenize_options(args) if args.tokenizer else None,
     )
     if manifest["cache_hit"]:
         print(

@@ -16,11 +16,28 @@ from ..tokenize.writer import DEFAULT_SHARD_ROWS
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("inputs", nargs="+", metavar="INPUT", help="JSONL, .jsonl.gz or Parquet")
     parser.add_argument("-o", "--output", required=True, metavar="TOKENS_DIR")
+    add_tokenizer_arguments(parser, required=True)
+    parser.add_argument("--max-len", type=int, default=None, metavar="N")
+    parser.add_argument(
+        "--overlong",
+        choices=OVERLONG_POLICIES,
+        default="error",
+        help="samples longer than --max-len (default: error)",
+    )
+    parser.add_argument("--shard-rows", type=int, default=DEFAULT_SHARD_ROWS, metavar="N")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+
+
+def add_tokenizer_arguments(parser: argparse.ArgumentParser, required: bool) -> None:
+    """The tokenizing options, shared by ``tokenize`` and one-step ``pack --tokenizer``."""
     parser.add_argument(
         "--tokenizer",
-        required=True,
+        required=required,
         metavar="PATH",
-        help="tokenizer.json, or a directory with tokenizer.json and tokenizer_config.json",
+        help="tokenizer.json, or a directory with tokenizer.json and tokenizer_config.json"
+        + ("" if required else "; the inputs are then raw JSONL / Parquet chat or text data"),
     )
     parser.add_argument(
         "--chat-template", metavar="FILE", help="Jinja chat template (default: the tokenizer's)"
@@ -31,13 +48,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=TRAIN_ON,
         default="assistant",
         help="tokens with labels: assistant turns (default), the last one, or all",
-    )
-    parser.add_argument("--max-len", type=int, default=None, metavar="N")
-    parser.add_argument(
-        "--overlong",
-        choices=OVERLONG_POLICIES,
-        default="error",
-        help="samples longer than --max-len (default: error)",
     )
     eos = parser.add_mutually_exclusive_group()
     eos.add_argument(
@@ -55,15 +65,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FIELD=NAME",
         help=f"read FIELD from column NAME (fields: {', '.join(DEFAULT_COLUMNS)})",
     )
-    parser.add_argument("--shard-rows", type=int, default=DEFAULT_SHARD_ROWS, metavar="N")
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
     parser.add_argument(
         "--skip-invalid",
         action="store_true",
-        help="write bad records to TOKENS_DIR/__tokpack__/_rejected.jsonl instead of failing",
+        help="write bad records to OUT_DIR/__tokpack__/_rejected.jsonl instead of failing",
     )
-    parser.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+
+
+def tokenize_options(args: argparse.Namespace) -> Dict[str, object]:
+    """The keyword options of ``tokenize_to_batches`` given on the command line."""
+    return {
+        "chat_template": args.chat_template,
+        "format": args.format,
+        "train_on": args.train_on,
+        "add_eos": args.add_eos,
+        "columns": _columns(args.column),
+        "skip_invalid": args.skip_invalid,
+    }
 
 
 def _columns(items: List[str]) -> Optional[Dict[str, str]]:
@@ -83,16 +101,11 @@ def run(args: argparse.Namespace) -> int:
         args.inputs,
         args.output,
         args.tokenizer,
-        chat_template=args.chat_template,
-        format=args.format,
-        train_on=args.train_on,
         max_len=args.max_len,
         overlong=args.overlong,
-        add_eos=args.add_eos,
-        columns=_columns(args.column),
         threads=args.threads,
-        skip_invalid=args.skip_invalid,
         force=args.force,
+        **tokenize_options(args),
         shard_rows=args.shard_rows,
         progress=not args.quiet,
     )
