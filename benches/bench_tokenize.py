@@ -26,17 +26,10 @@ import numpy as np
 
 import tokpack
 from tokpack.report import table
+from tokpack.tokenize.template import CHATML_TEMPLATE
 
-TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' }}"
-    "{% if message['role'] == 'assistant' %}"
-    "{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}"
-    "{% else %}{{ message['content'] + '<|im_end|>' }}{% endif %}"
-    "{{ '\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
+# The built-in ChatML template: generation markers around each assistant turn.
+TEMPLATE = CHATML_TEMPLATE
 
 SYLLABLES = (
     "ka ri to na me su lo pe an de ing er ti on al re co mu ex pro str ght qu ly "
