@@ -239,3 +239,11 @@ def test_in_process_pass_continues_after_interruption_and_replays_when_done(corp
     del it
     assert [b["position"]["batch"] for b in ds] == full[2:]
     assert [b["position"]["batch"] for b in ds] == full
+
+
+def test_persistent_workers_replay_the_whole_epoch_on_every_pass(corpus):
+    ds = PackedIterableDataset(corpus, batch_rows=3, rank=0, world_size=1, seed=7)
+    loader = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True)
+    passes = [[int(x) for b in loader for ids in b["sample_ids"] for x in ids] for _ in range(2)]
+    assert passes[0] == passes[1]
+    _assert_exactly_once([passes[1]])

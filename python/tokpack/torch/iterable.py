@@ -204,3 +204,7 @@ class PackedIterableDataset(torch.utils.data.IterableDataset):
             batch["position"] = {"epoch": self.epoch, "batch": k, "rows_consumed": consumed}
             self._next_batch = k + 1
             yield batch
+        # This worker's share of the pass is done; in a worker, `_next_batch` only saw its own
+        # batches, so mark the whole pass finished or a persistent worker's next pass would
+        # resume mid-epoch instead of replaying it.
+        self._next_batch = split.num_batches
