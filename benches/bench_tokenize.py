@@ -26,6 +26,7 @@ import numpy as np
 
 import tokpack
 from tokpack.report import table
+from tokpack.synthetic import train_chat_tokenizer
 from tokpack.tokenize.template import CHATML_TEMPLATE
 
 # The built-in ChatML template: generation markers around each assistant turn.
@@ -73,8 +74,6 @@ def corpus(n_conversations: int, seed: int = 0):
 
 
 def train_tokenizer(jsonl: Path, out_dir: Path, vocab_size: int, sample: int) -> Path:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
     def texts():
         with open(jsonl, encoding="utf-8") as f:
             for i, line in enumerate(f):
@@ -83,22 +82,7 @@ def train_tokenizer(jsonl: Path, out_dir: Path, vocab_size: int, sample: int) ->
                 for m in json.loads(line)["messages"]:
                     yield m["content"]
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(texts(), trainer)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tok.save(str(out_dir / "tokenizer.json"))
-    config = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "chat_template": TEMPLATE}
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
-    return out_dir
+    return train_chat_tokenizer(texts(), out_dir, vocab_size=vocab_size, chat_template=TEMPLATE)
 
 
 def run_baseline(jsonl: Path, tok_dir: Path, cache: Path, num_proc: int):

@@ -8,6 +8,8 @@ import random
 from pathlib import Path
 from typing import Optional
 
+from tokpack.synthetic import train_chat_tokenizer
+
 WORDS = (
     "the a an of to and in is it you that he was for on are with as I his they be at one have "
     "this from or had by hot word but what some we can out other were all there when up use "
@@ -38,8 +40,6 @@ CHATML_PLAIN = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-
 
 def sentence(rng: random.Random, n: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(n))
@@ -52,28 +52,11 @@ def build_tokenizer(
     eos: str = "<|im_end|>",
 ) -> Path:
     """Trains the BPE and writes ``directory/tokenizer.json`` (+ config); returns directory."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
     rng = random.Random(0)
     corpus = [sentence(rng, rng.randint(3, 30)) for _ in range(2000)]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIALS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
+    return train_chat_tokenizer(
+        corpus, directory, vocab_size=vocab_size, chat_template=chat_template, eos=eos
     )
-    tok.train_from_iterator(corpus, trainer)
-    directory.mkdir(parents=True, exist_ok=True)
-    tok.save(str(directory / "tokenizer.json"))
-    config = {"eos_token": eos, "bos_token": None, "pad_token": "<|endoftext|>"}
-    if chat_template is not None:
-        config["chat_template"] = chat_template
-    (directory / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
-    return directory
 
 
 def hf_tokenizer(directory: Path, eos: str = "<|im_end|>"):

@@ -1,10 +1,17 @@
-"""Synthetic corpora with SFT-like length distributions, for the demo, tests and benchmarks."""
+"""Synthetic corpora with SFT-like length distributions, and a small trained chat tokenizer, for
+the demo, tests and benchmarks (nothing here reaches for a model hub)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Iterable, Optional
+
 import numpy as np
 
-__all__ = ["sft_lengths", "write_token_shards"]
+__all__ = ["sft_lengths", "write_token_shards", "train_chat_tokenizer", "CHAT_SPECIAL_TOKENS"]
+
+CHAT_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
 # (weight, median, sigma) of a lognormal mixture: mostly short chat turns, a band of longer
 # answers and a thin tail of long documents, clipped to [1, max_length]. The overall median is
@@ -74,3 +81,37 @@ def write_token_shards(
                 writer.write_table(pa.table(cols, schema=schema), row_group_size=row_group_rows)
         files.append(path)
     return files
+
+
+def train_chat_tokenizer(
+    texts: Iterable[str],
+    directory: Path,
+    *,
+    vocab_size: int,
+    chat_template: Optional[str],
+    eos: str = "<|im_end|>",
+) -> Path:
+    """Trains a byte-level BPE on ``texts`` with the ChatML special tokens and writes
+    ``directory/tokenizer.json`` and ``tokenizer_config.json`` (with ``chat_template`` when given);
+    returns ``directory``. Needs the ``tokenizers`` package."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(CHAT_SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tok.save(str(directory / "tokenizer.json"))
+    config = {"eos_token": eos, "bos_token": None, "pad_token": "<|endoftext|>"}
+    if chat_template is not None:
+        config["chat_template"] = chat_template
+    (directory / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    return directory
