@@ -60,26 +60,35 @@ def run_with_progress(
     stream = stream or sys.stderr
     progress = _tokpack.Progress()
     result: dict = {}
+    # Completion is signalled with an Event, not Thread.join: on CPython <= 3.12 a join that a
+    # KeyboardInterrupt interrupts marks the still-running thread as stopped (bpo-45274), so a
+    # second join returns at once while the Rust work is still writing.
+    began, done = threading.Event(), threading.Event()
 
     def target() -> None:
+        began.set()
         try:
             result["value"] = work(progress)
         except BaseException as exc:  # re-raised in the calling thread
             result["error"] = exc
+        finally:
+            done.set()
 
     thread = threading.Thread(target=target, name="tokpack-work", daemon=True)
     bar = _Bar(stream) if show and stream.isatty() else None
-    thread.start()
     try:
-        while thread.is_alive():
-            thread.join(0.1)
+        thread.start()
+        while not done.wait(0.1):
             if bar is not None:
-                phase, done, total, samples = progress.snapshot()
+                phase, done_units, total, samples = progress.snapshot()
                 if phase in _UNITS:
-                    bar.draw(phase, done, total, samples)
+                    bar.draw(phase, done_units, total, samples)
     except KeyboardInterrupt:
         progress.cancel()
-        thread.join()
+        # A Ctrl-C inside thread.start() may land before the thread exists; once it exists it
+        # begins at once, sees the cancel and stops.
+        if _wait_uninterrupted(began, 1.0):
+            _wait_uninterrupted(done, None)
         raise
     finally:
         if bar is not None:
@@ -87,3 +96,18 @@ def run_with_progress(
     if "error" in result:
         raise result["error"]
     return result["value"]
+
+
+def _wait_uninterrupted(event: threading.Event, timeout: Optional[float]) -> bool:
+    """Waits for ``event`` (at most ``timeout`` seconds when given); further Ctrl-C presses do
+    not cut the wait short (the output directory must not be removed while Rust threads still
+    write into it)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        try:
+            if event.wait(0.1):
+                return True
+        except KeyboardInterrupt:
+            continue
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
