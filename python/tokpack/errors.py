@@ -69,5 +69,14 @@ class InvalidRecordError(DataError):
         self.path = path
         self.line = line
         self.reason = reason
+        self.row = row
         where = path if line == 0 else f"{path}:row {line}" if row else f"{path}:{line}"
         super().__init__(f"{where}: {reason}")
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        # Pickled when raised in a worker process (the default would call __init__(message)).
+        return (_invalid_record, (self.path, self.line, self.reason, self.row))
+
+
+def _invalid_record(path: str, line: int, reason: str, row: bool) -> InvalidRecordError:
+    return InvalidRecordError(path, line, reason, row=row)

@@ -246,6 +246,7 @@ def pack_files(
             manifest["tokenize"] = {
                 "counts": stream.stats.as_dict(),
                 "template": stream.template_info,
+                "encoder": stream.encoder_info,
                 "rejected_file": REJECTED_NAME if stream.stats.rejected else None,
             }
         write_json_atomic(tmp / MANIFEST_NAME, manifest)

@@ -10,6 +10,7 @@ from ..errors import ConfigError
 from ..planning import OVERLONG_POLICIES
 from ..tokenize.formats import DEFAULT_COLUMNS, FORMATS
 from ..tokenize.template import TRAIN_ON
+from ..tokenize.tokenizer import ENCODERS
 from ..tokenize.writer import DEFAULT_SHARD_ROWS
 
 
@@ -66,6 +67,13 @@ def add_tokenizer_arguments(parser: argparse.ArgumentParser, required: bool) -> 
         help=f"read FIELD from column NAME (fields: {', '.join(DEFAULT_COLUMNS)})",
     )
     parser.add_argument(
+        "--encoder",
+        choices=ENCODERS,
+        default="auto",
+        help="auto (default): tokpack's Rust BPE encoder when it reproduces the tokenizer "
+        "(GPT-2-style byte-level BPE), else tokenizers; tokenizers: always tokenizers",
+    )
+    parser.add_argument(
         "--skip-invalid",
         action="store_true",
         help="write bad records to OUT_DIR/__tokpack__/_rejected.jsonl instead of failing",
@@ -81,6 +89,7 @@ def tokenize_options(args: argparse.Namespace) -> Dict[str, object]:
         "add_eos": args.add_eos,
         "columns": _columns(args.column),
         "skip_invalid": args.skip_invalid,
+        "encoder": args.encoder,
     }
 
 

@@ -63,7 +63,9 @@ SHAREGPT_ROLES = {
 @dataclass
 class Record:
     """One raw input record. ``value`` is the decoded object, or None when ``error`` says why it
-    could not be decoded. ``raw`` is the line's text (JSONL) for the rejected-records file."""
+    could not be decoded. ``raw`` is the line's text (JSONL) for the rejected-records file.
+    A JSONL record read with ``decode=False`` holds only ``raw`` (``decoded`` is False) until
+    :meth:`decode` runs, so decoding can happen in a worker process."""
 
     path: str
     line: int
@@ -71,6 +73,16 @@ class Record:
     raw: Optional[str]
     value: Optional[Any]
     error: Optional[str] = None
+    decoded: bool = True
+
+    def decode(self) -> None:
+        if self.decoded:
+            return
+        self.decoded = True
+        try:
+            self.value = json.loads(self.raw)  # type: ignore[arg-type]
+        except ValueError as exc:
+            self.error = f"invalid JSON ({exc})"
 
     def fail(self, reason: str) -> InvalidRecordError:
         return InvalidRecordError(self.path, self.line, reason, row=self.is_row)
@@ -120,7 +132,9 @@ def resolve_columns(columns: Optional[Mapping[str, str]]) -> Dict[str, str]:
 
 
 def read_records(
-    path: Union[str, os.PathLike], on_bytes: Optional[Callable[[int], None]] = None
+    path: Union[str, os.PathLike],
+    on_bytes: Optional[Callable[[int], None]] = None,
+    decode: bool = True,
 ) -> Iterator[Record]:
     """Records of one input file, in file order. ``on_bytes`` is told how many bytes of the file
     (compressed size for ``.gz``) each step consumed, for progress bars."""
@@ -131,13 +145,13 @@ def read_records(
     if name.endswith(".parquet") or name.endswith(".pq"):
         yield from _parquet_records(path, on_bytes)
     elif name.endswith(".gz"):
-        yield from _jsonl_records(path, gzip_=True, on_bytes=on_bytes)
+        yield from _jsonl_records(path, gzip_=True, on_bytes=on_bytes, decode=decode)
     else:
-        yield from _jsonl_records(path, gzip_=False, on_bytes=on_bytes)
+        yield from _jsonl_records(path, gzip_=False, on_bytes=on_bytes, decode=decode)
 
 
 def _jsonl_records(
-    path: Path, gzip_: bool, on_bytes: Optional[Callable[[int], None]]
+    path: Path, gzip_: bool, on_bytes: Optional[Callable[[int], None]], decode: bool
 ) -> Iterator[Record]:
     shown = str(path)
     with open(path, "rb") as raw_file:
@@ -158,12 +172,10 @@ def _jsonl_records(
                 stripped = text.strip()
                 if not stripped:
                     continue
-                try:
-                    value = json.loads(stripped)
-                except ValueError as exc:
-                    yield Record(shown, line_no, False, stripped, None, f"invalid JSON ({exc})")
-                    continue
-                yield Record(shown, line_no, False, stripped, value)
+                record = Record(shown, line_no, False, stripped, None, decoded=False)
+                if decode:
+                    record.decode()
+                yield record
         except (OSError, EOFError, zlib.error) as exc:
             raise InvalidRecordError(shown, line_no + 1, f"cannot read file ({exc})") from None
 
@@ -214,7 +226,8 @@ def detect_format(value: Any, columns: Mapping[str, str]) -> Optional[str]:
 
 
 def parse_record(record: Record, fmt: str, columns: Mapping[str, str]) -> Sample:
-    """Turns a decoded record into a Sample; raises InvalidRecordError naming file and line."""
+    """Turns a record into a Sample; raises InvalidRecordError naming file and line."""
+    record.decode()
     if record.error is not None:
         raise record.fail(record.error)
     value = record.value

@@ -1,6 +1,10 @@
 """Raw records to token batches: read -> parse -> render (main thread, compiled template) ->
-encode (``tokenizers``' Rust encoder on worker threads, GIL released, overlapping the render of
-the next chunk) -> labels (numpy) -> over-long policy -> ``pyarrow.RecordBatch``.
+encode + labels (in Rust with the GIL released, overlapping the render of the next chunk) ->
+over-long policy -> ``pyarrow.RecordBatch``.
+
+Encoding uses tokpack's byte-level BPE encoder (``tokpack-core``'s ``bpe``: exact ids of the
+tokenizer, labels from the character spans) when it reproduces the tokenizer, otherwise
+``tokenizers``' encoder on worker threads with labels from its offsets.
 
 Chunks have a fixed number of records and results are put back in input order, so the batches
 are identical for any number of threads.
@@ -10,10 +14,25 @@ from __future__ import annotations
 
 import contextlib
 import os
-from concurrent.futures import Future, ThreadPoolExecutor
+import signal
+import sys
+from collections import deque
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import (
+    Any,
+    Callable,
+    Deque,
+    Dict,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+)
 
 import numpy as np
 import pyarrow as pa
@@ -24,9 +43,9 @@ from .formats import FORMATS, Record, parse_record, read_records, resolve_column
 from .masks import IGNORE_INDEX, labels_from_spans
 from .progress import Progress
 from .template import TRAIN_ON, ChatTemplate, resolve_template
-from .tokenizer import LoadedTokenizer, load_tokenizer
+from .tokenizer import ENCODERS, LoadedTokenizer, load_tokenizer
 
-__all__ = ["TokenizeStats", "TokenStream", "tokenize_to_batches", "TOKEN_SCHEMA"]
+__all__ = ["TokenizeStats", "TokenStream", "tokenize_to_batches", "TOKEN_SCHEMA", "ENCODERS"]
 
 TOKEN_SCHEMA = pa.schema(
     [
@@ -58,6 +77,15 @@ class TokenizeStats:
     trained_tokens: int = 0
     untrained_samples: int = 0
 
+    def merge(self, other: "TokenizeStats") -> None:
+        """Adds the counts of ``other`` (a worker's part of the run)."""
+        for name, value in asdict(other).items():
+            if name == "formats":
+                for fmt, n in value.items():
+                    self.formats[fmt] = self.formats.get(fmt, 0) + n
+            else:
+                setattr(self, name, getattr(self, name) + value)
+
     def as_dict(self) -> Dict[str, Any]:
         data = asdict(self)
         data["trained_share"] = self.trained_tokens / self.tokens if self.tokens else 0.0
@@ -70,6 +98,19 @@ class _Prepared:
     text: str
     spans: Optional[List[Tuple[int, int]]]  # None: plain text, every token trained
     eos_trained: bool
+
+
+@dataclass
+class _Flat:
+    """A chunk encoded by tokpack's encoder: item ``i`` owns ``ids[offsets[i]:offsets[i+1]]``."""
+
+    ids: np.ndarray
+    labels: np.ndarray
+    offsets: np.ndarray
+
+    def pairs(self) -> List[Tuple[np.ndarray, np.ndarray]]:
+        bounds = self.offsets.tolist()
+        return [(self.ids[a:b], self.labels[a:b]) for a, b in zip(bounds, bounds[1:])]
 
 
 @contextlib.contextmanager
@@ -119,6 +160,7 @@ class TokenStream:
         on_reject: Optional[Callable[[Dict[str, Any]], None]] = None,
         batch_size: int = 2048,
         progress: Optional[Progress] = None,
+        encoder: str = "auto",
     ) -> None:
         if isinstance(inputs, (str, os.PathLike)):
             inputs = [inputs]
@@ -139,6 +181,8 @@ class TokenStream:
             raise ConfigError(f"threads must be at least 1 (or None for all cores), got {threads}")
         if batch_size < 1:
             raise ConfigError(f"batch_size must be at least 1, got {batch_size}")
+        if encoder not in ENCODERS:
+            raise ConfigError(f"unknown encoder {encoder!r}; choose among {', '.join(ENCODERS)}")
         self.format = format
         self.train_on = train_on
         self.max_len = max_len
@@ -162,6 +206,13 @@ class TokenStream:
             "generation_markers": self.template.has_generation,
         }
         self._eos_id = self.tokenizer.eos_id()
+        self.encoder = encoder
+        self._fast = self.tokenizer.fast if encoder == "auto" else None
+        if self._fast is not None:
+            self.encoder_info: Dict[str, Any] = {"name": "tokpack-bpe"}
+        else:
+            why = "requested" if encoder == "tokenizers" else self.tokenizer.fast_unsupported
+            self.encoder_info = {"name": "tokenizers", "reason": why}
         if add_eos and self._eos_id is None:
             raise ConfigError(
                 "add_eos needs an EOS token: the tokenizer config names none (or it is not in "
@@ -171,6 +222,20 @@ class TokenStream:
         self.rejected: List[Dict[str, Any]] = []
         self._on_reject = on_reject if on_reject is not None else self.rejected.append
         self._used = False
+        # What a worker process needs to build the same stream (everything but the inputs).
+        self._worker_options: Dict[str, Any] = {
+            "tokenizer": str(self.tokenizer.path),
+            "chat_template": None if chat_template is None else str(chat_template),
+            "format": format,
+            "train_on": train_on,
+            "max_len": max_len,
+            "overlong": overlong,
+            "add_eos": add_eos,
+            "columns": self.columns,
+            "skip_invalid": skip_invalid,
+            "batch_size": batch_size,
+            "encoder": encoder,
+        }
 
     def config(self) -> Dict[str, Any]:
         """Everything besides the input bytes that determines the output (for the cache key)."""
@@ -185,6 +250,7 @@ class TokenStream:
             "columns": self.columns,
             "skip_invalid": self.skip_invalid,
             "batch_size": self.batch_size,
+            "encoder": self.encoder,
             "tokenizer": self.tokenizer.fingerprint,
             "tokenizers_version": tokenizers.__version__,
             "template": self.template_info,
@@ -196,12 +262,23 @@ class TokenStream:
         self.stats.rejected += 1
         self._on_reject(record.to_rejection(reason))
 
-    def _records(self) -> Iterator[Record]:
+    def _records(self, decode: bool = True) -> Iterator[Record]:
         on_bytes = self.progress.advance if self.progress is not None else None
         for path in self.inputs:
-            for record in read_records(path, on_bytes):
+            for record in read_records(path, on_bytes, decode=decode):
                 self.stats.records += 1
                 yield record
+
+    def _record_chunks(self, decode: bool) -> Iterator[List[Record]]:
+        """``batch_size`` records at a time: batch boundaries depend on the input only."""
+        chunk: List[Record] = []
+        for record in self._records(decode):
+            chunk.append(record)
+            if len(chunk) == self.batch_size:
+                yield chunk
+                chunk = []
+        if chunk:
+            yield chunk
 
     def _prepare(self, record: Record) -> Optional[_Prepared]:
         """Parse and render one record; None when it was rejected."""
@@ -226,40 +303,57 @@ class TokenStream:
         self.stats.formats[fmt] = self.stats.formats.get(fmt, 0) + 1
         return prepared
 
-    def _chunks(self) -> Iterator[List[_Prepared]]:
-        chunk: List[_Prepared] = []
-        for record in self._records():
-            prepared = self._prepare(record)
-            if prepared is None:
-                continue
-            chunk.append(prepared)
-            if len(chunk) == self.batch_size:
-                yield chunk
-                chunk = []
-        if chunk:
-            yield chunk
+    def _prepare_all(self, records: List[Record]) -> List[_Prepared]:
+        return [p for p in map(self._prepare, records) if p is not None]
 
-    def _encode(self, pool: ThreadPoolExecutor, chunk: List[_Prepared]) -> List[Future]:
-        """Starts encoding a chunk on the worker threads (chat text without the tokenizer's
-        added special tokens, as ``apply_chat_template``; plain text with them)."""
-        tok = self.tokenizer.tokenizer
-        step = -(-len(chunk) // self.threads)
-        futures = []
-        for lo in range(0, len(chunk), step):
-            part = chunk[lo : lo + step]
-            futures.append(pool.submit(_encode_part, tok, part))
-        return futures
+    def _encode_chunk(self, chunk: List[_Prepared]) -> Any:
+        """Ids and labels of a chunk (chat text without the tokenizer's added special tokens,
+        as ``apply_chat_template``; plain text with them): a :class:`_Flat` from tokpack's
+        encoder, or ``(ids, labels)`` pairs from ``tokenizers``."""
+        if self._fast is not None:
+            return self._encode_fast(chunk)
+        return _encode_part(self.tokenizer.tokenizer, chunk)
 
-    def _build(self, chunk: List[_Prepared], encodings: List[Any]) -> Optional[pa.RecordBatch]:
+    def _encode_fast(
+        self, chunk: List[_Prepared]
+    ) -> Union[_Flat, List[Tuple[np.ndarray, np.ndarray]]]:
+        # Plain text gets the post-processor's tokens (BOS, ...) with add_special_tokens=True;
+        # tokpack's encoder has no post-processor, so such text goes to tokenizers.
+        slow = self._fast.post_processor_adds_tokens
+        items = [p for p in chunk if p.spans is not None or not slow]
+        counts = np.zeros(len(items) + 1, dtype=np.int64)
+        starts: List[int] = []
+        ends: List[int] = []
+        for i, p in enumerate(items):
+            spans = p.spans if p.spans is not None else [(0, len(p.text))]
+            counts[i + 1] = len(spans)
+            for a, b in spans:
+                starts.append(a)
+                ends.append(b)
+        ids, labels, offsets = self._fast.encode_batch(
+            [p.text for p in items],
+            np.cumsum(counts),
+            np.array(starts, dtype=np.int64),
+            np.array(ends, dtype=np.int64),
+            self.threads,
+        )
+        flat = _Flat(ids, labels, offsets)
+        if len(items) == len(chunk):
+            return flat
+        fast = flat.pairs()
+        plain = [p.text for p in chunk if p.spans is None]
+        encs = self.tokenizer.tokenizer.encode_batch(plain, add_special_tokens=True)
+        plain_pairs = iter([(_ids(e), _ids(e)) for e in encs])
+        fast_pairs = iter(fast)
+        return [next(plain_pairs) if p.spans is None else next(fast_pairs) for p in chunk]
+
+    def _build(
+        self, chunk: List[_Prepared], encoded: List[Tuple[np.ndarray, np.ndarray]]
+    ) -> Optional[pa.RecordBatch]:
         ids_parts: List[np.ndarray] = []
         label_parts: List[np.ndarray] = []
         stats = self.stats
-        for item, enc in zip(chunk, encodings):
-            ids = np.array(enc.ids, dtype=np.int32)
-            if item.spans is None:
-                labels = ids.copy()
-            else:
-                labels = labels_from_spans(enc, ids, item.spans)
+        for item, (ids, labels) in zip(chunk, encoded):
             add_eos = self.add_eos if self.add_eos is not None else item.spans is None
             if add_eos and self._eos_id is not None and (not len(ids) or ids[-1] != self._eos_id):
                 eos = np.array([self._eos_id], dtype=np.int32)
@@ -289,6 +383,36 @@ class TokenStream:
             [
                 pa.ListArray.from_arrays(off32, pa.array(values, pa.int32())),
                 pa.ListArray.from_arrays(off32, pa.array(label_values, pa.int32())),
+                pa.array(lengths.astype(np.int32), pa.int32()),
+            ],
+            schema=TOKEN_SCHEMA,
+        )
+
+    def _build_flat(self, chunk: List[_Prepared], flat: _Flat) -> Optional[pa.RecordBatch]:
+        """The batch straight from the encoder's flat arrays when no sample needs an EOS or a
+        max_len policy (the usual case); None otherwise (then :meth:`_build` handles it)."""
+        lengths = np.diff(flat.offsets)
+        if self.add_eos or (self.add_eos is None and any(p.spans is None for p in chunk)):
+            return None
+        if not len(lengths) or lengths.min() == 0:
+            return None
+        if self.max_len is not None and lengths.max() > self.max_len:
+            return None
+        if flat.offsets[-1] >= 2**31:
+            raise ConfigError("batch_size too large: a batch holds more than 2**31 tokens")
+        trained_mask = flat.labels != IGNORE_INDEX
+        per_sample = np.add.reduceat(trained_mask, flat.offsets[:-1])
+        stats = self.stats
+        stats.samples_in += len(lengths)
+        stats.samples_out += len(lengths)
+        stats.tokens += int(flat.offsets[-1])
+        stats.trained_tokens += int(np.count_nonzero(trained_mask))
+        stats.untrained_samples += int(np.count_nonzero(per_sample == 0))
+        off32 = pa.array(flat.offsets.astype(np.int32))
+        return pa.RecordBatch.from_arrays(
+            [
+                pa.ListArray.from_arrays(off32, pa.array(flat.ids, pa.int32())),
+                pa.ListArray.from_arrays(off32, pa.array(flat.labels, pa.int32())),
                 pa.array(lengths.astype(np.int32), pa.int32()),
             ],
             schema=TOKEN_SCHEMA,
@@ -326,39 +450,153 @@ class TokenStream:
         if self._used:
             raise ConfigError("a TokenStream can be iterated only once")
         self._used = True
-        with _sequential_tokenizers(), ThreadPoolExecutor(self.threads) as pool:
+        if self.threads > 1:
+            return self._iter_processes()
+        return self._iter_in_process()
+
+    def _iter_in_process(self) -> Iterator[pa.RecordBatch]:
+        """One process: parse and render here, encode on a worker thread meanwhile."""
+        with _sequential_tokenizers(), ThreadPoolExecutor(1) as pool:
             pending: Optional[Tuple[List[_Prepared], List[Future]]] = None
-            for chunk in self._chunks():
+            for records in self._record_chunks(decode=True):
+                chunk = self._prepare_all(records)
                 # Encoding of this chunk runs while the previous one is finished in Python.
-                started = (chunk, self._encode(pool, chunk))
+                started = (chunk, [pool.submit(self._encode_chunk, chunk)] if chunk else [])
                 if pending is not None:
-                    batch = self._finish(*pending)
-                    if batch is not None:
-                        yield batch
+                    yield from self._finish(*pending)
                 pending = started
             if pending is not None:
-                batch = self._finish(*pending)
-                if batch is not None:
-                    yield batch
+                yield from self._finish(*pending)
 
-    def _finish(self, chunk: List[_Prepared], futures: List[Future]) -> Optional[pa.RecordBatch]:
-        encodings: List[Any] = []
-        for future in futures:
-            encodings.extend(future.result())
-        batch = self._build(chunk, encodings)
+    def _iter_processes(self) -> Iterator[pa.RecordBatch]:
+        """``threads`` worker processes decode, render and encode chunks of records (rendering
+        is Python, so threads would share one core); this process reads, hands out chunks and
+        takes the results back in input order."""
+        import multiprocessing
+
+        fork = sys.platform == "linux"
+        context = multiprocessing.get_context("fork" if fork else "spawn")
+        # A forked worker starts from a copy of this stream (tokenizer, template); a spawned
+        # one builds its own from the options.
+        global _WORKER
+        _WORKER = self if fork else None
+        pool = ProcessPoolExecutor(
+            self.threads,
+            mp_context=context,
+            initializer=_worker_init,
+            initargs=(None if fork else self._worker_options,),
+        )
+        window: Deque[Tuple[int, Future]] = deque()
+        try:
+            for records in self._record_chunks(decode=False):
+                window.append((len(records), pool.submit(_worker_run, _pack_records(records))))
+                if len(window) > 2 * self.threads:
+                    yield from self._collect(*window.popleft())
+            while window:
+                yield from self._collect(*window.popleft())
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+            _WORKER = None
+
+    def _collect(self, n_records: int, future: Future) -> Iterator[pa.RecordBatch]:
+        batch, stats, rejected = future.result()
+        self.stats.merge(stats)
+        for rejection in rejected:
+            self._on_reject(rejection)
+        if self.progress is not None:
+            self.progress.add_samples(n_records)
+        if batch is not None:
+            yield batch
+
+    def _finish(self, chunk: List[_Prepared], futures: List[Future]) -> Iterator[pa.RecordBatch]:
+        batch = self._batch(chunk, [future.result() for future in futures])
         if self.progress is not None:
             self.progress.add_samples(len(chunk))
-        return batch
+        if batch is not None:
+            yield batch
+
+    def _batch(self, chunk: List[_Prepared], results: List[Any]) -> Optional[pa.RecordBatch]:
+        if not chunk:
+            return None
+        if len(results) == 1 and isinstance(results[0], _Flat):
+            batch = self._build_flat(chunk, results[0])
+            if batch is not None:
+                return batch
+        encoded: List[Tuple[np.ndarray, np.ndarray]] = []
+        for result in results:
+            encoded.extend(result.pairs() if isinstance(result, _Flat) else result)
+        return self._build(chunk, encoded)
 
 
-def _encode_part(tokenizer: Any, part: List[_Prepared]) -> List[Any]:
+# The stream of a worker process, built once by the pool's initializer.
+_WORKER: Optional[TokenStream] = None
+
+
+def _worker_init(options: Optional[Dict[str, Any]]) -> None:
+    global _WORKER
+    # Ctrl-C is the parent's to handle: it stops handing out work and shuts the pool down.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    if options is not None:
+        _WORKER = TokenStream([os.devnull], threads=1, **options)
+    else:
+        assert _WORKER is not None, "a forked worker inherits the stream"
+        _WORKER.threads = 1
+
+
+def _pack_records(records: List[Record]) -> Any:
+    """Records to send to a worker: undecoded JSONL lines of one file travel as two lists
+    (a list of dataclasses costs several times more to pickle)."""
+    first = records[0]
+    if all(not r.decoded and r.path == first.path for r in records):
+        return (first.path, [r.line for r in records], [r.raw for r in records])
+    return records
+
+
+def _unpack_records(packed: Any) -> List[Record]:
+    if isinstance(packed, tuple):
+        path, lines, raws = packed
+        return [Record(path, n, False, raw, None, decoded=False) for n, raw in zip(lines, raws)]
+    return packed
+
+
+def _worker_run(
+    packed: Any,
+) -> Tuple[Optional[pa.RecordBatch], TokenizeStats, List[Dict[str, Any]]]:
+    """Decodes, renders and encodes one chunk; returns its batch, its counts (without
+    ``records``, counted by the reader) and its rejected records."""
+    stream = _WORKER
+    assert stream is not None, "worker not initialised"
+    stream.stats = TokenizeStats()
+    rejected: List[Dict[str, Any]] = []
+    stream._on_reject = rejected.append
+    chunk = stream._prepare_all(_unpack_records(packed))
+    batch = None
+    if chunk:
+        batch = stream._batch(chunk, [stream._encode_chunk(chunk)])
+    return batch, stream.stats, rejected
+
+
+def _ids(encoding: Any) -> np.ndarray:
+    return np.array(encoding.ids, dtype=np.int32)
+
+
+def _encode_part(tokenizer: Any, part: List[_Prepared]) -> List[Tuple[np.ndarray, np.ndarray]]:
+    """``tokenizers`` route: ids, and labels from the encoding's offsets."""
     chat = [p.text for p in part if p.spans is not None]
-    if len(chat) == len(part):
-        return tokenizer.encode_batch(chat, add_special_tokens=False)
     plain = [p.text for p in part if p.spans is None]
     chat_encs = iter(tokenizer.encode_batch(chat, add_special_tokens=False) if chat else [])
     plain_encs = iter(tokenizer.encode_batch(plain, add_special_tokens=True) if plain else [])
-    return [next(plain_encs) if p.spans is None else next(chat_encs) for p in part]
+    out = []
+    for p in part:
+        if p.spans is None:
+            ids = _ids(next(plain_encs))
+            out.append((ids, ids.copy()))
+        else:
+            enc = next(chat_encs)
+            ids = _ids(enc)
+            out.append((ids, labels_from_spans(enc, ids, p.spans)))
+    return out
 
 
 def tokenize_to_batches(
@@ -384,6 +622,9 @@ def tokenize_to_batches(
             identical for every value.
         skip_invalid: reject bad records (to ``on_reject`` or :attr:`TokenStream.rejected`)
             instead of raising :class:`tokpack.InvalidRecordError`.
+        encoder: ``"auto"`` (default): tokpack's Rust byte-level BPE encoder when it
+            reproduces the tokenizer exactly (GPT-2-style ``tokenizer.json``), otherwise
+            ``tokenizers``; ``"tokenizers"``: always ``tokenizers``. Same ids either way.
 
     Returns:
         A :class:`TokenStream`: iterate it for batches, then read ``.stats``.

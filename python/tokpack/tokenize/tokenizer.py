@@ -13,7 +13,10 @@ from typing import Any, Dict, Optional, Tuple, Union
 from .._outdir import fingerprint_file
 from ..errors import ConfigError, InputNotFoundError
 
-__all__ = ["LoadedTokenizer", "load_tokenizer", "SPECIAL_TOKEN_KEYS"]
+__all__ = ["LoadedTokenizer", "load_tokenizer", "SPECIAL_TOKEN_KEYS", "ENCODERS"]
+
+# "auto": tokpack's encoder when it reproduces the tokenizer; "tokenizers": always theirs.
+ENCODERS = ("auto", "tokenizers")
 
 # The tokenizer_config keys transformers passes to chat templates (its special_tokens_map).
 SPECIAL_TOKEN_KEYS = (
@@ -39,6 +42,10 @@ class LoadedTokenizer:
     # Strings of the tokenizer's special added tokens, longest first (end-of-turn detection).
     special_token_strings: Tuple[str, ...]
     fingerprint: Dict[str, str] = field(default_factory=dict)
+    # tokpack's own byte-level BPE encoder (same ids, several times faster), or None with the
+    # reason it does not reproduce this tokenizer (then ``tokenizers`` encodes).
+    fast: Any = None
+    fast_unsupported: Optional[str] = None
 
     @property
     def eos_token(self) -> Optional[str]:
@@ -115,6 +122,7 @@ def load_tokenizer(path: Union[str, os.PathLike]) -> LoadedTokenizer:
     except Exception as exc:  # tokenizers raises a bare Exception for a malformed file
         raise ConfigError(f"{file}: not a valid tokenizer.json ({exc})") from None
 
+    fast, fast_unsupported = _load_fast(file)
     config_path = file.parent / "tokenizer_config.json"
     config = _read_config(config_path) if config_path.is_file() else {}
     specials = {}
@@ -135,4 +143,15 @@ def load_tokenizer(path: Union[str, os.PathLike]) -> LoadedTokenizer:
         special_tokens=specials,
         special_token_strings=tuple(special_strings),
         fingerprint=fingerprint,
+        fast=fast,
+        fast_unsupported=fast_unsupported,
     )
+
+
+def _load_fast(file: Path) -> Tuple[Any, Optional[str]]:
+    from .. import _tokpack
+
+    try:
+        return _tokpack.BpeEncoder.load(file.read_text(encoding="utf-8"))
+    except ConfigError as exc:  # valid for tokenizers (it loaded) but not for us
+        return None, str(exc)

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, TextIO, Union
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, TextIO, Union
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -36,45 +38,79 @@ DEFAULT_SHARD_ROWS = 100_000
 
 class _ShardWriter:
     """Cuts the batch stream into shards of ``shard_rows`` samples (by count only, so shard
-    boundaries never depend on the thread count)."""
+    boundaries never depend on the thread count). Parquet encoding and compression run on a
+    background thread, in order, while the caller prepares the next batches (pyarrow releases
+    the GIL); at most two batches wait."""
 
     def __init__(self, directory: Path, shard_rows: int) -> None:
         self.directory = directory
         self.shard_rows = shard_rows
         self.shards: List[Dict[str, Any]] = []
-        self._writer: Optional[pq.ParquetWriter] = None
+        self._is_open = False
         self._rows = 0
-        self._tokens = 0
+        self._file: Optional[pq.ParquetWriter] = None  # used on the background thread only
+        self._io = ThreadPoolExecutor(1, thread_name_prefix="tokpack-shards")
+        self._pending: Deque[Future] = deque()
+
+    def _submit(self, fn: Callable[..., None], *args: Any) -> None:
+        self._pending.append(self._io.submit(fn, *args))
+        while len(self._pending) > 2:
+            self._pending.popleft().result()
+
+    def _open_file(self, path: Path) -> None:
+        self._file = pq.ParquetWriter(path, TOKEN_SCHEMA, compression="zstd")
+
+    def _write_part(self, part: pa.RecordBatch) -> None:
+        assert self._file is not None
+        self._file.write_batch(part)
+
+    def _close_file(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
     def _open(self) -> None:
         name = f"part-{len(self.shards):05d}.parquet"
-        self._writer = pq.ParquetWriter(self.directory / name, TOKEN_SCHEMA, compression="zstd")
         self.shards.append({"file": name, "rows": 0, "tokens": 0})
         self._rows = 0
+        self._is_open = True
+        self._submit(self._open_file, self.directory / name)
 
     def write(self, batch: pa.RecordBatch) -> None:
         while batch.num_rows:
-            if self._writer is None or self._rows == self.shard_rows:
-                self.close_shard()
+            if not self._is_open or self._rows == self.shard_rows:
+                self._close_shard()
                 self._open()
             take = min(batch.num_rows, self.shard_rows - self._rows)
             part = batch.slice(0, take)
-            assert self._writer is not None
-            self._writer.write_batch(part)
+            self._submit(self._write_part, part)
             self._rows += take
             self.shards[-1]["rows"] += take
             self.shards[-1]["tokens"] += int(part.column("length").to_numpy().sum())
             batch = batch.slice(take)
 
-    def close_shard(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+    def _close_shard(self) -> None:
+        if self._is_open:
+            self._is_open = False
+            self._submit(self._close_file)
 
     def finish(self) -> None:
+        """Writes the last shard; every file is complete when this returns."""
         if not self.shards:  # an empty result still has one (empty) shard with the schema
             self._open()
-        self.close_shard()
+        self.close()
+
+    def close(self) -> None:
+        """Closes the open shard and waits for the background writes (raising their error)."""
+        self._close_shard()
+        try:
+            while self._pending:
+                self._pending.popleft().result()
+        finally:
+            for future in self._pending:
+                future.cancel()
+            self._io.shutdown(wait=True)
+            self._close_file()
 
 
 class _RejectedFile:
@@ -114,6 +150,7 @@ def tokenize_files(
     force: bool = False,
     shard_rows: int = DEFAULT_SHARD_ROWS,
     progress: bool = False,
+    encoder: str = "auto",
 ) -> Dict[str, Any]:
     """Tokenize chat / instruction / text files into Parquet token shards in ``output_dir``.
 
@@ -143,6 +180,7 @@ def tokenize_files(
         columns=columns,
         threads=threads,
         skip_invalid=skip_invalid,
+        encoder=encoder,
         progress=Progress.for_terminal(
             sum(d["size"] for d in input_desc), "tokenize", quiet=not progress
         ),
@@ -163,7 +201,7 @@ def tokenize_files(
                 shards.write(batch)
             shards.finish()
         finally:
-            shards.close_shard()
+            shards.close()
             had_rejections = rejected.close()
             assert stream.progress is not None
             stream.progress.close()
@@ -174,6 +212,7 @@ def tokenize_files(
             "inputs": input_desc,
             "tokenizer": {"path": str(stream.tokenizer.path.resolve()), **config["tokenizer"]},
             "template": stream.template_info,
+            "encoder": stream.encoder_info,
             "config": config,
             "counts": stream.stats.as_dict(),
             "shards": shards.shards,

@@ -3,6 +3,7 @@
 //! [`plan`] turns sample lengths into rows of segments (best-fit / first-fit decreasing,
 //! next-fit, padding, random concatenation); [`materialize`] copies tokens into those rows.
 
+pub mod bpe;
 mod capacity_index;
 pub mod error;
 pub mod io;

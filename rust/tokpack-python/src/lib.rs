@@ -1,6 +1,7 @@
 //! The thin pyo3 layer over tokpack-core: conversions, error mapping, GIL release.
 //! The public API, docstrings and defaults live in the Python package (`python/tokpack`).
 
+mod bpe;
 mod errors;
 mod files;
 mod plan;
@@ -13,6 +14,7 @@ fn _tokpack(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(plan::plan, m)?)?;
     m.add_function(wrap_pyfunction!(plan::pack_flat, m)?)?;
     m.add_function(wrap_pyfunction!(plan::default_threads, m)?)?;
+    m.add_class::<bpe::BpeEncoder>()?;
     m.add_class::<files::Progress>()?;
     m.add_function(wrap_pyfunction!(files::pack_files, m)?)?;
     m.add_function(wrap_pyfunction!(files::read_lengths, m)?)?;

@@ -1,0 +1,157 @@
+//! Batches of texts to flat ids and labels, in parallel on the current rayon pool, with one
+//! word cache per thread. The output is the same for any number of threads.
+
+use super::model::Model;
+use super::BpeTokenizer;
+use rayon::prelude::*;
+use rustc_hash::FxHashMap;
+use std::cell::RefCell;
+
+/// Label of tokens that are not trained on.
+pub const IGNORE_INDEX: i32 = -100;
+
+/// Words cached per thread before the cache is cleared (bounds memory on huge vocabularies
+/// of rare words; common words come back at once).
+const CACHE_WORDS: usize = 1 << 18;
+
+pub(crate) struct WordCache {
+    uid: u64,
+    words: FxHashMap<Box<[u8]>, Box<[u32]>>,
+}
+
+impl WordCache {
+    pub(crate) fn encode(&mut self, model: &Model, word: &[u8], out: &mut Vec<u32>) {
+        if let Some(ids) = self.words.get(word) {
+            out.extend_from_slice(ids);
+            return;
+        }
+        let from = out.len();
+        model.encode_word(word, out);
+        if self.words.len() >= CACHE_WORDS {
+            self.words.clear();
+        }
+        self.words.insert(word.into(), out[from..].into());
+    }
+}
+
+thread_local! {
+    static CACHE: RefCell<WordCache> = RefCell::new(WordCache { uid: 0, words: FxHashMap::default() });
+}
+
+pub(crate) fn with_cache<R>(uid: u64, f: impl FnOnce(&mut WordCache) -> R) -> R {
+    CACHE.with(|cell| {
+        let mut cache = cell.borrow_mut();
+        if cache.uid != uid {
+            cache.uid = uid;
+            cache.words.clear();
+        }
+        f(&mut cache)
+    })
+}
+
+/// Flat token ids and labels of a batch: text `i` owns `ids[offsets[i]..offsets[i + 1]]`.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct EncodedBatch {
+    pub ids: Vec<i32>,
+    pub labels: Vec<i32>,
+    pub offsets: Vec<i64>,
+}
+
+/// Encodes `texts` (`add_special_tokens=False`). Text `i` is trained on the character spans
+/// `spans[span_offsets[i]..span_offsets[i + 1]]` (half-open, in characters): a token is trained
+/// from the first token covering a span's first character through the token covering its last
+/// character, the rule of `transformers`' `return_assistant_tokens_mask` (`char_to_token`).
+pub fn encode_batch(
+    tokenizer: &BpeTokenizer,
+    texts: &[String],
+    span_offsets: &[i64],
+    spans: &[(i64, i64)],
+) -> EncodedBatch {
+    assert_eq!(
+        span_offsets.len(),
+        texts.len() + 1,
+        "one span range per text"
+    );
+    let per_task = (texts.len() / (rayon::current_num_threads() * 8)).clamp(1, 64);
+    let parts: Vec<EncodedBatch> = texts
+        .par_chunks(per_task)
+        .enumerate()
+        .map(|(chunk, part)| {
+            let first = chunk * per_task;
+            let mut out = EncodedBatch {
+                offsets: vec![0],
+                ..Default::default()
+            };
+            let (mut ids, mut ends) = (Vec::new(), Vec::new());
+            for (k, text) in part.iter().enumerate() {
+                let i = first + k;
+                ids.clear();
+                ends.clear();
+                tokenizer.encode_into(text, &mut ids, &mut ends);
+                let base = out.labels.len();
+                out.ids.extend(ids.iter().map(|&id| id as i32));
+                out.labels.resize(base + ids.len(), IGNORE_INDEX);
+                let (lo, hi) = (span_offsets[i] as usize, span_offsets[i + 1] as usize);
+                mark_spans(
+                    text,
+                    &ends,
+                    &spans[lo..hi],
+                    &mut out.labels[base..],
+                    &out.ids[base..],
+                );
+                out.offsets.push(out.ids.len() as i64);
+            }
+            out
+        })
+        .collect();
+    let total: usize = parts.iter().map(|p| p.ids.len()).sum();
+    let mut out = EncodedBatch {
+        ids: Vec::with_capacity(total),
+        labels: Vec::with_capacity(total),
+        offsets: Vec::with_capacity(texts.len() + 1),
+    };
+    out.offsets.push(0);
+    for part in parts {
+        let base = out.ids.len() as i64;
+        out.ids.extend_from_slice(&part.ids);
+        out.labels.extend_from_slice(&part.labels);
+        out.offsets
+            .extend(part.offsets[1..].iter().map(|&o| o + base));
+    }
+    out
+}
+
+/// Copies ids into labels over each span (see [`encode_batch`]); `ends[t]` is the byte where
+/// token `t` ends.
+fn mark_spans(text: &str, ends: &[u32], spans: &[(i64, i64)], labels: &mut [i32], ids: &[i32]) {
+    if spans.is_empty() {
+        return;
+    }
+    let n_chars = if text.is_ascii() {
+        text.len()
+    } else {
+        text.chars().count()
+    };
+    // Byte position of a character index (texts are mostly ASCII: then they are equal).
+    let char_starts: Option<Vec<u32>> =
+        (!text.is_ascii()).then(|| text.char_indices().map(|(b, _)| b as u32).collect());
+    let byte_of = |c: usize| -> u32 {
+        match &char_starts {
+            None => c as u32,
+            Some(starts) => starts[c],
+        }
+    };
+    let token_at = |byte: u32| ends.partition_point(|&e| e <= byte);
+    for &(start, end) in spans {
+        let start = start.clamp(0, n_chars as i64) as usize;
+        let end = end.clamp(0, n_chars as i64) as usize;
+        if start >= end {
+            continue;
+        }
+        let first = token_at(byte_of(start));
+        let last = token_at(byte_of(end - 1));
+        if first < ids.len() && last < ids.len() && first <= last {
+            labels[first..=last].copy_from_slice(&ids[first..=last]);
+        }
+    }
+}

@@ -1,0 +1,296 @@
+//! A fast exact encoder for byte-level BPE tokenizers (GPT-2 style `tokenizer.json`), with a
+//! per-thread word cache and a hand-written pre-tokenizer. It gives the ids `tokenizers` gives
+//! for the configurations it accepts; [`BpeTokenizer::from_json`] says
+//! [`LoadError::Unsupported`] for every other one, so callers fall back to `tokenizers`.
+
+mod added;
+mod batch;
+mod model;
+mod pretokenize;
+mod unicode;
+
+pub use batch::{encode_batch, EncodedBatch};
+pub use pretokenize::Pattern;
+
+use added::{AddedTokens, Piece};
+use model::{byte_to_char, Model};
+use rustc_hash::FxHashMap;
+use serde_json::Value;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Why a `tokenizer.json` cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// Not a readable tokenizer file.
+    #[error("{0}")]
+    Invalid(String),
+    /// A valid tokenizer this encoder does not reproduce exactly (use `tokenizers`).
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+/// A loaded byte-level BPE tokenizer.
+pub struct BpeTokenizer {
+    model: Model,
+    added: AddedTokens,
+    pattern: Pattern,
+    /// The post-processor adds tokens when `add_special_tokens=True` (a template, BOS, ...).
+    pub post_processor_adds_tokens: bool,
+    /// Identifies this instance in the per-thread word caches.
+    uid: u64,
+}
+
+fn unsupported<T>(what: impl Into<String>) -> Result<T, LoadError> {
+    Err(LoadError::Unsupported(what.into()))
+}
+
+fn is_null_or_false(v: Option<&Value>) -> bool {
+    matches!(v, None | Some(Value::Null) | Some(Value::Bool(false)))
+}
+
+fn pattern_of(pre: &Value) -> Result<Pattern, LoadError> {
+    match pre.get("type").and_then(Value::as_str) {
+        Some("ByteLevel") => {
+            if !is_null_or_false(pre.get("add_prefix_space")) {
+                return unsupported("ByteLevel pre-tokenizer with add_prefix_space");
+            }
+            if pre.get("use_regex").and_then(Value::as_bool) == Some(false) {
+                return unsupported("ByteLevel pre-tokenizer without its regex");
+            }
+            Ok(Pattern::Gpt2)
+        }
+        Some(other) => unsupported(format!("pre-tokenizer {other}")),
+        None => unsupported("no pre-tokenizer"),
+    }
+}
+
+/// Whether the post-processor adds tokens to an encoding made with `add_special_tokens=True`.
+fn adds_tokens(post: Option<&Value>) -> Result<bool, LoadError> {
+    let Some(post) = post.filter(|v| !v.is_null()) else {
+        return Ok(false);
+    };
+    match post.get("type").and_then(Value::as_str) {
+        Some("ByteLevel") => {
+            if !is_null_or_false(post.get("trim_offsets")) {
+                // Trimmed offsets change which tokens a character maps to.
+                return unsupported("ByteLevel post-processor with trim_offsets");
+            }
+            Ok(false)
+        }
+        Some("Sequence") => {
+            let mut any = false;
+            for p in post
+                .get("processors")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                any |= adds_tokens(Some(p))?;
+            }
+            Ok(any)
+        }
+        Some(_) => Ok(true),
+        None => unsupported("post-processor without a type"),
+    }
+}
+
+fn merge_pair(m: &Value) -> Option<(&str, &str)> {
+    match m {
+        Value::String(s) => s.split_once(' '),
+        Value::Array(a) if a.len() == 2 => Some((a[0].as_str()?, a[1].as_str()?)),
+        _ => None,
+    }
+}
+
+fn token_id(v: &Value) -> Option<u32> {
+    v.as_u64().and_then(|x| u32::try_from(x).ok())
+}
+
+impl BpeTokenizer {
+    /// Loads the text of a `tokenizer.json`.
+    pub fn from_json(text: &str) -> Result<Self, LoadError> {
+        let root: Value = serde_json::from_str(text)
+            .map_err(|e| LoadError::Invalid(format!("not a tokenizer.json file ({e})")))?;
+        if !root.get("normalizer").is_none_or_null() {
+            return unsupported("a normalizer");
+        }
+        let pattern = pattern_of(root.get("pre_tokenizer").unwrap_or(&Value::Null))?;
+        let post_processor_adds_tokens = adds_tokens(root.get("post_processor"))?;
+        let model = root
+            .get("model")
+            .ok_or_else(|| LoadError::Invalid("tokenizer.json has no model".into()))?;
+        if model.get("type").and_then(Value::as_str) != Some("BPE") {
+            return unsupported("a model other than BPE");
+        }
+        if !model.get("dropout").is_none_or_null()
+            || !model.get("continuing_subword_prefix").is_none_or_null()
+            || !model.get("end_of_word_suffix").is_none_or_null()
+            || !is_null_or_false(model.get("byte_fallback"))
+        {
+            return unsupported("BPE with dropout, affixes or byte fallback");
+        }
+        let vocab_json = model
+            .get("vocab")
+            .and_then(Value::as_object)
+            .ok_or_else(|| LoadError::Invalid("BPE model without a vocab".into()))?;
+        let mut vocab: FxHashMap<&str, u32> = FxHashMap::default();
+        let mut max_id = 0u32;
+        for (token, id) in vocab_json {
+            let id =
+                token_id(id).ok_or_else(|| LoadError::Invalid(format!("bad id of {token:?}")))?;
+            vocab.insert(token.as_str(), id);
+            max_id = max_id.max(id);
+        }
+        let added_json = root.get("added_tokens").and_then(Value::as_array);
+        for t in added_json.into_iter().flatten() {
+            if let Some(id) = t.get("id").and_then(token_id) {
+                max_id = max_id.max(id);
+            }
+        }
+
+        let chars = byte_to_char();
+        let mut char_byte: FxHashMap<char, u8> = FxHashMap::default();
+        for (b, &c) in chars.iter().enumerate() {
+            char_byte.insert(c, b as u8);
+        }
+        let mut byte_ids = [0u32; 256];
+        for (b, &c) in chars.iter().enumerate() {
+            match vocab.get(c.encode_utf8(&mut [0; 4]) as &str) {
+                Some(&id) => byte_ids[b] = id,
+                None => return unsupported(format!("byte {b:#04x} is not in the vocabulary")),
+            }
+        }
+        // Token lengths in bytes; tokens outside the byte alphabet cannot come out of merges.
+        let mut token_bytes = vec![0u32; max_id as usize + 1];
+        let mut decoded: FxHashMap<u32, Vec<u8>> = FxHashMap::default();
+        for (&token, &id) in &vocab {
+            let bytes: Option<Vec<u8>> =
+                token.chars().map(|c| char_byte.get(&c).copied()).collect();
+            if let Some(bytes) = bytes {
+                token_bytes[id as usize] = bytes.len() as u32;
+                decoded.insert(id, bytes);
+            }
+        }
+        let merges_json = model
+            .get("merges")
+            .and_then(Value::as_array)
+            .ok_or_else(|| LoadError::Invalid("BPE model without merges".into()))?;
+        let mut merges = FxHashMap::default();
+        for (rank, m) in merges_json.iter().enumerate() {
+            let (a, b) = merge_pair(m)
+                .ok_or_else(|| LoadError::Invalid(format!("bad merge #{rank}: {m}")))?;
+            let (Some(&ia), Some(&ib)) = (vocab.get(a), vocab.get(b)) else {
+                return Err(LoadError::Invalid(format!(
+                    "merge #{rank} uses an unknown token"
+                )));
+            };
+            let merged = format!("{a}{b}");
+            let Some(&im) = vocab.get(merged.as_str()) else {
+                return Err(LoadError::Invalid(format!(
+                    "merge #{rank} makes an unknown token"
+                )));
+            };
+            // The first occurrence of a pair wins, as in `tokenizers`.
+            merges.entry((ia, ib)).or_insert((rank as u32, im));
+        }
+        let whole_words = if model.get("ignore_merges").and_then(Value::as_bool) == Some(true) {
+            Some(
+                decoded
+                    .into_iter()
+                    .map(|(id, b)| (b.into_boxed_slice(), id))
+                    .collect(),
+            )
+        } else {
+            None
+        };
+
+        let mut raw = Vec::new();
+        let mut normalized = Vec::new();
+        for t in added_json.into_iter().flatten() {
+            let content = t.get("content").and_then(Value::as_str);
+            let id = t.get("id").and_then(token_id);
+            let (Some(content), Some(id)) = (content, id) else {
+                return Err(LoadError::Invalid(format!("bad added token {t}")));
+            };
+            if ["single_word", "lstrip", "rstrip"]
+                .iter()
+                .any(|k| !is_null_or_false(t.get(*k)))
+            {
+                return unsupported(format!(
+                    "added token {content:?} with single_word/lstrip/rstrip"
+                ));
+            }
+            if content.is_empty() {
+                continue;
+            }
+            if vocab.get(content).is_some_and(|&v| v != id) {
+                // tokenizers would use the vocabulary's id.
+                return unsupported(format!("added token {content:?} has two ids"));
+            }
+            token_bytes[id as usize] = content.len() as u32;
+            let set = if t.get("normalized").and_then(Value::as_bool).unwrap_or(true) {
+                &mut normalized
+            } else {
+                &mut raw
+            };
+            set.push((content.to_string(), id));
+        }
+
+        static NEXT_UID: AtomicU64 = AtomicU64::new(1);
+        Ok(Self {
+            model: Model {
+                byte_ids,
+                merges,
+                whole_words,
+                token_bytes,
+            },
+            added: AddedTokens::new(raw, normalized),
+            pattern,
+            post_processor_adds_tokens,
+            uid: NEXT_UID.fetch_add(1, Ordering::Relaxed),
+        })
+    }
+
+    /// Appends the ids of `text` to `ids` and the byte offset where each token ends to `ends`
+    /// (tokens cover the text without gaps). No post-processing: `add_special_tokens=False`.
+    pub fn encode_into(&self, text: &str, ids: &mut Vec<u32>, ends: &mut Vec<u32>) {
+        batch::with_cache(self.uid, |cache| {
+            self.added.split(text, &mut |piece| match piece {
+                Piece::Added { id, end, .. } => {
+                    ids.push(id);
+                    ends.push(end as u32);
+                }
+                Piece::Text { start, end } => {
+                    let segment = &text[start..end];
+                    pretokenize::split(self.pattern, segment, |a, b| {
+                        let word = &segment.as_bytes()[a..b];
+                        let from = ids.len();
+                        cache.encode(&self.model, word, ids);
+                        let mut pos = (start + a) as u32;
+                        for &id in &ids[from..] {
+                            pos += self.model.token_bytes[id as usize];
+                            ends.push(pos);
+                        }
+                    });
+                }
+            });
+        });
+    }
+
+    /// The ids of `text` (`add_special_tokens=False`).
+    pub fn encode(&self, text: &str) -> Vec<u32> {
+        let (mut ids, mut ends) = (Vec::new(), Vec::new());
+        self.encode_into(text, &mut ids, &mut ends);
+        ids
+    }
+}
+
+trait NullExt {
+    fn is_none_or_null(&self) -> bool;
+}
+
+impl NullExt for Option<&Value> {
+    fn is_none_or_null(&self) -> bool {
+        matches!(self, None | Some(Value::Null))
+    }
+}

@@ -1,0 +1,150 @@
+//! The byte-level BPE encoder on a hand-made tokenizer: merges by rank, added tokens, token
+//! ends, labels from character spans, and (proptest) token ends that cover the text.
+
+use proptest::prelude::*;
+use serde_json::json;
+use tokpack_core::bpe::{encode_batch, BpeTokenizer, LoadError};
+
+/// GPT-2's byte-to-character map.
+fn byte_chars() -> Vec<char> {
+    let mut printable: Vec<u32> = (b'!' as u32..=b'~' as u32).collect();
+    printable.extend(0xA1..=0xAC);
+    printable.extend(0xAE..=0xFF);
+    let mut extra = 0;
+    (0..256u32)
+        .map(|b| {
+            let c = if printable.contains(&b) {
+                b
+            } else {
+                extra += 1;
+                255 + extra
+            };
+            char::from_u32(c).unwrap()
+        })
+        .collect()
+}
+
+fn tokenizer_json(merges: &[(&str, &str)], added: &[&str]) -> String {
+    let chars = byte_chars();
+    let mut vocab = serde_json::Map::new();
+    for (i, c) in chars.iter().enumerate() {
+        vocab.insert(c.to_string(), json!(i + added.len()));
+    }
+    for (a, b) in merges {
+        let next = vocab.len() + added.len();
+        vocab.entry(format!("{a}{b}")).or_insert(json!(next));
+    }
+    let added_tokens: Vec<_> = added
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            json!({"id": i, "content": t, "single_word": false, "lstrip": false,
+                   "rstrip": false, "normalized": false, "special": true})
+        })
+        .collect();
+    json!({
+        "version": "1.0",
+        "added_tokens": added_tokens,
+        "normalizer": null,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "use_regex": true},
+        "post_processor": {"type": "ByteLevel", "trim_offsets": false},
+        "model": {"type": "BPE", "dropout": null, "vocab": vocab,
+                  "merges": merges.iter().map(|(a, b)| format!("{a} {b}")).collect::<Vec<_>>()},
+    })
+    .to_string()
+}
+
+fn sample() -> BpeTokenizer {
+    let merges = [
+        ("h", "e"),
+        ("l", "l"),
+        ("he", "ll"),
+        ("hell", "o"),
+        ("Ġ", "w"),
+    ];
+    BpeTokenizer::from_json(&tokenizer_json(&merges, &["<s>", "</s>"])).unwrap()
+}
+
+fn id_of(b: u8) -> u32 {
+    byte_chars()
+        .iter()
+        .position(|&c| c == byte_chars()[b as usize])
+        .unwrap() as u32
+        + 2
+}
+
+#[test]
+fn merges_apply_by_rank() {
+    let tok = sample();
+    let hello = tok.encode("hello");
+    assert_eq!(hello.len(), 1, "{hello:?}");
+    let hell = tok.encode("hell");
+    assert_eq!(hell.len(), 1);
+    assert_ne!(hell, hello);
+    // "ll" merges before "he" would only if its rank were lower: it is not, both apply.
+    assert_eq!(tok.encode("hel").len(), 2);
+    assert_eq!(tok.encode(" w").len(), 1);
+    assert_eq!(
+        tok.encode("xyz"),
+        vec![id_of(b'x'), id_of(b'y'), id_of(b'z')]
+    );
+}
+
+#[test]
+fn added_tokens_split_the_text_and_ends_cover_it() {
+    let tok = sample();
+    let (mut ids, mut ends) = (Vec::new(), Vec::new());
+    tok.encode_into("a<s>b</s>", &mut ids, &mut ends);
+    assert_eq!(ids, vec![id_of(b'a'), 0, id_of(b'b'), 1]);
+    assert_eq!(ends, vec![1, 4, 5, 9]);
+}
+
+#[test]
+fn labels_cover_tokens_touching_the_span() {
+    let tok = sample();
+    // "é" is two bytes, two tokens: a span starting at it starts at its first token; a span
+    // ending at it ends at its first token too (the token char_to_token names).
+    let texts = vec!["ab é cd".to_string()];
+    let out = encode_batch(&tok, &texts, &[0, 1], &[(3, 4)]);
+    assert_eq!(out.offsets, vec![0, out.ids.len() as i64]);
+    let trained: Vec<bool> = out.labels.iter().map(|&l| l != -100).collect();
+    // tokens: a b Ġ Ã ©(second byte of é) Ġ c d -> the span covers 'é' = token 3 only.
+    assert_eq!(
+        trained,
+        vec![false, false, false, true, false, false, false, false]
+    );
+    assert!(out
+        .labels
+        .iter()
+        .zip(&out.ids)
+        .all(|(&l, &i)| l == -100 || l == i));
+}
+
+#[test]
+fn unsupported_configurations_are_named() {
+    let mut value: serde_json::Value = serde_json::from_str(&tokenizer_json(&[], &[])).unwrap();
+    value["normalizer"] = json!({"type": "NFC"});
+    match BpeTokenizer::from_json(&value.to_string()) {
+        Err(LoadError::Unsupported(why)) => assert!(why.contains("normalizer")),
+        other => panic!("expected Unsupported, got {:?}", other.err()),
+    }
+    assert!(matches!(
+        BpeTokenizer::from_json("{not json"),
+        Err(LoadError::Invalid(_))
+    ));
+}
+
+proptest! {
+    #[test]
+    fn token_ends_cover_the_text_in_order(text in "[a-z hé東🙂\n\t'.,0-9<s/>]{0,40}") {
+        let tok = sample();
+        let (mut ids, mut ends) = (Vec::new(), Vec::new());
+        tok.encode_into(&text, &mut ids, &mut ends);
+        prop_assert_eq!(ids.len(), ends.len());
+        prop_assert!(ends.windows(2).all(|w| w[0] < w[1]));
+        prop_assert_eq!(ends.last().copied().unwrap_or(0) as usize, text.len());
+        let batch = encode_batch(&tok, &[text.clone(), text.clone()], &[0, 0, 0], &[]);
+        prop_assert_eq!(&batch.ids[..ids.len()], &batch.ids[ids.len()..]);
+        prop_assert!(batch.labels.iter().all(|&l| l == -100));
+    }
+}

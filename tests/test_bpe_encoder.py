@@ -1,0 +1,235 @@
+"""tokpack's byte-level BPE encoder (``tokpack-core``'s ``bpe``) against ``tokenizers``, the
+reference: the same ids on any text, the same labels as the offsets-based rule, the same output
+for any thread count, and a fallback to ``tokenizers`` for configurations it does not handle."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import tokpack
+from tokpack import _tokpack
+from tokpack.tokenize import load_tokenizer
+from tokpack.tokenize.masks import labels_from_spans
+
+from ._tokenizer_factory import build_tokenizer, conversations, write_jsonl
+
+tokenizers = pytest.importorskip("tokenizers")
+
+SPECIALS = ["<|im_start|>", "<|im_end|>", "<|endoftext|>"]
+
+TRICKY = [
+    "",
+    "Hello world",
+    "I'm here, they're there; we've, I'll, he'd, it's 'quoted' 'S 'RE",
+    "  leading and trailing  ",
+    "tabs\tand\nnewlines\r\n\n\nend\n",
+    "a  b   c    d \n e \t\t f",
+    "   \n  x",
+    "numbers 1234567 3.14 (42) ½ ² ٣٤ ５",
+    "héllo naïve café Ünïcödé",
+    "東京 数据 中文字符 日本語テキスト",
+    "emoji 🙂🙃 👨‍👩‍👧 flags 🇫🇷",
+    "combining e\u0301 a\u0308 and ZWJ\u200d zero\u200bwidth",
+    "nbsp\u00a0here, ideographic\u3000space, em\u2003space, nel\u0085x",
+    "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nyo<|im_end|>",
+    "<|im_start|><|im_end|><|im_start",
+    "x<|im_end|>y <|endoftext|> z",
+    "!!!???... --- ((( ))) {json: 1} print(x)",
+    "\x00\x01\x1c\x1d\x1e\x1f control",
+]
+
+ALPHABET = st.sampled_from(
+    list("abcXYZ 019'\".,!?()-_\t\n\r\x0b\x0c")
+    + ["\u00a0", "\u0085", "\u2003", "\u3000", "\u200b", "\u2028", "é", "ß", "東", "ж", "٣", "½"]
+    + ["²", "🙂", "\u0301", "\U0001f468\u200d\U0001f469"]
+    + SPECIALS
+    + ["<|im_", "'s", "'ll", "  ", "\n\n"]
+)
+
+
+@pytest.fixture(scope="module")
+def tok_dir(tmp_path_factory):
+    return build_tokenizer(tmp_path_factory.mktemp("bpe") / "tok")
+
+
+@pytest.fixture(scope="module")
+def pair(tok_dir):
+    ref = tokenizers.Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+    fast, why = _tokpack.BpeEncoder.load((tok_dir / "tokenizer.json").read_text())
+    assert fast is not None, why
+    return fast, ref
+
+
+def _variant(tok_dir: Path, tmp_path: Path, edit) -> Path:
+    """A copy of the tokenizer with its JSON edited by ``edit``."""
+    data = json.loads((tok_dir / "tokenizer.json").read_text())
+    edit(data)
+    out = tmp_path / "variant"
+    out.mkdir(exist_ok=True)
+    (out / "tokenizer.json").write_text(json.dumps(data))
+    (out / "tokenizer_config.json").write_text((tok_dir / "tokenizer_config.json").read_text())
+    return out
+
+
+@pytest.mark.parametrize("text", TRICKY)
+def test_same_ids_as_tokenizers_on_tricky_text(pair, text):
+    fast, ref = pair
+    assert fast.encode(text) == ref.encode(text, add_special_tokens=False).ids
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(ALPHABET, max_size=40).map("".join))
+def test_same_ids_as_tokenizers_on_generated_text(pair, text):
+    fast, ref = pair
+    assert fast.encode(text) == ref.encode(text, add_special_tokens=False).ids
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.text(st.characters(exclude_categories=("Cs", "Cn", "Co")), max_size=60))
+def test_same_ids_as_tokenizers_on_any_unicode(pair, text):
+    fast, ref = pair
+    assert fast.encode(text) == ref.encode(text, add_special_tokens=False).ids
+
+
+def _span_arrays(spans_per_text):
+    counts = [0] + [len(s) for s in spans_per_text]
+    starts = [a for spans in spans_per_text for a, _ in spans]
+    ends = [b for spans in spans_per_text for _, b in spans]
+    return (
+        np.cumsum(counts).astype(np.int64),
+        np.array(starts, dtype=np.int64),
+        np.array(ends, dtype=np.int64),
+    )
+
+
+@st.composite
+def texts_with_spans(draw):
+    texts = draw(st.lists(st.lists(ALPHABET, min_size=1, max_size=30).map("".join), max_size=8))
+    all_spans = []
+    for text in texts:
+        cuts = sorted(draw(st.lists(st.integers(0, len(text)), max_size=6)))
+        all_spans.append([(a, b) for a, b in zip(cuts[::2], cuts[1::2])])
+    return texts, all_spans
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(texts_with_spans())
+def test_labels_follow_the_offsets_rule(pair, case):
+    fast, ref = pair
+    texts, spans = case
+    ids, labels, offsets = fast.encode_batch(texts, *_span_arrays(spans), 1)
+    assert offsets[0] == 0 and len(offsets) == len(texts) + 1
+    for i, text in enumerate(texts):
+        enc = ref.encode(text, add_special_tokens=False)
+        mine = slice(offsets[i], offsets[i + 1])
+        assert ids[mine].tolist() == enc.ids
+        expected = labels_from_spans(enc, np.array(enc.ids, dtype=np.int32), spans[i])
+        assert labels[mine].tolist() == expected.tolist()
+
+
+def test_batches_are_identical_for_any_thread_count(pair):
+    fast, _ = pair
+    texts = [f"conversation {i}: " + "word " * (i % 50) + "<|im_end|>" for i in range(3000)]
+    spans = [[(0, len(t) // 2)] for t in texts]
+    arrays = _span_arrays(spans)
+    one = fast.encode_batch(texts, *arrays, 1)
+    two = fast.encode_batch(texts, *arrays, 2)
+    for a, b in zip(one, two):
+        assert np.array_equal(a, b)
+
+
+def test_bad_span_arrays_are_refused(pair):
+    fast, _ = pair
+    offsets, starts, ends = _span_arrays([[(0, 1)]])
+    with pytest.raises(ValueError):
+        fast.encode_batch(["a", "b"], offsets, starts, ends, 1)
+
+
+@pytest.mark.parametrize(
+    "edit, reason",
+    [
+        (lambda d: d.update(normalizer={"type": "Lowercase"}), "normalizer"),
+        (lambda d: d["pre_tokenizer"].update(add_prefix_space=True), "add_prefix_space"),
+        (lambda d: d.update(pre_tokenizer={"type": "Whitespace"}), "pre-tokenizer"),
+        (lambda d: d["post_processor"].update(trim_offsets=True), "trim_offsets"),
+        (lambda d: d["model"].update(dropout=0.1), "dropout"),
+        (lambda d: d["added_tokens"][1].update(lstrip=True), "lstrip"),
+    ],
+)
+def test_unsupported_tokenizers_fall_back_to_tokenizers(tok_dir, tmp_path, edit, reason):
+    loaded = load_tokenizer(_variant(tok_dir, tmp_path, edit))
+    assert loaded.fast is None
+    assert reason in loaded.fast_unsupported
+
+
+def test_ignore_merges_and_normalized_added_tokens(tok_dir, tmp_path):
+    # ignore_merges: a pre-token found whole in the vocabulary is one token (Llama-3 style);
+    # a non-special added token (normalized=True) is matched after the special ones.
+    def edit(data):
+        data["model"]["ignore_merges"] = True
+        data["added_tokens"].append(
+            {
+                "id": max(data["model"]["vocab"].values()) + 1,
+                "content": "<tool>",
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": True,
+                "special": False,
+            }
+        )
+
+    path = _variant(tok_dir, tmp_path, edit) / "tokenizer.json"
+    ref = tokenizers.Tokenizer.from_file(str(path))
+    fast, why = _tokpack.BpeEncoder.load(path.read_text())
+    assert fast is not None, why
+    for text in TRICKY + ["call <tool> now<tool><|im_end|>", "the water is hot"]:
+        assert fast.encode(text) == ref.encode(text, add_special_tokens=False).ids
+
+
+def test_tokenize_files_same_output_with_either_encoder(tmp_path, tok_dir):
+    corpus = write_jsonl(
+        tmp_path / "chat.jsonl",
+        [{"messages": m} for m in conversations(300)] + [{"text": "plain text sample"}],
+    )
+    fast = tokpack.tokenize_files(corpus, tmp_path / "fast", tok_dir, threads=1)
+    slow = tokpack.tokenize_files(corpus, tmp_path / "slow", tok_dir, encoder="tokenizers")
+    assert fast["encoder"] == {"name": "tokpack-bpe"}
+    assert slow["encoder"] == {"name": "tokenizers", "reason": "requested"}
+    assert fast["counts"] == slow["counts"]
+    a = (tmp_path / "fast" / "part-00000.parquet").read_bytes()
+    b = (tmp_path / "slow" / "part-00000.parquet").read_bytes()
+    assert a == b
+
+
+def test_post_processor_tokens_still_added_to_plain_text(tok_dir, tmp_path):
+    # A BOS template: chat text is encoded without it (as apply_chat_template), plain text
+    # with it, so plain text goes through tokenizers while chat stays on the fast encoder.
+    def edit(data):
+        data["post_processor"] = {
+            "type": "TemplateProcessing",
+            "single": [
+                {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}},
+                {"Sequence": {"id": "A", "type_id": 0}},
+            ],
+            "pair": [{"Sequence": {"id": "A", "type_id": 0}}],
+            "special_tokens": {
+                "<|endoftext|>": {"id": "<|endoftext|>", "ids": [0], "tokens": ["<|endoftext|>"]}
+            },
+        }
+
+    variant = _variant(tok_dir, tmp_path, edit)
+    assert load_tokenizer(variant).fast.post_processor_adds_tokens
+    records = [{"messages": m} for m in conversations(20)] + [{"text": "plain words here"}] * 3
+    corpus = write_jsonl(tmp_path / "mixed.jsonl", records)
+    fast = tokpack.tokenize_files(corpus, tmp_path / "fast", variant, threads=1)
+    slow = tokpack.tokenize_files(corpus, tmp_path / "slow", variant, encoder="tokenizers")
+    a = (tmp_path / "fast" / "part-00000.parquet").read_bytes()
+    assert a == (tmp_path / "slow" / "part-00000.parquet").read_bytes()
+    assert fast["counts"] == slow["counts"]
