@@ -194,3 +194,77 @@ def test_progress_bar_shows_rate_and_eta():
     quiet = io.StringIO()
     Progress(10, "tokenize", enabled=False, stream=quiet).close()
     assert quiet.getvalue() == ""
+
+
+def _mixed_records(n: int):
+    """Conversations with a bad record every 37th line (unknown role, invalid JSON)."""
+    records = []
+    for i, conv in enumerate(conversations(n, seed=5)):
+        if i % 37 == 5:
+            records.append('{"messages": [{"role": "robot", "content": "x"}]}')
+        elif i % 37 == 20:
+            records.append("{not json")
+        else:
+            records.append({"messages": conv})
+    return records
+
+
+def test_worker_processes_match_one_process(tmp_path, tok_dir):
+    from tokpack.tokenize import tokenize_to_batches
+
+    path = write_jsonl(tmp_path / "mixed.jsonl", _mixed_records(700))
+    runs = {}
+    for threads in (1, 3):
+        stream = tokenize_to_batches(
+            path,
+            tok_dir,
+            threads=threads,
+            batch_size=64,
+            skip_invalid=True,
+            max_len=60,
+            overlong="split",
+        )
+        batches = list(stream)
+        runs[threads] = (batches, stream.stats.as_dict(), stream.rejected)
+    (b1, s1, r1), (b3, s3, r3) = runs[1], runs[3]
+    assert len(b1) == len(b3) == 11
+    assert all(x.equals(y) for x, y in zip(b1, b3))
+    assert s1 == s3 and s1["records"] == 700 and s1["rejected"] == 38 and s1["split"] > 0
+    assert r1 == r3 and [r["line"] for r in r1][:3] == [6, 21, 43]
+
+
+def test_worker_process_errors_name_file_and_line(tmp_path, tok_dir):
+    from tokpack.tokenize import tokenize_to_batches
+
+    path = write_jsonl(tmp_path / "mixed.jsonl", _mixed_records(300)[7:])
+    stream = tokenize_to_batches(path, tok_dir, threads=2, batch_size=8)
+    with pytest.raises(tokpack.InvalidRecordError, match=r"mixed.jsonl:14: invalid JSON") as exc:
+        list(stream)
+    assert exc.value.line == 14 and exc.value.path == str(path)
+
+
+def test_ctrl_c_stops_tokenize_cleanly(tmp_path, tok_dir):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    corpus = write_jsonl(tmp_path / "big.jsonl", [{"messages": c} for c in conversations(60000)])
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "tokpack", "tokenize", str(corpus), "-o", str(out)]
+    proc = subprocess.Popen(
+        cmd + ["--tokenizer", str(tok_dir), "--threads", "2", "--quiet"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 60
+    while time.time() < deadline and proc.poll() is None:
+        if any(p.name.startswith(".out.tmp-") for p in tmp_path.iterdir()):
+            break
+        time.sleep(0.01)
+    time.sleep(0.5)  # workers are busy now
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.jsonl"]

@@ -26,7 +26,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="samples longer than --max-len (default: error)",
     )
     parser.add_argument("--shard-rows", type=int, default=DEFAULT_SHARD_ROWS, metavar="N")
-    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="worker processes (default: TOKPACK_NUM_THREADS or all cores); 1: one process. "
+        "The output is the same for every N",
+    )
     parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
     parser.add_argument("--quiet", action="store_true", help="no progress bar or summary")
 

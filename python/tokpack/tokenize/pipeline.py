@@ -457,11 +457,12 @@ class TokenStream:
     def _iter_in_process(self) -> Iterator[pa.RecordBatch]:
         """One process: parse and render here, encode on a worker thread meanwhile."""
         with _sequential_tokenizers(), ThreadPoolExecutor(1) as pool:
-            pending: Optional[Tuple[List[_Prepared], List[Future]]] = None
+            pending: Optional[Tuple[int, List[_Prepared], List[Future]]] = None
             for records in self._record_chunks(decode=True):
                 chunk = self._prepare_all(records)
                 # Encoding of this chunk runs while the previous one is finished in Python.
-                started = (chunk, [pool.submit(self._encode_chunk, chunk)] if chunk else [])
+                futures = [pool.submit(self._encode_chunk, chunk)] if chunk else []
+                started = (len(records), chunk, futures)
                 if pending is not None:
                     yield from self._finish(*pending)
                 pending = started
@@ -508,10 +509,12 @@ class TokenStream:
         if batch is not None:
             yield batch
 
-    def _finish(self, chunk: List[_Prepared], futures: List[Future]) -> Iterator[pa.RecordBatch]:
+    def _finish(
+        self, n_records: int, chunk: List[_Prepared], futures: List[Future]
+    ) -> Iterator[pa.RecordBatch]:
         batch = self._batch(chunk, [future.result() for future in futures])
         if self.progress is not None:
-            self.progress.add_samples(len(chunk))
+            self.progress.add_samples(n_records)
         if batch is not None:
             yield batch
 
@@ -618,8 +621,9 @@ def tokenize_to_batches(
             ``"truncate"``, ``"drop"``, ``"split"``).
         add_eos: append the EOS token (None: to plain-text samples only).
         columns: column-name overrides, e.g. ``{"messages": "chat"}``.
-        threads: encoding threads (default ``TOKPACK_NUM_THREADS`` or all cores); the output is
-            identical for every value.
+        threads: worker processes that decode, render and encode (default
+            ``TOKPACK_NUM_THREADS`` or all cores; 1: everything in this process); the output
+            is identical for every value.
         skip_invalid: reject bad records (to ``on_reject`` or :attr:`TokenStream.rejected`)
             instead of raising :class:`tokpack.InvalidRecordError`.
         encoder: ``"auto"`` (default): tokpack's Rust byte-level BPE encoder when it
