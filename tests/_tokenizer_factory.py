@@ -50,12 +50,13 @@ def build_tokenizer(
     chat_template: Optional[str] = CHATML_GEN,
     vocab_size: int = 600,
     eos: str = "<|im_end|>",
+    split: str = "gpt2",
 ) -> Path:
     """Trains the BPE and writes ``directory/tokenizer.json`` (+ config); returns directory."""
     rng = random.Random(0)
     corpus = [sentence(rng, rng.randint(3, 30)) for _ in range(2000)]
     return train_chat_tokenizer(
-        corpus, directory, vocab_size=vocab_size, chat_template=chat_template, eos=eos
+        corpus, directory, vocab_size=vocab_size, chat_template=chat_template, eos=eos, split=split
     )
 
 

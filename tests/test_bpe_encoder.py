@@ -5,6 +5,7 @@ for any thread count, and a fallback to ``tokenizers`` for configurations it doe
 from __future__ import annotations
 
 import json
+import unicodedata
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,11 @@ SPECIALS = ["<|im_start|>", "<|im_end|>", "<|endoftext|>"]
 
 TRICKY = [
     "",
+    "It'S THE'RE 'Ll 'VE's 'x 'hello ''s",
+    "digits 1 12 123 1234 12345 ١٢٣٤ x1y22z333",
+    "(hello) [world] ...word !!!\n\n?? x\r\n\r\ny ;\n\tz",
+    "  \n \n  x \t\ty \n\n\n",
+    "\thello\n\nworld\r\nagain   \n",
     "Hello world",
     "I'm here, they're there; we've, I'll, he'd, it's 'quoted' 'S 'RE",
     "  leading and trailing  ",
@@ -58,10 +64,23 @@ def tok_dir(tmp_path_factory):
     return build_tokenizer(tmp_path_factory.mktemp("bpe") / "tok")
 
 
-@pytest.fixture(scope="module")
-def pair(tok_dir):
-    ref = tokenizers.Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
-    fast, why = _tokpack.BpeEncoder.load((tok_dir / "tokenizer.json").read_text())
+def _with_nfc(directory: Path) -> Path:
+    data = json.loads((directory / "tokenizer.json").read_text())
+    data["normalizer"] = {"type": "NFC"}
+    (directory / "tokenizer.json").write_text(json.dumps(data))
+    return directory
+
+
+@pytest.fixture(scope="module", params=["gpt2", "llama3", "qwen2", "qwen2-nfc"])
+def pair(request, tmp_path_factory):
+    """The encoder and the reference for each configuration the encoder reproduces (Qwen2
+    itself normalizes to NFC)."""
+    split = request.param.split("-")[0]
+    directory = build_tokenizer(tmp_path_factory.mktemp("bpe") / request.param, split=split)
+    if request.param.endswith("-nfc"):
+        _with_nfc(directory)
+    ref = tokenizers.Tokenizer.from_file(str(directory / "tokenizer.json"))
+    fast, why = _tokpack.BpeEncoder.load((directory / "tokenizer.json").read_text())
     assert fast is not None, why
     return fast, ref
 
@@ -77,24 +96,29 @@ def _variant(tok_dir: Path, tmp_path: Path, edit) -> Path:
     return out
 
 
+def _check_same_ids(fast, ref, text):
+    mine = fast.encode(text)
+    if mine is None:  # left to tokenizers: only text an NFC tokenizer would change
+        assert ref.normalizer is not None and not unicodedata.is_normalized("NFC", text)
+    else:
+        assert mine == ref.encode(text, add_special_tokens=False).ids
+
+
 @pytest.mark.parametrize("text", TRICKY)
 def test_same_ids_as_tokenizers_on_tricky_text(pair, text):
-    fast, ref = pair
-    assert fast.encode(text) == ref.encode(text, add_special_tokens=False).ids
+    _check_same_ids(*pair, text)
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(ALPHABET, max_size=40).map("".join))
 def test_same_ids_as_tokenizers_on_generated_text(pair, text):
-    fast, ref = pair
-    assert fast.encode(text) == ref.encode(text, add_special_tokens=False).ids
+    _check_same_ids(*pair, text)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.text(st.characters(exclude_categories=("Cs", "Cn", "Co")), max_size=60))
 def test_same_ids_as_tokenizers_on_any_unicode(pair, text):
-    fast, ref = pair
-    assert fast.encode(text) == ref.encode(text, add_special_tokens=False).ids
+    _check_same_ids(*pair, text)
 
 
 def _span_arrays(spans_per_text):
@@ -123,11 +147,14 @@ def texts_with_spans(draw):
 def test_labels_follow_the_offsets_rule(pair, case):
     fast, ref = pair
     texts, spans = case
-    ids, labels, offsets = fast.encode_batch(texts, *_span_arrays(spans), 1)
+    ids, labels, offsets, fallback = fast.encode_batch(texts, *_span_arrays(spans), 1)
     assert offsets[0] == 0 and len(offsets) == len(texts) + 1
     for i, text in enumerate(texts):
         enc = ref.encode(text, add_special_tokens=False)
         mine = slice(offsets[i], offsets[i + 1])
+        if i in fallback:
+            assert offsets[i] == offsets[i + 1] and fast.encode(text) is None
+            continue
         assert ids[mine].tolist() == enc.ids
         expected = labels_from_spans(enc, np.array(enc.ids, dtype=np.int32), spans[i])
         assert labels[mine].tolist() == expected.tolist()
@@ -138,6 +165,7 @@ def test_batches_are_identical_for_any_thread_count(pair):
     texts = [f"conversation {i}: " + "word " * (i % 50) + "<|im_end|>" for i in range(3000)]
     spans = [[(0, len(t) // 2)] for t in texts]
     arrays = _span_arrays(spans)
+    texts[7] = "cafe\u0301"  # not NFC: in the fallback list for an NFC tokenizer
     one = fast.encode_batch(texts, *arrays, 1)
     two = fast.encode_batch(texts, *arrays, 2)
     for a, b in zip(one, two):
@@ -155,6 +183,29 @@ def test_bad_span_arrays_are_refused(pair):
     "edit, reason",
     [
         (lambda d: d.update(normalizer={"type": "Lowercase"}), "normalizer"),
+        (lambda d: d.update(normalizer={"type": "NFKC"}), "normalizer"),
+        (
+            lambda d: d.update(
+                pre_tokenizer={
+                    "type": "Sequence",
+                    "pretokenizers": [
+                        {
+                            "type": "Split",
+                            "pattern": {"Regex": "\\s+"},
+                            "behavior": "Isolated",
+                            "invert": False,
+                        },
+                        {
+                            "type": "ByteLevel",
+                            "add_prefix_space": False,
+                            "trim_offsets": False,
+                            "use_regex": False,
+                        },
+                    ],
+                }
+            ),
+            "Split pattern",
+        ),
         (lambda d: d["pre_tokenizer"].update(add_prefix_space=True), "add_prefix_space"),
         (lambda d: d.update(pre_tokenizer={"type": "Whitespace"}), "pre-tokenizer"),
         (lambda d: d["post_processor"].update(trim_offsets=True), "trim_offsets"),
@@ -233,3 +284,21 @@ def test_post_processor_tokens_still_added_to_plain_text(tok_dir, tmp_path):
     a = (tmp_path / "fast" / "part-00000.parquet").read_bytes()
     assert a == (tmp_path / "slow" / "part-00000.parquet").read_bytes()
     assert fast["counts"] == slow["counts"]
+
+
+def test_nfc_tokenizer_mixes_both_encoders_exactly(tmp_path):
+    # Qwen2-like: Llama-3 split with one digit, NFC normalizer. Text not in NFC (decomposed
+    # accents) goes to tokenizers, the rest to tokpack's encoder; the shards equal an
+    # all-tokenizers run.
+    directory = _with_nfc(build_tokenizer(tmp_path / "qwen", split="qwen2"))
+    assert load_tokenizer(directory).fast is not None
+    records = [{"messages": m} for m in conversations(200)]
+    for i in range(0, 200, 7):
+        records[i]["messages"][-1]["content"] += " cafe\u0301 re\u0301sume\u0301 12345"
+    corpus = write_jsonl(tmp_path / "nfc.jsonl", records)
+    fast = tokpack.tokenize_files(corpus, tmp_path / "fast", directory, threads=1)
+    slow = tokpack.tokenize_files(corpus, tmp_path / "slow", directory, encoder="tokenizers")
+    assert fast["encoder"]["name"] == "tokpack-bpe"
+    assert fast["counts"] == slow["counts"]
+    a = (tmp_path / "fast" / "part-00000.parquet").read_bytes()
+    assert a == (tmp_path / "slow" / "part-00000.parquet").read_bytes()

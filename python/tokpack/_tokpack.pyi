@@ -49,14 +49,15 @@ def pack_flat(
 def default_threads() -> int: ...
 
 class BpeEncoder:
-    """tokpack's exact encoder for byte-level BPE ``tokenizer.json`` files (GPT-2 style)."""
+    """tokpack's exact encoder for byte-level BPE ``tokenizer.json`` files (GPT-2, Llama 3 and
+    Qwen2 kinds)."""
 
     @staticmethod
     def load(json: str) -> Tuple[Optional[BpeEncoder], Optional[str]]:
         """``(encoder, None)``, or ``(None, reason)`` for a tokenizer it does not reproduce."""
     @property
     def post_processor_adds_tokens(self) -> bool: ...
-    def encode(self, text: str) -> List[int]: ...
+    def encode(self, text: str) -> Optional[List[int]]: ...
     def encode_batch(
         self,
         texts: List[str],
@@ -64,7 +65,12 @@ class BpeEncoder:
         span_starts: npt.NDArray[np.int64],
         span_ends: npt.NDArray[np.int64],
         threads: Optional[int] = None,
-    ) -> Tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int64]]: ...
+    ) -> Tuple[
+        npt.NDArray[np.int32],
+        npt.NDArray[np.int32],
+        npt.NDArray[np.int64],
+        npt.NDArray[np.int64],
+    ]: ...
 
 class Progress:
     """Counters of running file work, polled by the caller; ``cancel()`` stops the work."""

@@ -83,6 +83,15 @@ def write_token_shards(
     return files
 
 
+# The Split regexes of Llama 3's and Qwen2's tokenizer.json files.
+SPLIT_REGEXES = {
+    "llama3": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+    r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    "qwen2": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+    r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+}
+
+
 def train_chat_tokenizer(
     texts: Iterable[str],
     directory: Path,
@@ -90,14 +99,28 @@ def train_chat_tokenizer(
     vocab_size: int,
     chat_template: Optional[str],
     eos: str = "<|im_end|>",
+    split: str = "gpt2",
 ) -> Path:
     """Trains a byte-level BPE on ``texts`` with the ChatML special tokens and writes
     ``directory/tokenizer.json`` and ``tokenizer_config.json`` (with ``chat_template`` when given);
-    returns ``directory``. Needs the ``tokenizers`` package."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    returns ``directory``. ``split`` is the pre-tokenizer: ``"gpt2"`` (ByteLevel with GPT-2's
+    regex), ``"llama3"`` or ``"qwen2"`` (their ``Split`` regex, then ByteLevel, and merges
+    ignored for whole words as in Llama 3). Needs the ``tokenizers`` package."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if split == "gpt2":
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    elif split in SPLIT_REGEXES:
+        tok = Tokenizer(models.BPE(ignore_merges=True))
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(SPLIT_REGEXES[split]), "isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+    else:
+        raise ValueError(f"unknown split {split!r}")
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(

@@ -78,7 +78,8 @@ def add_tokenizer_arguments(parser: argparse.ArgumentParser, required: bool) -> 
         choices=ENCODERS,
         default="auto",
         help="auto (default): tokpack's Rust BPE encoder when it reproduces the tokenizer "
-        "(GPT-2-style byte-level BPE), else tokenizers; tokenizers: always tokenizers",
+        "(byte-level BPE of the GPT-2, Llama 3 and Qwen2 kinds), else tokenizers; "
+        "tokenizers: always tokenizers",
     )
     parser.add_argument(
         "--skip-invalid",

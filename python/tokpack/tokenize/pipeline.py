@@ -330,7 +330,7 @@ class TokenStream:
             for a, b in spans:
                 starts.append(a)
                 ends.append(b)
-        ids, labels, offsets = self._fast.encode_batch(
+        ids, labels, offsets, fallback = self._fast.encode_batch(
             [p.text for p in items],
             np.cumsum(counts),
             np.array(starts, dtype=np.int64),
@@ -338,11 +338,18 @@ class TokenStream:
             self.threads,
         )
         flat = _Flat(ids, labels, offsets)
-        if len(items) == len(chunk):
+        if len(items) == len(chunk) and not len(fallback):
             return flat
         fast = flat.pairs()
+        # Text the encoder leaves to tokenizers (not in NFC, for an NFC tokenizer).
+        missing = fallback.tolist()
+        tok = self.tokenizer.tokenizer
+        for i, pair in zip(missing, _encode_part(tok, [items[i] for i in missing])):
+            fast[i] = pair
+        if len(items) == len(chunk):
+            return fast
         plain = [p.text for p in chunk if p.spans is None]
-        encs = self.tokenizer.tokenizer.encode_batch(plain, add_special_tokens=True)
+        encs = tok.encode_batch(plain, add_special_tokens=True)
         plain_pairs = iter([(_ids(e), _ids(e)) for e in encs])
         fast_pairs = iter(fast)
         return [next(plain_pairs) if p.spans is None else next(fast_pairs) for p in chunk]
@@ -627,7 +634,8 @@ def tokenize_to_batches(
         skip_invalid: reject bad records (to ``on_reject`` or :attr:`TokenStream.rejected`)
             instead of raising :class:`tokpack.InvalidRecordError`.
         encoder: ``"auto"`` (default): tokpack's Rust byte-level BPE encoder when it
-            reproduces the tokenizer exactly (GPT-2-style ``tokenizer.json``), otherwise
+            reproduces the tokenizer exactly (byte-level BPE of the GPT-2, Llama 3 and Qwen2
+            kinds), otherwise
             ``tokenizers``; ``"tokenizers"``: always ``tokenizers``. Same ids either way.
 
     Returns:

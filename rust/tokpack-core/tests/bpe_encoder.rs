@@ -76,16 +76,16 @@ fn id_of(b: u8) -> u32 {
 #[test]
 fn merges_apply_by_rank() {
     let tok = sample();
-    let hello = tok.encode("hello");
+    let hello = tok.encode("hello").unwrap();
     assert_eq!(hello.len(), 1, "{hello:?}");
-    let hell = tok.encode("hell");
+    let hell = tok.encode("hell").unwrap();
     assert_eq!(hell.len(), 1);
     assert_ne!(hell, hello);
     // "ll" merges before "he" would only if its rank were lower: it is not, both apply.
-    assert_eq!(tok.encode("hel").len(), 2);
-    assert_eq!(tok.encode(" w").len(), 1);
+    assert_eq!(tok.encode("hel").unwrap().len(), 2);
+    assert_eq!(tok.encode(" w").unwrap().len(), 1);
     assert_eq!(
-        tok.encode("xyz"),
+        tok.encode("xyz").unwrap(),
         vec![id_of(b'x'), id_of(b'y'), id_of(b'z')]
     );
 }
@@ -123,7 +123,7 @@ fn labels_cover_tokens_touching_the_span() {
 #[test]
 fn unsupported_configurations_are_named() {
     let mut value: serde_json::Value = serde_json::from_str(&tokenizer_json(&[], &[])).unwrap();
-    value["normalizer"] = json!({"type": "NFC"});
+    value["normalizer"] = json!({"type": "NFKC"});
     match BpeTokenizer::from_json(&value.to_string()) {
         Err(LoadError::Unsupported(why)) => assert!(why.contains("normalizer")),
         other => panic!("expected Unsupported, got {:?}", other.err()),
@@ -132,6 +132,20 @@ fn unsupported_configurations_are_named() {
         BpeTokenizer::from_json("{not json"),
         Err(LoadError::Invalid(_))
     ));
+}
+
+#[test]
+fn nfc_tokenizers_leave_text_not_in_nfc_to_the_caller() {
+    let mut value: serde_json::Value =
+        serde_json::from_str(&tokenizer_json(&[("h", "e")], &[])).unwrap();
+    value["normalizer"] = json!({"type": "NFC"});
+    let tok = BpeTokenizer::from_json(&value.to_string()).unwrap();
+    assert!(tok.encode("he café").is_some());
+    assert!(tok.encode("cafe\u{301}").is_none());
+    let texts = vec!["he".to_string(), "e\u{301}".to_string(), "he".to_string()];
+    let out = encode_batch(&tok, &texts, &[0, 0, 0, 0], &[]);
+    assert_eq!(out.fallback, vec![1]);
+    assert_eq!(out.offsets, vec![0, 1, 1, 2]);
 }
 
 proptest! {

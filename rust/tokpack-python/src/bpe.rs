@@ -15,6 +15,7 @@ type Batch<'py> = (
     Bound<'py, PyArray1<i32>>,
     Bound<'py, PyArray1<i32>>,
     Bound<'py, PyArray1<i64>>,
+    Bound<'py, PyArray1<i64>>,
 );
 
 #[pymethods]
@@ -36,14 +37,16 @@ impl BpeEncoder {
         self.0.post_processor_adds_tokens
     }
 
-    /// The ids of one text (`add_special_tokens=False`).
-    fn encode(&self, py: Python<'_>, text: &str) -> Vec<u32> {
+    /// The ids of one text (`add_special_tokens=False`); None for text this encoder leaves to
+    /// `tokenizers` (not in NFC, for a tokenizer that normalizes to NFC).
+    fn encode(&self, py: Python<'_>, text: &str) -> Option<Vec<u32>> {
         py.detach(|| self.0.encode(text))
     }
 
     /// Encodes `texts`; text `i` is trained on the character spans
     /// `zip(span_starts, span_ends)[span_offsets[i]:span_offsets[i + 1]]`.
-    /// Returns `(ids, labels, offsets)` flat numpy arrays.
+    /// Returns `(ids, labels, offsets, fallback)` flat numpy arrays; the texts listed in
+    /// `fallback` have no tokens (encode them with `tokenizers`).
     #[pyo3(signature = (texts, span_offsets, span_starts, span_ends, threads=None))]
     fn encode_batch<'py>(
         &self,
@@ -78,6 +81,7 @@ impl BpeEncoder {
             out.ids.into_pyarray(py),
             out.labels.into_pyarray(py),
             out.offsets.into_pyarray(py),
+            out.fallback.into_pyarray(py),
         ))
     }
 }

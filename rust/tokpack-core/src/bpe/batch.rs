@@ -50,11 +50,14 @@ pub(crate) fn with_cache<R>(uid: u64, f: impl FnOnce(&mut WordCache) -> R) -> R 
 }
 
 /// Flat token ids and labels of a batch: text `i` owns `ids[offsets[i]..offsets[i + 1]]`.
+/// Texts listed in `fallback` (see [`BpeTokenizer::can_encode`]) own no tokens: the caller
+/// encodes them another way.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct EncodedBatch {
     pub ids: Vec<i32>,
     pub labels: Vec<i32>,
     pub offsets: Vec<i64>,
+    pub fallback: Vec<i64>,
 }
 
 /// Encodes `texts` (`add_special_tokens=False`). Text `i` is trained on the character spans
@@ -87,6 +90,11 @@ pub fn encode_batch(
                 let i = first + k;
                 ids.clear();
                 ends.clear();
+                if !tokenizer.can_encode(text) {
+                    out.fallback.push(i as i64);
+                    out.offsets.push(out.ids.len() as i64);
+                    continue;
+                }
                 tokenizer.encode_into(text, &mut ids, &mut ends);
                 let base = out.labels.len();
                 out.ids.extend(ids.iter().map(|&id| id as i32));
@@ -109,6 +117,7 @@ pub fn encode_batch(
         ids: Vec::with_capacity(total),
         labels: Vec::with_capacity(total),
         offsets: Vec::with_capacity(texts.len() + 1),
+        fallback: Vec::new(),
     };
     out.offsets.push(0);
     for part in parts {
@@ -117,6 +126,7 @@ pub fn encode_batch(
         out.labels.extend_from_slice(&part.labels);
         out.offsets
             .extend(part.offsets[1..].iter().map(|&o| o + base));
+        out.fallback.extend_from_slice(&part.fallback);
     }
     out
 }

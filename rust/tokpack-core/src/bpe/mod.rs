@@ -1,5 +1,5 @@
-//! A fast exact encoder for byte-level BPE tokenizers (GPT-2 style `tokenizer.json`), with a
-//! per-thread word cache and a hand-written pre-tokenizer. It gives the ids `tokenizers` gives
+//! A fast exact encoder for byte-level BPE tokenizers (`tokenizer.json` of the GPT-2, Llama 3
+//! and Qwen2 kinds), with a per-thread word cache and hand-written pre-tokenizers. It gives the ids `tokenizers` gives
 //! for the configurations it accepts; [`BpeTokenizer::from_json`] says
 //! [`LoadError::Unsupported`] for every other one, so callers fall back to `tokenizers`.
 
@@ -32,6 +32,9 @@ pub enum LoadError {
 /// A loaded byte-level BPE tokenizer.
 pub struct BpeTokenizer {
     model: Model,
+    /// An NFC normalizer: text already in NFC is encoded as is; other text is left to the
+    /// caller (see [`BpeTokenizer::can_encode`]).
+    nfc: bool,
     added: AddedTokens,
     pattern: Pattern,
     /// The post-processor adds tokens when `add_special_tokens=True` (a template, BOS, ...).
@@ -48,19 +51,53 @@ fn is_null_or_false(v: Option<&Value>) -> bool {
     matches!(v, None | Some(Value::Null) | Some(Value::Bool(false)))
 }
 
+/// `Some(uses_regex)` for a ByteLevel pre-tokenizer without a prefix space.
+fn byte_level(pre: &Value) -> Result<bool, LoadError> {
+    if pre.get("type").and_then(Value::as_str) != Some("ByteLevel") {
+        return unsupported(format!(
+            "pre-tokenizer {}",
+            pre.get("type").unwrap_or(&Value::Null)
+        ));
+    }
+    if !is_null_or_false(pre.get("add_prefix_space")) {
+        return unsupported("ByteLevel pre-tokenizer with add_prefix_space");
+    }
+    Ok(pre.get("use_regex").and_then(Value::as_bool) != Some(false))
+}
+
+/// GPT-2's ByteLevel, or Llama 3 / Qwen2's `Sequence[Split(regex), ByteLevel(no regex)]`.
 fn pattern_of(pre: &Value) -> Result<Pattern, LoadError> {
-    match pre.get("type").and_then(Value::as_str) {
-        Some("ByteLevel") => {
-            if !is_null_or_false(pre.get("add_prefix_space")) {
-                return unsupported("ByteLevel pre-tokenizer with add_prefix_space");
-            }
-            if pre.get("use_regex").and_then(Value::as_bool) == Some(false) {
-                return unsupported("ByteLevel pre-tokenizer without its regex");
-            }
+    if pre.get("type").and_then(Value::as_str) != Some("Sequence") {
+        return if byte_level(pre)? {
             Ok(Pattern::Gpt2)
-        }
-        Some(other) => unsupported(format!("pre-tokenizer {other}")),
-        None => unsupported("no pre-tokenizer"),
+        } else {
+            unsupported("ByteLevel pre-tokenizer without its regex")
+        };
+    }
+    let steps = pre.get("pretokenizers").and_then(Value::as_array);
+    let [split, last] = steps.map(Vec::as_slice).unwrap_or_default() else {
+        return unsupported("a pre-tokenizer sequence other than Split + ByteLevel");
+    };
+    if byte_level(last)? {
+        return unsupported("a Split before a ByteLevel pre-tokenizer with its own regex");
+    }
+    let regex = split
+        .get("pattern")
+        .and_then(|p| p.get("Regex"))
+        .and_then(Value::as_str);
+    let isolated = split.get("behavior").and_then(Value::as_str) == Some("Isolated");
+    if split.get("type").and_then(Value::as_str) != Some("Split")
+        || !isolated
+        || !is_null_or_false(split.get("invert"))
+    {
+        return unsupported("a pre-tokenizer sequence other than Split(Isolated) + ByteLevel");
+    }
+    match regex {
+        Some(r) if r == pretokenize::LLAMA3_REGEX => Ok(Pattern::Llama3 { max_digits: 3 }),
+        Some(r) if r == pretokenize::QWEN2_REGEX => Ok(Pattern::Llama3 { max_digits: 1 }),
+        _ => unsupported(format!(
+            "a Split pattern other than Llama 3's or Qwen2's ({regex:?})"
+        )),
     }
 }
 
@@ -94,6 +131,25 @@ fn adds_tokens(post: Option<&Value>) -> Result<bool, LoadError> {
     }
 }
 
+/// No normalizer (false) or NFC alone (true); anything else is unsupported.
+fn is_nfc_normalizer(normalizer: Option<&Value>) -> Result<bool, LoadError> {
+    let Some(n) = normalizer.filter(|v| !v.is_null()) else {
+        return Ok(false);
+    };
+    match n.get("type").and_then(Value::as_str) {
+        Some("NFC") => Ok(true),
+        Some("Sequence") => {
+            let steps = n.get("normalizers").and_then(Value::as_array);
+            match steps.map(Vec::as_slice).unwrap_or_default() {
+                [] => Ok(false),
+                [one] => is_nfc_normalizer(Some(one)),
+                _ => unsupported("a normalizer other than NFC"),
+            }
+        }
+        _ => unsupported("a normalizer other than NFC"),
+    }
+}
+
 fn merge_pair(m: &Value) -> Option<(&str, &str)> {
     match m {
         Value::String(s) => s.split_once(' '),
@@ -111,9 +167,7 @@ impl BpeTokenizer {
     pub fn from_json(text: &str) -> Result<Self, LoadError> {
         let root: Value = serde_json::from_str(text)
             .map_err(|e| LoadError::Invalid(format!("not a tokenizer.json file ({e})")))?;
-        if !root.get("normalizer").is_none_or_null() {
-            return unsupported("a normalizer");
-        }
+        let nfc = is_nfc_normalizer(root.get("normalizer"))?;
         let pattern = pattern_of(root.get("pre_tokenizer").unwrap_or(&Value::Null))?;
         let post_processor_adds_tokens = adds_tokens(root.get("post_processor"))?;
         let model = root
@@ -244,6 +298,7 @@ impl BpeTokenizer {
                 whole_words,
                 token_bytes,
             },
+            nfc,
             added: AddedTokens::new(raw, normalized),
             pattern,
             post_processor_adds_tokens,
@@ -277,11 +332,21 @@ impl BpeTokenizer {
         });
     }
 
-    /// The ids of `text` (`add_special_tokens=False`).
-    pub fn encode(&self, text: &str) -> Vec<u32> {
+    /// Whether [`Self::encode_into`] gives `tokenizers`' result for `text`: always, unless
+    /// the tokenizer normalizes to NFC and `text` is not in NFC (normalizing would move the
+    /// character offsets the labels are computed from).
+    pub fn can_encode(&self, text: &str) -> bool {
+        !self.nfc || text.is_ascii() || unicode_normalization::is_nfc(text)
+    }
+
+    /// The ids of `text` (`add_special_tokens=False`); None when [`Self::can_encode`] is false.
+    pub fn encode(&self, text: &str) -> Option<Vec<u32>> {
+        if !self.can_encode(text) {
+            return None;
+        }
         let (mut ids, mut ends) = (Vec::new(), Vec::new());
         self.encode_into(text, &mut ids, &mut ends);
-        ids
+        Some(ids)
     }
 }
 

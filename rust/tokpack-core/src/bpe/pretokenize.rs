@@ -8,7 +8,14 @@ use super::unicode::Classes;
 pub enum Pattern {
     /// GPT-2: `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
     Gpt2,
+    /// Llama 3 ([`LLAMA3_REGEX`]) when `max_digits` is 3; Qwen2 ([`QWEN2_REGEX`]) when 1.
+    Llama3 { max_digits: usize },
 }
+
+/// The `Split` regex of Llama 3's `tokenizer.json`.
+pub const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// The `Split` regex of Qwen2's `tokenizer.json` (one digit per piece).
+pub const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -68,20 +75,106 @@ fn run_end(classes: &Classes, s: &str, mut i: usize, k: Kind) -> usize {
 
 /// Calls `f(start, end)` for each piece of `s`, in order; the pieces cover `s` exactly.
 pub(crate) fn split(pattern: Pattern, s: &str, mut f: impl FnMut(usize, usize)) {
-    match pattern {
-        Pattern::Gpt2 => split_gpt2(s, &mut f),
-    }
-}
-
-fn split_gpt2(s: &str, f: &mut impl FnMut(usize, usize)) {
     let classes = Classes::get();
-    let bytes = s.as_bytes();
     let mut i = 0;
-    while i < bytes.len() {
-        let end = gpt2_piece(classes, s, i);
+    while i < s.len() {
+        let end = match pattern {
+            Pattern::Gpt2 => gpt2_piece(classes, s, i),
+            Pattern::Llama3 { max_digits } => llama3_piece(classes, s, i, max_digits),
+        };
         f(i, end);
         i = end;
     }
+}
+
+/// `\s+(?!\S)|\s+` from `i` (a white-space character): the run stops before its last
+/// character when a non-space follows (that character then leads the next piece), unless the
+/// run is that one character.
+fn space_run(classes: &Classes, s: &str, i: usize) -> usize {
+    let end = run_end(classes, s, i, Kind::Space);
+    if end == s.len() {
+        return end;
+    }
+    let last = s[i..end]
+        .char_indices()
+        .next_back()
+        .map_or(i, |(j, _)| i + j);
+    if last > i {
+        last
+    } else {
+        end
+    }
+}
+
+#[inline]
+fn is_newline(c: char) -> bool {
+    c == '\r' || c == '\n'
+}
+
+fn llama3_piece(classes: &Classes, s: &str, i: usize, max_digits: usize) -> usize {
+    let bytes = s.as_bytes();
+    let c = char_at(s, i).expect("char boundary");
+    // (?i:'s|'t|'re|'ve|'m|'ll|'d)
+    if c == '\'' {
+        let rest = &bytes[i + 1..];
+        let lower = |k: usize| rest.get(k).map(|b| b.to_ascii_lowercase());
+        match (lower(0), lower(1)) {
+            (Some(b'r'), Some(b'e')) | (Some(b'v'), Some(b'e')) | (Some(b'l'), Some(b'l')) => {
+                return i + 3
+            }
+            (Some(b's' | b't' | b'm' | b'd'), _) => return i + 2,
+            _ => {}
+        }
+    }
+    let k = kind(classes, c);
+    // [^\r\n\p{L}\p{N}]?\p{L}+
+    if k == Kind::Letter {
+        return run_end(classes, s, i, Kind::Letter);
+    }
+    let next = char_at(s, i + c.len_utf8());
+    if k != Kind::Number && !is_newline(c) {
+        if let Some(n) = next {
+            if kind(classes, n) == Kind::Letter {
+                return run_end(classes, s, i + c.len_utf8(), Kind::Letter);
+            }
+        }
+    }
+    // \p{N}{1,max_digits}
+    if k == Kind::Number {
+        let mut end = i;
+        for (taken, ch) in s[i..].chars().enumerate() {
+            if taken == max_digits || kind(classes, ch) != Kind::Number {
+                break;
+            }
+            end += ch.len_utf8();
+        }
+        return end;
+    }
+    //  ?[^\s\p{L}\p{N}]+[\r\n]*
+    let other_from = if c == ' ' && next.is_some_and(|n| kind(classes, n) == Kind::Other) {
+        Some(i + 1)
+    } else if k == Kind::Other {
+        Some(i)
+    } else {
+        None
+    };
+    if let Some(from) = other_from {
+        let mut end = run_end(classes, s, from, Kind::Other);
+        while end < bytes.len() && matches!(bytes[end], b'\r' | b'\n') {
+            end += 1;
+        }
+        return end;
+    }
+    // \s*[\r\n]+ : through the last line break of the white-space run.
+    let run = run_end(classes, s, i, Kind::Space);
+    if let Some((j, ch)) = s[i..run]
+        .char_indices()
+        .rev()
+        .find(|&(_, ch)| is_newline(ch))
+    {
+        return i + j + ch.len_utf8();
+    }
+    space_run(classes, s, i)
 }
 
 fn gpt2_piece(classes: &Classes, s: &str, i: usize) -> usize {
@@ -109,21 +202,7 @@ fn gpt2_piece(classes: &Classes, s: &str, i: usize) -> usize {
     if k != Kind::Space {
         return run_end(classes, s, start, k);
     }
-    // `\s+(?!\S)|\s+`: a run of white space stops before its last character when a
-    // non-space follows (that character then leads the next piece), unless it is alone.
-    let end = run_end(classes, s, i, Kind::Space);
-    if end == bytes.len() {
-        return end;
-    }
-    let last = s[i..end]
-        .char_indices()
-        .next_back()
-        .map_or(i, |(j, _)| i + j);
-    if last > i {
-        last
-    } else {
-        end
-    }
+    space_run(classes, s, i)
 }
 
 #[cfg(test)]
@@ -134,6 +213,27 @@ mod tests {
         let mut out = Vec::new();
         split(Pattern::Gpt2, s, |a, b| out.push(&s[a..b]));
         out
+    }
+
+    fn llama3(s: &str, max_digits: usize) -> Vec<&str> {
+        let mut out = Vec::new();
+        split(Pattern::Llama3 { max_digits }, s, |a, b| out.push(&s[a..b]));
+        out
+    }
+
+    #[test]
+    fn llama3_splits_like_the_regex() {
+        assert_eq!(llama3("Hello world", 3), ["Hello", " world"]);
+        assert_eq!(llama3("I'M here'S", 3), ["I", "'M", " here", "'S"]);
+        assert_eq!(llama3("12345", 3), ["123", "45"]);
+        assert_eq!(llama3("12345", 1), ["1", "2", "3", "4", "5"]);
+        assert_eq!(
+            llama3("(hello) ...\n\nx", 3),
+            ["(hello", ")", " ...\n\n", "x"]
+        );
+        assert_eq!(llama3("a \n \n  b", 3), ["a", " \n \n", " ", " b"]);
+        assert_eq!(llama3("\thi\nyo", 3), ["\thi", "\n", "yo"]);
+        assert_eq!(llama3("x   ", 3), ["x", "   "]);
     }
 
     #[test]
