@@ -233,6 +233,19 @@ def test_worker_processes_match_one_process(tmp_path, tok_dir):
     assert r1 == r3 and [r["line"] for r in r1][:3] == [6, 21, 43]
 
 
+def test_spawned_workers_build_their_own_stream(tmp_path, tok_dir, monkeypatch):
+    # The start method of platforms without fork: workers load tokenizer and template anew.
+    from tokpack.tokenize import pipeline, tokenize_to_batches
+
+    path = write_jsonl(tmp_path / "mixed.jsonl", _mixed_records(200))
+    one = list(tokenize_to_batches(path, tok_dir, threads=1, batch_size=50, skip_invalid=True))
+    monkeypatch.setattr(pipeline, "_START_METHOD", "spawn")
+    stream = tokenize_to_batches(path, tok_dir, threads=2, batch_size=50, skip_invalid=True)
+    two = list(stream)
+    assert len(one) == len(two) == 4 and all(a.equals(b) for a, b in zip(one, two))
+    assert stream.stats.rejected == 11
+
+
 def test_worker_process_errors_name_file_and_line(tmp_path, tok_dir):
     from tokpack.tokenize import tokenize_to_batches
 

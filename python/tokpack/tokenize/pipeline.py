@@ -482,8 +482,8 @@ class TokenStream:
         takes the results back in input order."""
         import multiprocessing
 
-        fork = sys.platform == "linux"
-        context = multiprocessing.get_context("fork" if fork else "spawn")
+        fork = _START_METHOD == "fork"
+        context = multiprocessing.get_context(_START_METHOD)
         # A forked worker starts from a copy of this stream (tokenizer, template); a spawned
         # one builds its own from the options.
         global _WORKER
@@ -537,6 +537,10 @@ class TokenStream:
             encoded.extend(result.pairs() if isinstance(result, _Flat) else result)
         return self._build(chunk, encoded)
 
+
+# How worker processes start: fork where it is the platform's way (Linux: no re-import, the
+# tokenizer and template are inherited), spawn elsewhere.
+_START_METHOD = "fork" if sys.platform == "linux" else "spawn"
 
 # The stream of a worker process, built once by the pool's initializer.
 _WORKER: Optional[TokenStream] = None
