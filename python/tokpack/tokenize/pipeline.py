@@ -100,6 +100,10 @@ class _Prepared:
     eos_trained: bool
 
 
+# A batch as flat arrays: offsets (n + 1), ids, labels, lengths (n).
+_Arrays = Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
 @dataclass
 class _Flat:
     """A chunk encoded by tokpack's encoder: item ``i`` owns ``ids[offsets[i]:offsets[i+1]]``."""
@@ -356,7 +360,7 @@ class TokenStream:
 
     def _build(
         self, chunk: List[_Prepared], encoded: List[Tuple[np.ndarray, np.ndarray]]
-    ) -> Optional[pa.RecordBatch]:
+    ) -> Optional[_Arrays]:
         ids_parts: List[np.ndarray] = []
         label_parts: List[np.ndarray] = []
         stats = self.stats
@@ -385,17 +389,9 @@ class TokenStream:
         stats.tokens += int(offsets[-1])
         stats.trained_tokens += trained
         stats.untrained_samples += sum(1 for lab in label_parts if not np.any(lab != IGNORE_INDEX))
-        off32 = pa.array(offsets.astype(np.int32))
-        return pa.RecordBatch.from_arrays(
-            [
-                pa.ListArray.from_arrays(off32, pa.array(values, pa.int32())),
-                pa.ListArray.from_arrays(off32, pa.array(label_values, pa.int32())),
-                pa.array(lengths.astype(np.int32), pa.int32()),
-            ],
-            schema=TOKEN_SCHEMA,
-        )
+        return offsets, values, label_values, lengths
 
-    def _build_flat(self, chunk: List[_Prepared], flat: _Flat) -> Optional[pa.RecordBatch]:
+    def _build_flat(self, chunk: List[_Prepared], flat: _Flat) -> Optional[_Arrays]:
         """The batch straight from the encoder's flat arrays when no sample needs an EOS or a
         max_len policy (the usual case); None otherwise (then :meth:`_build` handles it)."""
         lengths = np.diff(flat.offsets)
@@ -415,15 +411,7 @@ class TokenStream:
         stats.tokens += int(flat.offsets[-1])
         stats.trained_tokens += int(np.count_nonzero(trained_mask))
         stats.untrained_samples += int(np.count_nonzero(per_sample == 0))
-        off32 = pa.array(flat.offsets.astype(np.int32))
-        return pa.RecordBatch.from_arrays(
-            [
-                pa.ListArray.from_arrays(off32, pa.array(flat.ids, pa.int32())),
-                pa.ListArray.from_arrays(off32, pa.array(flat.labels, pa.int32())),
-                pa.array(lengths.astype(np.int32), pa.int32()),
-            ],
-            schema=TOKEN_SCHEMA,
-        )
+        return flat.offsets, flat.ids, flat.labels, lengths
 
     def _apply_max_len(
         self, record: Record, ids: np.ndarray, labels: np.ndarray
@@ -507,31 +495,32 @@ class TokenStream:
             _WORKER = None
 
     def _collect(self, n_records: int, future: Future) -> Iterator[pa.RecordBatch]:
-        batch, stats, rejected = future.result()
+        arrays, stats, rejected = future.result()
         self.stats.merge(stats)
         for rejection in rejected:
             self._on_reject(rejection)
         if self.progress is not None:
             self.progress.add_samples(n_records)
-        if batch is not None:
-            yield batch
+        if arrays is not None:
+            yield _batch_from_arrays(*arrays)
 
     def _finish(
         self, n_records: int, chunk: List[_Prepared], futures: List[Future]
     ) -> Iterator[pa.RecordBatch]:
-        batch = self._batch(chunk, [future.result() for future in futures])
+        arrays = self._batch_arrays(chunk, [future.result() for future in futures])
         if self.progress is not None:
             self.progress.add_samples(n_records)
-        if batch is not None:
-            yield batch
+        if arrays is not None:
+            yield _batch_from_arrays(*arrays)
 
-    def _batch(self, chunk: List[_Prepared], results: List[Any]) -> Optional[pa.RecordBatch]:
+    def _batch_arrays(self, chunk: List[_Prepared], results: List[Any]) -> Optional[_Arrays]:
+        """The chunk's batch as flat arrays (see :func:`_batch_from_arrays`); None if empty."""
         if not chunk:
             return None
         if len(results) == 1 and isinstance(results[0], _Flat):
-            batch = self._build_flat(chunk, results[0])
-            if batch is not None:
-                return batch
+            arrays = self._build_flat(chunk, results[0])
+            if arrays is not None:
+                return arrays
         encoded: List[Tuple[np.ndarray, np.ndarray]] = []
         for result in results:
             encoded.extend(result.pairs() if isinstance(result, _Flat) else result)
@@ -574,21 +563,42 @@ def _unpack_records(packed: Any) -> List[Record]:
     return packed
 
 
+def _int32(values: np.ndarray) -> pa.Array:
+    # From the buffer, not pa.array(ndarray): that one imports pandas on first use (seconds,
+    # during which pyarrow swallows Ctrl-C).
+    data = np.ascontiguousarray(values, dtype=np.int32)
+    return pa.Array.from_buffers(pa.int32(), len(data), [None, pa.py_buffer(data)])
+
+
+def _batch_from_arrays(
+    offsets: np.ndarray, ids: np.ndarray, labels: np.ndarray, lengths: np.ndarray
+) -> pa.RecordBatch:
+    """The token batch of flat arrays: sample ``i`` is ``ids[offsets[i]:offsets[i + 1]]``."""
+    off = _int32(offsets)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.ListArray.from_arrays(off, _int32(ids)),
+            pa.ListArray.from_arrays(off, _int32(labels)),
+            _int32(lengths),
+        ],
+        schema=TOKEN_SCHEMA,
+    )
+
+
 def _worker_run(
     packed: Any,
-) -> Tuple[Optional[pa.RecordBatch], TokenizeStats, List[Dict[str, Any]]]:
-    """Decodes, renders and encodes one chunk; returns its batch, its counts (without
-    ``records``, counted by the reader) and its rejected records."""
+) -> Tuple[Optional[_Arrays], TokenizeStats, List[Dict[str, Any]]]:
+    """Decodes, renders and encodes one chunk; returns its batch as arrays (an Arrow batch
+    would import pandas on both sides to be pickled), its counts (without ``records``, counted
+    by the reader) and its rejected records."""
     stream = _WORKER
     assert stream is not None, "worker not initialised"
     stream.stats = TokenizeStats()
     rejected: List[Dict[str, Any]] = []
     stream._on_reject = rejected.append
     chunk = stream._prepare_all(_unpack_records(packed))
-    batch = None
-    if chunk:
-        batch = stream._batch(chunk, [stream._encode_chunk(chunk)])
-    return batch, stream.stats, rejected
+    arrays = stream._batch_arrays(chunk, [stream._encode_chunk(chunk)]) if chunk else None
+    return arrays, stream.stats, rejected
 
 
 def _ids(encoding: Any) -> np.ndarray:

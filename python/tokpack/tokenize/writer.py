@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, TextIO, Union
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .. import __version__
@@ -86,7 +87,7 @@ class _ShardWriter:
             self._submit(self._write_part, part)
             self._rows += take
             self.shards[-1]["rows"] += take
-            self.shards[-1]["tokens"] += int(part.column("length").to_numpy().sum())
+            self.shards[-1]["tokens"] += pc.sum(part.column("length")).as_py() or 0
             batch = batch.slice(take)
 
     def _close_shard(self) -> None:
