@@ -14,6 +14,7 @@ from tokpack._outdir import MANIFEST_NAME
 from tokpack.cli import main
 from tokpack.tokenize.writer import REJECTED_NAME
 
+from ._interrupt import interrupt_after_first_shard
 from ._tokenizer_factory import (
     CHATML_GEN,
     CHATML_PLAIN,
@@ -257,28 +258,10 @@ def test_worker_process_errors_name_file_and_line(tmp_path, tok_dir):
 
 
 def test_ctrl_c_stops_tokenize_cleanly(tmp_path, tok_dir):
-    import signal
-    import subprocess
-    import sys
-    import time
-
     corpus = write_jsonl(tmp_path / "big.jsonl", [{"messages": c} for c in conversations(60000)])
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "tokpack", "tokenize", str(corpus), "-o", str(out)]
-    proc = subprocess.Popen(
-        cmd + ["--tokenizer", str(tok_dir), "--threads", "2", "--quiet"],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.time() + 60
-    while time.time() < deadline and proc.poll() is None:
-        # The first shard exists: workers are busy and most of the run is still ahead.
-        tmps = [p for p in tmp_path.iterdir() if p.name.startswith(".out.tmp-")]
-        if any(any(t.glob("part-*.parquet")) for t in tmps):
-            break
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
+    args = ["tokenize", str(corpus), "-o", str(out), "--tokenizer", str(tok_dir)]
+    returncode, err = interrupt_after_first_shard(args + ["--threads", "2", "--quiet"], out)
+    assert returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big.jsonl"]
