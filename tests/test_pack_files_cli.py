@@ -1,5 +1,7 @@
 """tokpack pack / stats / inspect from the command line; cache rules; kill -9 mid-write."""
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -7,6 +9,7 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
+from tokpack._outdir import MANIFEST_NAME
 from tokpack.cli import main
 from tokpack.synthetic import write_token_shards
 
@@ -82,6 +85,40 @@ def test_bad_input_exits_2_without_traceback(tmp_path):
 def test_kill_9_mid_write_leaves_out_dir_absent_then_next_run_is_clean(tmp_path):
     corpus = tmp_path / "corpus"
     write_token_shards(corpus, 30000, n_files=2, seed=1)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "tokpack", "pack", str(corpus), "-o", str(out), "--quiet"]
+    cmd += ["--overlong", "split"]
+    proc = subprocess.Popen(
+        cmd + ["--rows-per-shard", "64", "--row-group-rows", "16", "--threads", "1"]
+    )
+    # Wait until shards are being written into the temporary directory, then kill.
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        tmps = [
+            p
+            for p in tmp_path.iterdir()
+            if p.name.startswith(".out.tmp-") and "spill" not in p.name
+        ]
+        if tmps and any(tmps[0].glob("part-*.parquet")):
+            break
+        time.sleep(0.01)
+    else:
+        proc.kill()
+        pytest.fail("the run never started writing shards")
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -9
+    assert not out.exists()
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".out")]
+    assert leftovers  # the dead run's temporaries (output and spill)
+    assert subprocess.run(cmd, check=False).returncode == 0
+    assert (out / MANIFEST_NAME).exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus", "out"]
+
+
+def test_ctrl_c_cancels_cleanly(tmp_path):
+    corpus = tmp_path / "corpus"
+    write_token_shards(corpus, 30000, n_files=2, seed=2)
     out = tmp_path / "out"
     args = ["pack", str(corpus), "-o", str(out), "--quiet", "--overlong", "split"]
     args += ["--rows-per-shard", "64", "--row-group-rows", "16", "--threads", "1"]
