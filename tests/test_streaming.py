@@ -46,7 +46,7 @@ def test_is_lazy(tmp_path):
 def test_errors(tmp_path):
     with pytest.raises(tokpack.InputNotFoundError):
         list(tokpack.streaming_dataset_reader(tmp_path / "nope", 10))
-    with pytest.raises(tokpack.InputNotFoundError, match="no .parquet or .arrow"):
+    with pytest.raises(tokpack.InputNotFoundError, match="no .parquet / .pq / .arrow"):
         list(tokpack.streaming_dataset_reader(tmp_path, 10))
     with pytest.raises(tokpack.ConfigError):
         list(tokpack.streaming_dataset_reader(tmp_path, 0))

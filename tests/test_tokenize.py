@@ -307,20 +307,22 @@ def test_bad_input_names_file_and_line(tmp_path, tok_dir, line, reason):
 
 
 def test_tokenizer_errors(tmp_path):
+    data = write_jsonl(tmp_path / "x.jsonl", [{"text": "a"}])  # inputs are resolved first
     with pytest.raises(tokpack.InputNotFoundError, match="no such tokenizer"):
-        tokpack.tokenize_to_batches(["x.jsonl"], tmp_path / "missing")
+        tokpack.tokenize_to_batches([data], tmp_path / "missing")
     with pytest.raises(tokpack.InputNotFoundError, match="no tokenizer.json"):
-        tokpack.tokenize_to_batches(["x.jsonl"], tmp_path)
+        tokpack.tokenize_to_batches([data], tmp_path)
     (tmp_path / "tokenizer.json").write_text("{not json", encoding="utf-8")
     with pytest.raises(tokpack.ConfigError, match="not a valid tokenizer.json"):
-        tokpack.tokenize_to_batches(["x.jsonl"], tmp_path)
+        tokpack.tokenize_to_batches([data], tmp_path)
 
 
 def test_template_syntax_error_is_config_error(tmp_path, tok_dir):
     bad = tmp_path / "bad.jinja"
     bad.write_text("{% for m in messages %}{{ m }", encoding="utf-8")
+    data = write_jsonl(tmp_path / "x.jsonl", [{"text": "a"}])
     with pytest.raises(tokpack.ConfigError, match="syntax error"):
-        tokpack.tokenize_to_batches(["x.jsonl"], tok_dir, chat_template=bad)
+        tokpack.tokenize_to_batches([data], tok_dir, chat_template=bad)
 
 
 def test_unreadable_files_are_reported(tmp_path, tok_dir):

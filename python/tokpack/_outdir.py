@@ -19,7 +19,8 @@ import shutil
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
-from .errors import ConfigError, CorruptOutputError, InputNotFoundError
+from ._inputs import input_error
+from .errors import ConfigError, CorruptOutputError
 
 __all__ = [
     "MANIFEST_NAME",
@@ -63,10 +64,8 @@ def describe_inputs(paths: Sequence[os.PathLike]) -> List[Dict[str, Any]]:
         try:
             size = p.stat().st_size
             fp = fingerprint_file(p)
-        except FileNotFoundError:
-            raise InputNotFoundError(f"{p}: no such file") from None
         except OSError as exc:
-            raise InputNotFoundError(f"{p}: cannot read ({exc.strerror or exc})") from None
+            raise input_error(p, exc) from None
         out.append({"path": str(p.resolve()), "size": size, "fingerprint": fp})
     return out
 

@@ -8,6 +8,7 @@ __all__ = [
     "OverlongError",
     "DataError",
     "InputNotFoundError",
+    "InputPermissionError",
     "CorruptOutputError",
     "CorruptInputError",
     "SchemaError",
@@ -36,7 +37,11 @@ class OverlongError(DataError):
 
 
 class InputNotFoundError(TokpackError, FileNotFoundError):
-    """An input file is missing or unreadable."""
+    """An input file is missing or unreadable (also a broken symlink or a symlink loop)."""
+
+
+class InputPermissionError(TokpackError, PermissionError):
+    """An input file or directory exists but tokpack may not read it."""
 
 
 class CorruptOutputError(DataError):

@@ -4,25 +4,26 @@ into packed Parquet shards with a boundary index and a manifest.
 The heavy lifting is in Rust (``tokpack_core::io``): units are read in parallel with only the
 needed columns, tokens are spilled to flat files next to OUT_DIR, the plan is made from lengths
 alone and shards are written in parallel, so memory grows with the number of samples and the
-row-group size, not with the number of tokens. This module resolves the inputs, owns the
-cache / atomic-output logic (``_outdir``) and writes the manifest and the dropped-samples list.
+row-group size, not with the number of tokens. This module resolves the inputs (``_inputs``),
+uses the cache / atomic-output logic (``_outdir``) and writes the manifest and the
+dropped-samples list.
 """
 
 from __future__ import annotations
 
-import glob
 import os
 import secrets
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Union
 
 import numpy as np
 import pyarrow as pa
 
 from . import _tokpack
+from ._inputs import RAW_SUFFIXES, TOKEN_SUFFIXES, PathsLike, resolve_inputs
 from ._outdir import (
     MANIFEST_NAME,
     SIDE_DIR,
@@ -33,59 +34,20 @@ from ._outdir import (
     write_json_atomic,
 )
 from ._progress import run_with_progress
-from .errors import ConfigError, InputNotFoundError
+from .errors import ConfigError
 from .planning import OVERLONG_POLICIES, STRATEGIES, checked_args
 from .tokenize import REJECTED_NAME, TOKEN_SCHEMA, tokenize_to_batches
 from .tokenize.progress import Progress
 from .tokenize.writer import _RejectedFile
 
-__all__ = ["pack_files", "expand_inputs", "read_lengths", "FORMAT", "FORMAT_VERSION"]
+__all__ = ["pack_files", "read_lengths", "FORMAT", "FORMAT_VERSION"]
 
 FORMAT = "tokpack-packed"
 FORMAT_VERSION = 1
 # Arrow IPC, not Parquet: HF ``datasets`` reads every ``*.parquet`` under data_dir, ``_`` or not.
 DROPPED_NAME = f"{SIDE_DIR}/_dropped.arrow"
-SHARD_SUFFIXES = (".parquet", ".arrow", ".feather", ".ipc")
-# Raw data that `pack --tokenizer` reads (".gz" covers ".jsonl.gz").
-RAW_SUFFIXES = (".jsonl", ".gz", ".parquet")
 # Rows decoded at a time inside a row group: bounds reading memory to a few tens of MB per thread.
 BATCH_ROWS = 4096
-
-PathsLike = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
-
-
-def expand_inputs(inputs: PathsLike, suffixes: Tuple[str, ...] = SHARD_SUFFIXES) -> List[Path]:
-    """Files, directories (their files with one of ``suffixes``, sorted, recursively) and globs,
-    in the order given. Names starting with ``_`` or ``.`` inside directories are side files and
-    skipped."""
-    items = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
-    out: List[Path] = []
-    for item in items:
-        text = os.fspath(item)
-        path = Path(text)
-        if path.is_dir():
-            found = sorted(
-                p
-                for p in path.rglob("*")
-                if p.is_file()
-                and p.suffix in suffixes
-                and not any(part.startswith(("_", ".")) for part in p.relative_to(path).parts)
-            )
-            if not found:
-                raise InputNotFoundError(f"{path}: no {'/'.join(suffixes)} files inside")
-            out.extend(found)
-        elif glob.has_magic(text):
-            found = sorted(Path(p) for p in glob.glob(text, recursive=True) if Path(p).is_file())
-            if not found:
-                raise InputNotFoundError(f"{text}: no file matches")
-            out.extend(found)
-        elif path.exists():
-            out.append(path)
-        else:
-            raise InputNotFoundError(f"{path}: no such file")
-    if not out:
-        raise InputNotFoundError("no input files given")
-    return out
 
 
 def _describe(paths: List[Path], threads: Optional[int]) -> List[Dict[str, Any]]:
@@ -103,7 +65,7 @@ def read_lengths(
     progress: bool = False,
 ) -> np.ndarray:
     """Sample lengths (int64) of the token column across the inputs, read in Rust."""
-    paths = expand_inputs(inputs)
+    paths = resolve_inputs(inputs, TOKEN_SUFFIXES)
     _, _, threads = checked_args(1, 0, threads)
     lengths, _ = run_with_progress(
         lambda p: _tokpack.read_lengths(
@@ -182,11 +144,11 @@ def pack_files(
     out = Path(output_dir)
     stream = None
     if tokenizer is not None:
-        paths = expand_inputs(inputs, RAW_SUFFIXES)
+        paths = resolve_inputs(inputs, RAW_SUFFIXES)
         stream = tokenize_to_batches(paths, tokenizer, threads=threads, **(tokenize or {}))
         tokens_column, labels_column, loss_mask_column = "input_ids", "labels", None
     else:
-        paths = expand_inputs(inputs)
+        paths = resolve_inputs(inputs, TOKEN_SUFFIXES)
     config = _config(
         max_len=max_len,
         strategy=strategy,

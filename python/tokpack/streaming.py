@@ -6,42 +6,23 @@ stays bounded by one batch plus one decoded record batch whatever the corpus siz
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Union
+from typing import Any, Dict, Iterator, List
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
-from .errors import ConfigError, DataError, InputNotFoundError
+from ._inputs import TOKEN_SUFFIXES, PathsLike, resolve_inputs
+from .errors import ConfigError, DataError
 
 __all__ = ["streaming_dataset_reader"]
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
-ARROW_SUFFIXES = (".arrow", ".feather", ".ipc")
-
-
-def _data_files(data_path: Path) -> List[Path]:
-    if not data_path.exists():
-        raise InputNotFoundError(f"{data_path}: no such file or directory")
-    if data_path.is_file():
-        return [data_path]
-    # Side files of tokpack and HF datasets start with "_" or "." (indexes, manifests, state).
-    files = sorted(
-        p
-        for p in data_path.iterdir()
-        if p.is_file()
-        and not p.name.startswith(("_", "."))
-        and p.suffix.lower() in PARQUET_SUFFIXES + ARROW_SUFFIXES
-    )
-    if not files:
-        raise InputNotFoundError(f"{data_path}: no .parquet or .arrow files in this directory")
-    return files
 
 
 def _record_batches(path: Path, batch_size: int) -> Iterator[pa.RecordBatch]:
-    if path.suffix.lower() in PARQUET_SUFFIXES:
+    if path.name.lower().endswith(PARQUET_SUFFIXES):
         yield from pq.ParquetFile(path, memory_map=True).iter_batches(batch_size=batch_size)
         return
     source = pa.memory_map(str(path))
@@ -56,12 +37,13 @@ def _record_batches(path: Path, batch_size: int) -> Iterator[pa.RecordBatch]:
 
 
 def streaming_dataset_reader(
-    data_path: Union[str, os.PathLike], batch_size: int = 1000
+    data_path: PathsLike, batch_size: int = 1000
 ) -> Iterator[Dict[str, List[Any]]]:
     """Yield ``{column: [values of batch_size rows]}`` from Parquet/Arrow files, in file order.
 
-    ``data_path`` is a file or a directory (its ``*.parquet``/``*.arrow``/``*.feather`` files in
-    name order, skipping names starting with ``_`` or ``.``). Batches span file boundaries, so
+    ``data_path`` is a file, a directory (its ``*.parquet``/``*.pq``/``*.arrow``/``*.feather``/
+    ``*.ipc`` files, recursively, sorted, skipping names starting with ``_`` or ``.``), a glob, or
+    a list of them: the inputs of ``tokpack pack``. Batches span file boundaries, so
     every batch has exactly ``batch_size`` rows except the last. All files must share the first
     file's columns.
 
@@ -73,7 +55,7 @@ def streaming_dataset_reader(
     pending: List[pa.RecordBatch] = []
     pending_rows = 0
     columns = None
-    for path in _data_files(Path(data_path)):
+    for path in resolve_inputs(data_path, TOKEN_SUFFIXES):
         try:
             for rb in _record_batches(path, batch_size):
                 if columns is None:

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
-from ..errors import ConfigError, InputNotFoundError, InvalidRecordError
+from .._inputs import require_file
+from ..errors import ConfigError, InvalidRecordError
 
 __all__ = [
     "FORMATS",
@@ -139,8 +140,7 @@ def read_records(
     """Records of one input file, in file order. ``on_bytes`` is told how many bytes of the file
     (compressed size for ``.gz``) each step consumed, for progress bars."""
     path = Path(path)
-    if not path.is_file():
-        raise InputNotFoundError(f"{path}: no such file")
+    require_file(path)
     name = path.name.lower()
     if name.endswith(".parquet") or name.endswith(".pq"):
         yield from _parquet_records(path, on_bytes)

@@ -37,6 +37,7 @@ from typing import (
 import numpy as np
 import pyarrow as pa
 
+from .._inputs import RAW_SUFFIXES, resolve_inputs
 from ..errors import ConfigError, InvalidRecordError, OverlongError
 from ..planning import OVERLONG_POLICIES
 from .formats import FORMATS, Record, parse_record, read_records, resolve_columns
@@ -632,7 +633,8 @@ def tokenize_to_batches(
     writing anything: the building block of ``tokenize_files`` and of one-step ``pack``.
 
     Args:
-        inputs: JSONL, ``.jsonl.gz`` or Parquet files.
+        inputs: JSONL, ``.jsonl.gz`` or Parquet files, directories or globs (as ``tokpack
+            tokenize`` reads them).
         tokenizer: a ``tokenizer.json`` file or a directory holding it (and
             ``tokenizer_config.json``), or a loaded tokenizer.
         chat_template: a Jinja file overriding the tokenizer config's template.
@@ -655,4 +657,4 @@ def tokenize_to_batches(
     Returns:
         A :class:`TokenStream`: iterate it for batches, then read ``.stats``.
     """
-    return TokenStream(inputs, tokenizer, **options)
+    return TokenStream(resolve_inputs(inputs, RAW_SUFFIXES), tokenizer, **options)

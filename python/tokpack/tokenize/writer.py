@@ -6,7 +6,6 @@ config) is unchanged."""
 from __future__ import annotations
 
 import json
-import os
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -17,6 +16,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .. import __version__
+from .._inputs import RAW_SUFFIXES, resolve_inputs
 from .._outdir import (
     MANIFEST_NAME,
     SIDE_DIR,
@@ -163,11 +163,10 @@ def tokenize_files(
         The manifest (also in ``output_dir/__tokpack__/_manifest.json``), with
         ``"cache_hit": True`` added when the existing output was current and nothing was done.
     """
-    if isinstance(inputs, (str, os.PathLike)):
-        inputs = [inputs]
     if not isinstance(shard_rows, int) or shard_rows < 1:
         raise ConfigError(f"shard_rows must be a positive integer, got {shard_rows!r}")
     output_dir = Path(output_dir)
+    inputs = resolve_inputs(inputs, RAW_SUFFIXES)
     input_desc = describe_inputs(inputs)
     stream = TokenStream(
         inputs,

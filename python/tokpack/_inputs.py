@@ -1,0 +1,165 @@
+"""The one input resolver of every command (``pack``, ``stats``, ``tokenize``, ``pack
+--tokenizer``, ``streaming_dataset_reader``): files, directories and globs to a list of files.
+
+- A file is taken as given (whatever its suffix).
+- A directory gives its files with one of the command's suffixes, recursively, sorted by path.
+  Names starting with ``_`` or ``.`` are side files (tokpack's ``__tokpack__/``, temporaries,
+  HF datasets' state) and skipped with everything below them; symlinked files are followed,
+  symlinked subdirectories are not (no loops, no file read twice).
+- A glob (``*``, ``?``, ``[``, ``**``) gives the files it matches, sorted.
+
+With an output directory, inputs and output must not overlap: an output inside an input
+directory would be read back as input by the next run, and replacing an output that holds the
+inputs would delete them.
+"""
+
+from __future__ import annotations
+
+import errno
+import glob
+import os
+import stat
+from pathlib import Path
+from typing import List, Optional, Sequence, Tuple, Union
+
+from .errors import ConfigError, InputNotFoundError, InputPermissionError, TokpackError
+
+__all__ = ["TOKEN_SUFFIXES", "RAW_SUFFIXES", "resolve_inputs", "require_file", "input_error"]
+
+# Token shards: Parquet and Arrow IPC (the Rust reader recognises the format by its magic bytes).
+TOKEN_SUFFIXES = (".parquet", ".pq", ".arrow", ".feather", ".ipc")
+# Raw data that `tokenize` and `pack --tokenizer` read (".gz" covers ".jsonl.gz").
+RAW_SUFFIXES = (".jsonl", ".gz", ".parquet", ".pq")
+
+PathsLike = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
+
+
+def input_error(path: Union[str, os.PathLike], exc: OSError) -> TokpackError:
+    """The tokpack error for an OSError met while looking at or reading an input."""
+    if isinstance(exc, PermissionError):
+        return InputPermissionError(f"{path}: permission denied")
+    if exc.errno == errno.ELOOP:
+        return InputNotFoundError(f"{path}: symlink loop (too many levels of symbolic links)")
+    if isinstance(exc, FileNotFoundError) and os.path.islink(path):
+        return InputNotFoundError(f"{path}: broken symbolic link (to {os.readlink(path)})")
+    if isinstance(exc, (FileNotFoundError, NotADirectoryError)):
+        return InputNotFoundError(f"{path}: no such file or directory")
+    return InputNotFoundError(f"{path}: cannot read ({exc.strerror or exc})")
+
+
+def require_file(path: Union[str, os.PathLike]) -> os.stat_result:
+    """The stat of a readable regular file (symlinks followed), or the fitting tokpack error."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise input_error(path, exc) from None
+    if stat.S_ISDIR(st.st_mode):
+        raise InputNotFoundError(f"{path}: is a directory, not a file")
+    if not stat.S_ISREG(st.st_mode):
+        raise InputNotFoundError(f"{path}: not a regular file")
+    if not os.access(path, os.R_OK):
+        raise InputPermissionError(f"{path}: permission denied")
+    return st
+
+
+def resolve_inputs(
+    inputs: PathsLike,
+    suffixes: Tuple[str, ...],
+    *,
+    output_dir: Optional[Path] = None,
+) -> List[Path]:
+    """The input files, in the order given (each directory's and glob's files sorted).
+
+    ``suffixes`` (lower case) select the files of directories; ``output_dir`` (a real path, as
+    ``_outdir.output_target`` returns) is checked not to overlap any input."""
+    items = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
+    out: List[Path] = []
+    for item in items:
+        text = os.fspath(item)
+        if not text:
+            raise ConfigError("an input path is empty")
+        path = Path(text)
+        try:
+            mode: Optional[int] = os.stat(path).st_mode
+        except OSError as exc:
+            if not (isinstance(exc, FileNotFoundError) and glob.has_magic(text)):
+                raise input_error(path, exc) from None
+            mode = None
+        if mode is None:
+            found = sorted(Path(p) for p in glob.glob(text, recursive=True) if os.path.isfile(p))
+            if not found:
+                raise InputNotFoundError(f"{text}: no file matches")
+            for f in found:
+                require_file(f)
+        elif stat.S_ISDIR(mode):
+            if output_dir is not None:
+                _check_directory_overlap(path, output_dir)
+            found = sorted(_walk(path, suffixes))
+            if not found:
+                raise InputNotFoundError(f"{path}: no {' / '.join(suffixes)} files inside")
+        else:
+            require_file(path)
+            found = [path]
+        if output_dir is not None:
+            for f in found:
+                _check_file_overlap(f, output_dir)
+        out.extend(found)
+    if not out:
+        raise InputNotFoundError("no input files given")
+    return out
+
+
+def _walk(root: Path, suffixes: Tuple[str, ...]) -> List[Path]:
+    """Files under ``root`` with one of ``suffixes``, side files and their folders skipped."""
+    found: List[Path] = []
+    try:
+        with os.scandir(root) as it:
+            entries = list(it)
+    except OSError as exc:
+        raise input_error(root, exc) from None
+    for entry in entries:
+        if entry.name.startswith(("_", ".")):
+            continue
+        path = root / entry.name
+        if entry.is_dir(follow_symlinks=False):
+            found.extend(_walk(path, suffixes))
+        elif entry.name.lower().endswith(suffixes) and not path.is_dir():
+            # (path.is_dir(): a symlinked directory, not followed; a broken link or a loop is
+            # not a directory and require_file names it.)
+            require_file(path)
+            found.append(path)
+    return found
+
+
+def _within(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def _check_directory_overlap(directory: Path, output_dir: Path) -> None:
+    real = Path(os.path.realpath(directory))
+    if real == output_dir:
+        raise ConfigError(
+            f"the output directory is the input directory {directory}: writing it would "
+            "delete the inputs; choose another output directory"
+        )
+    if _within(output_dir, real):
+        raise ConfigError(
+            f"the output directory {output_dir} is inside the input directory {directory}: "
+            "the next run would read its own output back as input; choose an output "
+            "directory outside the inputs"
+        )
+    if _within(real, output_dir):
+        raise ConfigError(
+            f"the input directory {directory} is inside the output directory {output_dir}, "
+            "which a run replaces as a whole; choose another output directory"
+        )
+
+
+def _check_file_overlap(path: Path, output_dir: Path) -> None:
+    # The file itself and the link to it (if it is one) both must lie outside the output.
+    for real in (Path(os.path.realpath(path)), Path(os.path.realpath(path.parent)) / path.name):
+        if _within(real, output_dir):
+            raise ConfigError(
+                f"the input {path} is inside the output directory {output_dir}, which a run "
+                "replaces as a whole; choose another output directory"
+            )
