@@ -123,7 +123,7 @@ def test_unreadable_file_is_a_permission_error(tmp_path):
 def test_errors_pickle():
     import pickle
 
-    for cls in (tokpack.InputPermissionError,):
+    for cls in (tokpack.InputPermissionError, tokpack.OutputExistsError):
         err = pickle.loads(pickle.dumps(cls("msg")))
         assert type(err) is cls and str(err) == "msg"
 
@@ -161,6 +161,11 @@ def test_tokenize_reads_directories_and_globs_as_pack_does(tok_dir, tmp_path, ca
     expected = (tmp_path / "by-name/part-00000.parquet").read_bytes()
     for out in ("by-dir", "by-glob"):
         assert (tmp_path / out / "part-00000.parquet").read_bytes() == expected
-    # One-step packing resolves the same way.
+    # One-step packing resolves the same way, and refuses an output inside its inputs.
     assert main(["pack", str(raw), "-o", str(tmp_path / "packed"), *base]) == 0
+    capsys.readouterr()
+    assert main(["pack", str(raw), "-o", str(raw / "packed"), *base]) == 2
+    assert "inside the input directory" in capsys.readouterr().err
+    assert main(["tokenize", str(raw), "-o", str(raw / "tokens"), *base]) == 2
+    assert "inside the input directory" in capsys.readouterr().err
     shutil.rmtree(tmp_path / "by-name")

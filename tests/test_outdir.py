@@ -2,9 +2,12 @@
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -17,12 +20,16 @@ from tokpack._outdir import (
     is_cache_hit,
     write_json_atomic,
 )
+from tokpack.cli import main
+from tokpack.synthetic import write_token_shards
 
 
 def test_complete_run_replaces_the_directory(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "old.txt").write_text("old")
+    manifest = {"tokpack_version": "0", "shards": [{"file": "old.txt"}]}
+    write_json_atomic(out / MANIFEST_NAME, manifest)  # a tokpack output, so replaceable
     with atomic_output_dir(out) as tmp:
         assert tmp.parent == tmp_path and tmp != out
         (tmp / "new.txt").write_text("new")
@@ -54,7 +61,8 @@ def test_killed_run_leaves_nothing_and_the_next_run_cleans_up(tmp_path):
     proc = subprocess.run([sys.executable, "-c", script], check=False)
     assert proc.returncode == -9
     assert not out.exists()
-    assert len(list(tmp_path.iterdir())) == 1  # the dead run's temporary
+    leftovers = sorted(p.name for p in tmp_path.iterdir())  # the dead run's temporary and lock
+    assert len(leftovers) == 2 and leftovers[0] == ".out.lock"
     with atomic_output_dir(out) as tmp:
         (tmp / "ok").write_text("1")
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
@@ -94,3 +102,192 @@ def test_output_path_that_is_a_file_is_rejected(tmp_path):
         with atomic_output_dir(f):
             pass
     assert os.path.isfile(f)
+
+
+# --- what an output directory may be (the CLI refuses with exit 2 and one line) ---------------
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    d = tmp_path_factory.mktemp("shards")
+    write_token_shards(d, 200, n_files=1, max_length=60, seed=3)
+    return d
+
+
+def tree(root):
+    """Every entry under ``root`` (hidden ones too) with its bytes, or its link target."""
+    out = {}
+    for p in sorted(Path(root).rglob("*")):
+        if p.is_symlink():
+            out[str(p.relative_to(root))] = ("link", os.readlink(p))
+        elif p.is_file():
+            out[str(p.relative_to(root))] = p.read_bytes()
+        else:
+            out[str(p.relative_to(root))] = "dir"
+    return out
+
+
+def pack_cli(capsys, *args):
+    code = main(["pack", *map(str, args), "--max-len", "64", "--quiet", "--overlong", "split"])
+    err = capsys.readouterr().err
+    return code, err
+
+
+def assert_refused(capsys, root, *args, match):
+    """The run exits 2 with one line naming the problem, and nothing under ``root`` changed."""
+    before = tree(root)
+    code, err = pack_cli(capsys, *args)
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("tokpack pack: error:"), err
+    assert re.search(match, err), err
+    assert tree(root) == before
+
+
+def test_packing_into_the_input_directory_deletes_nothing(shards, tmp_path, capsys):
+    d = tmp_path / "d"
+    d.mkdir()
+    shutil.copy(shards / "shard-00000.parquet", d / "good.parquet")
+    (d / "README.txt").write_text("x\n")
+    assert_refused(capsys, tmp_path, d, "-o", d, match="did not write")
+
+
+def test_a_directory_tokpack_did_not_write_is_refused(shards, tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "README.txt").write_text("mine\n")
+    (out / ".hidden").write_text("mine too\n")
+    assert_refused(capsys, tmp_path, shards, "-o", out, match="did not write")
+    with pytest.raises(tokpack.OutputExistsError) as info:
+        tokpack.pack_files(shards, out, 64, overlong="split")
+    assert isinstance(info.value, FileExistsError)
+    assert tree(out) == {"README.txt": b"mine\n", ".hidden": b"mine too\n"}
+
+
+def test_a_tokpack_directory_with_foreign_files_is_refused(shards, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert pack_cli(capsys, shards, "-o", out)[0] == 0
+    (out / "notes.txt").write_text("my notes\n")
+    assert_refused(capsys, tmp_path, shards, "-o", out, "--force", match=r"notes\.txt")
+    (out / "notes.txt").unlink()
+    (out / "part-00000.parquet").unlink()
+    (out / "part-00000.parquet").mkdir()  # a listed name, but not the file tokpack wrote
+    (out / "part-00000.parquet" / "x").write_text("x")
+    assert_refused(capsys, tmp_path, shards, "-o", out, "--force", match="did not write")
+    shutil.rmtree(out / "part-00000.parquet")
+    (out / MANIFEST_NAME).write_text("{broken")
+    assert_refused(capsys, tmp_path, shards, "-o", out, "--force", match="unreadable")
+
+
+def test_empty_and_tokpack_directories_are_replaced(shards, tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    assert pack_cli(capsys, shards, "-o", out)[0] == 0
+    assert pack_cli(capsys, shards, "-o", out, "--force")[0] == 0
+    # A `tokenize` output: its shards and side folder.
+    tokens = tmp_path / "tokens"
+    tokens.mkdir()
+    shutil.copy(shards / "shard-00000.parquet", tokens / "part-00000.parquet")
+    write_json_atomic(
+        tokens / MANIFEST_NAME,
+        {
+            "kind": "tokenize",
+            "tokpack_version": tokpack.__version__,
+            "cache_key": "k",
+            "shards": [{"file": "part-00000.parquet", "rows": 200, "tokens": 1}],
+            "rejected_file": None,
+        },
+    )
+    assert pack_cli(capsys, shards, "-o", tokens)[0] == 0
+    assert json.loads((tokens / MANIFEST_NAME).read_text())["format"] == "tokpack-packed"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "tokens"]
+
+
+def test_output_overlapping_the_inputs_is_refused(shards, tmp_path, capsys):
+    d = tmp_path / "d"
+    d.mkdir()
+    shutil.copy(shards / "shard-00000.parquet", d / "a.parquet")
+    # Inside an input directory: each rerun would pack the previous output again.
+    assert_refused(capsys, tmp_path, d, "-o", d / "packed", match="inside the input directory")
+    assert_refused(capsys, tmp_path, tmp_path, "-o", d / "packed", match="inside the input")
+    # An input file as OUT, an input inside OUT (replacing OUT would delete it).
+    assert_refused(capsys, tmp_path, d / "a.parquet", "-o", d / "a.parquet", match="not a dir")
+    out = tmp_path / "out"
+    assert pack_cli(capsys, d, "-o", out)[0] == 0
+    part = out / "part-00000.parquet"
+    assert_refused(capsys, tmp_path, part, "-o", out, match="inside the output directory")
+    assert_refused(capsys, tmp_path, out, "-o", out, match="is the input directory")
+    # A link to an input inside OUT, and an input reached through a linked OUT.
+    (tmp_path / "link.parquet").symlink_to(part)
+    assert_refused(capsys, tmp_path, tmp_path / "link.parquet", "-o", out, match="inside the out")
+    (tmp_path / "out-link").symlink_to(out)
+    assert_refused(capsys, tmp_path, part, "-o", tmp_path / "out-link", match="inside the out")
+
+
+@pytest.mark.parametrize("target", [".", ""])
+def test_current_directory_is_refused_before_any_work(tmp_path, monkeypatch, capsys, target):
+    junk = tmp_path / "junk.parquet"
+    junk.write_bytes(b"not parquet")  # any work would fail on it with another message
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    assert_refused(capsys, tmp_path, junk, "-o", target, match="empty path|current directory")
+    monkeypatch.chdir(tmp_path)
+    assert_refused(capsys, tmp_path, junk, "-o", "..", match="current directory")
+
+
+def test_output_paths_that_cannot_be_directories(shards, tmp_path, capsys):
+    f = tmp_path / "regular_file"
+    f.write_text("x")
+    assert_refused(capsys, tmp_path, shards, "-o", f / "sub", match="is a file, not a directory")
+    if sys.platform == "linux":
+        assert_refused(capsys, tmp_path, shards, "-o", "/proc/tokpack-out", match="cannot")
+
+
+def test_symlinked_output_is_written_through(shards, tmp_path, capsys):
+    target = tmp_path / "target"
+    link = tmp_path / "link"
+    link.symlink_to(target)  # dangling at first: the target is created
+    for extra in ([], ["--force"]):
+        assert pack_cli(capsys, shards, "-o", link, *extra)[0] == 0
+        assert link.is_symlink() and (target / MANIFEST_NAME).is_file()
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "target"]
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    assert_refused(capsys, tmp_path, shards, "-o", loop, match="symlink loop")
+
+
+def test_a_run_refuses_an_output_another_run_is_writing(shards, tmp_path):
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "tokpack", "pack", str(shards), "-o", str(out), "--quiet"]
+    cmd += ["--max-len", "64", "--overlong", "split"]
+    with atomic_output_dir(out) as tmp:
+        (tmp / "mine").write_text("x")
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "another tokpack run" in proc.stderr and "Traceback" not in proc.stderr
+    assert [p.name for p in out.iterdir()] == ["mine"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_concurrent_runs_into_one_output_end_cleanly(shards, tmp_path):
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "tokpack", "pack", str(shards), "-o", str(out), "--quiet"]
+    cmd += ["--max-len", "64", "--overlong", "split", "--force", "--threads", "1"]
+    reference = None
+    for _ in range(10):
+        procs = [
+            subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+            for _ in range(2)
+        ]
+        for proc in procs:
+            err = proc.communicate(timeout=120)[1]
+            assert "Traceback" not in err
+            assert proc.returncode == 0 or (
+                proc.returncode == 2 and "another tokpack run" in err
+            ), err
+        assert 0 in [p.returncode for p in procs]
+        manifest = json.loads((out / MANIFEST_NAME).read_text())
+        shards_now = [(s["file"], s["checksum"]) for s in manifest["shards"]]
+        reference = reference or shards_now
+        assert shards_now == reference
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]

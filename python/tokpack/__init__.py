@@ -18,6 +18,7 @@ from .errors import (
     InputPermissionError,
     InvalidRecordError,
     OutputError,
+    OutputExistsError,
     OverlongError,
     SchemaError,
     TokpackError,
@@ -62,5 +63,6 @@ __all__ = [
     "CorruptInputError",
     "SchemaError",
     "OutputError",
+    "OutputExistsError",
     "InvalidRecordError",
 ]

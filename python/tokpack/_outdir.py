@@ -6,21 +6,30 @@ everything is written, so OUT_DIR is either absent or complete, whatever happens
 (Ctrl-C, kill -9). Leftover temporaries of dead runs are removed by the next run. The manifest
 records a cache key (input fingerprints + full config); the same key means the output is current
 and the run does no work.
+
+tokpack replaces only what it wrote: OUT_DIR must be absent, empty, or a tokpack output holding
+nothing but the shards its manifest lists and the side folder; anything else is refused before
+any work, and again just before the swap. A symlinked OUT_DIR is written through (its target is
+replaced, the link stays). Runs writing one OUT_DIR are serialised by ``.NAME.lock`` next to it
+(``flock``): a second run refuses at once with a message instead of racing the first.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import hashlib
 import json
 import os
 import secrets
 import shutil
+import stat
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 from ._inputs import input_error
-from .errors import ConfigError, CorruptOutputError
+from .errors import ConfigError, CorruptOutputError, OutputError, OutputExistsError
 
 __all__ = [
     "MANIFEST_NAME",
@@ -30,6 +39,7 @@ __all__ = [
     "cache_key",
     "read_manifest",
     "is_cache_hit",
+    "output_target",
     "atomic_output_dir",
     "write_json_atomic",
 ]
@@ -42,6 +52,7 @@ SIDE_DIR = "__tokpack__"
 MANIFEST_NAME = f"{SIDE_DIR}/_manifest.json"
 _TMP_TAG = ".tmp-"
 _OLD_TAG = ".old-"
+_LOCK_SUFFIX = ".lock"
 
 
 def fingerprint_file(path: os.PathLike, chunk: int = 1 << 22) -> str:
@@ -127,33 +138,168 @@ def _clean_stale(out_dir: Path) -> None:
                     shutil.rmtree(entry, ignore_errors=True)
 
 
+def output_target(out_dir: os.PathLike) -> Path:
+    """The real path of the directory a run will replace, checked before any work: not an empty
+    path, not the current directory or one containing it, no symlink loop, no file in the way,
+    and replaceable (see :func:`check_replaceable`). Symlinks are resolved, so a symlinked
+    OUT_DIR is written through."""
+    text = os.fspath(out_dir)
+    if not text:
+        raise ConfigError("the output directory is an empty path")
+    real = Path(os.path.realpath(text))
+    try:
+        mode: Optional[int] = os.stat(real).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ConfigError(f"{text}: symlink loop (too many levels of symbolic links)") from None
+        if exc.errno == errno.ENOTDIR:
+            blocker = next((p for p in real.parents if p.exists() and not p.is_dir()), real)
+            raise ConfigError(f"{text}: {blocker} is a file, not a directory") from None
+        raise OutputError(f"{text}: cannot use as output directory ({exc.strerror})") from None
+    if mode is not None and not stat.S_ISDIR(mode):
+        raise ConfigError(f"{text} exists and is not a directory")
+    cwd = Path(os.path.realpath(os.getcwd()))
+    if real == cwd or real in cwd.parents:
+        raise ConfigError(
+            f"{text}: the output directory is the current directory or contains it; tokpack "
+            "replaces the output directory as a whole: name a new subdirectory"
+        )
+    check_replaceable(real, text)
+    return real
+
+
+def check_replaceable(out_dir: Path, shown: object = None) -> None:
+    """Raises OutputExistsError unless ``out_dir`` is absent, empty, or a tokpack output that
+    holds only its manifest's shards and the side folder (so replacing it loses nothing)."""
+    shown = out_dir if shown is None else shown
+    try:
+        entries = sorted(os.listdir(out_dir))
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise OutputError(f"{shown}: cannot list the output directory ({exc.strerror})") from None
+    if not entries:
+        return
+    try:
+        manifest = read_manifest(out_dir)
+    except CorruptOutputError:
+        raise OutputExistsError(
+            f"{shown}: refusing to replace it: its {MANIFEST_NAME} is unreadable, so tokpack "
+            "cannot tell what it wrote; remove the directory yourself or choose another"
+        ) from None
+    if not isinstance(manifest, dict) or "tokpack_version" not in manifest:
+        raise OutputExistsError(
+            f"{shown}: refusing to replace a non-empty directory that tokpack did not write "
+            f"(no {MANIFEST_NAME}); choose a new or empty directory"
+        )
+    listed = {SIDE_DIR}
+    for shard in manifest.get("shards") or []:
+        if isinstance(shard, dict) and isinstance(shard.get("file"), str):
+            listed.add(shard["file"])
+    unknown = [
+        name
+        for name in entries
+        if name not in listed or (name != SIDE_DIR and not (out_dir / name).is_file())
+    ]
+    if unknown:
+        more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+        raise OutputExistsError(
+            f"{shown}: refusing to replace it: it holds files tokpack did not write "
+            f"({', '.join(unknown[:5])}{more}); move them away or choose another directory"
+        )
+
+
+@contextlib.contextmanager
+def _output_lock(out_dir: Path) -> Iterator[None]:
+    """Holds ``.NAME.lock`` next to ``out_dir`` (flock) for the run; raises OutputError at once
+    when another run holds it. The holder unlinks the file when done, so a run that opened it
+    just before checks that it locked the file still at that path (else it retries)."""
+    path = out_dir.parent / f".{out_dir.name}{_LOCK_SUFFIX}"
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise OutputError(
+                f"{out_dir}: cannot create the output directory here ({exc.strerror})"
+            ) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            locked = True
+        except BlockingIOError:
+            locked = False
+        try:
+            current = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            current = False
+        if current and locked:
+            break
+        if current:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise OutputError(
+                f"{out_dir}: another tokpack run (pid {holder}) is writing this output "
+                f"directory; wait for it to finish (lock file {path})"
+            )
+        os.close(fd)  # the file a finished run just removed: open the current one
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def atomic_output_dir(out_dir: os.PathLike) -> Iterator[Path]:
     """Yields a fresh temporary directory next to ``out_dir``; on normal exit it replaces
     ``out_dir`` (an existing one is moved aside first, then deleted); on any exception the
-    temporary is removed and ``out_dir`` is left as it was."""
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ConfigError(f"{out_dir} exists and is not a directory")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    _clean_stale(out_dir)
-    tag = f"{os.getpid()}-{secrets.token_hex(4)}"
-    tmp = out_dir.parent / f".{out_dir.name}{_TMP_TAG}{tag}"
-    tmp.mkdir()
+    temporary is removed and ``out_dir`` is left as it was. ``out_dir`` is checked by
+    :func:`output_target` first, and must still be replaceable at the swap."""
+    out_dir = output_target(out_dir)
     try:
-        yield tmp
-        _fsync_dir(tmp)
-        old = None
-        if out_dir.exists():
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"{out_dir}: cannot create its parent ({exc.strerror})") from None
+    with _output_lock(out_dir):
+        _clean_stale(out_dir)
+        tag = f"{os.getpid()}-{secrets.token_hex(4)}"
+        tmp = out_dir.parent / f".{out_dir.name}{_TMP_TAG}{tag}"
+        try:
+            tmp.mkdir()
+        except OSError as exc:
+            raise OutputError(f"{tmp}: cannot create ({exc.strerror})") from None
+        try:
+            yield tmp
+            _fsync_dir(tmp)
+            check_replaceable(out_dir)  # files added to OUT_DIR during the run are not lost
             old = out_dir.parent / f".{out_dir.name}{_OLD_TAG}{tag}"
-            os.rename(out_dir, old)
-        os.rename(tmp, out_dir)
-        _fsync_dir(out_dir.parent)
-        if old is not None:
+            _swap(tmp, out_dir, old)
             shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+
+def _swap(tmp: Path, out_dir: Path, old: Path) -> None:
+    """Renames ``tmp`` to ``out_dir``, moving an existing ``out_dir`` to ``old`` first (and back
+    if the second rename fails)."""
+    try:
+        moved = out_dir.exists()
+        if moved:
+            os.rename(out_dir, old)
+        try:
+            os.rename(tmp, out_dir)
+        except OSError:
+            if moved:
+                os.rename(old, out_dir)
+            raise
+    except OSError as exc:
+        raise OutputError(f"{out_dir}: cannot move the output into place ({exc})") from None
+    _fsync_dir(out_dir.parent)
 
 
 def _fsync_dir(path: Path) -> None:

@@ -13,6 +13,7 @@ __all__ = [
     "CorruptInputError",
     "SchemaError",
     "OutputError",
+    "OutputExistsError",
     "InvalidRecordError",
 ]
 
@@ -57,7 +58,13 @@ class SchemaError(DataError):
 
 
 class OutputError(TokpackError, OSError):
-    """Writing the output directory (or its temporary files) failed: disk full, permissions."""
+    """Writing the output directory (or its temporary files) failed: disk full, permissions,
+    another tokpack run writing the same directory."""
+
+
+class OutputExistsError(OutputError, FileExistsError):
+    """The output directory exists and is not tokpack's to replace: it is not empty and either
+    has no tokpack manifest or holds files its manifest does not list. Nothing was touched."""
 
 
 class InvalidRecordError(DataError):

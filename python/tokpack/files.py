@@ -31,6 +31,7 @@ from ._outdir import (
     cache_key,
     describe_inputs,
     is_cache_hit,
+    output_target,
     write_json_atomic,
 )
 from ._progress import run_with_progress
@@ -116,7 +117,9 @@ def pack_files(
     Args:
         inputs: Parquet / Arrow IPC (Feather v2) files, directories or globs. Sample ``i`` is
             the ``i``-th row across the files in the order given (directories and globs sorted).
-        output_dir: written atomically: absent or complete, even after kill -9.
+        output_dir: written atomically: absent or complete, even after kill -9. It must be
+            absent, empty or a tokpack output holding only what tokpack wrote, and must not
+            overlap the inputs (else ConfigError / OutputExistsError, and nothing is touched).
         max_len, strategy, overlong, seed, threads: as in :func:`tokpack.plan`; the output is
             byte-identical for every ``threads``.
         tokens_column: list of integers (int32, int64, uint32, ...; every id must fit in int32).
@@ -141,14 +144,14 @@ def pack_files(
     """
     started = time.perf_counter()
     max_len, seed, threads = checked_args(max_len, seed, threads)
-    out = Path(output_dir)
+    out = output_target(output_dir)
     stream = None
     if tokenizer is not None:
-        paths = resolve_inputs(inputs, RAW_SUFFIXES)
+        paths = resolve_inputs(inputs, RAW_SUFFIXES, output_dir=out)
         stream = tokenize_to_batches(paths, tokenizer, threads=threads, **(tokenize or {}))
         tokens_column, labels_column, loss_mask_column = "input_ids", "labels", None
     else:
-        paths = resolve_inputs(inputs, TOKEN_SUFFIXES)
+        paths = resolve_inputs(inputs, TOKEN_SUFFIXES, output_dir=out)
     config = _config(
         max_len=max_len,
         strategy=strategy,

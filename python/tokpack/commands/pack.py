@@ -14,7 +14,13 @@ from .tokenize import add_tokenizer_arguments, tokenize_options
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("inputs", nargs="+", metavar="INPUT", help="files, directories or globs")
-    parser.add_argument("-o", "--output", required=True, metavar="OUT_DIR")
+    parser.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        metavar="OUT_DIR",
+        help="new, empty, or a previous tokpack output (replaced as a whole); not inside an input",
+    )
     parser.add_argument("--max-len", type=int, default=4096, help="row capacity (default 4096)")
     parser.add_argument("--strategy", choices=STRATEGIES, default="bfd")
     parser.add_argument("--tokens-column", default="input_ids")

@@ -16,7 +16,13 @@ from ..tokenize.writer import DEFAULT_SHARD_ROWS
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("inputs", nargs="+", metavar="INPUT", help="JSONL, .jsonl.gz or Parquet")
-    parser.add_argument("-o", "--output", required=True, metavar="TOKENS_DIR")
+    parser.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        metavar="TOKENS_DIR",
+        help="new, empty, or a previous tokpack output (replaced as a whole); not inside an input",
+    )
     add_tokenizer_arguments(parser, required=True)
     parser.add_argument("--max-len", type=int, default=None, metavar="N")
     parser.add_argument(

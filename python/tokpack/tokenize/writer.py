@@ -24,6 +24,7 @@ from .._outdir import (
     cache_key,
     describe_inputs,
     is_cache_hit,
+    output_target,
     write_json_atomic,
 )
 from ..errors import ConfigError
@@ -165,8 +166,8 @@ def tokenize_files(
     """
     if not isinstance(shard_rows, int) or shard_rows < 1:
         raise ConfigError(f"shard_rows must be a positive integer, got {shard_rows!r}")
-    output_dir = Path(output_dir)
-    inputs = resolve_inputs(inputs, RAW_SUFFIXES)
+    output_dir = output_target(output_dir)
+    inputs = resolve_inputs(inputs, RAW_SUFFIXES, output_dir=output_dir)
     input_desc = describe_inputs(inputs)
     stream = TokenStream(
         inputs,
