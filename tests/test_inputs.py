@@ -2,7 +2,6 @@
 pack --tokenizer and the streaming reader, and the errors it gives."""
 
 import os
-import shutil
 
 import pytest
 
@@ -13,6 +12,7 @@ from tokpack.cli import main
 from tokpack.synthetic import write_token_shards
 
 from ._tokenizer_factory import CHATML_GEN, build_tokenizer, conversations, write_jsonl
+from ._tree import tree
 
 
 def touch(path, data=b"x"):
@@ -161,11 +161,18 @@ def test_tokenize_reads_directories_and_globs_as_pack_does(tok_dir, tmp_path, ca
     expected = (tmp_path / "by-name/part-00000.parquet").read_bytes()
     for out in ("by-dir", "by-glob"):
         assert (tmp_path / out / "part-00000.parquet").read_bytes() == expected
-    # One-step packing resolves the same way, and refuses an output inside its inputs.
+    # One-step packing resolves the same way; both refuse an output inside their inputs, or
+    # one holding files tokpack did not write, and touch nothing.
     assert main(["pack", str(raw), "-o", str(tmp_path / "packed"), *base]) == 0
     capsys.readouterr()
-    assert main(["pack", str(raw), "-o", str(raw / "packed"), *base]) == 2
-    assert "inside the input directory" in capsys.readouterr().err
-    assert main(["tokenize", str(raw), "-o", str(raw / "tokens"), *base]) == 2
-    assert "inside the input directory" in capsys.readouterr().err
-    shutil.rmtree(tmp_path / "by-name")
+    (tmp_path / "by-glob/notes.txt").write_text("mine")
+    before = tree(tmp_path)
+    for cmd, out, why in [
+        ("pack", raw / "packed", "inside the input directory"),
+        ("tokenize", raw / "tokens", "inside the input directory"),
+        ("tokenize", tmp_path / "by-glob", "did not write"),
+        ("pack", tmp_path / "by-glob", "did not write"),
+    ]:
+        assert main([cmd, str(raw), "-o", str(out), *base]) == 2
+        assert why in capsys.readouterr().err
+        assert tree(tmp_path) == before

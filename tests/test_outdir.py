@@ -7,7 +7,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
@@ -22,6 +21,8 @@ from tokpack._outdir import (
 )
 from tokpack.cli import main
 from tokpack.synthetic import write_token_shards
+
+from ._tree import tree
 
 
 def test_complete_run_replaces_the_directory(tmp_path):
@@ -112,19 +113,6 @@ def shards(tmp_path_factory):
     d = tmp_path_factory.mktemp("shards")
     write_token_shards(d, 200, n_files=1, max_length=60, seed=3)
     return d
-
-
-def tree(root):
-    """Every entry under ``root`` (hidden ones too) with its bytes, or its link target."""
-    out = {}
-    for p in sorted(Path(root).rglob("*")):
-        if p.is_symlink():
-            out[str(p.relative_to(root))] = ("link", os.readlink(p))
-        elif p.is_file():
-            out[str(p.relative_to(root))] = p.read_bytes()
-        else:
-            out[str(p.relative_to(root))] = "dir"
-    return out
 
 
 def pack_cli(capsys, *args):
