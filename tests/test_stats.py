@@ -80,7 +80,10 @@ def test_advice_names_the_candidates_where_packing_pays():
         figures(4096, {"bfd": 3000, "padding": 10_000}),
     ]
     first = advice(constructed(*cands))[0]
-    assert first.startswith("Pack at max_len 4,096,") and "5% at 1,024" in first
+    assert (
+        first.startswith("Pack at max_len 4,096,")
+        and "(bfd vs padding: 5% fewer at 1,024, 70% fewer at 4,096)" in first
+    )
 
 
 def test_advice_trade_off_and_smallest_fitting_candidate():
@@ -132,7 +135,8 @@ def test_default_max_lens_follow_the_tail():
     assert packing_stats(lengths).candidates[-1].max_len == 8192
     # A p99 far out moves the top up; at most five candidates.
     assert default_max_lens([40_000] * 5 + [100] * 95) == [4096, 8192, 16384, 32768, 65536]
-    assert default_max_lens([3] * 10) == [4]
+    assert default_max_lens([3] * 10) == [64, 128, 256, 512, 1024]
+    assert default_max_lens([900] * 10) == [1024]
 
 
 def test_bad_values_raise_config_errors():
@@ -143,8 +147,9 @@ def test_bad_values_raise_config_errors():
             packing_stats([1, 2], [8], **kw)
     with pytest.raises(ConfigError):
         packing_stats([1, 2], [8, 0])
-    with pytest.raises(DataError):
-        packing_stats([], [8])
+    for lengths in ([], [0, 0], [3, -1]):
+        with pytest.raises(DataError):
+            packing_stats(lengths, [8])
 
 
 # --- the command ----------------------------------------------------------------------------

@@ -143,25 +143,25 @@ def check_options(overlong: str, batch_size: Optional[int]) -> None:
 
 def default_max_lens(lengths: Any) -> List[int]:
     """Powers of two from 1,024 up to the first one reaching the 99th percentile (at least
-    8,192, at most the first fitting the longest sample), the last five of them; a corpus
-    whose samples all fit below 1,024 gets the power of two fitting its longest sample.
+    8,192, at most the first fitting the longest sample), the last five of them. A corpus whose
+    samples all fit below 1,024 starts at the power of two fitting its longest sample and still
+    gets 1,024 (rows that short are rarely wanted, and more room packs better).
 
     >>> default_max_lens([100] * 99 + [27_000])
     [1024, 2048, 4096, 8192]
     >>> default_max_lens([100] * 90 + [27_000] * 10)
     [2048, 4096, 8192, 16384, 32768]
     >>> default_max_lens([10, 300])
-    [512]
+    [512, 1024]
     """
     arr = as_lengths(lengths)
     if arr.size == 0:
         raise DataError("lengths: no samples")
     fit_all = _pow2_at_least(int(arr.max()))
     p99 = int(np.percentile(arr, 99, method="inverted_cdf"))
-    top = min(fit_all, max(8192, _pow2_at_least(p99)))
-    if top < _SMALLEST_DEFAULT:
-        return [top]
-    candidates = [m for m in (2**k for k in range(10, 63)) if m <= top]
+    top = max(_SMALLEST_DEFAULT, min(fit_all, max(8192, _pow2_at_least(p99))))
+    bottom = min(_SMALLEST_DEFAULT, fit_all)
+    candidates = [2**k for k in range(63) if bottom <= 2**k <= top]
     return candidates[-_MOST_DEFAULTS:]
 
 
@@ -193,6 +193,8 @@ def packing_stats(
         raise DataError("lengths: no samples")
     if int(arr.min()) < 0:
         raise DataError(f"lengths: row {int(np.argmax(arr < 0))} is negative")
+    if not arr.any():
+        raise DataError(f"lengths: all {len(arr):,} samples are empty, nothing to pack")
     candidates = checked_max_lens(default_max_lens(arr) if max_lens is None else max_lens)
     ordered = np.sort(arr).astype(np.int64)
     cumulative = np.concatenate([[0], np.cumsum(ordered)])
@@ -257,12 +259,15 @@ def _pack_or_pad(cands: Sequence[MaxLenFigures]) -> str:
         c = cands[0]
         head = "Pack" if worth else "Padding is fine"
         return (
-            f"{head}: at max_len {c.max_len:,} bfd needs {c.rows['bfd']:,} rows where one sample "
-            f"per row (padding) needs {c.rows['padding']:,}, {c.saving():.0%} fewer."
+            f"{head}: at max_len {c.max_len:,} bfd needs {_n(c.rows['bfd'], 'row')} where one "
+            f"sample per row (padding) needs {c.rows['padding']:,}, {c.saving():.0%} fewer."
         )
-    savings = ", ".join(f"{c.saving():.0%} at {c.max_len:,}" for c in cands)
+    savings = ", ".join(f"{c.saving():.0%} fewer at {c.max_len:,}" for c in cands)
     if len(worth) == len(cands):
-        return f"Pack: bfd needs fewer rows than one sample per row (padding): {savings}."
+        return (
+            "Pack: at every candidate bfd needs fewer rows than one sample per row (padding): "
+            f"{savings}."
+        )
     if not worth:
         return (
             f"Padding is fine: bfd saves under {PACK_MIN_SAVING:.0%} of the rows of one sample "
@@ -271,21 +276,21 @@ def _pack_or_pad(cands: Sequence[MaxLenFigures]) -> str:
     at = ", ".join(f"{c.max_len:,}" for c in worth)
     return (
         f"Pack at max_len {at}, where bfd saves at least {PACK_MIN_SAVING:.0%} of the rows of "
-        f"one sample per row (rows saved: {savings})."
+        f"one sample per row (bfd vs padding: {savings})."
     )
 
 
 def _trade_off(stats: PackingStats, c: MaxLenFigures) -> str:
-    rows = f"{c.rows['bfd']:,} bfd rows"
+    rows = _n(c.rows["bfd"], "bfd row")
     steps = stats.steps(c.rows["bfd"])
     if steps is not None:
-        rows += f" ({steps:,} steps at batch size {stats.batch_size:,})"
+        rows += f" ({_n(steps, 'step')} at batch size {stats.batch_size:,})"
     if not c.over_samples:
         return f"max_len {c.max_len:,}: {rows}, every sample fits."
     line = (
-        f"max_len {c.max_len:,}: {rows}; {c.over_samples:,} sample{'s' * (c.over_samples != 1)} "
-        f"({c.over_sample_share:.1%}) "
-        f"holding {c.over_token_share:.1%} of the tokens are {_DONE[stats.overlong]}"
+        f"max_len {c.max_len:,}: {rows}; {_n(c.over_samples, 'sample')} "
+        f"({c.over_sample_share:.1%}) holding {c.over_token_share:.1%} of the tokens "
+        f"are {_DONE[stats.overlong]}"
     )
     if stats.overlong == "truncate":
         line += f", losing {c.beyond_token_share:.1%} of the tokens"
@@ -302,8 +307,17 @@ def _fit(stats: PackingStats, cands: Sequence[MaxLenFigures]) -> str:
             "a larger max_len."
         )
     c = fitting[0]
+    held = (
+        f"{c.over_token_share:.1%} of the tokens in over-long samples"
+        if c.over_samples
+        else "every sample fits"
+    )
     return (
         f"Smallest candidate whose over-long samples hold under {FIT_TOKEN_SHARE:.0%} of the "
-        f"tokens: max_len {c.max_len:,} ({c.rows['bfd']:,} bfd rows, "
-        f"{c.over_token_share:.1%} of the tokens in over-long samples)."
+        f"tokens: max_len {c.max_len:,} ({_n(c.rows['bfd'], 'bfd row')}, {held})."
     )
+
+
+def _n(count: int, noun: str) -> str:
+    """``3 rows``, ``1 row``."""
+    return f"{count:,} {noun}{'s' * (count != 1)}"

@@ -101,7 +101,7 @@ def render(stats: PackingStats, overlong_default: bool) -> str:
         "",
         f"Rows per strategy, over-long samples {stats.overlong}"
         + (" (the default; --overlong truncate|drop to change)" if overlong_default else "")
-        + "; padding = one sample per row.",
+        + "; padding = one sample per row, random = shuffle, concatenate and cut (splits samples).",
         table(
             ["max_len", *STRATEGIES, "bfd vs padding"],
             [
