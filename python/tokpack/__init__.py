@@ -26,6 +26,7 @@ from .errors import (
 from .files import pack_files
 from .packing import pack_tokens
 from .planning import Plan, plan
+from .stats import packing_stats
 from .streaming import streaming_dataset_reader
 from .tokenize import tokenize_files, tokenize_to_batches
 
@@ -46,6 +47,7 @@ __all__ = [
     "__version__",
     "Plan",
     "plan",
+    "packing_stats",
     "pack_tokens",
     "pack_files",
     "pack_sequences",

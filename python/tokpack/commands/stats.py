@@ -1,95 +1,165 @@
-"""``tokpack stats``: length distribution of token shards, the efficiency every strategy would
-reach at ``--max-len``, and whether packing pays."""
+"""``tokpack stats``: length distribution of token shards and, for each ``max_len`` candidate,
+what over-long samples would lose and the rows and efficiency of every strategy; advice on
+packing and on the trade-off between candidates; optionally a plot and JSON."""
 
 from __future__ import annotations
 
 import argparse
-
-import numpy as np
+import json
+import sys
+from typing import List, Optional
 
 from ..errors import ConfigError
 from ..files import read_lengths
-from ..planning import STRATEGIES, plan
+from ..planning import STRATEGIES, checked_args
 from ..report import table
+from ..stats import STATS_OVERLONG, PackingStats, check_options, checked_max_lens, packing_stats
+
+_DEFAULT_OVERLONG = "split"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("inputs", nargs="+", metavar="INPUT", help="files, directories or globs")
-    parser.add_argument("--max-len", type=int, default=4096)
+    parser.add_argument(
+        "--max-len",
+        metavar="N[,N...]",
+        help="row capacities to compare, comma-separated (default: powers of two from 1,024 up "
+        "to the first reaching the 99th percentile, at least 8,192, capped at the longest sample)",
+    )
+    parser.add_argument(
+        "--overlong",
+        default=None,
+        metavar="|".join(STATS_OVERLONG),
+        help=f"how rows count over-long samples (default {_DEFAULT_OVERLONG})",
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=None, help="rows per optimizer step: also show steps"
+    )
     parser.add_argument("--tokens-column", default="input_ids")
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--plot", metavar="PNG", help="write a length histogram (matplotlib)")
+    parser.add_argument(
+        "--plot",
+        metavar="FILE",
+        help="write the length distribution and rows / efficiency per max_len to FILE "
+        "(.png or .svg; needs matplotlib: pip install 'tokpack[plot]')",
+    )
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
-def recommendation(lengths: np.ndarray, max_len: int, efficiencies: dict) -> str:
-    """Packing pays when samples are well below max_len; otherwise padding wastes little."""
-    mean = float(lengths.mean())
-    padded = efficiencies["padding"]
-    if mean < 0.5 * max_len and efficiencies["bfd"] > padded + 0.1:
-        return (
-            f"Pack: the mean length ({mean:,.0f}) is well below max_len ({max_len:,}); "
-            f"one sample per row would be only {padded:.0%} tokens, bfd packing reaches "
-            f"{efficiencies['bfd']:.1%} ({efficiencies['bfd'] / padded:.1f}x fewer rows)."
-        )
-    return (
-        f"Padding is fine: the mean length ({mean:,.0f}) is close to max_len ({max_len:,}), "
-        f"so one sample per row already uses {padded:.0%} of the row capacity."
-    )
-
-
-def plot(lengths: np.ndarray, max_len: int, path: str) -> None:
+def parse_max_lens(text: Optional[str]) -> Optional[List[int]]:
+    """``"2048,4096"`` -> ``[2048, 4096]`` (None stays None: the defaults)."""
+    if text is None:
+        return None
+    values = []
+    for part in text.split(","):
+        try:
+            values.append(int(part.strip()))
+        except ValueError:
+            raise ConfigError(
+                f"--max-len: {part.strip()!r} is not an integer (give N or N,N,...)"
+            ) from None
     try:
-        import matplotlib
+        return checked_max_lens(values)
+    except ConfigError as exc:
+        raise ConfigError(f"--max-len: {exc}") from None
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ConfigError("--plot needs matplotlib: pip install 'tokpack[plot]'") from None
-    fig, ax = plt.subplots(figsize=(8, 4))
-    ax.hist(lengths, bins=100, color="#4477aa")
-    ax.axvline(max_len, color="#cc3311", linestyle="--", label=f"max_len = {max_len}")
-    ax.set_xlabel("sample length (tokens)")
-    ax.set_ylabel("samples")
-    ax.set_title(f"{len(lengths):,} samples")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+
+def _count(n: int, of: int) -> str:
+    return f"{n:,} ({n / of:.1%})" if of else f"{n:,}"
+
+
+def render(stats: PackingStats, overlong_default: bool) -> str:
+    """The text report: distribution, over-long samples, rows / efficiency (/ steps), advice."""
+    d = stats.distribution
+    out = [
+        table(
+            ["samples", "tokens", "empty", "min", "median", "mean", "p90", "p99", "max"],
+            [
+                [f"{stats.samples:,}", f"{stats.tokens:,}", f"{stats.empty:,}"]
+                + [f"{d[k]:,}" for k in ("min", "median")]
+                + [f"{d['mean']:,.1f}"]
+                + [f"{d[k]:,}" for k in ("p90", "p99", "max")]
+            ],
+        ),
+        "",
+        "Samples longer than max_len: drop loses their tokens, truncate the tokens past max_len, "
+        "split cuts them into pieces.",
+        table(
+            ["max_len", "over-long samples", "their tokens", "tokens past max_len", "split pieces"],
+            [
+                [
+                    f"{c.max_len:,}",
+                    _count(c.over_samples, stats.samples),
+                    _count(c.over_tokens, stats.tokens),
+                    _count(c.beyond_tokens, stats.tokens),
+                    f"{c.split_pieces:,}",
+                ]
+                for c in stats.candidates
+            ],
+        ),
+        "",
+        f"Rows per strategy, over-long samples {stats.overlong}"
+        + (" (the default; --overlong truncate|drop to change)" if overlong_default else "")
+        + "; padding = one sample per row, random = shuffle, concatenate and cut (splits samples).",
+        table(
+            ["max_len", *STRATEGIES, "bfd vs padding"],
+            [
+                [f"{c.max_len:,}"]
+                + [f"{c.rows[s]:,}" for s in STRATEGIES]
+                + [f"{c.saving():.0%} fewer rows"]
+                for c in stats.candidates
+            ],
+        ),
+        "",
+        "Efficiency (tokens / row capacity):",
+        table(
+            ["max_len", *STRATEGIES],
+            [
+                [f"{c.max_len:,}"] + [f"{c.efficiency[s]:.1%}" for s in STRATEGIES]
+                for c in stats.candidates
+            ],
+        ),
+    ]
+    if stats.batch_size:
+        out += [
+            "",
+            f"Optimizer steps at batch size {stats.batch_size:,} (rows / batch size, rounded up):",
+            table(
+                ["max_len", *STRATEGIES],
+                [
+                    [f"{c.max_len:,}"] + [f"{stats.steps(c.rows[s]):,}" for s in STRATEGIES]
+                    for c in stats.candidates
+                ],
+            ),
+        ]
+    out += ["", "Advice:"] + [f"- {line}" for line in stats.advice()]
+    return "\n".join(out)
 
 
 def run(args: argparse.Namespace) -> int:
+    # Every argument is checked before any output or work (a bad value exits 2 with one line).
+    max_lens = parse_max_lens(args.max_len)
+    overlong = args.overlong or _DEFAULT_OVERLONG
+    check_options(overlong, args.batch_size)
+    checked_args(1, 0, args.threads)
+    if args.plot:
+        from ..stats_plot import check_plot_path
+
+        check_plot_path(args.plot)
     lengths = read_lengths(
         args.inputs, args.tokens_column, threads=args.threads, progress=not args.quiet
     )
-    q = np.percentile(lengths, [50, 90, 99])
-    print(
-        table(
-            ["samples", "tokens", "min", "median", "mean", "p90", "p99", "max"],
-            [
-                [
-                    f"{len(lengths):,}",
-                    f"{int(lengths.sum()):,}",
-                    int(lengths.min()),
-                    int(q[0]),
-                    f"{lengths.mean():.1f}",
-                    int(q[1]),
-                    int(q[2]),
-                    int(lengths.max()),
-                ]
-            ],
-        )
+    stats = packing_stats(
+        lengths, max_lens, overlong=overlong, batch_size=args.batch_size, threads=args.threads
     )
-    rows, eff = [], {}
-    for strategy in STRATEGIES:
-        p = plan(lengths, args.max_len, strategy=strategy, overlong="split", threads=args.threads)
-        eff[strategy] = p.efficiency
-        rows.append([strategy, f"{p.n_bins:,}", f"{p.efficiency:.4f}"])
-    over = int((lengths > args.max_len).sum())
-    print(f"\nat max_len={args.max_len} ({over:,} samples longer, counted as split):")
-    print(table(["strategy", "rows", "efficiency"], rows))
-    print("\n" + recommendation(lengths, args.max_len, eff))
+    if args.json:
+        print(json.dumps(stats.as_dict(), indent=2))
+    else:
+        print(render(stats, overlong_default=args.overlong is None))
     if args.plot:
-        plot(lengths, args.max_len, args.plot)
-        print(f"histogram written to {args.plot}")
+        from ..stats_plot import write_plot
+
+        write_plot(stats, lengths, args.plot)
+        print(f"plot written to {args.plot}", file=sys.stderr if args.json else sys.stdout)
     return 0
