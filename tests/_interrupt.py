@@ -6,26 +6,34 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import List, Tuple
 
 
-def _start(args: List[str]) -> subprocess.Popen:
+def _start(args: List[str]) -> Tuple[subprocess.Popen, "tempfile._TemporaryFileWrapper"]:
     # Its own session: a signal sent to it reaches no other process (pytest, the workers).
-    return subprocess.Popen(
-        [sys.executable, "-m", "tokpack", *args],
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
+    # stderr goes to a file, not a pipe: a surviving worker would hold a pipe open forever.
+    err = tempfile.TemporaryFile("w+")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tokpack", *args], stderr=err, text=True, start_new_session=True
     )
+    return proc, err
+
+
+def _finish(proc: subprocess.Popen, err: "tempfile._TemporaryFileWrapper") -> Tuple[int, str]:
+    proc.wait(timeout=60)
+    with err:
+        err.seek(0)
+        return proc.returncode, err.read()
 
 
 def interrupt_after_first_shard(
     args: List[str], out: Path, sig: int = signal.SIGINT
 ) -> Tuple[int, str]:
     """Runs ``python -m tokpack *args`` writing to ``out``; returns (exit code, stderr)."""
-    proc = _start(args)
+    proc, err = _start(args)
     prefix = f".{out.name}.tmp-"
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:
@@ -34,8 +42,7 @@ def interrupt_after_first_shard(
             break
         time.sleep(0.01)
     proc.send_signal(sig)
-    _, err = proc.communicate(timeout=60)
-    return proc.returncode, err
+    return _finish(proc, err)
 
 
 def signal_with_workers(args: List[str], sig: int, workers: int) -> Tuple[int, str, list]:
@@ -43,7 +50,7 @@ def signal_with_workers(args: List[str], sig: int, workers: int) -> Tuple[int, s
     returns (exit code, stderr, the children as ``psutil.Process``)."""
     import psutil
 
-    proc = _start(args)
+    proc, err = _start(args)
     parent = psutil.Process(proc.pid)
     children: list = []
     deadline = time.time() + 120
@@ -52,8 +59,7 @@ def signal_with_workers(args: List[str], sig: int, workers: int) -> Tuple[int, s
         time.sleep(0.01)
     assert len(children) >= workers, "the workers never started"
     proc.send_signal(sig)
-    _, err = proc.communicate(timeout=60)
-    return proc.returncode, err, children
+    return (*_finish(proc, err), children)
 
 
 def survivors(processes: list, timeout: float = 30.0) -> list:
