@@ -334,3 +334,17 @@ def test_undecodable_file_name_in_rejected_file(tmp_path, tok_dir):
     assert m["counts"]["rejected"] == 1
     rejected = json.loads((out / REJECTED_NAME).read_text(encoding="utf-8"))
     assert rejected["file"] == str(tmp_path / "bad\\xff.jsonl") and rejected["line"] == 2
+
+
+def test_undecodable_output_directory_name(tmp_path, tok_dir, corpus):
+    # pyarrow cannot open such a name: the shards (and one-step pack's staged tokens) used to
+    # fail with a UnicodeEncodeError traceback.
+    out = tmp_path / os.fsdecode(b"tokens\xff")
+    m = tokpack.tokenize_files(corpus, out, tok_dir)
+    shard = pq.read_table(pa.OSFile(os.fsencode(out / "part-00000.parquet")))
+    assert shard.num_rows == m["counts"]["samples_out"] == 300
+    packed = tmp_path / os.fsdecode(b"packed\xff")
+    m = tokpack.pack_files(corpus, packed, 64, overlong="drop", tokenizer=tok_dir)
+    assert m["figures"]["samples_dropped"] > 0
+    dropped = pa.ipc.open_file(pa.memory_map(os.fsencode(packed / "__tokpack__/_dropped.arrow")))
+    assert set(dropped.read_all().column("file").to_pylist()) == {str(corpus)}

@@ -39,7 +39,7 @@ from .tokenize import REJECTED_NAME, tokenize_to_batches
 from .tokenize.formats import is_parquet, shown_path
 from .tokenize.pipeline import SOURCE_SCHEMA
 from .tokenize.progress import Progress
-from .tokenize.writer import _RejectedFile, writing
+from .tokenize.writer import _RejectedFile, open_for_writing, writing
 
 __all__ = ["pack_files", "expand_inputs", "read_lengths", "FORMAT", "FORMAT_VERSION"]
 
@@ -272,7 +272,7 @@ def _stage_tokens(stream: Any, path: Path, out_tmp: Path, progress: bool) -> Non
     total = sum(p.stat().st_size for p in stream.inputs)
     stream.progress = Progress.for_terminal(total, "tokenize", quiet=not progress)
     try:
-        with writing(path), pa.OSFile(str(path), "wb") as sink:
+        with writing(path), open_for_writing(path) as sink:
             with pa.ipc.new_file(sink, SOURCE_SCHEMA) as writer:
                 for batch in stream:
                     writer.write_batch(batch)
@@ -294,7 +294,7 @@ def _write_dropped(
         where = dropped - bounds[file_idx]
         is_line = np.zeros(len(dropped), dtype=bool)
     else:
-        with pa.memory_map(str(staged)) as source:
+        with pa.memory_map(os.fsencode(staged)) as source:
             table = pa.ipc.open_file(source).read_all()
             file_idx = table.column("source_file").take(dropped).to_numpy()
             where = table.column("source_line").take(dropped).to_numpy()
@@ -311,7 +311,7 @@ def _write_dropped(
     )
     with writing(path):
         path.parent.mkdir(parents=True, exist_ok=True)
-        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        with open_for_writing(path) as sink, pa.ipc.new_file(sink, table.schema) as writer:
             writer.write_table(table)
 
 

@@ -33,7 +33,7 @@ from .pipeline import TOKEN_SCHEMA, PathLike, TokenStream
 from .progress import Progress
 from .tokenizer import LoadedTokenizer
 
-__all__ = ["tokenize_files", "writing", "REJECTED_NAME", "DEFAULT_SHARD_ROWS"]
+__all__ = ["tokenize_files", "writing", "open_for_writing", "REJECTED_NAME", "DEFAULT_SHARD_ROWS"]
 
 REJECTED_NAME = f"{SIDE_DIR}/_rejected.jsonl"
 DEFAULT_SHARD_ROWS = 100_000
@@ -51,6 +51,12 @@ def writing(path: Path) -> Iterator[None]:
         raise OutputError(f"{shown_path(path)}: cannot write ({exc.strerror or exc})") from None
 
 
+def open_for_writing(path: Path) -> pa.NativeFile:
+    """A new file for pyarrow to write, opened by its bytes: pyarrow cannot open a name that is
+    not valid UTF-8 itself."""
+    return pa.OSFile(os.fsencode(path), "wb")
+
+
 class _ShardWriter:
     """Cuts the batch stream into shards of ``shard_rows`` samples (by count only, so shard
     boundaries never depend on the thread count). Parquet encoding and compression run on a
@@ -65,6 +71,7 @@ class _ShardWriter:
         self._rows = 0
         # Used on the background thread only.
         self._file: Optional[pq.ParquetWriter] = None
+        self._sink: Optional[pa.NativeFile] = None
         self._path = directory
         self._io = ThreadPoolExecutor(1, thread_name_prefix="tokpack-shards")
         self._pending: Deque[Future] = deque()
@@ -77,7 +84,8 @@ class _ShardWriter:
     def _open_file(self, path: Path) -> None:
         self._path = path
         with writing(path):
-            self._file = pq.ParquetWriter(path, TOKEN_SCHEMA, compression="zstd")
+            self._sink = open_for_writing(path)
+            self._file = pq.ParquetWriter(self._sink, TOKEN_SCHEMA, compression="zstd")
 
     def _write_part(self, part: pa.RecordBatch) -> None:
         assert self._file is not None
@@ -85,10 +93,14 @@ class _ShardWriter:
             self._file.write_batch(part)
 
     def _close_file(self) -> None:
-        if self._file is not None:
-            file, self._file = self._file, None
-            with writing(self._path):
-                file.close()
+        file, sink, self._file, self._sink = self._file, self._sink, None, None
+        with writing(self._path):
+            try:
+                if file is not None:
+                    file.close()
+            finally:
+                if sink is not None:
+                    sink.close()
 
     def _open(self) -> None:
         name = f"part-{len(self.shards):05d}.parquet"
