@@ -1,9 +1,12 @@
 """The command line: ``tokpack demo`` and error reporting."""
 
+import signal
 import subprocess
 import sys
 
 from tokpack.cli import main
+
+from ._interrupt import interrupt_after_first_shard
 
 
 def test_demo_prints_a_row_per_strategy(capsys):
@@ -29,3 +32,45 @@ def test_config_errors_exit_non_zero_without_traceback(capsys):
     assert main(["demo", "--samples", "100", "--max-len", "0"]) == 2
     err = capsys.readouterr().err
     assert "max_len must be at least 1" in err and "Traceback" not in err
+
+
+# Ctrl-C while the modules import: a finder raising KeyboardInterrupt at the first import of
+# numpy or pyarrow (where a Ctrl-C in the first few hundred ms lands), then what the `tokpack`
+# console script does.
+_INTERRUPTED_IMPORT = """
+import sys
+
+class Interrupt:
+    def find_spec(self, name, path=None, target=None):
+        if name in ("numpy", "pyarrow"):
+            raise KeyboardInterrupt
+        return None
+
+sys.meta_path.insert(0, Interrupt())
+sys.argv = ["tokpack", "demo", "--samples", "100"]
+from tokpack.cli import main
+sys.exit(main())
+"""
+
+
+def test_ctrl_c_during_imports_is_one_line_exit_130():
+    # `import tokpack` used to import numpy and pyarrow before cli.main could catch anything.
+    proc = subprocess.run(
+        [sys.executable, "-c", _INTERRUPTED_IMPORT], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr == "tokpack: interrupted\n"
+
+
+def test_sigterm_during_pack_cleans_up_like_ctrl_c(tmp_path):
+    from tokpack.synthetic import write_token_shards
+
+    corpus = tmp_path / "corpus"
+    write_token_shards(corpus, 2000, n_files=2, max_length=900, row_group_rows=500, seed=5)
+    out = tmp_path / "out"
+    args = ["pack", str(corpus), "-o", str(out), "--quiet", "--overlong", "split"]
+    args += ["--rows-per-shard", "64", "--row-group-rows", "16", "--threads", "1"]
+    returncode, err = interrupt_after_first_shard(args, out, signal.SIGTERM)
+    assert returncode == 143, err
+    assert err == "tokpack pack: terminated\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus"]

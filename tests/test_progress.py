@@ -2,12 +2,13 @@
 it to stop before the caller cleans up, or the cleanup races with threads still writing."""
 
 import _thread
+import sys
 import threading
 import time
 
 import pytest
 
-from tokpack._progress import run_with_progress
+from tokpack._progress import _Flag, run_with_progress
 
 
 def test_ctrl_c_waits_for_the_work_to_stop():
@@ -34,3 +35,44 @@ def test_result_and_errors_come_back_to_the_caller():
 
     with pytest.raises(ValueError, match="bad shard"):
         run_with_progress(boom, show=False)
+
+
+def _interrupt_at(n: int):
+    """A trace function that raises KeyboardInterrupt at the ``n``-th trace event (what a
+    Ctrl-C does when it lands on that bytecode boundary); returns it and a counter."""
+    seen = [0]
+
+    def trace(frame, event, arg):
+        seen[0] += 1
+        if seen[0] == n:
+            raise KeyboardInterrupt
+        return trace
+
+    return trace, seen
+
+
+def test_a_ctrl_c_anywhere_in_a_wait_leaves_the_flag_usable():
+    """A Ctrl-C landing at any point of the caller's wait must not break the flag: the worker's
+    set() returns and the next wait sees it (threading.Event fails this: an interrupt right after
+    its Condition lock is taken leaks the lock, and a Ctrl-C'd pack hung forever)."""
+    n = 1
+    while True:
+        flag = _Flag()
+        trace, seen = _interrupt_at(n)
+        interrupted = False
+        sys.settrace(trace)
+        try:
+            flag.wait(0.001)
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            sys.settrace(None)
+        setter = threading.Thread(target=flag.set, daemon=True)
+        setter.start()
+        setter.join(2.0)
+        assert not setter.is_alive(), f"set() blocked after an interrupt at trace event {n}"
+        assert flag.wait(2.0), f"the flag was lost after an interrupt at trace event {n}"
+        if not interrupted:
+            break  # every event of the wait has had its interrupt
+        n += 1
+    assert n > 1

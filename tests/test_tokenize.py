@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
 
 import numpy as np
 import pyarrow as pa
@@ -255,6 +256,21 @@ def test_add_eos_options(tmp_path, tok_dir, hf):
     assert never.column("input_ids").to_pylist()[1] == hf.encode("the day")
 
 
+def test_eos_token_missing_from_vocabulary_is_a_config_error(tmp_path, tok_dir):
+    # It used to give plain-text samples no EOS, silently.
+    bad = tmp_path / "tok"
+    bad.mkdir()
+    shutil.copy(tok_dir / "tokenizer.json", bad / "tokenizer.json")
+    config = json.loads((tok_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
+    config["eos_token"] = "<|no-such-token|>"
+    (bad / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    path = write_jsonl(tmp_path / "in.jsonl", [{"text": "the day"}])
+    with pytest.raises(tokpack.ConfigError, match=r"eos_token '<\|no-such-token\|>'.*vocabulary"):
+        run(path, bad)
+    table, _ = run(path, bad, add_eos=False)
+    assert table.num_rows == 1
+
+
 def test_overlong_policies(tmp_path, tok_dir):
     convs = conversations(10)
     path = write_jsonl(tmp_path / "in.jsonl", [{"messages": c} for c in convs])
@@ -304,6 +320,22 @@ def test_bad_input_names_file_and_line(tmp_path, tok_dir, line, reason):
     assert stream.rejected == [
         {"file": str(path), "line": 4, "error": info.value.reason, "raw": line}
     ]
+
+
+def test_parquet_rows_count_from_0_jsonl_lines_from_1(tmp_path, tok_dir):
+    # One rule with pack's messages: rows from 0 (tokenize counted them from 1), lines from 1.
+    good = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x"}]}
+    bad = {"messages": [{"role": "wizard", "content": "hi"}]}
+    path = tmp_path / "in.parquet"
+    pq.write_table(pa.Table.from_pylist([good, good, bad, good]), path)
+    with pytest.raises(tokpack.InvalidRecordError, match=r"in\.parquet:row 2: ") as info:
+        run(path, tok_dir)
+    assert info.value.line == 2 and info.value.row
+    _, stream = run(path, tok_dir, skip_invalid=True)
+    assert [(r["file"], r["row"]) for r in stream.rejected] == [(str(path), 2)]
+    lines = write_jsonl(tmp_path / "in.jsonl", [good, good, bad, good])
+    _, stream = run(lines, tok_dir, skip_invalid=True)
+    assert [r["line"] for r in stream.rejected] == [3]
 
 
 def test_tokenizer_errors(tmp_path):

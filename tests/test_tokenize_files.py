@@ -3,7 +3,10 @@ thread counts, rejected records, CLI errors."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import signal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -14,7 +17,7 @@ from tokpack._outdir import MANIFEST_NAME
 from tokpack.cli import main
 from tokpack.tokenize.writer import REJECTED_NAME
 
-from ._interrupt import interrupt_after_first_shard
+from ._interrupt import interrupt_after_first_shard, signal_with_workers, survivors
 from ._tokenizer_factory import (
     CHATML_GEN,
     CHATML_PLAIN,
@@ -265,3 +268,83 @@ def test_ctrl_c_stops_tokenize_cleanly(tmp_path, tok_dir):
     assert returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big.jsonl"]
+
+
+@pytest.fixture(scope="module")
+def big_corpus(tmp_path_factory):
+    path = tmp_path_factory.mktemp("big") / "big.jsonl"
+    return write_jsonl(path, [{"messages": c} for c in conversations(60000)])
+
+
+@pytest.mark.parametrize("raw_pack", [False, True], ids=["tokenize", "pack-tokenizer"])
+def test_sigterm_cleans_up_and_stops_the_workers(tmp_path, tok_dir, big_corpus, raw_pack):
+    # SIGTERM used to leave the workers alive (under init) and OUT's temporaries behind.
+    pytest.importorskip("psutil")
+    out = tmp_path / "out"
+    args = ["tokenize", str(big_corpus), "-o", str(out), "--tokenizer", str(tok_dir)]
+    if raw_pack:
+        args[0] = "pack"
+        args += ["--max-len", "4096"]
+    returncode, err, workers = signal_with_workers(
+        args + ["--threads", "2", "--quiet"], signal.SIGTERM, 2
+    )
+    left = survivors(workers)
+    for p in left:
+        p.kill()
+    assert not left
+    assert returncode == 143, err
+    assert "terminated" in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_kill_9_of_the_parent_kills_the_workers(tmp_path, tok_dir, big_corpus):
+    pytest.importorskip("psutil")
+    args = ["tokenize", str(big_corpus), "-o", str(tmp_path / "out"), "--tokenizer", str(tok_dir)]
+    returncode, _, workers = signal_with_workers(
+        args + ["--threads", "2", "--quiet"], signal.SIGKILL, 2
+    )
+    assert returncode == -signal.SIGKILL
+    left = survivors(workers)
+    for p in left:
+        p.kill()
+    assert not left
+
+
+def test_disk_full_is_one_line_exit_2(tmp_path, tok_dir, corpus, capsys, monkeypatch):
+    # ENOSPC from a shard write used to escape as a traceback.
+    def full(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_batch", full)
+    out = tmp_path / "out"
+    args = ["tokenize", str(corpus), "-o", str(out), "--tokenizer", str(tok_dir), "--quiet"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("tokpack tokenize: error: ")
+    assert "part-00000.parquet: cannot write (No space left on device)" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chat.jsonl"]
+
+
+def test_undecodable_file_name_in_rejected_file(tmp_path, tok_dir):
+    # A file name that is not UTF-8 used to fail the write of _rejected.jsonl.
+    name = os.fsdecode(b"bad\xff.jsonl")
+    path = write_jsonl(tmp_path / name, [{"text": "ok"}, {"messages": []}])
+    out = tmp_path / "out"
+    m = tokpack.tokenize_files(path, out, tok_dir, skip_invalid=True)
+    assert m["counts"]["rejected"] == 1
+    rejected = json.loads((out / REJECTED_NAME).read_text(encoding="utf-8"))
+    assert rejected["file"] == str(tmp_path / "bad\\xff.jsonl") and rejected["line"] == 2
+
+
+def test_undecodable_output_directory_name(tmp_path, tok_dir, corpus):
+    # pyarrow cannot open such a name: the shards (and one-step pack's staged tokens) used to
+    # fail with a UnicodeEncodeError traceback.
+    out = tmp_path / os.fsdecode(b"tokens\xff")
+    m = tokpack.tokenize_files(corpus, out, tok_dir)
+    shard = pq.read_table(pa.OSFile(os.fsencode(out / "part-00000.parquet")))
+    assert shard.num_rows == m["counts"]["samples_out"] == 300
+    packed = tmp_path / os.fsdecode(b"packed\xff")
+    m = tokpack.pack_files(corpus, packed, 64, overlong="drop", tokenizer=tok_dir)
+    assert m["figures"]["samples_dropped"] > 0
+    dropped = pa.ipc.open_file(pa.memory_map(os.fsencode(packed / "__tokpack__/_dropped.arrow")))
+    assert set(dropped.read_all().column("file").to_pylist()) == {str(corpus)}

@@ -7,8 +7,9 @@
 
 from __future__ import annotations
 
+import importlib
+
 from ._tokpack import __version__
-from .compat import concatenate_and_pack, pack_sequences
 from .errors import (
     ConfigError,
     CorruptInputError,
@@ -23,24 +24,45 @@ from .errors import (
     SchemaError,
     TokpackError,
 )
-from .files import pack_files
-from .packing import pack_tokens
-from .planning import Plan, plan
-from .stats import packing_stats
-from .streaming import streaming_dataset_reader
-from .tokenize import tokenize_files, tokenize_to_batches
 
-# The PyTorch side is imported on first use, so `import tokpack` works without torch.
-_TORCH_EXPORTS = ("PackedDataset", "PackedIterableDataset", "PackedCollator", "DeviceLoader")
+# The rest is imported on first use: `import tokpack` stays light (no numpy, pyarrow or torch
+# yet), so the `tokpack` command is inside cli.main, where Ctrl-C is handled, within
+# milliseconds of starting.
+_LAZY = {
+    "concatenate_and_pack": "compat",
+    "pack_sequences": "compat",
+    "pack_files": "files",
+    "pack_tokens": "packing",
+    "Plan": "planning",
+    "plan": "planning",
+    "packing_stats": "stats",
+    "streaming_dataset_reader": "streaming",
+    "tokenize_files": "tokenize",
+    "tokenize_to_batches": "tokenize",
+    "PackedDataset": "torch",
+    "PackedIterableDataset": "torch",
+    "PackedCollator": "torch",
+    "DeviceLoader": "torch",
+}
 
 
 def __getattr__(name: str):
-    if name in _TORCH_EXPORTS or name == "torch":
-        import importlib
-
-        module = importlib.import_module(".torch", __name__)
-        return module if name == "torch" else getattr(module, name)
+    module = _LAZY.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(f".{module}", __name__), name)
+        globals()[name] = value
+        return value
+    # A submodule not imported yet (tokpack.torch, tokpack.tokenize, ...).
+    try:
+        return importlib.import_module(f".{name}", __name__)
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__name__}.{name}":
+            raise
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))
 
 
 __all__ = [

@@ -24,7 +24,14 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 from .errors import ConfigError, InputNotFoundError, InputPermissionError, TokpackError
 
-__all__ = ["TOKEN_SUFFIXES", "RAW_SUFFIXES", "resolve_inputs", "require_file", "input_error"]
+__all__ = [
+    "TOKEN_SUFFIXES",
+    "RAW_SUFFIXES",
+    "resolve_inputs",
+    "require_file",
+    "input_error",
+    "shown_path",
+]
 
 # Token shards: Parquet and Arrow IPC (the Rust reader recognises the format by its magic bytes).
 TOKEN_SUFFIXES = (".parquet", ".pq", ".arrow", ".feather", ".ipc")
@@ -34,31 +41,39 @@ RAW_SUFFIXES = (".jsonl", ".gz", ".parquet", ".pq")
 PathsLike = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
 
 
+def shown_path(path: Union[str, os.PathLike]) -> str:
+    """A file name as messages and side files show it: valid UTF-8 whatever the file system
+    gave (undecodable bytes become ``\\xNN``, which JSON, Arrow strings and terminals accept)."""
+    return os.fsdecode(path).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def input_error(path: Union[str, os.PathLike], exc: OSError) -> TokpackError:
     """The tokpack error for an OSError met while looking at or reading an input."""
+    shown = shown_path(path)
     if isinstance(exc, PermissionError):
-        return InputPermissionError(f"{path}: permission denied")
+        return InputPermissionError(f"{shown}: permission denied")
     if exc.errno == errno.ELOOP:
-        return InputNotFoundError(f"{path}: symlink loop (too many levels of symbolic links)")
+        return InputNotFoundError(f"{shown}: symlink loop (too many levels of symbolic links)")
     if isinstance(exc, FileNotFoundError) and os.path.islink(path):
-        return InputNotFoundError(f"{path}: broken symbolic link (to {os.readlink(path)})")
+        return InputNotFoundError(f"{shown}: broken symbolic link (to {os.readlink(path)})")
     if isinstance(exc, (FileNotFoundError, NotADirectoryError)):
-        return InputNotFoundError(f"{path}: no such file or directory")
-    return InputNotFoundError(f"{path}: cannot read ({exc.strerror or exc})")
+        return InputNotFoundError(f"{shown}: no such file or directory")
+    return InputNotFoundError(f"{shown}: cannot read ({exc.strerror or exc})")
 
 
 def require_file(path: Union[str, os.PathLike]) -> os.stat_result:
     """The stat of a readable regular file (symlinks followed), or the fitting tokpack error."""
+    shown = shown_path(path)
     try:
         st = os.stat(path)
     except OSError as exc:
         raise input_error(path, exc) from None
     if stat.S_ISDIR(st.st_mode):
-        raise InputNotFoundError(f"{path}: is a directory, not a file")
+        raise InputNotFoundError(f"{shown}: is a directory, not a file")
     if not stat.S_ISREG(st.st_mode):
-        raise InputNotFoundError(f"{path}: not a regular file")
+        raise InputNotFoundError(f"{shown}: not a regular file")
     if not os.access(path, os.R_OK):
-        raise InputPermissionError(f"{path}: permission denied")
+        raise InputPermissionError(f"{shown}: permission denied")
     return st
 
 

@@ -4,6 +4,7 @@ request the Rust side honours between units of work (so OUT_DIR is never left ha
 
 from __future__ import annotations
 
+import queue
 import sys
 import threading
 import time
@@ -60,10 +61,7 @@ def run_with_progress(
     stream = stream or sys.stderr
     progress = _tokpack.Progress()
     result: dict = {}
-    # Completion is signalled with an Event, not Thread.join: on CPython <= 3.12 a join that a
-    # KeyboardInterrupt interrupts marks the still-running thread as stopped (bpo-45274), so a
-    # second join returns at once while the Rust work is still writing.
-    began, done = threading.Event(), threading.Event()
+    began, done = _Flag(), _Flag()
 
     def target() -> None:
         began.set()
@@ -98,7 +96,36 @@ def run_with_progress(
     return result["value"]
 
 
-def _wait_uninterrupted(event: threading.Event, timeout: Optional[float]) -> bool:
+class _Flag:
+    """A one-way flag set by the worker thread and awaited by the calling thread, which a Ctrl-C
+    cannot break.
+
+    Not ``threading.Event``: its Condition is Python code, and a KeyboardInterrupt that lands
+    between taking its lock and entering the ``with`` block leaks the lock, so the worker's
+    ``set()`` and every later wait block forever (seen: a Ctrl-C'd ``pack`` hung). Not
+    ``Thread.join`` either: on CPython <= 3.12 a join interrupted by KeyboardInterrupt marks the
+    still-running thread as stopped (bpo-45274). ``SimpleQueue`` is C code that signals cannot
+    leave half-done; the boolean is the truth, the queue only wakes the waiter.
+    """
+
+    def __init__(self) -> None:
+        self._set = False
+        self._wake: "queue.SimpleQueue[None]" = queue.SimpleQueue()
+
+    def set(self) -> None:
+        self._set = True
+        self._wake.put(None)
+
+    def wait(self, timeout: float) -> bool:
+        if not self._set:
+            try:
+                self._wake.get(timeout=timeout)
+            except queue.Empty:
+                pass
+        return self._set
+
+
+def _wait_uninterrupted(event: _Flag, timeout: Optional[float]) -> bool:
     """Waits for ``event`` (at most ``timeout`` seconds when given); further Ctrl-C presses do
     not cut the wait short (the output directory must not be removed while Rust threads still
     write into it)."""

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
-from typing import List, Optional
+import threading
+from typing import Any, List, Optional
 
 from . import __version__
 from .errors import TokpackError
@@ -34,16 +36,38 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where a Ctrl-C would be, so the same cleanup runs (temporaries removed,
+    worker processes and Rust threads stopped)."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    # A second SIGTERM must not cut the cleanup of the first short.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Terminated()
+
+
 def main(argv: Optional[List[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Runs one command: exit 0, 2 with one line ``tokpack CMD: error: ...`` on a TokpackError,
+    130 on Ctrl-C and 143 on SIGTERM (one line, after the same cleanup), wherever they land,
+    imports of the command's modules included."""
+    name = "tokpack"
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
     try:
+        args = build_parser().parse_args(argv)
+        name = f"tokpack {args.command}"
         return int(importlib.import_module(args._module).run(args) or 0)
     except TokpackError as exc:
-        print(f"tokpack {args.command}: error: {exc}", file=sys.stderr)
+        print(f"{name}: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"tokpack {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        terminated = isinstance(exc, Terminated)
+        print(f"{name}: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
+        return 143 if terminated else 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

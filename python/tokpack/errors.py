@@ -71,8 +71,9 @@ class InvalidRecordError(DataError):
     """One input record (a JSONL line or a Parquet row) cannot be turned into a sample: invalid
     JSON, a missing field, an unknown role, an empty conversation, a template that fails on it.
 
-    The message starts with ``FILE:LINE`` (``FILE:row N`` for Parquet, ``FILE`` alone when the
-    whole file is unreadable, ``line`` 0); ``path`` and ``line`` hold the same.
+    The message starts with ``FILE:LINE`` (JSONL lines count from 1), ``FILE:row N`` for Parquet
+    (rows count from 0, as in ``pack``'s messages) or ``FILE`` alone when the whole file is
+    unreadable (``line`` 0, ``row`` False); ``path`` and ``line`` hold the same.
     ``tokpack tokenize --skip-invalid`` writes these records to ``_rejected.jsonl`` instead of
     failing.
     """
@@ -82,7 +83,7 @@ class InvalidRecordError(DataError):
         self.line = line
         self.reason = reason
         self.row = row
-        where = path if line == 0 else f"{path}:row {line}" if row else f"{path}:{line}"
+        where = f"{path}:row {line}" if row else f"{path}:{line}" if line else path
         super().__init__(f"{where}: {reason}")
 
     def __reduce__(self):  # type: ignore[no-untyped-def]

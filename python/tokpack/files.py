@@ -37,9 +37,11 @@ from ._outdir import (
 from ._progress import run_with_progress
 from .errors import ConfigError
 from .planning import OVERLONG_POLICIES, STRATEGIES, checked_args
-from .tokenize import REJECTED_NAME, TOKEN_SCHEMA, tokenize_to_batches
+from .tokenize import REJECTED_NAME, tokenize_to_batches
+from .tokenize.formats import is_parquet, shown_path
+from .tokenize.pipeline import SOURCE_SCHEMA
 from .tokenize.progress import Progress
-from .tokenize.writer import _RejectedFile
+from .tokenize.writer import _RejectedFile, open_for_writing, writing
 
 __all__ = ["pack_files", "read_lengths", "FORMAT", "FORMAT_VERSION"]
 
@@ -148,7 +150,12 @@ def pack_files(
     stream = None
     if tokenizer is not None:
         paths = resolve_inputs(inputs, RAW_SUFFIXES, output_dir=out)
-        stream = tokenize_to_batches(paths, tokenizer, threads=threads, **(tokenize or {}))
+        options: Dict[str, Any] = {**(tokenize or {}), "sources": True}
+        if overlong == "error":
+            # Checked while tokenizing, where the sample's raw file and line are known.
+            options.setdefault("max_len", max_len)
+            options.setdefault("overlong", "error")
+        stream = tokenize_to_batches(paths, tokenizer, threads=threads, **options)
         tokens_column, labels_column, loss_mask_column = "input_ids", "labels", None
     else:
         paths = resolve_inputs(inputs, TOKEN_SUFFIXES, output_dir=out)
@@ -177,9 +184,11 @@ def pack_files(
         spill.mkdir()
         try:
             sources = paths
+            staged = None
             if stream is not None:
-                sources = [spill / "tokenized.arrow"]
-                _stage_tokens(stream, sources[0], tmp, progress)
+                staged = spill / "tokenized.arrow"
+                sources = [staged]
+                _stage_tokens(stream, staged, tmp, progress)
             result = run_with_progress(
                 lambda p: _tokpack.pack_files(
                     [str(x) for x in sources],
@@ -202,9 +211,9 @@ def pack_files(
                 ),
                 progress,
             )
+            _write_dropped(tmp / DROPPED_NAME, result, paths, staged)
         finally:
             shutil.rmtree(spill, ignore_errors=True)
-        _write_dropped(tmp / DROPPED_NAME, result, sources)
         manifest = _manifest(key, config, described, result, time.perf_counter() - started)
         if stream is not None:
             manifest["inputs"] = described
@@ -214,43 +223,61 @@ def pack_files(
                 "encoder": stream.encoder_info,
                 "rejected_file": REJECTED_NAME if stream.stats.rejected else None,
             }
-        write_json_atomic(tmp / MANIFEST_NAME, manifest)
+        with writing(tmp / MANIFEST_NAME):
+            write_json_atomic(tmp / MANIFEST_NAME, manifest)
     return {**manifest, "cache_hit": False}
 
 
 def _stage_tokens(stream: Any, path: Path, out_tmp: Path, progress: bool) -> None:
     """Tokenizes into one uncompressed Arrow IPC file in the run's temporary spill directory
-    (removed with it), the packer's input; rejected records go to the output's side files."""
+    (removed with it), the packer's input, with each sample's raw source (SOURCE_SCHEMA);
+    rejected records go to the output's side files."""
     rejected = _RejectedFile(out_tmp / REJECTED_NAME)
     stream._on_reject = rejected
     total = sum(p.stat().st_size for p in stream.inputs)
     stream.progress = Progress.for_terminal(total, "tokenize", quiet=not progress)
     try:
-        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, TOKEN_SCHEMA) as writer:
-            for batch in stream:
-                writer.write_batch(batch)
+        with writing(path), open_for_writing(path) as sink:
+            with pa.ipc.new_file(sink, SOURCE_SCHEMA) as writer:
+                for batch in stream:
+                    writer.write_batch(batch)
     finally:
         rejected.close()
         stream.progress.close()
 
 
-def _write_dropped(path: Path, result: Dict[str, Any], paths: List[Path]) -> None:
-    """Every sample that is not in the output, with its file, row and reason."""
-    dropped = result["dropped"]
-    bounds = np.cumsum([0] + list(result["input_rows"]))
-    file_idx = np.searchsorted(bounds, dropped, side="right") - 1
+def _write_dropped(
+    path: Path, result: Dict[str, Any], paths: List[Path], staged: Optional[Path]
+) -> None:
+    """Every sample that is not in the output, with its file, row (token shards, Parquet: from
+    0) or line (JSONL: from 1) and reason. With ``staged`` (one-step pack) the sample ids are
+    rows of that tokenized file, whose source columns lead back to the raw ``paths``."""
+    dropped = np.asarray(result["dropped"], dtype=np.int64)
+    if staged is None:
+        bounds = np.cumsum([0] + list(result["input_rows"]))
+        file_idx = np.searchsorted(bounds, dropped, side="right") - 1
+        where = dropped - bounds[file_idx]
+        is_line = np.zeros(len(dropped), dtype=bool)
+    else:
+        with pa.memory_map(os.fsencode(staged)) as source:
+            table = pa.ipc.open_file(source).read_all()
+            file_idx = table.column("source_file").take(dropped).to_numpy()
+            where = table.column("source_line").take(dropped).to_numpy()
+        is_line = np.array([not is_parquet(p) for p in paths], dtype=bool)[file_idx]
     reason = np.where(np.isin(dropped, result["empty"]), "empty", "overlong")
     table = pa.table(
         {
             "sample_id": pa.array(dropped, pa.int64()),
-            "file": pa.array([str(paths[i]) for i in file_idx], pa.string()),
-            "row": pa.array(dropped - bounds[file_idx], pa.int64()),
+            "file": pa.array([shown_path(paths[i]) for i in file_idx], pa.string()),
+            "row": pa.array(where, pa.int64(), mask=is_line),
+            "line": pa.array(where, pa.int64(), mask=~is_line),
             "reason": pa.array(reason.tolist(), pa.string()),
         }
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table)
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open_for_writing(path) as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
 
 
 def _manifest(

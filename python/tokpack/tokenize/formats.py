@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
-from .._inputs import require_file
+from .._inputs import input_error, require_file, shown_path
 from ..errors import ConfigError, InvalidRecordError
 
 __all__ = [
@@ -30,6 +30,8 @@ __all__ = [
     "detect_format",
     "parse_record",
     "resolve_columns",
+    "shown_path",
+    "is_parquet",
 ]
 
 FORMATS = ("auto", "messages", "sharegpt", "alpaca", "text")
@@ -69,12 +71,13 @@ class Record:
     :meth:`decode` runs, so decoding can happen in a worker process."""
 
     path: str
-    line: int
+    line: int  # JSONL: line number, from 1; Parquet: row number, from 0 (as pack's messages)
     is_row: bool
     raw: Optional[str]
     value: Optional[Any]
     error: Optional[str] = None
     decoded: bool = True
+    file_index: int = 0  # position of ``path`` among the run's inputs
 
     def decode(self) -> None:
         if self.decoded:
@@ -132,6 +135,11 @@ def resolve_columns(columns: Optional[Mapping[str, str]]) -> Dict[str, str]:
 # --- reading ---------------------------------------------------------------------------------
 
 
+def is_parquet(path: Union[str, os.PathLike]) -> bool:
+    """Parquet input (records are rows, counted from 0) rather than JSONL (lines, from 1)."""
+    return os.fspath(path).lower().endswith((".parquet", ".pq"))
+
+
 def read_records(
     path: Union[str, os.PathLike],
     on_bytes: Optional[Callable[[int], None]] = None,
@@ -141,10 +149,9 @@ def read_records(
     (compressed size for ``.gz``) each step consumed, for progress bars."""
     path = Path(path)
     require_file(path)
-    name = path.name.lower()
-    if name.endswith(".parquet") or name.endswith(".pq"):
+    if is_parquet(path):
         yield from _parquet_records(path, on_bytes)
-    elif name.endswith(".gz"):
+    elif path.name.lower().endswith(".gz"):
         yield from _jsonl_records(path, gzip_=True, on_bytes=on_bytes, decode=decode)
     else:
         yield from _jsonl_records(path, gzip_=False, on_bytes=on_bytes, decode=decode)
@@ -153,8 +160,12 @@ def read_records(
 def _jsonl_records(
     path: Path, gzip_: bool, on_bytes: Optional[Callable[[int], None]], decode: bool
 ) -> Iterator[Record]:
-    shown = str(path)
-    with open(path, "rb") as raw_file:
+    shown = shown_path(path)
+    try:
+        raw_file = open(path, "rb")
+    except OSError as exc:
+        raise input_error(path, exc) from None
+    with raw_file:
         stream: io.BufferedIOBase = gzip.GzipFile(fileobj=raw_file) if gzip_ else raw_file
         last_pos = 0
         line_no = 0
@@ -181,30 +192,35 @@ def _jsonl_records(
 
 
 def _parquet_records(path: Path, on_bytes: Optional[Callable[[int], None]]) -> Iterator[Record]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    shown = str(path)
+    shown = shown_path(path)
     try:
-        pf = pq.ParquetFile(path)
-    except Exception as exc:  # pyarrow raises several unrelated types for a damaged file
-        raise InvalidRecordError(
-            shown, 0, f"not a readable Parquet file ({exc})", row=True
-        ) from None
-    size = path.stat().st_size
-    total_rows = max(pf.metadata.num_rows, 1)
-    row = 0
-    for group in range(pf.num_row_groups):
+        # Opened by its bytes: pyarrow cannot open a name that is not valid UTF-8.
+        source = pa.OSFile(os.fsencode(path))
+    except OSError as exc:
+        raise input_error(path, exc) from None
+    with source:
         try:
-            rows = pf.read_row_group(group).to_pylist()
-        except Exception as exc:
-            raise InvalidRecordError(
-                shown, row + 1, f"cannot read row group {group} ({exc})", row=True
-            ) from None
-        for value in rows:
-            row += 1
-            yield Record(shown, row, True, None, value)
-        if on_bytes is not None:
-            on_bytes(size * len(rows) // total_rows)
+            pf = pq.ParquetFile(source)
+        except Exception as exc:  # pyarrow raises several unrelated types for a damaged file
+            raise InvalidRecordError(shown, 0, f"not a readable Parquet file ({exc})") from None
+        size = path.stat().st_size
+        total_rows = max(pf.metadata.num_rows, 1)
+        row = 0
+        for group in range(pf.num_row_groups):
+            try:
+                rows = pf.read_row_group(group).to_pylist()
+            except Exception as exc:
+                raise InvalidRecordError(
+                    shown, row, f"cannot read row group {group} ({exc})", row=True
+                ) from None
+            for value in rows:
+                yield Record(shown, row, True, None, value)
+                row += 1
+            if on_bytes is not None:
+                on_bytes(size * len(rows) // total_rows)
 
 
 # --- parsing ---------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import contextlib
 import os
 import signal
 import sys
+import time
 from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -46,7 +47,14 @@ from .progress import Progress
 from .template import TRAIN_ON, ChatTemplate, resolve_template
 from .tokenizer import ENCODERS, LoadedTokenizer, load_tokenizer
 
-__all__ = ["TokenizeStats", "TokenStream", "tokenize_to_batches", "TOKEN_SCHEMA", "ENCODERS"]
+__all__ = [
+    "TokenizeStats",
+    "TokenStream",
+    "tokenize_to_batches",
+    "TOKEN_SCHEMA",
+    "SOURCE_SCHEMA",
+    "ENCODERS",
+]
 
 TOKEN_SCHEMA = pa.schema(
     [
@@ -54,6 +62,13 @@ TOKEN_SCHEMA = pa.schema(
         ("labels", pa.list_(pa.int32())),
         ("length", pa.int32()),
     ]
+)
+
+# TOKEN_SCHEMA plus where each sample comes from (``sources=True``): the index of its input
+# file and its JSONL line (from 1) or Parquet row (from 0). One-step pack stages these columns,
+# which the packer does not read, to name the raw record of a dropped sample.
+SOURCE_SCHEMA = TOKEN_SCHEMA.append(pa.field("source_file", pa.int32())).append(
+    pa.field("source_line", pa.int64())
 )
 
 PathLike = Union[str, os.PathLike]
@@ -101,8 +116,8 @@ class _Prepared:
     eos_trained: bool
 
 
-# A batch as flat arrays: offsets (n + 1), ids, labels, lengths (n).
-_Arrays = Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+# A batch as flat arrays: offsets (n + 1), ids, labels, lengths (n), source files and lines (n).
+_Arrays = Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
 @dataclass
@@ -166,6 +181,7 @@ class TokenStream:
         batch_size: int = 2048,
         progress: Optional[Progress] = None,
         encoder: str = "auto",
+        sources: bool = False,
     ) -> None:
         if isinstance(inputs, (str, os.PathLike)):
             inputs = [inputs]
@@ -198,6 +214,7 @@ class TokenStream:
         self.skip_invalid = skip_invalid
         self.batch_size = batch_size
         self.progress = progress
+        self.sources = sources
         self.tokenizer = (
             tokenizer if isinstance(tokenizer, LoadedTokenizer) else load_tokenizer(tokenizer)
         )
@@ -218,6 +235,14 @@ class TokenStream:
         else:
             why = "requested" if encoder == "tokenizers" else self.tokenizer.fast_unsupported
             self.encoder_info = {"name": "tokenizers", "reason": why}
+        eos = self.tokenizer.eos_token
+        if eos is not None and self._eos_id is None and add_eos is not False:
+            # Otherwise samples meant to end with EOS would silently go without it.
+            raise ConfigError(
+                f"eos_token {eos!r} of {self.tokenizer.config_path} is not in the vocabulary of "
+                f"{self.tokenizer.path}; fix the tokenizer config, or turn add_eos off "
+                "(--no-add-eos) to append no EOS"
+            )
         if add_eos and self._eos_id is None:
             raise ConfigError(
                 "add_eos needs an EOS token: the tokenizer config names none (or it is not in "
@@ -269,8 +294,9 @@ class TokenStream:
 
     def _records(self, decode: bool = True) -> Iterator[Record]:
         on_bytes = self.progress.advance if self.progress is not None else None
-        for path in self.inputs:
+        for index, path in enumerate(self.inputs):
             for record in read_records(path, on_bytes, decode=decode):
+                record.file_index = index
                 self.stats.records += 1
                 yield record
 
@@ -364,6 +390,8 @@ class TokenStream:
     ) -> Optional[_Arrays]:
         ids_parts: List[np.ndarray] = []
         label_parts: List[np.ndarray] = []
+        files: List[int] = []
+        lines: List[int] = []
         stats = self.stats
         for item, (ids, labels) in zip(chunk, encoded):
             add_eos = self.add_eos if self.add_eos is not None else item.spans is None
@@ -373,9 +401,12 @@ class TokenStream:
                 eos_label = eos if item.eos_trained else np.array([IGNORE_INDEX], dtype=np.int32)
                 labels = np.concatenate([labels, eos_label])
             stats.samples_in += 1
-            for piece_ids, piece_labels in self._apply_max_len(item.record, ids, labels):
+            pieces = self._apply_max_len(item.record, ids, labels)
+            for piece_ids, piece_labels in pieces:
                 ids_parts.append(piece_ids)
                 label_parts.append(piece_labels)
+            files.extend([item.record.file_index] * len(pieces))
+            lines.extend([item.record.line] * len(pieces))
         if not ids_parts:
             return None
         lengths = np.fromiter((len(a) for a in ids_parts), dtype=np.int64, count=len(ids_parts))
@@ -390,7 +421,8 @@ class TokenStream:
         stats.tokens += int(offsets[-1])
         stats.trained_tokens += trained
         stats.untrained_samples += sum(1 for lab in label_parts if not np.any(lab != IGNORE_INDEX))
-        return offsets, values, label_values, lengths
+        sources = np.array(files, dtype=np.int32), np.array(lines, dtype=np.int64)
+        return (offsets, values, label_values, lengths, *sources)
 
     def _build_flat(self, chunk: List[_Prepared], flat: _Flat) -> Optional[_Arrays]:
         """The batch straight from the encoder's flat arrays when no sample needs an EOS or a
@@ -412,7 +444,9 @@ class TokenStream:
         stats.tokens += int(flat.offsets[-1])
         stats.trained_tokens += int(np.count_nonzero(trained_mask))
         stats.untrained_samples += int(np.count_nonzero(per_sample == 0))
-        return flat.offsets, flat.ids, flat.labels, lengths
+        files = np.fromiter((p.record.file_index for p in chunk), np.int32, len(chunk))
+        lines = np.fromiter((p.record.line for p in chunk), np.int64, len(chunk))
+        return flat.offsets, flat.ids, flat.labels, lengths, files, lines
 
     def _apply_max_len(
         self, record: Record, ids: np.ndarray, labels: np.ndarray
@@ -481,7 +515,7 @@ class TokenStream:
             self.threads,
             mp_context=context,
             initializer=_worker_init,
-            initargs=(None if fork else self._worker_options,),
+            initargs=(None if fork else self._worker_options, os.getpid()),
         )
         window: Deque[Tuple[int, Future]] = deque()
         try:
@@ -503,7 +537,7 @@ class TokenStream:
         if self.progress is not None:
             self.progress.add_samples(n_records)
         if arrays is not None:
-            yield _batch_from_arrays(*arrays)
+            yield _batch_from_arrays(arrays, self.sources)
 
     def _finish(
         self, n_records: int, chunk: List[_Prepared], futures: List[Future]
@@ -512,7 +546,7 @@ class TokenStream:
         if self.progress is not None:
             self.progress.add_samples(n_records)
         if arrays is not None:
-            yield _batch_from_arrays(*arrays)
+            yield _batch_from_arrays(arrays, self.sources)
 
     def _batch_arrays(self, chunk: List[_Prepared], results: List[Any]) -> Optional[_Arrays]:
         """The chunk's batch as flat arrays (see :func:`_batch_from_arrays`); None if empty."""
@@ -536,10 +570,13 @@ _START_METHOD = "fork" if sys.platform == "linux" else "spawn"
 _WORKER: Optional[TokenStream] = None
 
 
-def _worker_init(options: Optional[Dict[str, Any]]) -> None:
+def _worker_init(options: Optional[Dict[str, Any]], parent: int) -> None:
     global _WORKER
-    # Ctrl-C is the parent's to handle: it stops handing out work and shuts the pool down.
+    _die_with_parent(parent)
+    # Ctrl-C and SIGTERM are the parent's to handle: it stops handing out work and shuts the
+    # pool down (a terminal or `kill -- -PGID` signals the whole process group).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     if options is not None:
         _WORKER = TokenStream([os.devnull], threads=1, **options)
@@ -548,42 +585,78 @@ def _worker_init(options: Optional[Dict[str, Any]]) -> None:
         _WORKER.threads = 1
 
 
+# prctl(2) option: the signal the kernel sends this process when its parent dies.
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent: int) -> None:
+    """A worker must not outlive the main process (kill -9 of it would leave workers of ~70 MB
+    waiting forever under init). On Linux the kernel sends SIGKILL when the parent dies
+    (PR_SET_PDEATHSIG; the pool starts its workers from the main thread, whose exit is what
+    the kernel watches); elsewhere a daemon thread polls the parent pid. Either way a parent
+    that died before this ran is caught by the first getppid check."""
+    if sys.platform == "linux":
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    else:
+        import threading
+
+        def watch() -> None:
+            while os.getppid() == parent:
+                time.sleep(1.0)
+            os._exit(1)
+
+        threading.Thread(target=watch, name="tokpack-parent-watch", daemon=True).start()
+    if os.getppid() != parent:
+        os._exit(1)
+
+
 def _pack_records(records: List[Record]) -> Any:
     """Records to send to a worker: undecoded JSONL lines of one file travel as two lists
     (a list of dataclasses costs several times more to pickle)."""
     first = records[0]
-    if all(not r.decoded and r.path == first.path for r in records):
-        return (first.path, [r.line for r in records], [r.raw for r in records])
+    if all(not r.decoded and r.file_index == first.file_index for r in records):
+        return (first.path, first.file_index, [r.line for r in records], [r.raw for r in records])
     return records
 
 
 def _unpack_records(packed: Any) -> List[Record]:
     if isinstance(packed, tuple):
-        path, lines, raws = packed
-        return [Record(path, n, False, raw, None, decoded=False) for n, raw in zip(lines, raws)]
+        path, index, lines, raws = packed
+        return [
+            Record(path, n, False, raw, None, decoded=False, file_index=index)
+            for n, raw in zip(lines, raws)
+        ]
     return packed
 
 
-def _int32(values: np.ndarray) -> pa.Array:
+def _from_numpy(values: np.ndarray, dtype: type) -> pa.Array:
     # From the buffer, not pa.array(ndarray): that one imports pandas on first use (seconds,
     # during which pyarrow swallows Ctrl-C).
-    data = np.ascontiguousarray(values, dtype=np.int32)
-    return pa.Array.from_buffers(pa.int32(), len(data), [None, pa.py_buffer(data)])
+    data = np.ascontiguousarray(values, dtype=dtype)
+    return pa.Array.from_buffers(pa.from_numpy_dtype(dtype), len(data), [None, pa.py_buffer(data)])
 
 
-def _batch_from_arrays(
-    offsets: np.ndarray, ids: np.ndarray, labels: np.ndarray, lengths: np.ndarray
-) -> pa.RecordBatch:
-    """The token batch of flat arrays: sample ``i`` is ``ids[offsets[i]:offsets[i + 1]]``."""
+def _int32(values: np.ndarray) -> pa.Array:
+    return _from_numpy(values, np.int32)
+
+
+def _batch_from_arrays(arrays: _Arrays, sources: bool) -> pa.RecordBatch:
+    """The token batch of flat arrays: sample ``i`` is ``ids[offsets[i]:offsets[i + 1]]``; with
+    ``sources``, the source columns of :data:`SOURCE_SCHEMA` too."""
+    offsets, ids, labels, lengths, files, lines = arrays
     off = _int32(offsets)
-    return pa.RecordBatch.from_arrays(
-        [
-            pa.ListArray.from_arrays(off, _int32(ids)),
-            pa.ListArray.from_arrays(off, _int32(labels)),
-            _int32(lengths),
-        ],
-        schema=TOKEN_SCHEMA,
-    )
+    columns = [
+        pa.ListArray.from_arrays(off, _int32(ids)),
+        pa.ListArray.from_arrays(off, _int32(labels)),
+        _int32(lengths),
+    ]
+    if not sources:
+        return pa.RecordBatch.from_arrays(columns, schema=TOKEN_SCHEMA)
+    columns += [_int32(files), _from_numpy(lines, np.int64)]
+    return pa.RecordBatch.from_arrays(columns, schema=SOURCE_SCHEMA)
 
 
 def _worker_run(
@@ -653,6 +726,8 @@ def tokenize_to_batches(
             reproduces the tokenizer exactly (byte-level BPE of the GPT-2, Llama 3 and Qwen2
             kinds), otherwise
             ``tokenizers``; ``"tokenizers"``: always ``tokenizers``. Same ids either way.
+        sources: add the columns of :data:`SOURCE_SCHEMA` to every batch: each sample's input
+            file (index into ``inputs``) and JSONL line (from 1) or Parquet row (from 0).
 
     Returns:
         A :class:`TokenStream`: iterate it for batches, then read ``.stats``.

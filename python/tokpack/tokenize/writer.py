@@ -5,11 +5,13 @@ config) is unchanged."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, TextIO, Union
+from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, TextIO, Union
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -27,15 +29,34 @@ from .._outdir import (
     output_target,
     write_json_atomic,
 )
-from ..errors import ConfigError
+from ..errors import ConfigError, OutputError, TokpackError
+from .formats import shown_path
 from .pipeline import TOKEN_SCHEMA, PathLike, TokenStream
 from .progress import Progress
 from .tokenizer import LoadedTokenizer
 
-__all__ = ["tokenize_files", "REJECTED_NAME", "DEFAULT_SHARD_ROWS"]
+__all__ = ["tokenize_files", "writing", "open_for_writing", "REJECTED_NAME", "DEFAULT_SHARD_ROWS"]
 
 REJECTED_NAME = f"{SIDE_DIR}/_rejected.jsonl"
 DEFAULT_SHARD_ROWS = 100_000
+
+
+@contextlib.contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """Turns an OSError while writing ``path`` (disk full, permissions; pyarrow raises OSError
+    too) into an :class:`OutputError` naming it, so the CLI reports one line, not a traceback."""
+    try:
+        yield
+    except TokpackError:
+        raise
+    except OSError as exc:
+        raise OutputError(f"{shown_path(path)}: cannot write ({exc.strerror or exc})") from None
+
+
+def open_for_writing(path: Path) -> pa.NativeFile:
+    """A new file for pyarrow to write, opened by its bytes: pyarrow cannot open a name that is
+    not valid UTF-8 itself."""
+    return pa.OSFile(os.fsencode(path), "wb")
 
 
 class _ShardWriter:
@@ -50,7 +71,10 @@ class _ShardWriter:
         self.shards: List[Dict[str, Any]] = []
         self._is_open = False
         self._rows = 0
-        self._file: Optional[pq.ParquetWriter] = None  # used on the background thread only
+        # Used on the background thread only.
+        self._file: Optional[pq.ParquetWriter] = None
+        self._sink: Optional[pa.NativeFile] = None
+        self._path = directory
         self._io = ThreadPoolExecutor(1, thread_name_prefix="tokpack-shards")
         self._pending: Deque[Future] = deque()
 
@@ -60,16 +84,25 @@ class _ShardWriter:
             self._pending.popleft().result()
 
     def _open_file(self, path: Path) -> None:
-        self._file = pq.ParquetWriter(path, TOKEN_SCHEMA, compression="zstd")
+        self._path = path
+        with writing(path):
+            self._sink = open_for_writing(path)
+            self._file = pq.ParquetWriter(self._sink, TOKEN_SCHEMA, compression="zstd")
 
     def _write_part(self, part: pa.RecordBatch) -> None:
         assert self._file is not None
-        self._file.write_batch(part)
+        with writing(self._path):
+            self._file.write_batch(part)
 
     def _close_file(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        file, sink, self._file, self._sink = self._file, self._sink, None, None
+        with writing(self._path):
+            try:
+                if file is not None:
+                    file.close()
+            finally:
+                if sink is not None:
+                    sink.close()
 
     def _open(self) -> None:
         name = f"part-{len(self.shards):05d}.parquet"
@@ -97,21 +130,24 @@ class _ShardWriter:
             self._submit(self._close_file)
 
     def finish(self) -> None:
-        """Writes the last shard; every file is complete when this returns."""
+        """Writes the last shard; every file is complete when this returns (raises the first
+        error of the background writes; then call :meth:`abort`)."""
         if not self.shards:  # an empty result still has one (empty) shard with the schema
             self._open()
-        self.close()
-
-    def close(self) -> None:
-        """Closes the open shard and waits for the background writes (raising their error)."""
         self._close_shard()
-        try:
-            while self._pending:
-                self._pending.popleft().result()
-        finally:
-            for future in self._pending:
-                future.cancel()
-            self._io.shutdown(wait=True)
+        while self._pending:
+            self._pending[0].result()
+            self._pending.popleft()
+        self._io.shutdown(wait=True)
+
+    def abort(self) -> None:
+        """Stops after a failure without raising: queued writes are cancelled and the errors of
+        the ones under way ignored (after a first failure the rest fail too, differently; the
+        caller reports the first and removes the files)."""
+        while self._pending:
+            self._pending.popleft().cancel()
+        self._io.shutdown(wait=True)
+        with contextlib.suppress(Exception):
             self._close_file()
 
 
@@ -123,15 +159,17 @@ class _RejectedFile:
         self._file: Optional[TextIO] = None
 
     def __call__(self, rejection: Dict[str, Any]) -> None:
-        if self._file is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.path, "w", encoding="utf-8")
-        self._file.write(json.dumps(rejection, ensure_ascii=False, sort_keys=True) + "\n")
+        with writing(self.path):
+            if self._file is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._file = open(self.path, "w", encoding="utf-8")
+            self._file.write(json.dumps(rejection, ensure_ascii=False, sort_keys=True) + "\n")
 
     def close(self) -> bool:
         if self._file is None:
             return False
-        self._file.close()
+        with writing(self.path):
+            self._file.close()
         return True
 
 
@@ -201,8 +239,10 @@ def tokenize_files(
             for batch in stream:
                 shards.write(batch)
             shards.finish()
+        except BaseException:
+            shards.abort()
+            raise
         finally:
-            shards.close()
             had_rejections = rejected.close()
             assert stream.progress is not None
             stream.progress.close()
@@ -220,5 +260,6 @@ def tokenize_files(
             "rejected_file": REJECTED_NAME if had_rejections else None,
             "columns": {"input_ids": "list<int32>", "labels": "list<int32>", "length": "int32"},
         }
-        write_json_atomic(tmp / MANIFEST_NAME, manifest)
+        with writing(tmp / MANIFEST_NAME):
+            write_json_atomic(tmp / MANIFEST_NAME, manifest)
     return manifest
