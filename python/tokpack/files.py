@@ -34,7 +34,14 @@ from ._outdir import (
 )
 from ._progress import run_with_progress
 from .errors import ConfigError, InputNotFoundError
-from .planning import OVERLONG_POLICIES, STRATEGIES, checked_args
+from .planning import (
+    MAX_ROWS,
+    OVERLONG_POLICIES,
+    STRATEGIES,
+    check_int,
+    checked_args,
+    checked_threads,
+)
 from .tokenize import REJECTED_NAME, TOKEN_SCHEMA, tokenize_to_batches
 from .tokenize.progress import Progress
 from .tokenize.writer import _RejectedFile
@@ -103,8 +110,8 @@ def read_lengths(
     progress: bool = False,
 ) -> np.ndarray:
     """Sample lengths (int64) of the token column across the inputs, read in Rust."""
+    threads = checked_threads(threads)
     paths = expand_inputs(inputs)
-    _, _, threads = checked_args(1, 0, threads)
     lengths, _ = run_with_progress(
         lambda p: _tokpack.read_lengths(
             [str(x) for x in paths], tokens_column, BATCH_ROWS, threads, p
@@ -122,8 +129,7 @@ def _config(**kw: Any) -> Dict[str, Any]:
             f"unknown overlong policy {kw['overlong']!r}; expected one of {OVERLONG_POLICIES}"
         )
     for name in ("rows_per_shard", "row_group_rows"):
-        if not isinstance(kw[name], int) or kw[name] < 1:
-            raise ConfigError(f"{name} must be a positive integer, got {kw[name]!r}")
+        kw[name] = check_int(kw[name], name, 1, MAX_ROWS)
     if kw["loss_mask_column"] is not None and kw["labels_column"] not in (None, "labels"):
         raise ConfigError("pass either labels_column or loss_mask_column, not both")
     return {"format_version": FORMAT_VERSION, **kw}
