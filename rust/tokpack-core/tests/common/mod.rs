@@ -7,8 +7,11 @@ use proptest::test_runner::{Config, RngAlgorithm, RngSeed};
 const SEED: u64 = 0x7012_9ac5;
 
 pub fn deterministic(cases: u32) -> Config {
-    let mut config = Config::default(); // reads PROPTEST_CASES and PROPTEST_RNG_SEED
-    config.rng_algorithm = RngAlgorithm::ChaCha;
+    // `default()` reads PROPTEST_CASES and PROPTEST_RNG_SEED.
+    let mut config = Config {
+        rng_algorithm: RngAlgorithm::ChaCha,
+        ..Config::default()
+    };
     if std::env::var_os("PROPTEST_RNG_SEED").is_none() {
         config.rng_seed = RngSeed::Fixed(SEED);
     }
