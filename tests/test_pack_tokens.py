@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet  # noqa: F401  (pa.parquet)
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -99,8 +100,10 @@ def test_sliced_and_chunked_inputs():
     [
         ([[1, 2], [3]], [[1, 2], [3, 4]], "row 1: labels have 2 entries but input_ids have 1"),
         ([[1, 2], [3]], [[1, 2]], "labels have 1 rows but input_ids have 2"),
-        ([[1, 2], [-3]], None, "row 1: value -3 is out of range"),
+        ([[1, 2], [-3]], None, r'column "input_ids", row 1: token id -3 is out of range'),
         ([[1, 2], [2**31]], None, "row 1: value 2147483648 is out of range"),
+        ([[1, 2], [3]], [[1, 2], [-5]], r'column "labels", row 1: label -5 is neither -100 nor'),
+        ([[1, 2], [3]], [[1, 2], [-(2**40)]], "row 1: value -1099511627776 is out of range"),
         (pa.array([[1], None]), None, "row 1 is null"),
         (pa.array([[1], [2, None]]), None, "row 1 holds a null value"),
         (pa.array([1, 2]), None, "must be a list array"),
@@ -121,3 +124,22 @@ def test_same_bytes_for_any_thread_count():
     a = tokpack.pack_tokens(arr, 4096, labels=arr, threads=1)
     b = tokpack.pack_tokens(arr, 4096, labels=arr, threads=2)
     assert a.equals(b)
+
+
+@pytest.mark.parametrize("label", [-5, -1, -101])
+def test_labels_follow_one_rule_in_every_entry_point(tmp_path, label):
+    """-100 or a token id, in pack_tokens as in pack_files (pack_tokens once accepted -5)."""
+    ids, labels = [[1, 2], [3, 4]], [[1, -100], [label, 4]]
+    match = f'row 1, column "labels": label {label} is neither -100 nor a token id'
+    table = pa.table({"input_ids": ids, "labels": labels})
+    pa.parquet.write_table(table, tmp_path / "in.parquet")
+    with pytest.raises(tokpack.DataError, match=match):
+        tokpack.pack_files(tmp_path / "in.parquet", tmp_path / "out", 8)
+    with pytest.raises(tokpack.DataError, match=f'column "labels", row 1: label {label} is'):
+        tokpack.pack_tokens(ids, 8, labels=labels)
+
+
+def test_sliced_away_rows_are_not_checked():
+    labels = pa.array([[-7], [1, -100], [2]])[1:]
+    table = tokpack.pack_tokens(pa.array([[9], [1, 2], [3]])[1:], 8, labels=labels)
+    assert table.column("labels").to_pylist() == [[1, -100, 2]]

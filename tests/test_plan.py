@@ -1,5 +1,7 @@
 """tokpack.plan: invariants (hypothesis), argument handling, figures and determinism."""
 
+import re
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -74,10 +76,60 @@ def test_whole_sample_strategies_pack_each_sample_exactly_once(lengths, max_len,
 
 
 @given(st.lists(st.integers(1, 200), max_size=400), st.integers(200, 600))
-def test_decreasing_strategies_never_use_more_rows_than_next_fit(lengths, max_len):
-    nf = tokpack.plan(lengths, max_len, strategy="next_fit").n_bins
-    assert tokpack.plan(lengths, max_len, strategy="bfd").n_bins <= nf
-    assert tokpack.plan(lengths, max_len, strategy="ffd").n_bins <= nf
+def test_heuristics_meet_their_proven_bounds(lengths, max_len):
+    # Not "decreasing beats next-fit": false on [80, 140, 109, 118, 179, 92] at 389 (next-fit
+    # 2 rows, ffd / bfd 3). Proven: consecutive next-fit rows hold more than max_len together;
+    # first-fit / best-fit leave at most one row at most half full.
+    nf = tokpack.plan(lengths, max_len, strategy="next_fit").row_tokens()
+    assert np.all(nf[:-1] + nf[1:] > max_len)
+    for strategy in ("ffd", "bfd"):
+        rows = tokpack.plan(lengths, max_len, strategy=strategy).row_tokens()
+        assert np.count_nonzero(2 * rows <= max_len) <= 1
+
+
+def test_next_fit_can_beat_the_decreasing_strategies():
+    lengths, max_len = [80, 140, 109, 118, 179, 92], 389
+    rows = {s: tokpack.plan(lengths, max_len, strategy=s).n_bins for s in WHOLE}
+    assert (rows["next_fit"], rows["ffd"], rows["bfd"]) == (2, 3, 3)
+
+
+def sample_classes(p):
+    """(whole, truncated, split, dropped) sample id sets; asserts they are disjoint."""
+    segments = np.bincount(p.sample_ids, minlength=p.n_samples)
+    truncated, split, dropped = (set(a.tolist()) for a in (p.truncated, p.split, p.dropped))
+    assert not (truncated & split) and not (truncated & dropped) and not (split & dropped)
+    assert all(segments[i] >= 2 for i in split)
+    whole = set(range(p.n_samples)) - truncated - split - dropped
+    assert all(segments[i] == 1 for i in whole)
+    return whole, truncated, split, dropped
+
+
+@given(
+    lengths_st,
+    st.integers(1, 256),
+    st.sampled_from(["truncate", "drop", "split"]),
+    st.sampled_from(ALL),
+)
+def test_every_sample_is_in_exactly_one_class(lengths, max_len, overlong, strategy):
+    p = tokpack.plan(lengths, max_len, strategy=strategy, overlong=overlong, seed=3)
+    classes = sample_classes(p)
+    assert sum(len(c) for c in classes) == len(lengths)
+
+
+def test_random_with_truncate_counts_each_sample_once():
+    p = tokpack.plan([10, 100, 20, 100, 7], 64, strategy="random", overlong="truncate")
+    assert p.truncated.tolist() == [1, 3]
+    assert not set(p.split.tolist()) & {1, 3}
+    lengths = sft_lengths(2000, seed=4)
+    p = tokpack.plan(lengths, 512, strategy="random", overlong="truncate")
+    whole, truncated, split, dropped = sample_classes(p)
+    assert len(whole) == 2000 - len(truncated) - len(split) - len(dropped) >= 0
+
+
+@pytest.mark.parametrize("length", [2**40, 2**63 - 1])
+def test_absurd_split_is_an_error_not_an_abort(length):
+    with pytest.raises(tokpack.DataError, match="sample 0 has .* a plan can hold"):
+        tokpack.plan([length, 3], 8, overlong="split")
 
 
 @pytest.mark.parametrize("strategy", ALL)
@@ -170,6 +222,19 @@ def test_overlong_error_names_the_sample():
         (dict(lengths=[[1], [2]], max_len=8), tokpack.DataError, "1-D"),
         (dict(lengths=[1], max_len=8, threads=0), tokpack.ConfigError, "threads"),
         (dict(lengths=[1], max_len=8.5), tokpack.ConfigError, "max_len must be an integer"),
+        (dict(lengths=[1], max_len=10**20), tokpack.ConfigError, "max_len .* at most 2147483647"),
+        (
+            dict(lengths=[1], max_len=8, seed=2**64),
+            tokpack.ConfigError,
+            "seed .* at most 18446744073709551615",
+        ),
+        (dict(lengths=[1], max_len=8, seed=-1), tokpack.ConfigError, "seed must be at least 0"),
+        (
+            dict(lengths=[1], max_len=8, threads=1025),
+            tokpack.ConfigError,
+            "threads .* at most 1024",
+        ),
+        (dict(lengths=[1], max_len=8, threads=10**20), tokpack.ConfigError, "at most 1024"),
     ],
 )
 def test_bad_arguments_raise_value_errors(kwargs, error, match):
@@ -185,3 +250,53 @@ def test_row_accessor():
     assert ids.tolist() == [1, 2] and lens.tolist() == [6, 4] and starts.tolist() == [0, 0]
     with pytest.raises(IndexError):
         p.row(2)
+
+
+@pytest.mark.parametrize("value", ["1025", "10000", "0", "lots"])
+def test_bad_thread_count_in_the_environment_is_refused(monkeypatch, value):
+    monkeypatch.setenv("TOKPACK_NUM_THREADS", value)
+    with pytest.raises(tokpack.ConfigError, match="TOKPACK_NUM_THREADS .*1 and 1024"):
+        tokpack.plan([1, 2], 8)
+
+
+def test_thread_counts_above_256_give_the_same_plan(monkeypatch):
+    lengths = sft_lengths(5000, seed=3)
+    a = tokpack.plan(lengths, 1024, overlong="split", threads=1)
+    b = tokpack.plan(lengths, 1024, overlong="split", threads=258)
+    np.testing.assert_array_equal(a.sample_ids, b.sample_ids)
+    monkeypatch.setenv("TOKPACK_NUM_THREADS", "270")
+    c = tokpack.plan(lengths, 1024, overlong="split")
+    np.testing.assert_array_equal(c.sample_ids, a.sample_ids)
+
+
+HUGE = "99999999999999999999"
+
+
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["pack", "IN", "-o", "OUT", "--max-len", HUGE], "max_len must be at least 1 and at most"),
+        (["pack", "IN", "-o", "OUT", "--row-group-rows", HUGE], "row_group_rows must be at least"),
+        (["pack", "IN", "-o", "OUT", "--rows-per-shard", "0"], "rows_per_shard must be at least"),
+        (["pack", "IN", "-o", "OUT", "--seed", HUGE], "seed must be at least 0 and at most"),
+        (["pack", "IN", "-o", "OUT", "--threads", "10000"], "threads .* at most 1024"),
+        (["stats", "IN", "--max-len", HUGE], "max_len must be at least 1 and at most"),
+        (["stats", "IN", "--threads", HUGE], "threads .* at most 1024"),
+        (["tokenize", "IN", "-o", "OUT", "--tokenizer", "T", "--max-len", HUGE], "max_len"),
+        (["tokenize", "IN", "-o", "OUT", "--tokenizer", "T", "--shard-rows", HUGE], "shard_rows"),
+        (["tokenize", "IN", "-o", "OUT", "--tokenizer", "T", "--threads", HUGE], "threads"),
+    ],
+)
+def test_numeric_options_out_of_range_give_one_line_errors(tmp_path, capsys, argv, match):
+    import pyarrow.parquet as pq
+
+    from tokpack.cli import main
+
+    pq.write_table(pa.table({"input_ids": [[1, 2, 3]]}), tmp_path / "in.parquet")
+    paths = {"IN": str(tmp_path / "in.parquet"), "OUT": str(tmp_path / "out")}
+    argv = [paths.get(a, a) for a in argv] + ["--quiet"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert re.search(f"^tokpack {argv[0]}: error: .*{match}", err), err
+    assert not (tmp_path / "out").exists()

@@ -48,29 +48,25 @@ def as_lengths(lengths: Any) -> np.ndarray:
     return arr.astype(np.int64)
 
 
-def _int32_values(values: np.ndarray, offsets: np.ndarray, column: str, allow_negative: bool):
+def _int32_values(values: np.ndarray, offsets: np.ndarray, column: str) -> np.ndarray:
+    """The values as int32. Only the int32 range is checked here; which values a column may
+    hold (token ids >= 0, labels -100 or a token id) is checked by the core, with the same rule
+    as for files."""
     if values.dtype == np.bool_ or values.dtype.kind not in "iu":
         raise DataError(f"column {column!r}: token values must be integers, got {values.dtype}")
-    if values.size:
-        floor = int(np.iinfo(np.int32).min) if allow_negative else 0
-        lo, hi = int(values.min()), int(values.max())
-        bad = None
-        if hi > INT32_MAX:
-            bad = int(np.argmax(values > INT32_MAX))
-        elif lo < floor:
-            bad = int(np.argmax(values < floor))
-        if bad is not None:
+    if values.size and values.dtype.itemsize * 8 > (32 if values.dtype.kind == "i" else 31):
+        outside = (values > INT32_MAX) | (values < np.iinfo(np.int32).min)
+        if outside.any():
+            bad = int(np.argmax(outside))
             row = int(np.searchsorted(offsets, bad, side="right")) - 1
             raise DataError(
                 f"column {column!r}, row {row}: value {int(values[bad])} is out of range "
-                f"({'int32' if allow_negative else '0..2^31-1'})"
+                "(not an int32)"
             )
     return np.ascontiguousarray(values, dtype=np.int32)
 
 
-def as_flat_column(
-    column: Any, name: str, allow_negative: bool = False
-) -> Tuple[np.ndarray, np.ndarray]:
+def as_flat_column(column: Any, name: str) -> Tuple[np.ndarray, np.ndarray]:
     """A list column (pyarrow list array, or a sequence of 1-D arrays) as int32 values plus
     int64 offsets into them."""
     if isinstance(column, pa.ChunkedArray):
@@ -91,7 +87,7 @@ def as_flat_column(
                 raise DataError(f"column {name!r}, row {row} holds a null value")
             child = child.fill_null(0)
         values = child.to_numpy(zero_copy_only=False)
-        return _int32_values(values, offsets, name, allow_negative), offsets
+        return _int32_values(values, offsets, name), offsets
     parts = [to_numpy_1d(seq, f"{name}[{i}]") for i, seq in enumerate(column)]
     offsets = np.zeros(len(parts) + 1, dtype=np.int64)
     if parts:
@@ -99,7 +95,7 @@ def as_flat_column(
         values = np.concatenate(parts) if offsets[-1] else np.zeros(0, dtype=np.int64)
     else:
         values = np.zeros(0, dtype=np.int64)
-    return _int32_values(values, offsets, name, allow_negative), offsets
+    return _int32_values(values, offsets, name), offsets
 
 
 def list_array(offsets: np.ndarray, values: np.ndarray, value_type: Optional[pa.DataType] = None):

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from . import _tokpack
-from ._inputs import RAW_SUFFIXES, TOKEN_SUFFIXES, PathsLike, resolve_inputs
+from ._inputs import RAW_SUFFIXES, TOKEN_SUFFIXES, PathsLike, resolve_inputs, shown_path
 from ._outdir import (
     MANIFEST_NAME,
     SIDE_DIR,
@@ -36,9 +36,16 @@ from ._outdir import (
 )
 from ._progress import run_with_progress
 from .errors import ConfigError
-from .planning import OVERLONG_POLICIES, STRATEGIES, checked_args
+from .planning import (
+    MAX_ROWS,
+    OVERLONG_POLICIES,
+    STRATEGIES,
+    check_int,
+    checked_args,
+    checked_threads,
+)
 from .tokenize import REJECTED_NAME, tokenize_to_batches
-from .tokenize.formats import is_parquet, shown_path
+from .tokenize.formats import is_parquet
 from .tokenize.pipeline import SOURCE_SCHEMA
 from .tokenize.progress import Progress
 from .tokenize.writer import _RejectedFile, open_for_writing, writing
@@ -68,8 +75,8 @@ def read_lengths(
     progress: bool = False,
 ) -> np.ndarray:
     """Sample lengths (int64) of the token column across the inputs, read in Rust."""
+    threads = checked_threads(threads)
     paths = resolve_inputs(inputs, TOKEN_SUFFIXES)
-    _, _, threads = checked_args(1, 0, threads)
     lengths, _ = run_with_progress(
         lambda p: _tokpack.read_lengths(
             [str(x) for x in paths], tokens_column, BATCH_ROWS, threads, p
@@ -87,8 +94,7 @@ def _config(**kw: Any) -> Dict[str, Any]:
             f"unknown overlong policy {kw['overlong']!r}; expected one of {OVERLONG_POLICIES}"
         )
     for name in ("rows_per_shard", "row_group_rows"):
-        if not isinstance(kw[name], int) or kw[name] < 1:
-            raise ConfigError(f"{name} must be a positive integer, got {kw[name]!r}")
+        kw[name] = check_int(kw[name], name, 1, MAX_ROWS)
     if kw["loss_mask_column"] is not None and kw["labels_column"] not in (None, "labels"):
         raise ConfigError("pass either labels_column or loss_mask_column, not both")
     return {"format_version": FORMAT_VERSION, **kw}

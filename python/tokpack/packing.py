@@ -32,7 +32,8 @@ def pack_tokens(
     Args:
         input_ids: a pyarrow list array (list/large_list of integers, chunked or not) or a
             sequence of 1-D integer arrays / lists.
-        labels: optional, same shape as ``input_ids`` (-100 = not trained on).
+        labels: optional, same shape as ``input_ids``: -100 (not trained on) or a token id,
+            the same rule as :func:`tokpack.pack_files`.
         strategy, overlong, seed, threads: as in :func:`tokpack.plan`.
         return_plan: also return the :class:`tokpack.Plan` (to see dropped / truncated samples).
 
@@ -50,7 +51,7 @@ def pack_tokens(
     values, offsets = as_flat_column(input_ids, "input_ids")
     label_values = label_offsets = None
     if labels is not None:
-        label_values, label_offsets = as_flat_column(labels, "labels", allow_negative=True)
+        label_values, label_offsets = as_flat_column(labels, "labels")
         if len(label_offsets) != len(offsets):
             raise DataError(
                 f"labels have {len(label_offsets) - 1} rows but input_ids have {len(offsets) - 1}"

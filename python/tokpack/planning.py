@@ -141,23 +141,37 @@ def plan(
     return Plan._from_rust(parts, strategy)
 
 
-def _integer(value: Any, name: str) -> int:
+# Ranges of the numeric arguments. max_len: the core's row capacity (int32 token offsets);
+# row counts: a row group of row_group_rows * max_len tokens must fit in int32 anyway.
+MAX_LEN = 2**31 - 1
+MAX_ROWS = 2**31 - 1
+MAX_SEED = 2**64 - 1
+MAX_THREADS = _tokpack.MAX_THREADS
+
+
+def check_int(value: Any, name: str, lo: int, hi: int) -> int:
+    """``value`` as an int in ``lo..=hi``, else a ConfigError naming the argument and its range
+    (never an OverflowError later, in numpy or Rust). The one checker of numeric arguments."""
     try:
-        return operator.index(value)
+        if isinstance(value, bool):
+            raise TypeError
+        number = operator.index(value)
     except TypeError:
-        raise ConfigError(f"{name} must be an integer, got {value!r}") from None
+        raise ConfigError(f"{name} must be an integer in {lo}..{hi}, got {value!r}") from None
+    if not lo <= number <= hi:
+        raise ConfigError(f"{name} must be at least {lo} and at most {hi}, got {number}")
+    return number
+
+
+def checked_threads(threads: Any) -> Optional[int]:
+    """``None`` (``TOKPACK_NUM_THREADS``, else all cores) or 1..MAX_THREADS."""
+    return None if threads is None else check_int(threads, "threads", 1, MAX_THREADS)
 
 
 def checked_args(max_len: Any, seed: Any, threads: Any) -> Tuple[int, int, Optional[int]]:
     """Validates the arguments every packing entry point shares."""
-    max_len = _integer(max_len, "max_len")
-    if max_len < 1:
-        raise ConfigError(f"max_len must be at least 1, got {max_len}")
-    seed = _integer(seed, "seed")
-    if not 0 <= seed < 2**64:
-        raise ConfigError(f"seed must be in 0..2**64, got {seed}")
-    if threads is not None:
-        threads = _integer(threads, "threads")
-        if threads < 1:
-            raise ConfigError(f"threads must be at least 1 (or None for all cores), got {threads}")
-    return max_len, seed, threads
+    return (
+        check_int(max_len, "max_len", 1, MAX_LEN),
+        check_int(seed, "seed", 0, MAX_SEED),
+        checked_threads(threads),
+    )

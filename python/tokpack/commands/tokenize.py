@@ -7,7 +7,7 @@ import argparse
 from typing import Dict, List, Optional
 
 from ..errors import ConfigError
-from ..planning import OVERLONG_POLICIES
+from ..planning import MAX_LEN, MAX_ROWS, OVERLONG_POLICIES, check_int, checked_threads
 from ..tokenize.formats import DEFAULT_COLUMNS, FORMATS
 from ..tokenize.template import TRAIN_ON
 from ..tokenize.tokenizer import ENCODERS
@@ -120,6 +120,12 @@ def _columns(items: List[str]) -> Optional[Dict[str, str]]:
 def run(args: argparse.Namespace) -> int:
     from ..tokenize import tokenize_files
 
+    # The numeric options, checked as pack's are: a ConfigError naming the range, not an
+    # OverflowError deep in the pipeline.
+    if args.max_len is not None:
+        check_int(args.max_len, "max_len", 1, MAX_LEN)
+    check_int(args.shard_rows, "shard_rows", 1, MAX_ROWS)
+    checked_threads(args.threads)
     manifest = tokenize_files(
         args.inputs,
         args.output,

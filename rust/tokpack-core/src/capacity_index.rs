@@ -73,6 +73,11 @@ impl SuccessorSet {
     }
 }
 
+// The property tests' shared configuration (fixed seed), as the integration tests use it.
+#[cfg(test)]
+#[path = "../tests/common/mod.rs"]
+mod proptest_common;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -80,6 +85,7 @@ mod tests {
     use std::collections::BTreeSet;
 
     proptest! {
+        #![proptest_config(super::proptest_common::deterministic(256))]
         #[test]
         fn matches_btreeset(max in 1usize..5000, ops in proptest::collection::vec((0u8..3, 0usize..5000), 0..300)) {
             let mut set = SuccessorSet::new(max);

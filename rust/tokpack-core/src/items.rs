@@ -45,15 +45,81 @@ impl Length for u32 {
 
 const CHUNK: usize = 1 << 16;
 
+/// The most items (samples and split pieces) a plan holds: the strategies index items with
+/// u32. Checked before anything is allocated, so an absurd length with `overlong="split"` is an
+/// error, not an abort or the OOM killer.
+pub const MAX_ITEMS: u64 = u32::MAX as u64;
+
+/// Items sample `length` becomes under `overlong`.
+fn pieces(length: i64, cap: i64, overlong: Overlong) -> u64 {
+    match overlong {
+        _ if length <= 0 => 0,
+        _ if length <= cap => 1,
+        Overlong::Split => (length as u64).div_ceil(cap as u64),
+        Overlong::Truncate => 1,
+        Overlong::Drop | Overlong::Error => 0,
+    }
+}
+
+fn count_items<L: Length>(chunk: &[L], cap: i64, overlong: Overlong) -> u64 {
+    chunk.iter().fold(0u64, |n, &l| {
+        n.saturating_add(pieces(l.to_i64(), cap, overlong))
+    })
+}
+
+fn too_many_items<L: Length>(lengths: &[L], max_len: u32, overlong: Overlong) -> CoreError {
+    let cap = i64::from(max_len);
+    let mut total = 0u64;
+    for (index, &l) in lengths.iter().enumerate() {
+        total = total.saturating_add(pieces(l.to_i64(), cap, overlong));
+        if total > MAX_ITEMS {
+            return CoreError::Data(format!(
+                "sample {index} has {} tokens: with max_len={max_len} the samples up to it make \
+                 {total} pieces, more than the {MAX_ITEMS} a plan can hold; raise max_len or \
+                 filter out the longest samples",
+                l.to_i64()
+            ));
+        }
+    }
+    unreachable!("called only when the items exceed MAX_ITEMS")
+}
+
+fn reserve(items: &mut Vec<Item>, n: u64) -> Result<()> {
+    items.try_reserve_exact(n as usize).map_err(|_| {
+        CoreError::Data(format!(
+            "planning {n} pieces needs {} GiB of memory, more than is available; raise max_len \
+             or filter out the longest samples",
+            (n * std::mem::size_of::<Item>() as u64) >> 30
+        ))
+    })
+}
+
+fn add_tokens(total: u64, more: u64) -> Result<u64> {
+    total
+        .checked_add(more)
+        .ok_or_else(|| CoreError::Data("the sample lengths add up to more than 2^64 tokens".into()))
+}
+
 pub fn build_items<L: Length>(lengths: &[L], max_len: u32, overlong: Overlong) -> Result<Items> {
+    let cap = i64::from(max_len);
+    let counts: Vec<u64> = lengths
+        .par_chunks(CHUNK)
+        .map(|chunk| count_items(chunk, cap, overlong))
+        .collect();
+    let total = counts.iter().fold(0u64, |a, &b| a.saturating_add(b));
+    if total > MAX_ITEMS {
+        return Err(too_many_items(lengths, max_len, overlong));
+    }
     // Chunks are processed in parallel and concatenated in order, so the result is the same
     // for any thread count; the first error in sample order wins.
     let parts: Vec<Result<Items>> = lengths
         .par_chunks(CHUNK)
+        .zip(counts)
         .enumerate()
-        .map(|(c, chunk)| build_chunk(chunk, c * CHUNK, max_len, overlong))
+        .map(|(c, (chunk, n))| build_chunk(chunk, c * CHUNK, n, max_len, overlong))
         .collect();
     let mut all = Items::default();
+    reserve(&mut all.items, total)?;
     for part in parts {
         let part = part?;
         all.items.extend_from_slice(&part.items);
@@ -61,7 +127,7 @@ pub fn build_items<L: Length>(lengths: &[L], max_len: u32, overlong: Overlong) -
         all.empty.extend_from_slice(&part.empty);
         all.truncated.extend_from_slice(&part.truncated);
         all.split.extend_from_slice(&part.split);
-        all.input_tokens += part.input_tokens;
+        all.input_tokens = add_tokens(all.input_tokens, part.input_tokens)?;
     }
     Ok(all)
 }
@@ -69,13 +135,12 @@ pub fn build_items<L: Length>(lengths: &[L], max_len: u32, overlong: Overlong) -
 fn build_chunk<L: Length>(
     chunk: &[L],
     base: usize,
+    n_items: u64,
     max_len: u32,
     overlong: Overlong,
 ) -> Result<Items> {
-    let mut out = Items {
-        items: Vec::with_capacity(chunk.len()),
-        ..Items::default()
-    };
+    let mut out = Items::default();
+    reserve(&mut out.items, n_items)?;
     let cap = i64::from(max_len);
     for (i, &raw) in chunk.iter().enumerate() {
         let index = base + i;
@@ -86,7 +151,7 @@ fn build_chunk<L: Length>(
                 "sample {index} has a negative length ({length})"
             )));
         }
-        out.input_tokens += length as u64;
+        out.input_tokens = add_tokens(out.input_tokens, length as u64)?;
         if length == 0 {
             out.empty.push(sample);
             continue;

@@ -103,7 +103,8 @@ pub struct Plan {
     pub empty: Vec<i64>,
     /// Samples cut to max_len (`truncate`), ascending.
     pub truncated: Vec<i64>,
-    /// Samples packed as several pieces (`split`, or cut by the `random` strategy), ascending.
+    /// Samples packed whole but in several pieces (`split`, or cut across rows by the `random`
+    /// strategy), ascending; never also in `truncated`.
     pub split: Vec<i64>,
     pub n_samples: usize,
     /// Tokens in the input, before truncation or dropping.
@@ -162,9 +163,14 @@ pub fn plan<L: Length>(lengths: &[L], config: &PlanConfig) -> Result<Plan> {
         Strategy::Padding => (strategies::padding(&items.items), Vec::new()),
         Strategy::Random => strategies::random_concat(&items.items, max_len, config.seed),
     };
+    // Every sample is in exactly one class: a truncated sample that `random` also cuts across
+    // rows stays "truncated" (it lost tokens), never "split" as well.
     let mut split = items.split;
     if !cut.is_empty() {
-        split.extend_from_slice(&cut);
+        split.extend(
+            cut.into_iter()
+                .filter(|s| items.truncated.binary_search(s).is_err()),
+        );
         split.sort_unstable();
         split.dedup();
     }

@@ -4,6 +4,7 @@
 use arrow::array::{ArrayRef, ListArray, RecordBatch};
 use arrow::datatypes::Int64Type;
 use parquet::arrow::ArrowWriter;
+use parquet::file::properties::WriterProperties;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -11,11 +12,19 @@ use tokpack_core::io::{pack_files, parse_compression, LabelSource, PackFilesConf
 use tokpack_core::{pool, CoreError, PlanConfig};
 
 fn write_input(path: &Path, rows: &[Vec<i64>]) {
+    write_row_groups(path, rows, 1 << 20);
+}
+
+fn write_row_groups(path: &Path, rows: &[Vec<i64>], row_group_rows: usize) {
     let ids: ListArray = ListArray::from_iter_primitive::<Int64Type, _, _>(
         rows.iter().map(|r| Some(r.iter().map(|&v| Some(v)))),
     );
     let batch = RecordBatch::try_from_iter([("input_ids", Arc::new(ids) as ArrayRef)]).unwrap();
-    let mut w = ArrowWriter::try_new(File::create(path).unwrap(), batch.schema(), None).unwrap();
+    let props = WriterProperties::builder()
+        .set_max_row_group_row_count(Some(row_group_rows))
+        .build();
+    let mut w =
+        ArrowWriter::try_new(File::create(path).unwrap(), batch.schema(), Some(props)).unwrap();
     w.write(&batch).unwrap();
     w.close().unwrap();
 }
@@ -46,27 +55,60 @@ fn temp_dir(tag: &str) -> PathBuf {
     dir
 }
 
-#[test]
-fn output_bytes_do_not_depend_on_threads() {
-    let dir = temp_dir("threads");
-    let rows: Vec<Vec<i64>> = (0..40).map(|i| (0..(i * 7 % 23)).collect()).collect();
-    write_input(&dir.join("a.parquet"), &rows);
+/// Packs `rows` (written in row groups of `row_group_rows`) once per thread count and checks
+/// that every output file is byte-identical.
+fn assert_same_bytes(tag: &str, rows: &[Vec<i64>], row_group_rows: usize, threads: &[usize]) {
+    let dir = temp_dir(tag);
+    write_row_groups(&dir.join("a.parquet"), rows, row_group_rows);
     let inputs = vec![dir.join("a.parquet")];
     let mut outs = Vec::new();
-    for threads in [1, 2] {
+    for &threads in threads {
         let cfg = config(&dir, inputs.clone(), &format!("out{threads}"));
         let outcome = pool::install(Some(threads), || pack_files(&cfg, &Progress::new())).unwrap();
-        assert_eq!(outcome.input_rows, vec![40]);
+        assert_eq!(outcome.input_rows, vec![rows.len() as u64]);
         assert!(outcome.shards.len() > 1);
         outs.push((cfg.out_dir.clone(), outcome.shards));
     }
-    for (a, b) in outs[0].1.iter().zip(&outs[1].1) {
-        assert_eq!(a.checksum, b.checksum);
-        let bytes = |d: &Path, f: &str| std::fs::read(d.join(f)).unwrap();
-        assert_eq!(bytes(&outs[0].0, &a.file), bytes(&outs[1].0, &b.file));
-        assert_eq!(bytes(&outs[0].0, &a.index), bytes(&outs[1].0, &b.index));
+    for other in &outs[1..] {
+        assert_eq!(outs[0].1.len(), other.1.len());
+        for (a, b) in outs[0].1.iter().zip(&other.1) {
+            assert_eq!(a.checksum, b.checksum);
+            let bytes = |d: &Path, f: &str| std::fs::read(d.join(f)).unwrap();
+            assert_eq!(bytes(&outs[0].0, &a.file), bytes(&other.0, &b.file));
+            assert_eq!(bytes(&outs[0].0, &a.index), bytes(&other.0, &b.index));
+        }
     }
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn output_bytes_do_not_depend_on_threads() {
+    let rows: Vec<Vec<i64>> = (0..40).map(|i| (0..(i * 7 % 23)).collect()).collect();
+    assert_same_bytes("threads", &rows, 1 << 20, &[1, 2]);
+}
+
+/// More than 256 threads: the spill location once kept the worker in 8 bits, so workers 256 and
+/// up read another worker's tokens (wrong output, exit 0). 1,000 one-row units keep every
+/// thread busy enough that some thread above 255 appends.
+#[test]
+fn output_bytes_are_the_same_above_256_threads() {
+    let rows: Vec<Vec<i64>> = (0..1000i64)
+        .map(|i| (0..(i * 7 % 23 + 1)).map(|t| i * 100 + t).collect())
+        .collect();
+    assert_same_bytes("threads258", &rows, 1, &[1, 258]);
+}
+
+#[test]
+fn absurd_thread_counts_are_refused_up_front() {
+    for threads in [0, pool::MAX_THREADS + 1, 10_000] {
+        match pool::install(Some(threads), || Ok(())) {
+            Err(CoreError::Config(msg)) => assert!(
+                msg.contains(&format!("between 1 and {}", pool::MAX_THREADS)),
+                "{msg}"
+            ),
+            other => panic!("threads={threads} gave {other:?}"),
+        }
+    }
 }
 
 #[test]

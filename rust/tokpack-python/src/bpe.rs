@@ -72,11 +72,13 @@ impl BpeEncoder {
             ));
         }
         let spans: Vec<(i64, i64)> = starts.iter().copied().zip(ends.iter().copied()).collect();
-        let out = py.detach(|| {
-            pool::install(threads, || {
-                bpe::encode_batch(&self.0, &texts, offsets, &spans)
+        let out = py
+            .detach(|| {
+                pool::install(threads, || {
+                    Ok(bpe::encode_batch(&self.0, &texts, offsets, &spans))
+                })
             })
-        });
+            .map_err(crate::errors::to_py)?;
         Ok((
             out.ids.into_pyarray(py),
             out.labels.into_pyarray(py),

@@ -11,6 +11,7 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _tokpack(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("MAX_THREADS", tokpack_core::pool::MAX_THREADS)?;
     m.add_function(wrap_pyfunction!(plan::plan, m)?)?;
     m.add_function(wrap_pyfunction!(plan::pack_flat, m)?)?;
     m.add_function(wrap_pyfunction!(plan::default_threads, m)?)?;

@@ -4,6 +4,7 @@ use crate::errors::to_py;
 use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
+use tokpack_core::io::columns::{check_flat, Role};
 use tokpack_core::{materialize, pool, FlatColumn, Plan, PlanConfig};
 
 fn plan_tuple<'py>(py: Python<'py>, plan: Plan) -> PyResult<Bound<'py, PyTuple>> {
@@ -84,9 +85,11 @@ pub fn pack_flat<'py>(
     let result: tokpack_core::Result<PackOutput> = py.detach(|| {
         pool::install(threads, || {
             tokens.validate("input_ids")?;
+            check_flat(tokens.values, tokens.offsets, "input_ids", Role::Tokens)?;
             if let Some(l) = &labels {
                 l.validate("labels")?;
                 tokpack_core::check_labels_aligned(&tokens, l)?;
+                check_flat(l.values, l.offsets, "labels", Role::Labels)?;
             }
             let plan = tokpack_core::plan(&tokens.lengths(), &config)?;
             let rows = materialize(&plan, &tokens, labels.as_ref());
@@ -109,6 +112,6 @@ pub fn pack_flat<'py>(
 
 /// Threads used when `threads=None`: `TOKPACK_NUM_THREADS`, else all cores.
 #[pyfunction]
-pub fn default_threads() -> usize {
-    pool::default_threads()
+pub fn default_threads() -> PyResult<usize> {
+    pool::default_threads().map_err(to_py)
 }

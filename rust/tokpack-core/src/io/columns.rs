@@ -163,6 +163,26 @@ pub fn flatten(array: &ArrayRef, column: &str, role: Role, loc: &Location) -> Re
     Ok(Flat { values, offsets })
 }
 
+/// Checks the values of an in-memory column (`pack_tokens`) with the same rule as files: the
+/// error names the column and row of the first bad value.
+/// `offsets` must be valid over `values` (values outside them, e.g. of a sliced array, are
+/// not looked at).
+pub fn check_flat(values: &[i32], offsets: &[i64], column: &str, role: Role) -> Result<()> {
+    let (Some(&first), Some(&last)) = (offsets.first(), offsets.last()) else {
+        return Ok(());
+    };
+    let used = &values[first as usize..last as usize];
+    check_values(used, role).map_err(|k| {
+        let at = first + k as i64;
+        let row = offsets.partition_point(|&o| o <= at).saturating_sub(1);
+        out_of_range(
+            &format!("column {column:?}, row {row}"),
+            role,
+            &used[k].to_string(),
+        )
+    })
+}
+
 fn out_of_range(at: &str, role: Role, value: &str) -> CoreError {
     let what = match role {
         Role::Tokens => format!("token id {value} is out of range (0..=2147483647)"),

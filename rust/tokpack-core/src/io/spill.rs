@@ -1,6 +1,7 @@
 //! Spill files: the tokens (and labels) of every sample, kept on disk between reading and
-//! writing so memory does not grow with the corpus. Each worker thread appends to its own file;
-//! a sample is found again by a 64-bit location (worker in the top byte, position below).
+//! writing so memory does not grow with the corpus. Worker threads append to [`MAX_FILES`] files
+//! at most (worker `w` to file `w % files`, a mutex per file serialises appends); a sample is
+//! found again by a 64-bit location (file in the top byte, position below).
 //!
 //! Reads use positioned reads (`pread`), not a memory map: pages of a mapped file count in the
 //! process's resident memory, while `pread` copies only what each row group needs.
@@ -12,7 +13,12 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-const WORKER_SHIFT: u32 = 56;
+const FILE_SHIFT: u32 = 56;
+
+/// Spill files per kind. Must fit in the location's top byte; a few dozen already keep the
+/// threads from waiting on each other's appends.
+pub const MAX_FILES: usize = 64;
+const _: () = assert!(MAX_FILES <= 1 << (64 - FILE_SHIFT));
 
 struct Appender {
     tokens: File,
@@ -21,10 +27,10 @@ struct Appender {
     len: u64,
 }
 
-/// The writing side: one file (two with labels) per worker.
+/// The writing side: one file (two with labels) per worker, at most [`MAX_FILES`].
 pub struct Spill {
     dir: PathBuf,
-    workers: Vec<Mutex<Appender>>,
+    files: Vec<Mutex<Appender>>,
 }
 
 fn io_err(path: &Path, e: std::io::Error) -> CoreError {
@@ -44,8 +50,9 @@ fn bytes_mut(v: &mut [i32]) -> &mut [u8] {
 impl Spill {
     /// Creates the spill files in `dir` (which must exist) for `workers` threads.
     pub fn create(dir: &Path, workers: usize, with_labels: bool) -> Result<Self> {
-        let mut out = Vec::with_capacity(workers);
-        for w in 0..workers {
+        let n = workers.clamp(1, MAX_FILES);
+        let mut out = Vec::with_capacity(n);
+        for w in 0..n {
             let open = |name: String| {
                 let path = dir.join(name);
                 File::options()
@@ -69,16 +76,14 @@ impl Spill {
         }
         Ok(Self {
             dir: dir.to_path_buf(),
-            workers: out,
+            files: out,
         })
     }
 
     /// Appends one batch of samples; returns the location of its first value.
     pub fn append(&self, worker: usize, tokens: &[i32], labels: Option<&[i32]>) -> Result<u64> {
-        let worker = worker % self.workers.len();
-        let mut a = self.workers[worker]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let file = worker % self.files.len();
+        let mut a = self.files[file].lock().unwrap_or_else(|e| e.into_inner());
         a.tokens
             .write_all(bytes(tokens))
             .map_err(|e| io_err(&self.dir, e))?;
@@ -87,14 +92,14 @@ impl Spill {
         }
         let pos = a.len;
         a.len += tokens.len() as u64;
-        Ok(((worker as u64) << WORKER_SHIFT) | pos)
+        Ok(((file as u64) << FILE_SHIFT) | pos)
     }
 
     /// The reading side over the same files.
     pub fn into_reader(self) -> SpillReader {
-        let mut tokens = Vec::with_capacity(self.workers.len());
-        let mut labels = Vec::with_capacity(self.workers.len());
-        for m in self.workers {
+        let mut tokens = Vec::with_capacity(self.files.len());
+        let mut labels = Vec::with_capacity(self.files.len());
+        for m in self.files {
             let a = m.into_inner().unwrap_or_else(|e| e.into_inner());
             tokens.push(a.tokens);
             if let Some(l) = a.labels {
@@ -122,9 +127,9 @@ pub struct SpillReader {
 
 impl SpillReader {
     fn read(&self, files: &[File], loc: u64, start: i64, out: &mut [i32]) -> Result<()> {
-        let worker = (loc >> WORKER_SHIFT) as usize;
-        let pos = (loc & ((1 << WORKER_SHIFT) - 1)) + start as u64;
-        files[worker]
+        let file = (loc >> FILE_SHIFT) as usize;
+        let pos = (loc & ((1 << FILE_SHIFT) - 1)) + start as u64;
+        files[file]
             .read_exact_at(bytes_mut(out), pos * 4)
             .map_err(|e| io_err(&self.dir, e))
     }
@@ -140,5 +145,31 @@ impl SpillReader {
             Some(files) => self.read(files, loc, start, out),
             None => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Workers 256 and up once wrapped around the location's top byte and read another
+    /// worker's file (wrong tokens, or "failed to fill whole buffer").
+    #[test]
+    fn any_worker_index_reads_back_its_own_values() {
+        let dir = std::env::temp_dir().join(format!("tokpack-spill-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let spill = Spill::create(&dir, 300, false).unwrap();
+        let locs: Vec<(usize, u64)> = [0usize, 1, 63, 64, 255, 256, 257, 299]
+            .iter()
+            .map(|&w| (w, spill.append(w, &[w as i32, -(w as i32)], None).unwrap()))
+            .collect();
+        let reader = spill.into_reader();
+        for (w, loc) in locs {
+            let mut out = [0i32; 2];
+            reader.tokens(loc, 0, &mut out).unwrap();
+            assert_eq!(out, [w as i32, -(w as i32)], "worker {w}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
