@@ -372,3 +372,21 @@ def test_unreadable_files_are_reported(tmp_path, tok_dir):
         run(latin, tok_dir)
     with pytest.raises(tokpack.InputNotFoundError):
         run(tmp_path / "missing.jsonl", tok_dir)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda p: tokpack.tokenize_to_batches([p], p, max_len=10**30),
+        lambda p: tokpack.tokenize_to_batches([p], p, threads=10**30),
+        lambda p: tokpack.tokenize_to_batches([p], p, batch_size=10**30),
+        lambda p: tokpack.tokenize_to_batches([p], p, batch_size=True),
+        lambda p: tokpack.tokenize_files([p], p.parent / "out", p, shard_rows=10**30),
+        lambda p: list(tokpack.streaming_dataset_reader(p, batch_size=10**30)),
+    ],
+)
+def test_numeric_options_out_of_range_are_config_errors(tmp_path, call):
+    path = tmp_path / "chat.jsonl"
+    path.write_text('{"text": "hi"}\n')
+    with pytest.raises(tokpack.ConfigError, match="must be"):
+        call(path)

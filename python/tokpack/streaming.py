@@ -14,7 +14,8 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from ._inputs import TOKEN_SUFFIXES, PathsLike, resolve_inputs
-from .errors import ConfigError, DataError
+from .errors import DataError
+from .planning import MAX_ROWS, check_int
 
 __all__ = ["streaming_dataset_reader"]
 
@@ -50,8 +51,7 @@ def streaming_dataset_reader(
     >>> for batch in streaming_dataset_reader("data/", batch_size=100):  # doctest: +SKIP
     ...     buffer.extend(batch["input_ids"])
     """
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-        raise ConfigError(f"batch_size must be a positive int, got {batch_size!r}")
+    batch_size = check_int(batch_size, "batch_size", 1, MAX_ROWS)
     pending: List[pa.RecordBatch] = []
     pending_rows = 0
     columns = None

@@ -38,9 +38,10 @@ from typing import (
 import numpy as np
 import pyarrow as pa
 
+from .. import _tokpack
 from .._inputs import RAW_SUFFIXES, resolve_inputs
 from ..errors import ConfigError, InvalidRecordError, OverlongError
-from ..planning import OVERLONG_POLICIES
+from ..planning import MAX_LEN, MAX_ROWS, OVERLONG_POLICIES, check_int, checked_threads
 from .formats import FORMATS, Record, parse_record, read_records, resolve_columns
 from .masks import IGNORE_INDEX, labels_from_spans
 from .progress import Progress
@@ -148,13 +149,6 @@ def _sequential_tokenizers() -> Iterator[None]:
             os.environ["TOKENIZERS_PARALLELISM"] = previous
 
 
-def _default_threads() -> int:
-    env = os.environ.get("TOKPACK_NUM_THREADS")
-    if env and env.isdigit() and int(env) > 0:
-        return int(env)
-    return os.cpu_count() or 1
-
-
 class TokenStream:
     """An iterable of token ``RecordBatch``es (``input_ids``, ``labels``, ``length``) from raw
     inputs, with the accounting in :attr:`stats` (complete once iteration has finished) and the
@@ -196,12 +190,10 @@ class TokenStream:
             raise ConfigError(
                 f"unknown overlong policy {overlong!r}; choose among {', '.join(OVERLONG_POLICIES)}"
             )
-        if max_len is not None and (not isinstance(max_len, int) or max_len < 1):
-            raise ConfigError(f"max_len must be a positive integer, got {max_len!r}")
-        if threads is not None and (not isinstance(threads, int) or threads < 1):
-            raise ConfigError(f"threads must be at least 1 (or None for all cores), got {threads}")
-        if batch_size < 1:
-            raise ConfigError(f"batch_size must be at least 1, got {batch_size}")
+        if max_len is not None:
+            max_len = check_int(max_len, "max_len", 1, MAX_LEN)
+        threads = checked_threads(threads)
+        batch_size = check_int(batch_size, "batch_size", 1, MAX_ROWS)
         if encoder not in ENCODERS:
             raise ConfigError(f"unknown encoder {encoder!r}; choose among {', '.join(ENCODERS)}")
         self.format = format
@@ -210,7 +202,7 @@ class TokenStream:
         self.overlong = overlong
         self.add_eos = add_eos
         self.columns = resolve_columns(columns)
-        self.threads = threads if threads is not None else _default_threads()
+        self.threads = threads if threads is not None else _tokpack.default_threads()
         self.skip_invalid = skip_invalid
         self.batch_size = batch_size
         self.progress = progress

@@ -29,7 +29,8 @@ from .._outdir import (
     output_target,
     write_json_atomic,
 )
-from ..errors import ConfigError, OutputError, TokpackError
+from ..errors import OutputError, TokpackError
+from ..planning import MAX_ROWS, check_int
 from .formats import shown_path
 from .pipeline import TOKEN_SCHEMA, PathLike, TokenStream
 from .progress import Progress
@@ -202,8 +203,7 @@ def tokenize_files(
         The manifest (also in ``output_dir/__tokpack__/_manifest.json``), with
         ``"cache_hit": True`` added when the existing output was current and nothing was done.
     """
-    if not isinstance(shard_rows, int) or shard_rows < 1:
-        raise ConfigError(f"shard_rows must be a positive integer, got {shard_rows!r}")
+    shard_rows = check_int(shard_rows, "shard_rows", 1, MAX_ROWS)
     output_dir = output_target(output_dir)
     inputs = resolve_inputs(inputs, RAW_SUFFIXES, output_dir=output_dir)
     input_desc = describe_inputs(inputs)
