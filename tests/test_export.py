@@ -177,6 +177,7 @@ def test_nemo_rows_follow_the_megatron_bridge_contract(packed, tmp_path):
     )
     rows = packed_rows(packed)
     assert table.num_rows == len(rows) == figures["rows"]
+    n_loss = 0
     for got, (ids, labels, lens) in zip(table.to_pylist(), rows):
         assert got["input_ids"] == ids
         starts = got["seq_start_id"]
@@ -184,26 +185,35 @@ def test_nemo_rows_follow_the_megatron_bridge_contract(packed, tmp_path):
         assert len(got["loss_mask"]) == len(ids)
         assert starts[0] == 0 and all(s < len(ids) for s in starts) and starts == sorted(starts)
         assert starts == np.concatenate(([0], np.cumsum(lens)[:-1])).tolist()
-        assert got["loss_mask"] == [int(x != IGNORE) for x in labels]
-        # GPTSFTPackedDataset.collate_fn: per sample, inputs ids[b:e-1], labels ids[b+1:e],
-        # loss mask mask[b+1:e]. The trained (target) tokens must be those tokpack's labels
-        # train on, the first token of a sample being nobody's target.
+        # Megatron-Bridge's fill_packing_strategy: the mask rolled by one within each sample.
         bounds = starts + [len(ids)]
+        expected_mask = []
         for b, e in zip(bounds[:-1], bounds[1:]):
-            trained = [t for t, m in zip(ids[b + 1 : e], got["loss_mask"][b + 1 : e]) if m]
+            expected_mask += [int(x != IGNORE) for x in labels[b + 1 : e]] + [0]
+        assert got["loss_mask"] == expected_mask
+        # GPTSFTPackedDataset.collate_fn: per sample, inputs ids[b:e-1], labels ids[b+1:e] and
+        # loss mask mask[b:e-1]. The trained targets must be those tokpack's labels train on
+        # (a sample's first token is nobody's target).
+        for b, e in zip(bounds[:-1], bounds[1:]):
+            targets = ids[b + 1 : e]
+            trained = [t for t, m in zip(targets, got["loss_mask"][b : e - 1]) if m]
             assert trained == [x for x in labels[b + 1 : e] if x != IGNORE]
+        n_loss += sum(expected_mask)
     assert figures["sequences"] == sum(len(r[2]) for r in rows)
     assert figures["tokens"] == read_manifest(packed)["figures"]["tokens"]
-    assert figures["loss_tokens"] == read_manifest(packed)["figures"]["loss_tokens"]
+    assert figures["loss_tokens"] == n_loss
 
 
-def test_nemo_without_labels_trains_on_every_token(tmp_path):
+def test_nemo_without_labels_trains_on_every_target(tmp_path):
     samples, _ = random_samples(40, 30, seed=2)
     out = tmp_path / "packed"
     write_packed_dir(out, samples, max_len=64, rows_per_shard=5, row_group_rows=2)
     tokpack.export_nemo_packed(out, tmp_path / "n.parquet")
     for row in pq.read_table(tmp_path / "n.parquet").to_pylist():
-        assert row["loss_mask"] == [1] * len(row["input_ids"])
+        bounds = row["seq_start_id"] + [len(row["input_ids"])]
+        assert row["loss_mask"] == sum(
+            ([1] * (e - b - 1) + [0] for b, e in zip(bounds, bounds[1:])), []
+        )
 
 
 def test_cli_exit_codes(packed, tmp_path, capsys):

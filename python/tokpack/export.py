@@ -31,10 +31,15 @@ row per packed row) and collated by ``GPTSFTPackedDataset`` in
 ``src/megatron/bridge/data/datasets/sft.py``. ``seq_start_id`` holds the start offset of every
 sample in the row: it starts with 0 and does not include the row's end (the reader appends
 ``len(input_ids)``); its ``validate_row`` requires every start < ``len(input_ids)``, so empty
-segments are left out. ``loss_mask`` has ``input_ids``' length and is not shifted:
-``loss_mask[j]`` says whether token ``j`` is a target (the collator takes
-``loss_mask[start + 1 : end]`` beside the labels ``input_ids[start + 1 : end]``), which is
-tokpack's ``labels[j] != -100``; without labels every token is a target.
+segments are left out. ``loss_mask`` has ``input_ids``' length and is shifted by one, as
+Megatron-Bridge's own writer (``fill_packing_strategy`` in ``.../datasets/packing_utils.py``,
+"roll loss mask by 1 to align with labels") stores it and its collator reads it: for a sample
+``[b, e)`` the model sees the inputs ``input_ids[b : e - 1]``, the labels
+``input_ids[b + 1 : e]`` and the loss mask ``loss_mask[b : e - 1]``. So ``loss_mask[j]`` says
+whether token ``j + 1`` is trained on, tokpack's ``labels[j + 1] != -100``, and is 0 at the last
+token of each sample; without labels every token but each sample's first is trained on. (Old
+NeMo 1.x stored it unshifted and read ``loss_mask[b + 1 : e]``; this export follows
+Megatron-Bridge.)
 
 Both read the packed shards one row group at a time and write to temporary names renamed when
 complete; memory grows with the number of samples (the Megatron index), not the tokens.
@@ -306,10 +311,16 @@ def _nemo_table(group: _Group) -> Tuple[pa.Table, int]:
     keep = group.lengths > 0
     start_offsets = np.zeros(n_rows + 1, dtype=np.int64)
     np.cumsum(np.bincount(row_of_seg[keep], minlength=n_rows), out=start_offsets[1:])
-    if group.labels is None:
-        mask = np.ones(group.tokens.size, dtype=np.int8)
-    else:
-        mask = (group.labels != IGNORE_INDEX).astype(np.int8)
+    trained = (
+        np.ones(group.tokens.size, dtype=bool)
+        if group.labels is None
+        else group.labels != IGNORE_INDEX
+    )
+    # Shifted by one: position j holds whether token j + 1 is trained on; nothing follows a
+    # sample's last token.
+    mask = np.zeros(group.tokens.size, dtype=np.int8)
+    mask[:-1] = trained[1:]
+    mask[(seg_token_starts + group.lengths)[keep] - 1] = 0
     table = pa.table(
         [
             list_array(group.token_offsets, group.tokens, pa.int32()),
@@ -326,10 +337,10 @@ def export_nemo_packed(
 ) -> Dict[str, Any]:
     """Writes the packed directory as one Megatron-Bridge / NeMo packed-sequence Parquet file
     ``dest`` (``.parquet`` or ``.pq``; Megatron-Bridge's convention is ``NAME.idx.parquet``):
-    ``input_ids``, ``loss_mask`` (labels != -100, aligned with ``input_ids``) and
-    ``seq_start_id`` per packed row, one row group per packed row group. An existing ``dest``
-    is replaced only with ``force``. Returns the figures: ``file``, ``rows``, ``sequences``,
-    ``tokens``, ``loss_tokens``.
+    ``input_ids``, ``loss_mask`` (``labels[j + 1] != -100``, shifted as Megatron-Bridge stores
+    it) and ``seq_start_id`` per packed row, one row group per packed row group. An existing
+    ``dest`` is replaced only with ``force``. Returns the figures: ``file``, ``rows``,
+    ``sequences``, ``tokens``, ``loss_tokens`` (the ones in ``loss_mask``).
     """
     dest_path = Path(dest)
     if not dest_path.name.lower().endswith((".parquet", ".pq")):
