@@ -128,6 +128,8 @@ def test_bad_options_are_config_errors(packed, tmp_path):
         tokpack.export_megatron(packed, tmp_path / "x", dtype="int64")
     with pytest.raises(tokpack.ConfigError, match="document"):
         tokpack.export_megatron(packed, tmp_path / "x", document="file")
+    with pytest.raises(tokpack.ConfigError, match="needs a file name"):
+        tokpack.export_megatron(packed, f"{tmp_path}/")
     with pytest.raises(tokpack.ConfigError, match=r"\.parquet or \.pq"):
         tokpack.export_nemo_packed(packed, tmp_path / "x.arrow")
     assert list(tmp_path.iterdir()) == []

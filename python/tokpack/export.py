@@ -16,13 +16,15 @@ Every packed sample segment (one entry of ``seq_lengths``) becomes one Megatron 
 the packed order, so sample boundaries are kept. ``document`` says what a document is:
 ``"sample"`` (default) one document per sequence, as ``preprocess_data.py`` writes a corpus of
 one sequence per document and as ``GPTDataset`` expects; ``"row"`` one document per packed
-row, so documents ``d`` spans the sequences ``document_indices[d]:document_indices[d + 1]``,
-whose tokens are the row's, contiguous in ``.bin``. The ``.bin`` is the same in both. The dtype
-follows Megatron's ``DType.optimal_dtype(vocab_size)``: uint16 when the vocabulary is smaller
-than 65,500, else int32; tokpack does not know the tokenizer, so it takes the largest id + 1 as
-the vocabulary size. Megatron has no convention for storing labels or a loss mask next to a
-GPT indexed dataset (``GPTDataset`` derives its loss mask from the tokens), so labels are not
-exported; use the NeMo export for supervised fine-tuning.
+row, so document ``d`` spans the sequences ``document_indices[d]:document_indices[d + 1]``,
+whose tokens are the row's, contiguous in ``.bin``. The ``.bin`` is the same in both. A
+sample ``--overlong split`` cut in pieces is one sequence per piece. No end-of-document token
+is added (``preprocess_data.py --append-eod``): samples keep the EOS their tokenization gave.
+The dtype follows Megatron's ``DType.optimal_dtype(vocab_size)``: uint16 when the vocabulary
+is smaller than 65,500, else int32; tokpack does not know the tokenizer, so it takes the
+largest id + 1 as the vocabulary size. Megatron has no convention for storing labels or a
+loss mask next to a GPT indexed dataset (``GPTDataset`` derives its loss mask from the
+tokens), so labels are not exported; use the NeMo export for supervised fine-tuning.
 
 **Megatron-Bridge / NeMo packed-sequence Parquet**, as read by ``GPTSFTPackedParquetDataset``
 in Megatron-Bridge's ``src/megatron/bridge/data/datasets/packed_parquet.py`` (columns
@@ -253,6 +255,8 @@ def export_megatron(
     dtype = _choose_dtype(dtype)
     shards, _ = _packed_shards(packed_dir)
     prefix = os.fspath(prefix)
+    if not os.path.basename(prefix):
+        raise ConfigError(f"{shown_path(prefix)}: the prefix needs a file name (PREFIX.bin)")
     bin_path, idx_path = Path(prefix + ".bin"), Path(prefix + ".idx")
     _refuse_existing([bin_path, idx_path], force)
     _make_parent(bin_path)
