@@ -246,3 +246,20 @@ def test_megatron_core_reads_the_export(packed, tmp_path):
     assert len(ds) == len(expected)
     assert [ds[i].tolist() for i in range(len(ds))] == expected
     assert ds.document_indices.tolist() == read_megatron(tmp_path / "train")[3].tolist()
+
+
+@pytest.mark.parametrize("bad_lengths", [[0, 3], [1, 1]])
+def test_seq_lengths_that_do_not_cover_the_row_are_corrupt(tmp_path, bad_lengths):
+    out = tmp_path / "packed"
+    manifest = write_packed_dir(out, [np.array([1, 2, 3], dtype=np.int32)], max_len=8)
+    shard = out / manifest["shards"][0]["file"]
+    table = pq.read_table(shard)
+    column = pa.array([bad_lengths], type=table.schema.field("seq_lengths").type)
+    pq.write_table(
+        table.set_column(table.schema.get_field_index("seq_lengths"), "seq_lengths", column), shard
+    )
+    with pytest.raises(tokpack.CorruptOutputError, match="row group 0: seq_lengths"):
+        tokpack.export_megatron(out, tmp_path / "train")
+    with pytest.raises(tokpack.CorruptOutputError, match="row group 0: seq_lengths"):
+        tokpack.export_nemo_packed(out, tmp_path / "train.parquet")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["packed", "packed-tokens.parquet"]

@@ -32,16 +32,16 @@ in Megatron-Bridge's ``src/megatron/bridge/data/datasets/packed_parquet.py`` (co
 row per packed row) and collated by ``GPTSFTPackedDataset`` in
 ``src/megatron/bridge/data/datasets/sft.py``. ``seq_start_id`` holds the start offset of every
 sample in the row: it starts with 0 and does not include the row's end (the reader appends
-``len(input_ids)``); its ``validate_row`` requires every start < ``len(input_ids)``, so empty
-segments are left out. ``loss_mask`` has ``input_ids``' length and is shifted by one, as
-Megatron-Bridge's own writer (``fill_packing_strategy`` in ``.../datasets/packing_utils.py``,
-"roll loss mask by 1 to align with labels") stores it and its collator reads it: for a sample
-``[b, e)`` the model sees the inputs ``input_ids[b : e - 1]``, the labels
-``input_ids[b + 1 : e]`` and the loss mask ``loss_mask[b : e - 1]``. So ``loss_mask[j]`` says
-whether token ``j + 1`` is trained on, tokpack's ``labels[j + 1] != -100``, and is 0 at the last
-token of each sample; without labels every token but each sample's first is trained on. (Old
-NeMo 1.x stored it unshifted and read ``loss_mask[b + 1 : e]``; this export follows
-Megatron-Bridge.)
+``len(input_ids)``); its ``validate_row`` requires every start < ``len(input_ids)``, which
+holds as tokpack writes no empty samples. ``loss_mask`` has ``input_ids``' length and is
+shifted by one, as Megatron-Bridge's own writer (``fill_packing_strategy`` in
+``.../datasets/packing_utils.py``: "roll loss mask by 1 to align with labels") stores it and
+its collator reads it: for a sample ``[b, e)`` the model sees the inputs
+``input_ids[b : e - 1]``, the labels ``input_ids[b + 1 : e]`` and the loss mask
+``loss_mask[b : e - 1]``. So ``loss_mask[j]`` says whether token ``j + 1`` is trained on,
+tokpack's ``labels[j + 1] != -100``, and is 0 at the last token of each sample; without labels
+every token but each sample's first is trained on. (Old NeMo 1.x stored it unshifted and read
+``loss_mask[b + 1 : e]``; this export follows Megatron-Bridge.)
 
 Both read the packed shards one row group at a time and write to temporary names renamed when
 complete; memory grows with the number of samples (the Megatron index), not the tokens.
@@ -105,8 +105,11 @@ class _Group:
         ends = np.zeros(self.lengths.size + 1, dtype=np.int64)
         np.cumsum(self.lengths, out=ends[1:])
         row_tokens = ends[self.seg_offsets[1:]] - ends[self.seg_offsets[:-1]]
-        if (self.lengths < 0).any() or not np.array_equal(row_tokens, np.diff(self.token_offsets)):
-            raise CorruptOutputError(f"{where}: seq_lengths do not add up to the row's input_ids")
+        # tokpack never writes empty samples (they are dropped and listed as such).
+        if (self.lengths <= 0).any() or not np.array_equal(row_tokens, np.diff(self.token_offsets)):
+            raise CorruptOutputError(
+                f"{where}: seq_lengths are not positive or do not add up to the row's input_ids"
+            )
         if self.labels is not None and self.labels.size != self.tokens.size:
             raise CorruptOutputError(f"{where}: labels and input_ids differ in length")
 
@@ -312,9 +315,6 @@ def _nemo_table(group: _Group) -> Tuple[pa.Table, int]:
     seg_token_starts = np.zeros(group.lengths.size, dtype=np.int64)
     np.cumsum(group.lengths[:-1], dtype=np.int64, out=seg_token_starts[1:])
     starts = seg_token_starts - group.token_offsets[row_of_seg]
-    keep = group.lengths > 0
-    start_offsets = np.zeros(n_rows + 1, dtype=np.int64)
-    np.cumsum(np.bincount(row_of_seg[keep], minlength=n_rows), out=start_offsets[1:])
     trained = (
         np.ones(group.tokens.size, dtype=bool)
         if group.labels is None
@@ -324,12 +324,12 @@ def _nemo_table(group: _Group) -> Tuple[pa.Table, int]:
     # sample's last token.
     mask = np.zeros(group.tokens.size, dtype=np.int8)
     mask[:-1] = trained[1:]
-    mask[(seg_token_starts + group.lengths)[keep] - 1] = 0
+    mask[seg_token_starts + group.lengths - 1] = 0
     table = pa.table(
         [
             list_array(group.token_offsets, group.tokens, pa.int32()),
             list_array(group.token_offsets, mask, pa.int8()),
-            list_array(start_offsets, starts[keep].astype(np.int32), pa.int32()),
+            list_array(group.seg_offsets, starts.astype(np.int32), pa.int32()),
         ],
         schema=_NEMO_SCHEMA,
     )
@@ -363,7 +363,7 @@ def export_nemo_packed(
                     table, n_loss = _nemo_table(group)
                     writer.write_table(table, row_group_size=max(table.num_rows, 1))
                     figures["rows"] += table.num_rows
-                    figures["sequences"] += int((group.lengths > 0).sum())
+                    figures["sequences"] += int(group.lengths.size)
                     figures["tokens"] += int(group.tokens.size)
                     figures["loss_tokens"] += n_loss
             _refuse_existing([dest_path], force)
