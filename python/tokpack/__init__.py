@@ -30,6 +30,8 @@ from .errors import (
 # milliseconds of starting.
 _LAZY = {
     "concatenate_and_pack": "compat",
+    "export_megatron": "export",
+    "export_nemo_packed": "export",
     "pack_sequences": "compat",
     "pack_files": "files",
     "pack_tokens": "packing",
@@ -77,6 +79,8 @@ __all__ = [
     "streaming_dataset_reader",
     "tokenize_files",
     "tokenize_to_batches",
+    "export_megatron",
+    "export_nemo_packed",
     "TokpackError",
     "ConfigError",
     "DataError",

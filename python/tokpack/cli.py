@@ -20,6 +20,7 @@ COMMANDS = {
     "stats": ("tokpack.commands.stats", "length distribution and packing efficiency of shards"),
     "inspect": ("tokpack.commands.inspect", "figures and a few rows of a packed directory"),
     "tokenize": ("tokpack.commands.tokenize", "chat / instruction / text files to token shards"),
+    "export": ("tokpack.commands.export", "a packed directory to Megatron-LM or NeMo formats"),
 }
 
 
