@@ -23,8 +23,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import tokpack
-from tokpack.errors import OverlongError
 from tokpack._outdir import read_manifest
+from tokpack.errors import OverlongError
 from tokpack.files import DROPPED_NAME
 
 STRATEGIES = ["bfd", "ffd", "next_fit", "padding", "random"]
