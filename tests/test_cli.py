@@ -74,3 +74,19 @@ def test_sigterm_during_pack_cleans_up_like_ctrl_c(tmp_path):
     assert returncode == 143, err
     assert err == "tokpack pack: terminated\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus"]
+
+
+def test_a_closed_output_pipe_ends_quietly():
+    # `tokpack demo | head -1`: the reader goes away after one line.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tokpack", "demo", "--samples", "2000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    proc.stdout.readline()
+    proc.stdout.close()
+    err = proc.stderr.read()
+    proc.wait(timeout=60)
+    assert proc.returncode == 128 + signal.SIGPIPE, err
+    assert err == ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import signal
 import sys
 import threading
@@ -17,7 +18,7 @@ from .errors import TokpackError
 COMMANDS = {
     "demo": ("tokpack.commands.demo", "pack a built-in synthetic SFT corpus and print the figures"),
     "pack": ("tokpack.commands.pack", "pack Parquet / Arrow IPC token shards into packed shards"),
-    "stats": ("tokpack.commands.stats", "length distribution and packing efficiency of shards"),
+    "stats": ("tokpack.commands.stats", "which max_len: lengths, rows and efficiency per candidate"),
     "inspect": ("tokpack.commands.inspect", "figures and a few rows of a packed directory"),
     "tokenize": ("tokpack.commands.tokenize", "chat / instruction / text files to token shards"),
     "export": ("tokpack.commands.export", "a packed directory to Megatron-LM or NeMo formats"),
@@ -62,6 +63,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     except TokpackError as exc:
         print(f"{name}: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader of our output went away (`tokpack stats ... | head`): stop quietly, as
+        # command-line tools do, and keep the interpreter's final flush from failing again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except KeyboardInterrupt as exc:
         terminated = isinstance(exc, Terminated)
         print(f"{name}: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
