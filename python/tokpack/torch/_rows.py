@@ -9,7 +9,7 @@ from typing import Dict, Tuple
 import numpy as np
 import torch
 
-from .packed_dir import Column, PackedDir
+from ..packed_dir import Column, PackedDir
 
 __all__ = ["TensorGroup", "GroupCache"]
 

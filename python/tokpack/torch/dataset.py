@@ -11,7 +11,7 @@ import torch
 from ..errors import ConfigError
 from ._rows import GroupCache
 from ._workers import worker_slot
-from .packed_dir import PackedDir
+from ..packed_dir import PackedDir
 
 __all__ = ["PackedDataset"]
 

@@ -13,7 +13,7 @@ from ..errors import ConfigError
 from ._rows import GroupCache
 from ._workers import resolve_rank, worker_slot
 from .order import TAILS, EpochOrder, RankSplit
-from .packed_dir import PackedDir
+from ..packed_dir import PackedDir
 
 __all__ = ["PackedIterableDataset"]
 

@@ -16,9 +16,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .. import _tokpack
-from .._outdir import MANIFEST_NAME
-from ..errors import CorruptOutputError, InputNotFoundError, TokpackError
+from . import _tokpack
+from ._outdir import MANIFEST_NAME
+from .errors import CorruptOutputError, InputNotFoundError, TokpackError
 
 __all__ = ["PackedDir", "decode_row_group", "ROW_COLUMNS"]
 
