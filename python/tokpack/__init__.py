@@ -26,6 +26,7 @@ from .packing import pack_tokens
 from .planning import Plan, plan
 from .streaming import streaming_dataset_reader
 from .tokenize import tokenize_files, tokenize_to_batches
+from .verify import verify  # the function (``from tokpack.verify import ...`` still works)
 
 # The PyTorch side is imported on first use, so `import tokpack` works without torch.
 _TORCH_EXPORTS = ("PackedDataset", "PackedIterableDataset", "PackedCollator", "DeviceLoader")
@@ -51,6 +52,7 @@ __all__ = [
     "streaming_dataset_reader",
     "tokenize_files",
     "tokenize_to_batches",
+    "verify",
     "TokpackError",
     "ConfigError",
     "DataError",

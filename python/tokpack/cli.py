@@ -17,6 +17,10 @@ COMMANDS = {
     "pack": ("tokpack.commands.pack", "pack Parquet / Arrow IPC token shards into packed shards"),
     "stats": ("tokpack.commands.stats", "length distribution and packing efficiency of shards"),
     "inspect": ("tokpack.commands.inspect", "figures and a few rows of a packed directory"),
+    "verify": (
+        "tokpack.commands.verify",
+        "check that a packed directory is intact (exit 2 if not)",
+    ),
     "tokenize": ("tokpack.commands.tokenize", "chat / instruction / text files to token shards"),
 }
 

@@ -27,6 +27,7 @@ from .._outdir import (
     write_json_atomic,
 )
 from ..errors import ConfigError
+from ..verify import cache_problem
 from .pipeline import TOKEN_SCHEMA, PathLike, TokenStream
 from .progress import Progress
 from .tokenizer import LoadedTokenizer
@@ -190,7 +191,7 @@ def tokenize_files(
     key = cache_key("tokenize", input_desc, config)
     if not force:
         hit = is_cache_hit(output_dir, key)
-        if hit is not None:
+        if hit is not None and cache_problem(output_dir, hit) is None:  # else: damaged, rebuild
             return {**hit, "cache_hit": True}
 
     with atomic_output_dir(output_dir) as tmp:
