@@ -208,3 +208,16 @@ def test_a_damaged_tokenize_output_is_not_a_cache_hit(tmp_path):
     shard = out / "part-00002.parquet"
     shard.write_bytes(shard.read_bytes()[:-5])  # footer gone: its row count cannot be read
     assert "cache_hit" not in tokpack.tokenize_files(corpus, out, tok, shard_rows=20)
+
+
+def test_every_sample_dropped_gives_an_empty_shard_that_reads_and_verifies(tmp_path):
+    import numpy as np
+    import pyarrow as pa
+
+    source = tmp_path / "long.parquet"
+    ids = pa.array([np.arange(1, 50, dtype=np.int32)] * 3, type=pa.list_(pa.int32()))
+    pq.write_table(pa.table({"input_ids": ids}), source)
+    manifest = tokpack.pack_files([source], tmp_path / "out", 10, overlong="drop")
+    assert manifest["figures"]["samples_dropped"] == 3 and manifest["shards"][0]["row_groups"] == 0
+    assert len(PackedDataset(tmp_path / "out")) == 0
+    assert tokpack.verify(tmp_path / "out")["rows"] == 0

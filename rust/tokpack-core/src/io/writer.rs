@@ -226,8 +226,9 @@ pub fn write_shard(ctx: &ShardContext, shard: usize, rows: Range<usize>) -> Resu
             checksum: String::new(),
         },
     };
+    // An empty shard (every sample dropped) has no row group; its footer still holds the schema.
     let mut start = rows.start;
-    while start < rows.end || (info.row_groups == 0 && rows.is_empty()) {
+    while start < rows.end {
         ctx.progress.check()?;
         let end = (start + ctx.row_group_rows).min(rows.end);
         let batch = row_group(ctx, &schema, start..end, &mut index, &mut info)?;
@@ -239,9 +240,6 @@ pub fn write_shard(ctx: &ShardContext, shard: usize, rows: Range<usize>) -> Resu
         info.row_group_bytes.push(range);
         info.row_groups += 1;
         ctx.progress.advance((end - start) as u64);
-        if rows.is_empty() {
-            break;
-        }
         start = end;
     }
     let mut sink = writer.into_inner().map_err(|e| out_err(&path, e))?;
