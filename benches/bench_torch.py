@@ -7,6 +7,10 @@ PackedIterableDataset, against a Hugging Face ``datasets`` Dataset of the rows w
 a full pass of the corpus in order (no shuffle for the map-style readers, the iterable dataset's
 own windowed shuffle for it). Goal (issue 4): at least 3x the baseline's tokens/s.
 
+It also times decoding every row group of the corpus with and without the integrity checks (the
+row group's bytes and the footer hashed with xxh3 and compared with the manifest before decoding),
+the cost the readers pay for them.
+
     pip install -e ".[test,torch]" datasets && python benches/bench_torch.py
 """
 
@@ -22,6 +26,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from tokpack.packed_dir import PackedDir
 from tokpack.report import table
 from tokpack.synthetic import sft_lengths
 from tokpack.torch import PackedCollator, PackedDataset, PackedIterableDataset
@@ -71,6 +76,33 @@ class Counting:
         out = self.collate(rows)
         out["num_rows"] = len(rows)
         return out
+
+
+def check_cost(path: Path) -> str:
+    """Best of 3 passes decoding every row group, unchecked and checked (as the readers do)."""
+    from tokpack import _tokpack
+
+    packed = PackedDir(path)
+
+    def one_pass(checked: bool) -> float:
+        start = time.perf_counter()
+        for g in range(packed.num_groups):
+            shard = int(packed.group_shard[g])
+            check = (packed.shard_sizes[shard], packed.shard_footers[shard], packed.group_bytes[g])
+            _tokpack.read_row_group(
+                packed.shard_paths[shard],
+                int(packed.group_index[g]),
+                list(packed.columns),
+                check if checked else None,
+            )
+        return time.perf_counter() - start
+
+    plain = min(one_pass(False) for _ in range(3))
+    checked = min(one_pass(True) for _ in range(3))
+    return (
+        f"decoding all {packed.num_groups} row groups: {plain * 1e3:.1f} ms unchecked, "
+        f"{checked * 1e3:.1f} ms with checksums ({checked / plain - 1:+.1%})"
+    )
 
 
 def main() -> int:
@@ -152,6 +184,7 @@ def main() -> int:
                     ),
                 )
             )
+        cost = check_cost(path)
         rows_out = []
         baseline = {}
         ok = True
@@ -179,6 +212,7 @@ def main() -> int:
             rows_out,
         )
     )
+    print(f"\n{cost}")
     print(
         f"\ngoal (>= 3x the baseline's tokens/s in every tokpack row): {'met' if ok else 'NOT met'}"
     )

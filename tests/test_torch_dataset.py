@@ -61,14 +61,6 @@ def test_device_mode_gives_the_same_rows(corpus):
     assert all(torch.equal(ds[i]["input_ids"], plain[i]["input_ids"]) for i in (0, 7, len(ds) - 1))
 
 
-def test_rows_are_views_of_the_decoded_group(corpus):
-    ds = PackedDataset(corpus[0])
-    a, b = ds[0], ds[1]
-    assert (
-        a["input_ids"].untyped_storage().data_ptr() == b["input_ids"].untyped_storage().data_ptr()
-    )
-
-
 def test_pickles_without_decoded_data(corpus):
     ds = PackedDataset(corpus[0])
     ds[0]
@@ -165,8 +157,14 @@ def _corrupt_copy(src, dst, edit):
         (
             "garbage",
             lambda m, d: (d / "part-00001.parquet").write_bytes(b"garbage"),
+            "part-00001.parquet: the file has 7 bytes, the manifest says",
+        ),
+        (
+            "garbage-same-size",
+            lambda m, d: (d / "part-00001.parquet").write_bytes(bytes(m["shards"][1]["size"])),
             "part-00001.parquet: not a readable Parquet file",
         ),
+        ("version1", lambda m, d: m.update(format_version=1), "no row-group checksums; rebuild"),
     ],
 )
 def test_corrupted_directories(corpus, tmp_path, name, edit, match):
@@ -200,3 +198,54 @@ def test_damaged_shard_data_names_file_and_row_group(corpus, tmp_path):
         tokpack.CorruptOutputError, match="part-00000.parquet: cannot decode row group 0"
     ):
         ds[0]
+
+
+def test_rows_are_not_shared_with_later_reads(corpus):
+    for ds in (PackedDataset(corpus[0]), PackedDataset(corpus[0], device="cpu")):
+        before = ds[0]["input_ids"][0].item()
+        row = ds[0]
+        row["input_ids"][0] = 12345
+        row["labels"][:] = 7
+        row["seq_lengths"][0] = 0
+        again = ds[0]
+        assert again["input_ids"][0].item() == before != 12345
+        assert (again["labels"] != 7).any() and again["seq_lengths"][0] > 0
+
+
+@pytest.mark.parametrize("index", [1.5, "3", True, np.bool_(True), torch.tensor(True), None])
+def test_only_integers_are_row_indices(corpus, index):
+    ds = PackedDataset(corpus[0])
+    with pytest.raises(TypeError, match="integer"):
+        ds[index]
+
+
+@pytest.mark.parametrize("index", [3, np.int64(3), np.int32(3), torch.tensor(3)])
+def test_integer_like_indices(corpus, index):
+    ds = PackedDataset(corpus[0])
+    assert torch.equal(ds[index]["input_ids"], ds[3]["input_ids"])
+
+
+@pytest.mark.parametrize("device", [None, "cpu"])
+def test_open_dataset_never_mixes_a_rebuilt_directory(tmp_path, device):
+    samples, labels = random_samples(300, 40, seed=1)
+    out = tmp_path / "packed"
+    write_packed_dir(out, samples, labels, max_len=MAX_LEN, rows_per_shard=40, row_group_rows=16)
+    ds = PackedDataset(out, device=device)
+    old = [ds[i]["input_ids"].tolist() for i in (0, len(ds) - 1)]
+    n = len(ds)
+    write_packed_dir(out, samples, labels, max_len=48, rows_per_shard=40, row_group_rows=16)
+    assert len(ds) == n and ds.max_len == MAX_LEN
+    for i, want in zip((0, n - 1), old):
+        try:
+            row = ds[i]
+        except tokpack.CorruptOutputError as exc:
+            assert "changed since the dataset was opened" in str(exc)
+        else:
+            assert row["input_ids"].tolist() == want  # the snapshot it opened, never the new one
+    fresh = pickle.loads(pickle.dumps(ds))  # what a spawned DataLoader worker gets
+    try:
+        row = fresh[n - 1]
+    except tokpack.CorruptOutputError as exc:
+        assert "changed since the dataset was opened" in str(exc)
+    else:
+        assert row["input_ids"].tolist() == old[1]

@@ -247,3 +247,22 @@ def test_persistent_workers_replay_the_whole_epoch_on_every_pass(corpus):
     passes = [[int(x) for b in loader for ids in b["sample_ids"] for x in ids] for _ in range(2)]
     assert passes[0] == passes[1]
     _assert_exactly_once([passes[1]])
+
+
+def test_rows_without_collate_fn_are_not_shared_with_later_reads(corpus):
+    ds = PackedIterableDataset(corpus, batch_rows=3, rank=0, world_size=1, shuffle=False)
+    first = next(iter(ds))
+    before = first["input_ids"][0][0].item()
+    first["input_ids"][0][0] = 12345
+    ds.load_state_dict({"epoch": 0, "rows_consumed": 0})  # the same rows again, from the cache
+    assert next(iter(ds))["input_ids"][0][0].item() == before != 12345
+
+
+def test_open_dataset_raises_when_the_directory_is_rebuilt(tmp_path):
+    samples, labels = random_samples(N_SAMPLES, 30, seed=2)
+    out = tmp_path / "packed"
+    write_packed_dir(out, samples, labels, max_len=48, rows_per_shard=60, row_group_rows=8)
+    ds = PackedIterableDataset(out, batch_rows=3, rank=0, world_size=1)
+    write_packed_dir(out, samples, labels, max_len=40, rows_per_shard=60, row_group_rows=8)
+    with pytest.raises(tokpack.CorruptOutputError, match="changed since the dataset was opened"):
+        list(DataLoader(ds, batch_size=None, num_workers=0))

@@ -106,5 +106,9 @@ def read_lengths(
     progress: Optional[Progress] = None,
 ) -> Tuple[npt.NDArray[np.int64], List[int]]: ...
 def read_row_group(
-    path: str, row_group: int, columns: List[str]
+    path: str,
+    row_group: int,
+    columns: List[str],
+    check: Optional[Tuple[int, Tuple[int, int, str], Tuple[int, int, str]]] = None,
 ) -> Dict[str, Union[npt.NDArray[Any], Tuple[npt.NDArray[Any], npt.NDArray[np.int64]]]]: ...
+def file_checksum(path: str) -> Tuple[int, str]: ...

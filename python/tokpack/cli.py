@@ -18,8 +18,15 @@ from .errors import TokpackError
 COMMANDS = {
     "demo": ("tokpack.commands.demo", "pack a built-in synthetic SFT corpus and print the figures"),
     "pack": ("tokpack.commands.pack", "pack Parquet / Arrow IPC token shards into packed shards"),
-    "stats": ("tokpack.commands.stats", "which max_len: lengths, rows and efficiency per candidate"),
+    "stats": (
+        "tokpack.commands.stats",
+        "which max_len: rows and efficiency per candidate length",
+    ),
     "inspect": ("tokpack.commands.inspect", "figures and a few rows of a packed directory"),
+    "verify": (
+        "tokpack.commands.verify",
+        "check that a packed directory is intact (exit 2 if not)",
+    ),
     "tokenize": ("tokpack.commands.tokenize", "chat / instruction / text files to token shards"),
     "export": ("tokpack.commands.export", "a packed directory to Megatron-LM or NeMo formats"),
 }

@@ -49,11 +49,12 @@ from .tokenize.formats import is_parquet
 from .tokenize.pipeline import SOURCE_SCHEMA
 from .tokenize.progress import Progress
 from .tokenize.writer import _RejectedFile, open_for_writing, writing
+from .verify import cache_problem
 
 __all__ = ["pack_files", "read_lengths", "FORMAT", "FORMAT_VERSION"]
 
 FORMAT = "tokpack-packed"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 # Arrow IPC, not Parquet: HF ``datasets`` reads every ``*.parquet`` under data_dir, ``_`` or not.
 DROPPED_NAME = f"{SIDE_DIR}/_dropped.arrow"
 # Rows decoded at a time inside a row group: bounds reading memory to a few tens of MB per thread.
@@ -119,6 +120,7 @@ def pack_files(
     progress: bool = False,
     tokenizer: Optional[Union[str, os.PathLike]] = None,
     tokenize: Optional[Dict[str, Any]] = None,
+    verify_cache: bool = False,
 ) -> Dict[str, Any]:
     """Pack token shards on disk into ``output_dir``; returns the manifest as a dict.
 
@@ -138,6 +140,8 @@ def pack_files(
             Parquet row group).
         compression: ``"zstd"``, ``"zstd:LEVEL"``, ``"snappy"``, ``"lz4"`` or ``"none"``.
         force: rebuild even when ``output_dir`` is already current (a cache hit).
+        verify_cache: before trusting a cache hit, check every shard's checksum (always checked:
+            every listed file is present with its recorded size). A damaged output is rebuilt.
         progress: draw progress bars on stderr (only when it is a terminal).
         tokenizer: one step from raw data: the inputs are JSONL / ``.jsonl.gz`` / Parquet chat,
             instruction or text files, tokenized with this tokenizer (``tokenizer.json`` or its
@@ -148,7 +152,8 @@ def pack_files(
 
     Returns:
         The manifest (``format``, ``config``, ``inputs``, ``shards``, ``figures``, ...) plus
-        ``cache_hit``: True when ``output_dir`` was already current and nothing was done.
+        ``cache_hit``: True when ``output_dir`` was already current and nothing was done, and
+        ``rebuilt_because``: why a current but damaged ``output_dir`` was rebuilt (else None).
     """
     started = time.perf_counter()
     max_len, seed, threads = checked_args(max_len, seed, threads)
@@ -181,10 +186,13 @@ def pack_files(
         config["tokenize"] = stream.config()
     described = _describe(paths, threads)
     key = cache_key("pack", described, config)
+    rebuilt_because = None
     if not force:
         hit = is_cache_hit(out, key)
         if hit is not None:
-            return {**hit, "cache_hit": True}
+            rebuilt_because = cache_problem(out, hit, full=verify_cache)
+            if rebuilt_because is None:
+                return {**hit, "cache_hit": True, "rebuilt_because": None}
     with atomic_output_dir(out) as tmp:
         spill = out.parent / f".{out.name}.tmp-{os.getpid()}-spill-{secrets.token_hex(4)}"
         spill.mkdir()
@@ -231,7 +239,7 @@ def pack_files(
             }
         with writing(tmp / MANIFEST_NAME):
             write_json_atomic(tmp / MANIFEST_NAME, manifest)
-    return {**manifest, "cache_hit": False}
+    return {**manifest, "cache_hit": False, "rebuilt_because": rebuilt_because}
 
 
 def _stage_tokens(stream: Any, path: Path, out_tmp: Path, progress: bool) -> None:

@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 from .._outdir import MANIFEST_NAME, read_manifest
 from ..errors import CorruptOutputError, InputNotFoundError
 from ..report import table
+from ..verify import cache_problem
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,6 +26,9 @@ def run(args: argparse.Namespace) -> int:
         raise InputNotFoundError(f"{out}: no {MANIFEST_NAME} (not a tokpack output directory)")
     if manifest.get("format") != "tokpack-packed":
         raise CorruptOutputError(f"{out}: not a packed directory (format {manifest.get('format')})")
+    problem = cache_problem(out, manifest)
+    if problem is not None:
+        raise CorruptOutputError(f"{problem} (run `tokpack verify {out}` for a full check)")
     c, f = manifest["config"], manifest["figures"]
     print(
         f"{out}: {len(manifest['shards'])} shards, max_len {c['max_len']}, strategy "
@@ -40,10 +44,7 @@ def run(args: argparse.Namespace) -> int:
     for shard in manifest["shards"]:
         if len(shown) >= args.rows:
             break
-        path = out / shard["file"]
-        if not path.exists():
-            raise CorruptOutputError(f"{path}: listed in the manifest but missing")
-        pf = pq.ParquetFile(path)
+        pf = pq.ParquetFile(out / shard["file"])
         for g in range(pf.num_row_groups):
             cols = ["input_ids", "seq_lengths", "sample_ids", "num_tokens", "num_loss_tokens"]
             for row in pf.read_row_group(g, columns=cols).to_pylist():

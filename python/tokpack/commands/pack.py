@@ -35,6 +35,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--row-group-rows", type=int, default=1024)
     parser.add_argument("--compression", default="zstd", help="zstd[:LEVEL], snappy, lz4, none")
     parser.add_argument("--force", action="store_true", help="rebuild even when up to date")
+    parser.add_argument(
+        "--verify-cache",
+        action="store_true",
+        help="before a cache hit, check the shards' checksums (sizes are always checked)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bars or summary")
     raw = parser.add_argument_group(
         "one step from raw data (with --tokenizer: tokenize JSONL / Parquet chat or text data "
@@ -87,7 +92,13 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         tokenizer=args.tokenizer,
         tokenize=tokenize_options(args) if args.tokenizer else None,
+        verify_cache=args.verify_cache,
     )
+    if manifest["rebuilt_because"]:
+        print(
+            f"{args.output} was up to date but damaged ({manifest['rebuilt_because']}): rebuilt",
+            file=sys.stderr,
+        )
     if manifest["cache_hit"]:
         print(
             f"{args.output} is up to date (cache hit: same inputs and config); nothing to do. "

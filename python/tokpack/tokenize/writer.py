@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .. import __version__
-from .._inputs import RAW_SUFFIXES, resolve_inputs
+from .._inputs import RAW_SUFFIXES, resolve_inputs, shown_path
 from .._outdir import (
     MANIFEST_NAME,
     SIDE_DIR,
@@ -31,7 +31,7 @@ from .._outdir import (
 )
 from ..errors import OutputError, TokpackError
 from ..planning import MAX_ROWS, check_int
-from .formats import shown_path
+from ..verify import cache_problem
 from .pipeline import TOKEN_SCHEMA, PathLike, TokenStream
 from .progress import Progress
 from .tokenizer import LoadedTokenizer
@@ -228,7 +228,7 @@ def tokenize_files(
     key = cache_key("tokenize", input_desc, config)
     if not force:
         hit = is_cache_hit(output_dir, key)
-        if hit is not None:
+        if hit is not None and cache_problem(output_dir, hit) is None:  # else: damaged, rebuild
             return {**hit, "cache_hit": True}
 
     with atomic_output_dir(output_dir) as tmp:

@@ -1,4 +1,4 @@
-"""Decoded row groups as torch tensors, and rows as views into them."""
+"""Decoded row groups as torch tensors, and rows copied out of them."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ from typing import Dict, Tuple
 import numpy as np
 import torch
 
-from .packed_dir import Column, PackedDir
+from ..packed_dir import Column, PackedDir
 
 __all__ = ["TensorGroup", "GroupCache"]
 
 
 def _tensor(values: np.ndarray) -> torch.Tensor:
-    # Decoded Arrow buffers are read-only; the rows handed out are never written to, so share
-    # the memory instead of copying (torch only warns that writes would be undefined).
+    # The decoded buffer is private to the cache: rows are copied out of it (`row`), so sharing
+    # the numpy memory is safe (torch only warns that writes would be undefined).
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         return torch.from_numpy(values)
@@ -33,10 +33,11 @@ class TensorGroup:
         }
 
     def row(self, i: int) -> Dict[str, torch.Tensor]:
-        """Row ``i`` as zero-copy tensor views."""
+        """Row ``i`` as tensors of its own: a caller writing into them must not change what
+        later reads of the cached group return (a row is at most a few tens of KB to copy)."""
         out = {}
         for name, (values, offsets) in self.columns.items():
-            out[name] = values[int(offsets[i]) : int(offsets[i + 1])]
+            out[name] = values[int(offsets[i]) : int(offsets[i + 1])].clone()
         return out
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import os
 from typing import Dict, Optional, Union
 
@@ -9,11 +10,26 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
+from ..packed_dir import PackedDir
 from ._rows import GroupCache
 from ._workers import worker_slot
-from .packed_dir import PackedDir
 
 __all__ = ["PackedDataset"]
+
+
+def _row_index(index: object) -> int:
+    """``index`` as a Python int when it is an integer (``__index__``), never a bool."""
+    is_bool = isinstance(index, (bool, np.bool_)) or (
+        isinstance(index, torch.Tensor) and index.dtype == torch.bool
+    )
+    try:
+        if is_bool:
+            raise TypeError
+        return operator.index(index)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(
+            f"row indices must be integers, got {type(index).__name__} {index!r}"
+        ) from None
 
 
 class PackedDataset(torch.utils.data.Dataset):
@@ -21,7 +37,12 @@ class PackedDataset(torch.utils.data.Dataset):
 
     ``ds[i]`` is a dict of 1-D tensors for packed row ``i``: ``input_ids`` (int32), ``labels``
     (int32, when the corpus has labels), ``seq_lengths`` (int32) and ``sample_ids`` (int64). They
-    are views of the decoded row group, shared with the cache: do not write to them.
+    are the caller's own copies: writing into them does not change later reads. ``i`` is an
+    integer (``int``, a numpy integer or a 0-d integer tensor); anything else is a TypeError.
+
+    Every row group is checked against the checksums of the manifest when it is decoded: a
+    damaged shard, or a directory rebuilt since the dataset was opened, raises
+    :class:`tokpack.CorruptOutputError` rather than returning other rows.
 
     Rows are decoded one Parquet row group at a time and the last ``cache_row_groups`` groups are
     kept, so sequential or group-local access (``DistributedSampler(shuffle=False)``, the
@@ -62,16 +83,17 @@ class PackedDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> Dict[str, torch.Tensor]:
         n = len(self)
-        i = int(index)
+        i = _row_index(index)
         if i < 0:
             i += n
         if not 0 <= i < n:
             raise IndexError(f"row {index} out of range for a packed directory of {n} rows")
         if self._flat:
+            # Copies, as in the streaming path: the flat tensors must not be written through.
             return {
                 name: values[
                     int(self._flat_offsets[name][i]) : int(self._flat_offsets[name][i + 1])
-                ]
+                ].clone()
                 for name, values in self._flat.items()
             }
         worker_slot()  # in a DataLoader worker: one decoding thread (set once per process)

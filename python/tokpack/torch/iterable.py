@@ -10,10 +10,10 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
+from ..packed_dir import PackedDir
 from ._rows import GroupCache
 from ._workers import resolve_rank, worker_slot
 from .order import TAILS, EpochOrder, RankSplit
-from .packed_dir import PackedDir
 
 __all__ = ["PackedIterableDataset"]
 

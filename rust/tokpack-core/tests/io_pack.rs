@@ -1,5 +1,5 @@
-//! pack_files on small Parquet inputs written here: determinism across thread counts and
-//! located errors.
+//! pack_files on small Parquet inputs written here: determinism across thread counts, located
+//! errors, and the recorded byte ranges and checksums that readers check.
 
 use arrow::array::{ArrayRef, ListArray, RecordBatch};
 use arrow::datatypes::Int64Type;
@@ -8,7 +8,10 @@ use parquet::file::properties::WriterProperties;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use tokpack_core::io::{pack_files, parse_compression, LabelSource, PackFilesConfig, Progress};
+use tokpack_core::io::{
+    file_checksum, pack_files, parse_compression, read_checked_row_group, GroupCheck, LabelSource,
+    PackFilesConfig, Progress,
+};
 use tokpack_core::{pool, CoreError, PlanConfig};
 
 fn write_input(path: &Path, rows: &[Vec<i64>]) {
@@ -126,5 +129,51 @@ fn negative_token_is_located() {
         msg.contains("b.parquet, row group 0, row 1, column \"input_ids\""),
         "{msg}"
     );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn recorded_ranges_tile_the_shard_and_checked_reads_catch_a_flipped_byte() {
+    let dir = temp_dir("checked");
+    let rows: Vec<Vec<i64>> = (0..30).map(|i| (1..(i * 5 % 17 + 2)).collect()).collect();
+    write_input(&dir.join("a.parquet"), &rows);
+    let cfg = config(&dir, vec![dir.join("a.parquet")], "out");
+    let outcome = pack_files(&cfg, &Progress::new()).unwrap();
+    for shard in &outcome.shards {
+        let path = cfg.out_dir.join(&shard.file);
+        // Magic, then one range per row group, then the footer, back to back to the end.
+        let mut pos = 4;
+        for r in shard.row_group_bytes.iter().chain([&shard.footer_bytes]) {
+            assert_eq!(r.offset, pos);
+            pos += r.length;
+        }
+        assert_eq!((pos, shard.checksum.clone()), file_checksum(&path).unwrap());
+        assert_eq!(shard.size, pos);
+        let check = |g: usize| GroupCheck {
+            size: shard.size,
+            footer: shard.footer_bytes.clone(),
+            group: shard.row_group_bytes[g].clone(),
+        };
+        let mut total = 0;
+        for g in 0..shard.row_groups as usize {
+            total += read_checked_row_group(&path, g, &["input_ids"], &check(g))
+                .unwrap()
+                .num_rows();
+        }
+        assert_eq!(total as u64, shard.rows);
+    }
+    let shard = &outcome.shards[0];
+    let path = cfg.out_dir.join(&shard.file);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let group = &shard.row_group_bytes[1];
+    bytes[(group.offset + group.length / 2) as usize] ^= 1;
+    std::fs::write(&path, bytes).unwrap();
+    let check = GroupCheck {
+        size: shard.size,
+        footer: shard.footer_bytes.clone(),
+        group: group.clone(),
+    };
+    let err = read_checked_row_group(&path, 1, &["input_ids"], &check).unwrap_err();
+    assert!(err.to_string().contains("row group 1: bytes"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

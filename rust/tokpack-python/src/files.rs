@@ -114,11 +114,43 @@ pub fn pack_files<'py>(
         d.set_item("row_groups", s.row_groups)?;
         d.set_item("tokens", s.tokens)?;
         d.set_item("loss_tokens", s.loss_tokens)?;
+        d.set_item("size", s.size)?;
         d.set_item("checksum", &s.checksum)?;
+        let groups = pyo3::types::PyList::empty(py);
+        for r in &s.row_group_bytes {
+            groups.append(byte_range_dict(py, r)?)?;
+        }
+        d.set_item("row_group_bytes", groups)?;
+        d.set_item("footer_bytes", byte_range_dict(py, &s.footer_bytes)?)?;
         shards.append(d)?;
     }
     out.set_item("shards", shards)?;
     Ok(out)
+}
+
+fn byte_range_dict<'py>(py: Python<'py>, r: &io::ByteRange) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("offset", r.offset)?;
+    d.set_item("length", r.length)?;
+    d.set_item("checksum", &r.checksum)?;
+    Ok(d)
+}
+
+/// `(offset, length, checksum)` of a byte range, as Python passes it.
+type RangeArg = (u64, u64, String);
+
+fn byte_range((offset, length, checksum): RangeArg) -> io::ByteRange {
+    io::ByteRange {
+        offset,
+        length,
+        checksum,
+    }
+}
+
+/// Size and `xxh3_128:<hex>` checksum of a whole file (the manifest's shard checksum).
+#[pyfunction]
+pub fn file_checksum(py: Python<'_>, path: PathBuf) -> PyResult<(u64, String)> {
+    py.detach(|| io::file_checksum(&path)).map_err(to_py)
 }
 
 /// Lengths (int64) of the token column across `paths`, and the rows of each file.
@@ -193,17 +225,29 @@ fn to_numpy<'py>(
 
 /// One Parquet row group (or Arrow IPC record batch) of `path` as numpy arrays: list columns
 /// give `(values, offsets)` with int64 offsets starting at 0, other columns an array.
+/// With `check = (file size, footer range, row group range)`, ranges as `(offset, length,
+/// checksum)` from the manifest, the bytes are checked before they are decoded (packed shards).
 #[pyfunction]
+#[pyo3(signature = (path, row_group, columns, check=None))]
 pub fn read_row_group<'py>(
     py: Python<'py>,
     path: PathBuf,
     row_group: usize,
     columns: Vec<String>,
+    check: Option<(u64, RangeArg, RangeArg)>,
 ) -> PyResult<Bound<'py, PyDict>> {
     use arrow::array::{Array, AsArray};
     let names: Vec<&str> = columns.iter().map(String::as_str).collect();
+    let check = check.map(|(size, footer, group)| io::GroupCheck {
+        size,
+        footer: byte_range(footer),
+        group: byte_range(group),
+    });
     let batch = py
-        .detach(|| io::read_row_group(&path, row_group, &names))
+        .detach(|| match &check {
+            Some(check) => io::read_checked_row_group(&path, row_group, &names, check),
+            None => io::read_row_group(&path, row_group, &names),
+        })
         .map_err(to_py)?;
     let out = PyDict::new(py);
     for (name, array) in columns.iter().zip(batch.columns()) {

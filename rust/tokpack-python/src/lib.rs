@@ -20,5 +20,6 @@ fn _tokpack(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(files::pack_files, m)?)?;
     m.add_function(wrap_pyfunction!(files::read_lengths, m)?)?;
     m.add_function(wrap_pyfunction!(files::read_row_group, m)?)?;
+    m.add_function(wrap_pyfunction!(files::file_checksum, m)?)?;
     Ok(())
 }

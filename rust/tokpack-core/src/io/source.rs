@@ -192,23 +192,29 @@ pub fn read_row_group(path: &Path, unit: usize, columns: &[&str]) -> Result<Reco
         batches.push(b);
         Ok(())
     })?;
-    let schema = match batches.first() {
-        Some(b) => b.schema(),
-        None => std::sync::Arc::new(
-            source
-                .schema
-                .project(&indices)
-                .map_err(|e| CoreError::Schema(format!("{}: {e}", path.display())))?,
-        ),
-    };
-    let batch = arrow::compute::concat_batches(&schema, &batches).map_err(|e| {
-        CoreError::CorruptInput(format!(
-            "{}, {} {unit}: {e}",
-            path.display(),
-            source.unit_kind()
-        ))
-    })?;
-    // Columns in the order asked for, not the file's order.
+    let projected = std::sync::Arc::new(
+        source
+            .schema
+            .project(&indices)
+            .map_err(|e| CoreError::Schema(format!("{}: {e}", path.display())))?,
+    );
+    let what = format!("{} {unit}", source.unit_kind());
+    assemble_batch(path, &what, projected, batches, columns)
+}
+
+/// One record batch from the decoded batches of a unit (`what`, for messages), with `columns` in
+/// the order asked for, not the file's order. `projected` is the schema when there are no
+/// batches.
+pub(crate) fn assemble_batch(
+    path: &Path,
+    what: &str,
+    projected: SchemaRef,
+    batches: Vec<RecordBatch>,
+    columns: &[&str],
+) -> Result<RecordBatch> {
+    let schema = batches.first().map_or(projected, |b| b.schema());
+    let batch = arrow::compute::concat_batches(&schema, &batches)
+        .map_err(|e| CoreError::CorruptInput(format!("{}, {what}: {e}", path.display())))?;
     let ordered: Vec<_> = columns
         .iter()
         .map(|c| batch.column_by_name(c).cloned())

@@ -1,6 +1,11 @@
 //! Packed shards: `part-NNNNN.parquet` (one row per packed row, row groups of at most
 //! `row_group_rows` rows) and `_index-part-NNNNN.arrow` (per row: token offset inside the shard,
 //! tokens, segments, loss tokens) so readers learn lengths without touching token data.
+//!
+//! While a shard is written, its bytes are hashed (xxh3-128) as a whole and per byte range: one
+//! range per row group (its column chunks, contiguous in the file) and one for the footer (page
+//! indexes and metadata). Readers check exactly the bytes they decode against these (see
+//! [`super::checked`]).
 
 use super::progress::Progress;
 use super::spill::SpillReader;
@@ -23,6 +28,15 @@ use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
+/// A byte range of a shard file and the checksum of its bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ByteRange {
+    pub offset: u64,
+    pub length: u64,
+    /// `xxh3_128:<hex>` of the range's bytes.
+    pub checksum: String,
+}
+
 /// What was written for one shard (recorded in the manifest).
 #[derive(Clone, Debug)]
 pub struct ShardInfo {
@@ -32,8 +46,19 @@ pub struct ShardInfo {
     pub row_groups: u64,
     pub tokens: u64,
     pub loss_tokens: u64,
+    /// File size in bytes.
+    pub size: u64,
     /// `xxh3_128:<hex>` of the shard file's bytes.
     pub checksum: String,
+    /// The bytes of each row group's column chunks.
+    pub row_group_bytes: Vec<ByteRange>,
+    /// Everything after the last row group: page indexes and the footer.
+    pub footer_bytes: ByteRange,
+}
+
+/// The checksum notation of the manifest.
+pub fn xxh3_hex(hash: u128) -> String {
+    format!("xxh3_128:{hash:032x}")
 }
 
 /// `zstd`, `zstd:LEVEL`, `snappy`, `lz4` or `none`.
@@ -92,16 +117,45 @@ fn index_schema() -> SchemaRef {
     ]))
 }
 
-/// Hashes everything written through it.
+/// Hashes everything written through it, as a whole and in ranges ended by [`Hashing::cut`].
 struct Hashing<W: Write> {
     inner: W,
     hasher: twox_hash::XxHash3_128,
+    range: twox_hash::XxHash3_128,
+    range_start: u64,
+    pos: u64,
+}
+
+impl<W: Write> Hashing<W> {
+    fn new(inner: W) -> Self {
+        Self {
+            inner,
+            hasher: twox_hash::XxHash3_128::new(),
+            range: twox_hash::XxHash3_128::new(),
+            range_start: 0,
+            pos: 0,
+        }
+    }
+
+    /// Ends the current range (the bytes received since the previous cut) and starts the next.
+    fn cut(&mut self) -> ByteRange {
+        let hash = std::mem::replace(&mut self.range, twox_hash::XxHash3_128::new());
+        let out = ByteRange {
+            offset: self.range_start,
+            length: self.pos - self.range_start,
+            checksum: xxh3_hex(hash.finish_128()),
+        };
+        self.range_start = self.pos;
+        out
+    }
 }
 
 impl<W: Write> Write for Hashing<W> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         let n = self.inner.write(buf)?;
         self.hasher.write(&buf[..n]);
+        self.range.write(&buf[..n]);
+        self.pos += n as u64;
         Ok(n)
     }
     fn flush(&mut self) -> std::io::Result<()> {
@@ -148,12 +202,13 @@ pub fn write_shard(ctx: &ShardContext, shard: usize, rows: Range<usize>) -> Resu
         .set_created_by(format!("tokpack {}", env!("CARGO_PKG_VERSION")))
         .build();
     let file = File::create(&path).map_err(|e| out_err(&path, e))?;
-    let sink = Hashing {
-        inner: BufWriter::with_capacity(1 << 20, file),
-        hasher: twox_hash::XxHash3_128::new(),
-    };
+    let sink = Hashing::new(BufWriter::with_capacity(1 << 20, file));
     let mut writer =
         ArrowWriter::try_new(sink, schema.clone(), Some(props)).map_err(|e| out_err(&path, e))?;
+    // `sync` pushes parquet's buffered bytes into the sink, so each cut ends exactly at the
+    // bytes written so far: first the magic, then one range per row group.
+    writer.sync().map_err(|e| out_err(&path, e))?;
+    writer.inner_mut().cut();
     let mut index = IndexColumns::default();
     let mut info = ShardInfo {
         file: name,
@@ -162,27 +217,62 @@ pub fn write_shard(ctx: &ShardContext, shard: usize, rows: Range<usize>) -> Resu
         row_groups: 0,
         tokens: 0,
         loss_tokens: 0,
+        size: 0,
         checksum: String::new(),
+        row_group_bytes: Vec::new(),
+        footer_bytes: ByteRange {
+            offset: 0,
+            length: 0,
+            checksum: String::new(),
+        },
     };
+    // An empty shard (every sample dropped) has no row group; its footer still holds the schema.
     let mut start = rows.start;
-    while start < rows.end || (info.row_groups == 0 && rows.is_empty()) {
+    while start < rows.end {
         ctx.progress.check()?;
         let end = (start + ctx.row_group_rows).min(rows.end);
         let batch = row_group(ctx, &schema, start..end, &mut index, &mut info)?;
         writer.write(&batch).map_err(|e| out_err(&path, e))?;
         writer.flush().map_err(|e| out_err(&path, e))?;
+        writer.sync().map_err(|e| out_err(&path, e))?;
+        let range = writer.inner_mut().cut();
+        check_group_range(&path, writer.flushed_row_groups(), info.row_groups, &range)?;
+        info.row_group_bytes.push(range);
         info.row_groups += 1;
         ctx.progress.advance((end - start) as u64);
-        if rows.is_empty() {
-            break;
-        }
         start = end;
     }
     let mut sink = writer.into_inner().map_err(|e| out_err(&path, e))?;
     sink.flush().map_err(|e| out_err(&path, e))?;
-    info.checksum = format!("xxh3_128:{:032x}", sink.hasher.finish_128());
+    info.footer_bytes = sink.cut();
+    info.size = sink.pos;
+    info.checksum = xxh3_hex(sink.hasher.finish_128());
     write_index(&ctx.dir.join(&index_name), index)?;
     Ok(info)
+}
+
+/// The column chunks of row group `group` must lie inside `range`, the bytes written while it
+/// was flushed: otherwise the recorded ranges would not cover what readers decode.
+fn check_group_range(
+    path: &Path,
+    flushed: &[parquet::file::metadata::RowGroupMetaData],
+    group: u64,
+    range: &ByteRange,
+) -> Result<()> {
+    let inside = flushed.get(group as usize).is_some_and(|g| {
+        g.columns().iter().all(|c| {
+            let (start, len) = c.byte_range();
+            start >= range.offset && start + len <= range.offset + range.length
+        })
+    }) && flushed.len() as u64 == group + 1;
+    if inside {
+        Ok(())
+    } else {
+        Err(out_err(
+            path,
+            format!("row group {group} was not written within bytes {range:?}"),
+        ))
+    }
 }
 
 #[derive(Default)]

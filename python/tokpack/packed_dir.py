@@ -1,8 +1,17 @@
 """Reading a packed directory (see ``tokpack pack``): the validated manifest, the row-group layout
 and the single function that decodes shard data.
 
+Every row group is decoded against the manifest: its bytes and the shard's footer are checked
+against the xxh3-128 checksums recorded when the shard was written before they are decoded, so a
+damaged shard raises :class:`CorruptOutputError` naming it and the row group instead of yielding
+other tokens. The same check keeps a reader on the snapshot it opened: if OUT is rebuilt under an
+open reader, the new bytes do not match the old manifest and the read fails with "changed since
+the dataset was opened" (the identity of each shard file is recorded at open to tell the two
+apart). Groups already decoded and cached stay the old snapshot's, so a reader never mixes two.
+
 Nothing here imports torch, and nothing holds per-row Python objects: the layout is a few numpy
-arrays with one entry per row group, so datasets built on it are cheap to copy into workers.
+arrays and lists with one entry per row group, so datasets built on it are cheap to copy into
+workers.
 """
 
 from __future__ import annotations
@@ -10,38 +19,62 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .. import _tokpack
-from .._outdir import MANIFEST_NAME
-from ..errors import CorruptOutputError, InputNotFoundError, TokpackError
+from . import _tokpack
+from ._outdir import MANIFEST_NAME
+from .errors import CorruptOutputError, InputNotFoundError, TokpackError
 
 __all__ = ["PackedDir", "decode_row_group", "ROW_COLUMNS"]
 
 FORMAT = "tokpack-packed"
-FORMAT_VERSION = 1
+# 2: shards record their size and the checksums of each row group's bytes and of the footer.
+FORMAT_VERSION = 2
 ROW_COLUMNS = ("input_ids", "labels", "seq_lengths", "sample_ids")
 
 Column = Union[Tuple[np.ndarray, np.ndarray], np.ndarray]
+# (offset, length, "xxh3_128:<hex>") of a byte range of a shard.
+Range = Tuple[int, int, str]
+# What identifies a file on disk: a rebuilt OUT has new files even when their sizes are equal.
+Identity = Tuple[int, int, int, int]
 
 
-def decode_row_group(path: str, row_group: int, columns: Sequence[str]) -> Dict[str, Column]:
+def decode_row_group(
+    path: str,
+    row_group: int,
+    columns: Sequence[str],
+    check: Optional[Tuple[int, Range, Range]] = None,
+) -> Dict[str, Column]:
     """Decode one row group of a shard: list columns -> ``(values, offsets int64)``, primitive
-    columns -> ndarray.
+    columns -> ndarray. With ``check = (file size, footer range, row group range)``, the bytes
+    are checked against their checksums before they are decoded.
 
     Every shard read of ``tokpack.torch`` goes through here. Decoding runs in Rust (arrow-rs /
     parquet) with the GIL released, on the calling thread.
     """
     try:
-        return _tokpack.read_row_group(str(path), int(row_group), list(columns))
+        return _tokpack.read_row_group(str(path), int(row_group), list(columns), check)
     except (TokpackError, OSError) as exc:
         raise CorruptOutputError(
             f"{path}: cannot decode row group {row_group} (columns {list(columns)}): {exc}"
         ) from None
+
+
+def identity(path: Union[str, os.PathLike]) -> Optional[Identity]:
+    """(device, inode, size, mtime ns) of a file, None when it is missing."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _range(value: Any) -> Range:
+    return (int(value["offset"]), int(value["length"]), str(value["checksum"]))
 
 
 def _corrupt(root: Path, what: str) -> CorruptOutputError:
@@ -54,7 +87,10 @@ class PackedDir:
     Attributes:
         root: the directory. ``max_len``, ``has_labels``: from the manifest.
         shard_paths: absolute path of every shard, in manifest order.
+        shard_sizes, shard_footers, shard_identities: per shard, its size, footer byte range and
+            file identity when opened.
         group_shard, group_index, group_rows: one entry per row group (all shards, in order).
+        group_bytes: the byte range of each row group (all shards, in order).
         group_start: first global row of each row group (length n_groups + 1).
     """
 
@@ -82,6 +118,13 @@ class PackedDir:
         root = self.root
         if not isinstance(m, dict) or m.get("format") != FORMAT:
             raise _corrupt(root, f"not a {FORMAT!r} manifest")
+        if m.get("format_version") == 1:
+            # Written before shards carried row-group checksums: nothing to check reads against.
+            raise _corrupt(
+                root,
+                "format_version 1 has no row-group checksums; rebuild it with this tokpack"
+                " (rerun `tokpack pack`: the new format is not a cache hit)",
+            )
         if m.get("format_version") != FORMAT_VERSION:
             raise _corrupt(
                 root,
@@ -96,19 +139,38 @@ class PackedDir:
         except (KeyError, TypeError, ValueError) as exc:
             raise _corrupt(root, f"missing or invalid field {exc}") from None
         paths: List[str] = []
+        sizes: List[int] = []
+        footers: List[Range] = []
+        identities: List[Optional[Identity]] = []
         g_shard: List[int] = []
         g_rows: List[int] = []
         g_index: List[int] = []
+        g_bytes: List[Range] = []
         for k, shard in enumerate(shards):
             try:
-                name, rows, groups = (
+                name, rows, groups, size = (
                     str(shard["file"]),
                     int(shard["rows"]),
                     int(shard["row_groups"]),
+                    int(shard["size"]),
                 )
+                footer = _range(shard["footer_bytes"])
+                ranges = [_range(r) for r in shard["row_group_bytes"]]
             except (KeyError, TypeError, ValueError) as exc:
                 raise _corrupt(root, f"shard {k}: missing or invalid field {exc}") from None
             path = root / name
+            ident = identity(path)
+            if ident is None:
+                raise _corrupt(root, f"shard {k}: {path} is missing")
+            if ident[2] != size:
+                raise CorruptOutputError(
+                    f"{path}: the file has {ident[2]} bytes, the manifest says {size}"
+                    " (truncated or overwritten)"
+                )
+            if len(ranges) != groups:
+                raise _corrupt(
+                    root, f"shard {k}: {len(ranges)} byte ranges for {groups} row groups"
+                )
             try:
                 meta = pq.ParquetFile(path).metadata
             except FileNotFoundError:
@@ -127,6 +189,10 @@ class PackedDir:
             if missing:
                 raise CorruptOutputError(f"{path}: missing columns {missing}")
             paths.append(str(path.resolve()))
+            sizes.append(size)
+            footers.append(footer)
+            identities.append(ident)
+            g_bytes.extend(ranges)
             for g in range(groups):
                 g_shard.append(k)
                 g_index.append(g)
@@ -134,6 +200,10 @@ class PackedDir:
         if sum(g_rows) != total:
             raise _corrupt(root, f"figures.rows is {total} but the shards hold {sum(g_rows)} rows")
         self.shard_paths = paths
+        self.shard_sizes = sizes
+        self.shard_footers = footers
+        self.shard_identities = identities
+        self.group_bytes = g_bytes
         self.group_shard = np.asarray(g_shard, dtype=np.int64)
         self.group_index = np.asarray(g_index, dtype=np.int64)
         self.group_rows = np.asarray(g_rows, dtype=np.int64)
@@ -153,11 +223,23 @@ class PackedDir:
         g = int(np.searchsorted(self.group_start, row, side="right")) - 1
         return g, row - int(self.group_start[g])
 
-    def decode(self, group: int) -> Dict[str, Column]:
-        """Decode the row columns of one row group (global numbering), checking its row count."""
-        path = self.shard_paths[int(self.group_shard[group])]
+    def decode(self, group: int, columns: Optional[Sequence[str]] = None) -> Dict[str, Column]:
+        """Decode the row columns (or ``columns``) of one row group (global numbering), checking
+        its bytes against the manifest's checksums and its row count."""
+        shard = int(self.group_shard[group])
+        path = self.shard_paths[shard]
         g = int(self.group_index[group])
-        cols = decode_row_group(path, g, self.columns)
+        check = (self.shard_sizes[shard], self.shard_footers[shard], self.group_bytes[group])
+        try:
+            cols = decode_row_group(path, g, self.columns if columns is None else columns, check)
+        except CorruptOutputError as exc:
+            if identity(path) != self.shard_identities[shard]:
+                raise CorruptOutputError(
+                    f"{self.root}: changed since the dataset was opened ({path} was replaced or"
+                    f" removed, e.g. by `tokpack pack --force`): open it again; reading row group"
+                    f" {g} failed with: {exc}"
+                ) from None
+            raise
         want = int(self.group_rows[group])
         for name, col in cols.items():
             n = len(col[1]) - 1 if isinstance(col, tuple) else len(col)
@@ -165,6 +247,8 @@ class PackedDir:
                 raise CorruptOutputError(
                     f"{path}: row group {g}, column {name!r} has {n} rows, expected {want}"
                 )
+        if "input_ids" not in cols:
+            return cols
         ids_values, ids_offsets = cols["input_ids"]
         if ids_offsets[-1] != len(ids_values):
             raise CorruptOutputError(f"{path}: row group {g}, column 'input_ids' is malformed")

@@ -1,0 +1,209 @@
+"""Integrity checks of output directories: ``tokpack.verify`` (``tokpack verify OUT``) checks a
+packed directory end to end; ``cache_problem`` is the check a rerun makes before it trusts an
+existing output as a cache hit.
+
+What a packed directory's manifest vouches for, and how it is checked:
+
+* every shard is present with the recorded size (quick) and whole-file xxh3-128 checksum (full);
+* every row group's bytes and the footer match their checksums and decode, and the decoded
+  ``num_tokens`` / ``num_seqs`` / ``num_loss_tokens`` agree with the list columns and with the
+  shard's index side file (full);
+* every index side file is readable, has a row per packed row and offsets that add up (quick);
+* the dropped list is readable and has ``samples_dropped`` rows, and the figures add up:
+  ``samples_in = packed + truncated + split + dropped``, shard rows and tokens sum to the
+  figures (quick).
+
+The first problem found raises :class:`CorruptOutputError` naming the file (and row group).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Union
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from . import _tokpack
+from .errors import CorruptOutputError
+from .packed_dir import PackedDir
+
+__all__ = ["verify", "cache_problem"]
+
+
+def _file_problem(out: Path, shard: Dict[str, Any], full: bool) -> Optional[str]:
+    path = out / shard["file"]
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return f"{path} is missing"
+    if "size" in shard:
+        if size != shard["size"]:
+            return f"{path} has {size} bytes, the manifest says {shard['size']}"
+    else:
+        # Written without a recorded size (token shards of `tokenize`): the footer must say the
+        # recorded number of rows.
+        try:
+            rows = pq.read_metadata(path).num_rows
+        except (pa.ArrowException, OSError) as exc:
+            return f"{path} is not a readable Parquet file ({exc})"
+        if rows != shard["rows"]:
+            return f"{path} has {rows} rows, the manifest says {shard['rows']}"
+    if "index" in shard and not (out / shard["index"]).is_file():
+        return f"{out / shard['index']} is missing"
+    if full and "checksum" in shard:
+        _, checksum = _tokpack.file_checksum(str(path))
+        if checksum != shard["checksum"]:
+            return f"{path} does not match its checksum (it hashes to {checksum})"
+    return None
+
+
+def cache_problem(
+    out_dir: Union[str, os.PathLike], manifest: Dict[str, Any], *, full: bool = False
+) -> Optional[str]:
+    """Why the output a matching manifest describes cannot be trusted, or None when it is intact:
+    a listed file missing or of another size (another row count for shards without a recorded
+    size) and, with ``full``, a shard whose bytes do not match its checksum."""
+    out = Path(out_dir)
+    try:
+        for shard in manifest["shards"]:
+            problem = _file_problem(out, shard, full)
+            if problem is not None:
+                return problem
+        for key in ("dropped_file", "rejected_file"):
+            name = manifest.get(key)
+            if name and not (out / name).is_file():
+                return f"{out / name} is missing"
+    except (KeyError, TypeError) as exc:
+        return f"the manifest is malformed (field {exc})"
+    return None
+
+
+def _read_ipc(path: Path) -> pa.Table:
+    try:
+        with pa.memory_map(str(path)) as source:
+            return pa.ipc.open_file(source).read_all()
+    except FileNotFoundError:
+        raise CorruptOutputError(f"{path}: missing") from None
+    except (pa.ArrowException, OSError) as exc:
+        raise CorruptOutputError(f"{path}: not a readable Arrow IPC file ({exc})") from None
+
+
+def _check_figures(packed: PackedDir) -> None:
+    m, root = packed.manifest, packed.root
+    try:
+        f = m["figures"]
+        parts = [f[k] for k in ("samples_packed", "samples_truncated", "samples_split")]
+        accounted = sum(parts) + f["samples_dropped"]
+        samples_in, dropped = f["samples_in"], f["samples_dropped"]
+        tokens, loss_tokens = f["tokens"], f["loss_tokens"]
+        dropped_file = root / m["dropped_file"]
+        shards = m["shards"]
+    except (KeyError, TypeError) as exc:
+        raise CorruptOutputError(f"{root}: manifest field {exc} is missing") from None
+    if accounted != samples_in:
+        raise CorruptOutputError(
+            f"{root}: figures do not add up: samples_in is {samples_in}, packed + truncated +"
+            f" split + dropped is {accounted}"
+        )
+    for key, want in (("tokens", tokens), ("loss_tokens", loss_tokens)):
+        got = sum(int(s[key]) for s in shards)
+        if got != want:
+            raise CorruptOutputError(f"{root}: figures.{key} is {want}, the shards hold {got}")
+    table = _read_ipc(dropped_file)
+    if table.num_rows != dropped:
+        raise CorruptOutputError(
+            f"{dropped_file}: {table.num_rows} rows, figures.samples_dropped is {dropped}"
+        )
+    ids = table.column("sample_id").to_numpy() if "sample_id" in table.column_names else None
+    if ids is None or len(np.unique(ids)) != len(ids) or (len(ids) and ids.max() >= samples_in):
+        raise CorruptOutputError(f"{dropped_file}: sample_id missing, repeated or out of range")
+
+
+def _read_index(packed: PackedDir, k: int) -> Dict[str, np.ndarray]:
+    shard = packed.manifest["shards"][k]
+    path = packed.root / shard["index"]
+    table = _read_ipc(path)
+    names = ("offset", "num_tokens", "num_seqs", "num_loss_tokens")
+    if table.num_rows != shard["rows"] or any(n not in table.column_names for n in names):
+        raise CorruptOutputError(
+            f"{path}: expected columns {list(names)} and {shard['rows']} rows, got"
+            f" {table.column_names} and {table.num_rows} rows"
+        )
+    index = {n: table.column(n).to_numpy() for n in names}
+    tokens = index["num_tokens"].astype(np.int64)
+    if not np.array_equal(index["offset"], np.cumsum(tokens) - tokens) or tokens.sum() != int(
+        shard["tokens"]
+    ):
+        raise CorruptOutputError(f"{path}: offsets and token counts do not add up")
+    return index
+
+
+def _check_group(packed: PackedDir, group: int, index: Dict[str, np.ndarray], first: int) -> None:
+    """Decode every column of a row group (its checksums are checked on the way) and compare the
+    per-row counts with the list columns and with the index side file."""
+    shard = int(packed.group_shard[group])
+    g = int(packed.group_index[group])
+    path = packed.shard_paths[shard]
+    names = pq.read_schema(path).names
+    cols = packed.decode(group, names)
+    rows = slice(first, first + int(packed.group_rows[group]))
+    lists = {"num_tokens": "input_ids", "num_seqs": "seq_lengths"}
+    for name in ("num_tokens", "num_seqs", "num_loss_tokens"):
+        got = np.asarray(cols[name], dtype=np.int64)
+        if name in lists and not np.array_equal(got, np.diff(cols[lists[name]][1])):
+            raise CorruptOutputError(
+                f"{path}: row group {g}, column {name!r} disagrees with {lists[name]!r}"
+            )
+        if not np.array_equal(got, index[name][rows]):
+            raise CorruptOutputError(
+                f"{path}: row group {g}, column {name!r} disagrees with the index side file"
+            )
+
+
+def verify(out_dir: Union[str, os.PathLike], full: bool = True) -> Dict[str, Any]:
+    """Check a packed directory written by ``tokpack pack``; raise on the first problem.
+
+    Quick (``full=False``): the manifest, every shard's presence, size and footer, the index side
+    files, the dropped list and the figures. Full (default) adds every shard's whole-file
+    checksum and every row group's checksums, decoding and per-row counts.
+
+    Returns:
+        A report: ``ok`` (True), ``path``, ``full``, ``shards``, ``row_groups``, ``rows`` and
+        ``bytes`` checked.
+
+    Raises:
+        CorruptOutputError: naming the damaged file (and row group); InputNotFoundError when
+        ``out_dir`` is not a packed directory.
+    """
+    packed = PackedDir(out_dir)
+    _check_figures(packed)
+    shards: List[Dict[str, Any]] = packed.manifest["shards"]
+    for k, shard in enumerate(shards):
+        index = _read_index(packed, k)
+        if not full:
+            continue
+        first = 0
+        for group in np.flatnonzero(packed.group_shard == k):
+            _check_group(packed, int(group), index, first)
+            first += int(packed.group_rows[group])
+        # The row groups and the footer cover all but the leading magic bytes; the whole-file
+        # checksum covers those too.
+        path = packed.shard_paths[k]
+        _, checksum = _tokpack.file_checksum(path)
+        if checksum != shard["checksum"]:
+            raise CorruptOutputError(
+                f"{path}: does not match its checksum (it hashes to {checksum}, the manifest"
+                f" says {shard['checksum']})"
+            )
+    return {
+        "ok": True,
+        "path": str(packed.root),
+        "full": bool(full),
+        "shards": len(shards),
+        "row_groups": packed.num_groups,
+        "rows": packed.num_rows,
+        "bytes": sum(packed.shard_sizes),
+    }

@@ -1,0 +1,178 @@
+//! Reading packed shards against the checksums recorded when they were written: a row group's
+//! bytes and the footer's are read once, hashed (xxh3-128), compared with the manifest's, and
+//! only then decoded, from memory. A damaged, truncated or replaced shard therefore fails
+//! instead of yielding other tokens, and the check covers exactly the bytes that are decoded.
+
+use super::source::{assemble_batch, open_file};
+use super::writer::{xxh3_hex, ByteRange};
+use crate::error::{CoreError, Result};
+use arrow::array::RecordBatch;
+use bytes::{Buf, Bytes};
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
+};
+use parquet::arrow::ProjectionMask;
+use parquet::errors::ParquetError;
+use parquet::file::reader::{ChunkReader, Length};
+use std::fs::File;
+use std::io::Read;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+/// What the manifest records about one row group of a shard, as a reader needs it.
+pub struct GroupCheck {
+    /// Size of the whole file.
+    pub size: u64,
+    pub footer: ByteRange,
+    pub group: ByteRange,
+}
+
+fn corrupt(path: &Path, what: impl std::fmt::Display) -> CoreError {
+    CoreError::CorruptInput(format!("{}: {what}", path.display()))
+}
+
+/// Checked byte ranges of a file standing in for the file: reads outside them fail.
+struct CheckedBytes {
+    size: u64,
+    ranges: Vec<(u64, Bytes)>,
+}
+
+impl CheckedBytes {
+    /// The bytes from `start` to the end of the range holding them, and how many there are.
+    fn tail(&self, start: u64) -> parquet::errors::Result<Bytes> {
+        self.ranges
+            .iter()
+            .find(|(offset, data)| start >= *offset && start <= offset + data.len() as u64)
+            .map(|(offset, data)| data.slice((start - offset) as usize..))
+            .ok_or_else(|| {
+                ParquetError::General(format!("offset {start} is outside the checked bytes"))
+            })
+    }
+}
+
+impl Length for CheckedBytes {
+    fn len(&self) -> u64 {
+        self.size
+    }
+}
+
+impl ChunkReader for CheckedBytes {
+    type T = bytes::buf::Reader<Bytes>;
+
+    fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
+        Ok(self.tail(start)?.reader())
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
+        let tail = self.tail(start)?;
+        if length > tail.len() {
+            return Err(ParquetError::General(format!(
+                "bytes {start}..{} are outside the checked bytes",
+                start + length as u64
+            )));
+        }
+        Ok(tail.slice(..length))
+    }
+}
+
+/// Reads `range` of `file` and checks its bytes against the recorded checksum.
+fn read_checked(file: &File, path: &Path, range: &ByteRange, what: &str) -> Result<Bytes> {
+    let mut buf = vec![0u8; range.length as usize];
+    file.read_exact_at(&mut buf, range.offset)
+        .map_err(|e| corrupt(path, format!("{what}: cannot read ({e})")))?;
+    let got = xxh3_hex(twox_hash::XxHash3_128::oneshot(&buf));
+    if got != range.checksum {
+        return Err(corrupt(
+            path,
+            format!(
+                "{what}: bytes {}..{} do not match their checksum (they hash to {got}, the \
+                 manifest says {})",
+                range.offset,
+                range.offset + range.length,
+                range.checksum
+            ),
+        ));
+    }
+    Ok(Bytes::from(buf))
+}
+
+/// Row group `unit` of the packed shard `path` with only `columns`, after checking the file's
+/// size and the checksums of the footer and of the row group's bytes.
+pub fn read_checked_row_group(
+    path: &Path,
+    unit: usize,
+    columns: &[&str],
+    check: &GroupCheck,
+) -> Result<RecordBatch> {
+    let what = format!("row group {unit}");
+    let file = open_file(path)?;
+    let size = file
+        .metadata()
+        .map_err(|e| corrupt(path, format!("cannot stat ({e})")))?
+        .len();
+    if size != check.size {
+        return Err(corrupt(
+            path,
+            format!(
+                "{what}: the file has {size} bytes, the manifest says {}",
+                check.size
+            ),
+        ));
+    }
+    let footer = read_checked(&file, path, &check.footer, &format!("{what}: footer"))?;
+    let group = read_checked(&file, path, &check.group, &what)?;
+    let data = CheckedBytes {
+        size,
+        ranges: vec![(check.footer.offset, footer), (check.group.offset, group)],
+    };
+    let decode_err =
+        |e: &dyn std::fmt::Display| corrupt(path, format!("{what}: cannot decode ({e})"));
+    let meta =
+        ArrowReaderMetadata::load(&data, ArrowReaderOptions::new()).map_err(|e| decode_err(&e))?;
+    let groups = meta.metadata().row_groups();
+    let Some(rows) = groups.get(unit).map(|g| g.num_rows()) else {
+        return Err(corrupt(
+            path,
+            format!("{what} does not exist (the file has {})", groups.len()),
+        ));
+    };
+    let indices = columns
+        .iter()
+        .map(|c| {
+            meta.schema()
+                .index_of(c)
+                .map_err(|_| corrupt(path, format!("no column {c:?}")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mask = ProjectionMask::roots(meta.parquet_schema(), indices);
+    let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(data, meta)
+        .with_projection(mask)
+        .with_row_groups(vec![unit])
+        .with_batch_size((rows as usize).max(1))
+        .build()
+        .map_err(|e| decode_err(&e))?;
+    let schema = arrow::array::RecordBatchReader::schema(&reader);
+    let batches = reader
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| decode_err(&e))?;
+    assemble_batch(path, &what, schema, batches, columns)
+}
+
+/// Size and `xxh3_128:<hex>` checksum of a whole file.
+pub fn file_checksum(path: &Path) -> Result<(u64, String)> {
+    let mut file = open_file(path)?;
+    let mut hasher = twox_hash::XxHash3_128::new();
+    let mut buf = vec![0u8; 1 << 22];
+    let mut size = 0u64;
+    loop {
+        let n = file
+            .read(&mut buf)
+            .map_err(|e| corrupt(path, format!("cannot read ({e})")))?;
+        if n == 0 {
+            break;
+        }
+        hasher.write(&buf[..n]);
+        size += n as u64;
+    }
+    Ok((size, xxh3_hex(hasher.finish_128())))
+}
