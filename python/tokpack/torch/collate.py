@@ -3,6 +3,9 @@
 Every format masks the label of the first token of each sample (-100), so no loss term predicts a
 sample's first token from the previous sample, and reports ``num_loss_tokens`` / ``num_seqs`` so a
 trainer can normalise the loss over the whole batch instead of averaging per row.
+
+With ``cp_size > 1`` the flat formats return one context-parallel rank's slice of the batch in
+TransformerEngine's THD layout (see ``_context_parallel``).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from ..errors import ConfigError, DataError
 __all__ = ["PackedCollator", "FORMATS", "IGNORE_INDEX"]
 
 FORMATS = ("hf", "flash", "padded", "torchtune")
+CP_FORMATS = ("hf", "flash")
 IGNORE_INDEX = -100
 
 
@@ -71,28 +75,44 @@ class PackedCollator:
         pad_id: int = 0,
         return_seq_idx: bool = False,
         return_loss_weights: bool = False,
+        cp_size: int = 1,
+        cp_rank: int = 0,
     ) -> None:
         if format not in FORMATS:
             raise ConfigError(f"format must be one of {FORMATS}, got {format!r}")
         if pad_to is not None and (not isinstance(pad_to, int) or pad_to < 1):
             raise ConfigError(f"pad_to must be a positive int or None, got {pad_to!r}")
+        if isinstance(cp_size, bool) or not isinstance(cp_size, int) or cp_size < 1:
+            raise ConfigError(f"cp_size must be a positive int, got {cp_size!r}")
+        if isinstance(cp_rank, bool) or not isinstance(cp_rank, int) or not 0 <= cp_rank < cp_size:
+            raise ConfigError(f"cp_rank must be an int in [0, cp_size={cp_size}), got {cp_rank!r}")
+        if cp_size > 1 and format not in CP_FORMATS:
+            raise ConfigError(
+                f"context parallelism (cp_size={cp_size}) needs format {' or '.join(CP_FORMATS)},"
+                f" got {format!r}"
+            )
         self.format = format
         self.pad_to = pad_to
         self.pad_id = int(pad_id)
         self.return_seq_idx = bool(return_seq_idx)
         self.return_loss_weights = bool(return_loss_weights)
+        self.cp_size = cp_size
+        self.cp_rank = cp_rank
 
     def __repr__(self) -> str:
+        cp = f", cp_size={self.cp_size}, cp_rank={self.cp_rank}" if self.cp_size > 1 else ""
         return (
             f"PackedCollator(format={self.format!r}, pad_to={self.pad_to!r}, pad_id={self.pad_id},"
             f" return_seq_idx={self.return_seq_idx},"
-            f" return_loss_weights={self.return_loss_weights})"
+            f" return_loss_weights={self.return_loss_weights}{cp})"
         )
 
     def __call__(self, rows: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
         if len(rows) == 0:
             raise DataError("PackedCollator got an empty batch")
         ids, labels, seg_lens = self._rows(rows)
+        if self.cp_size > 1:
+            return self._context_parallel(ids, labels, seg_lens)
         if self.format in ("hf", "flash"):
             return self._flat(ids, labels, seg_lens)
         return self._padded(ids, labels, seg_lens)
@@ -151,6 +171,68 @@ class PackedCollator:
             out["max_length_q"] = max_len
             out["max_length_k"] = max_len
         self._extras(out, lab.view(shape), seq_idx.view(shape), lens.numel())
+        return out
+
+    def _context_parallel(self, ids, labels, seg_lens) -> Dict[str, Any]:
+        """Rank ``cp_rank``'s slice of the batch in TransformerEngine's THD layout, as Megatron's
+        ``get_batch_on_this_cp_rank`` builds it with TE's ``thd_get_partitioned_indices``.
+
+        Every sample is padded to a multiple of ``2 * cp_size`` (``pad_id``, label -100, positions
+        continuing) and cut into ``2 * cp_size`` equal chunks; the rank takes chunks ``cp_rank`` and
+        ``2 * cp_size - 1 - cp_rank`` of each sample, which balances causal attention work across
+        ranks. ``cu_seqlens`` (real lengths) and ``cu_seqlens_padded`` (sample offsets in the padded
+        stream) describe the whole group, not the rank: TE divides them by ``cp_size`` itself. The
+        labels are shifted on the whole padded stream before it is cut (``shift_labels``): a rank
+        shifting its own slice would pair the last token of a chunk with the first of its next one.
+        """
+        device = ids[0].device
+        tokens = torch.cat(ids).to(torch.int64)
+        lab = torch.cat(labels).to(torch.int64)
+        lens = torch.cat([s.cpu() for s in seg_lens]).to(device=device, dtype=torch.int64)
+        n_seqs = lens.numel()
+        cu = torch.zeros(n_seqs + 1, dtype=torch.int64, device=device)
+        torch.cumsum(lens, 0, out=cu[1:])
+        lab[cu[:-1]] = IGNORE_INDEX
+        n_chunks = 2 * self.cp_size
+        chunk = (lens + n_chunks - 1) // n_chunks
+        cu_padded = torch.zeros_like(cu)
+        torch.cumsum(chunk * n_chunks, 0, out=cu_padded[1:])
+        # The rank's two pieces of every sample, in stream order, and where each starts within its
+        # padded sample; then, per local token, its sample and its position in that sample.
+        firsts = chunk * self.cp_rank
+        seconds = chunk * (n_chunks - 1 - self.cp_rank)
+        piece_start = torch.stack([firsts, seconds], 1).view(-1)
+        offset, piece = _segments(chunk.repeat_interleave(2), 2 * int(chunk.sum()))
+        sample = piece // 2
+        position = piece_start[piece] + offset
+        length = lens[sample]
+        real = position < length
+        has_next = position + 1 < length
+        # Padding past the last token of the batch indexes out of range: clamp, then mask.
+        last = max(tokens.numel() - 1, 0)
+        src = (cu[sample] + position).clamp_(max=last)
+        src_next = (src + 1).clamp_(max=last)
+        flat = self.format == "flash"
+        shape = (-1,) if flat else (1, -1)
+        out: Dict[str, Any] = {
+            "input_ids": torch.where(real, tokens[src], self.pad_id).view(shape),
+            "labels": torch.where(real, lab[src], IGNORE_INDEX).view(shape),
+            "shift_labels": torch.where(has_next, lab[src_next], IGNORE_INDEX).view(shape),
+            "position_ids": position.view(shape),
+            "cu_seqlens": cu.to(torch.int32),
+            "cu_seqlens_padded": cu_padded.to(torch.int32),
+            "max_seqlen": int(chunk.max()) * n_chunks if n_seqs else 0,
+            # The whole group's loss terms: a rank divides its summed loss by this.
+            "num_loss_tokens": int((lab != IGNORE_INDEX).sum()),
+            "num_seqs": n_seqs,
+        }
+        if self.return_seq_idx:
+            out["seq_idx"] = torch.where(real, sample, -1).to(torch.int32).view(shape)
+        if self.return_loss_weights:
+            # Per-sample counts over the whole group, aligned like shift_labels.
+            _, seq_idx = _segments(lens, tokens.numel())
+            weights = _per_sample_weights(lab != IGNORE_INDEX, seq_idx, n_seqs)
+            out["loss_weights"] = torch.where(has_next, weights[src_next], 0.0).view(shape)
         return out
 
     def _padded(self, ids, labels, seg_lens) -> Dict[str, Any]:
