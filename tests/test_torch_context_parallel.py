@@ -11,7 +11,13 @@ import torch
 import torch.nn.functional as F
 
 import tokpack
-from tokpack.torch import IGNORE_INDEX, PackedCollator, sdpa_block_causal_mask
+from tokpack.torch import (
+    IGNORE_INDEX,
+    PackedCollator,
+    document_ids,
+    flex_block_mask,
+    sdpa_block_causal_mask,
+)
 
 from .test_torch_collate import _rows
 from .test_torch_contamination import VOCAB, setup, summed_loss  # noqa: F401 (setup: fixture)
@@ -193,3 +199,12 @@ def test_ring_attention_emulation_matches_unsplit_and_alone(setup, cp_size):  # 
     assert abs(loss.item() - unsplit.item()) < 1e-9
     assert abs(loss.item() - reference.item()) < 1e-9
     assert abs(wrong.item() - reference.item()) > 1e-3
+
+
+@pytest.mark.parametrize("fmt", ["hf", "flash"])
+def test_local_masks_refuse_a_cp_slice(fmt):
+    # The slice's cu_seqlens describe the whole group: a mask built from them would not fit it.
+    b = PackedCollator(fmt, cp_size=2, cp_rank=1)(_rows())
+    for make_mask in (document_ids, sdpa_block_causal_mask, flex_block_mask):
+        with pytest.raises(tokpack.ConfigError, match="context-parallel"):
+            make_mask(b)
