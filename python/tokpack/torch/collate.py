@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+import numpy as np
 import torch
 
 from ..errors import ConfigError, DataError
@@ -185,54 +186,61 @@ class PackedCollator:
         labels are shifted on the whole padded stream before it is cut (``shift_labels``): a rank
         shifting its own slice would pair the last token of a chunk with the first of its next one.
         """
+        # Index arithmetic in NumPy on the host (lengths are host data, and NumPy's per-call cost is
+        # a fraction of torch's at these sizes); the tokens are gathered on their own device.
         device = ids[0].device
-        tokens = torch.cat(ids).to(torch.int64)
-        lab = torch.cat(labels).to(torch.int64)
-        lens = torch.cat([s.cpu() for s in seg_lens]).to(device=device, dtype=torch.int64)
-        n_seqs = lens.numel()
-        cu = torch.zeros(n_seqs + 1, dtype=torch.int64, device=device)
-        torch.cumsum(lens, 0, out=cu[1:])
-        lab[cu[:-1]] = IGNORE_INDEX
+        lens = torch.cat([s.cpu() for s in seg_lens]).numpy().astype(np.int64)
+        n_seqs = lens.size
+        cu = np.concatenate(([0], np.cumsum(lens)))
         n_chunks = 2 * self.cp_size
-        chunk = (lens + n_chunks - 1) // n_chunks
-        cu_padded = torch.zeros_like(cu)
-        torch.cumsum(chunk * n_chunks, 0, out=cu_padded[1:])
-        # The rank's two pieces of every sample, in stream order, and where each starts within its
-        # padded sample; then, per local token, its sample and its position in that sample.
-        firsts = chunk * self.cp_rank
-        seconds = chunk * (n_chunks - 1 - self.cp_rank)
-        piece_start = torch.stack([firsts, seconds], 1).view(-1)
-        offset, piece = _segments(chunk.repeat_interleave(2), 2 * int(chunk.sum()))
-        sample = piece // 2
-        position = piece_start[piece] + offset
-        length = lens[sample]
-        real = position < length
-        has_next = position + 1 < length
-        # Padding past the last token of the batch indexes out of range: clamp, then mask.
-        last = max(tokens.numel() - 1, 0)
-        src = (cu[sample] + position).clamp_(max=last)
-        src_next = (src + 1).clamp_(max=last)
+        chunk = -(-lens // n_chunks)
+        cu_padded = np.concatenate(([0], np.cumsum(chunk * n_chunks)))
+        # The rank's two pieces of every sample, in stream order: runs of consecutive positions of
+        # the padded sample starting at `first`. Per local token: its position in its sample, its
+        # index in the batch's tokens and how many of the sample's tokens are left from it on.
+        piece_len = np.repeat(chunk, 2)
+        first = (chunk[:, None] * np.array([self.cp_rank, n_chunks - 1 - self.cp_rank])).ravel()
+        shift = first - (np.cumsum(piece_len) - piece_len)
+        local = np.arange(int(piece_len.sum()))
+        position = np.repeat(shift, piece_len) + local
+        src = np.repeat(np.repeat(cu[:-1], 2) + shift, piece_len) + local
+        left = np.repeat(np.repeat(lens, 2) - shift, piece_len) - local
+        # Padding and the last target of each sample read one value appended after the batch.
+        sentinel = int(cu[-1])
+        token_src = np.where(left > 0, src, sentinel)
+        next_src = np.where(left > 1, src + 1, sentinel)
+        tokens = torch.cat([*ids, ids[0].new_full((1,), self.pad_id)])
+        lab = torch.cat([*labels, labels[0].new_full((1,), IGNORE_INDEX)])
+
+        def dev(a: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(a).to(device)
+
+        starts = dev(cu[:-1])
+        lab.index_fill_(0, starts, IGNORE_INDEX)
         flat = self.format == "flash"
         shape = (-1,) if flat else (1, -1)
         out: Dict[str, Any] = {
-            "input_ids": torch.where(real, tokens[src], self.pad_id).view(shape),
-            "labels": torch.where(real, lab[src], IGNORE_INDEX).view(shape),
-            "shift_labels": torch.where(has_next, lab[src_next], IGNORE_INDEX).view(shape),
-            "position_ids": position.view(shape),
-            "cu_seqlens": cu.to(torch.int32),
-            "cu_seqlens_padded": cu_padded.to(torch.int32),
+            "input_ids": tokens.index_select(0, dev(token_src)).to(torch.int64).view(shape),
+            "labels": lab.index_select(0, dev(token_src)).to(torch.int64).view(shape),
+            "shift_labels": lab.index_select(0, dev(next_src)).to(torch.int64).view(shape),
+            "position_ids": dev(position).view(shape),
+            "cu_seqlens": dev(cu.astype(np.int32)),
+            "cu_seqlens_padded": dev(cu_padded.astype(np.int32)),
             "max_seqlen": int(chunk.max()) * n_chunks if n_seqs else 0,
             # The whole group's loss terms: a rank divides its summed loss by this.
             "num_loss_tokens": int((lab != IGNORE_INDEX).sum()),
             "num_seqs": n_seqs,
         }
         if self.return_seq_idx:
-            out["seq_idx"] = torch.where(real, sample, -1).to(torch.int32).view(shape)
+            sample = np.repeat(np.arange(n_seqs, dtype=np.int32), 2 * chunk)
+            out["seq_idx"] = dev(np.where(left > 0, sample, -1)).view(shape)
         if self.return_loss_weights:
             # Per-sample counts over the whole group, aligned like shift_labels.
-            _, seq_idx = _segments(lens, tokens.numel())
-            weights = _per_sample_weights(lab != IGNORE_INDEX, seq_idx, n_seqs)
-            out["loss_weights"] = torch.where(has_next, weights[src_next], 0.0).view(shape)
+            trained = lab[:-1] != IGNORE_INDEX
+            seq_idx = dev(np.repeat(np.arange(n_seqs), lens))
+            weights = _per_sample_weights(trained, seq_idx, n_seqs)
+            weights = torch.cat([weights, weights.new_zeros(1)])
+            out["loss_weights"] = weights.index_select(0, dev(next_src)).view(shape)
         return out
 
     def _padded(self, ids, labels, seg_lens) -> Dict[str, Any]:
