@@ -189,7 +189,7 @@ class PackedCollator:
         # Index arithmetic in NumPy on the host (lengths are host data, and NumPy's per-call cost is
         # a fraction of torch's at these sizes); the tokens are gathered on their own device.
         device = ids[0].device
-        lens = torch.cat([s.cpu() for s in seg_lens]).numpy().astype(np.int64)
+        lens = np.concatenate([s.cpu().numpy() for s in seg_lens]).astype(np.int64)
         n_seqs = lens.size
         cu = np.concatenate(([0], np.cumsum(lens)))
         n_chunks = 2 * self.cp_size
@@ -228,7 +228,7 @@ class PackedCollator:
             "cu_seqlens_padded": dev(cu_padded.astype(np.int32)),
             "max_seqlen": int(chunk.max()) * n_chunks if n_seqs else 0,
             # The whole group's loss terms: a rank divides its summed loss by this.
-            "num_loss_tokens": int((lab != IGNORE_INDEX).sum()),
+            "num_loss_tokens": _count_trained(lab),
             "num_seqs": n_seqs,
         }
         if self.return_seq_idx:
@@ -302,6 +302,14 @@ class PackedCollator:
             out["seq_idx"] = seq_idx.to(torch.int32)
         if self.return_loss_weights:
             out["loss_weights"] = _per_sample_weights(trained, seq_idx, n_seqs)
+
+
+def _count_trained(lab: torch.Tensor) -> int:
+    """How many labels are not IGNORE_INDEX; counted by NumPy for CPU tensors, where torch's fixed
+    cost per call is several times the work at batch sizes."""
+    if lab.device.type == "cpu":
+        return int(np.count_nonzero(lab.numpy() != IGNORE_INDEX))
+    return int((lab != IGNORE_INDEX).sum())
 
 
 def _per_sample_weights(trained: torch.Tensor, seq_idx: torch.Tensor, n_seqs: int) -> torch.Tensor:
