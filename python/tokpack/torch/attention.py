@@ -23,7 +23,8 @@ def document_ids(batch: Mapping[str, Any]) -> torch.Tensor:
 
     Works for every collator format: ``document_ids`` (padded; padding is ``-1``, its own
     document), ``cu_seq_lens_q`` (hf, ``[1, T]``), ``cu_seqlens`` (flash, ``[1, T]``) and
-    ``seq_lens`` (torchtune, the padding tail is its own segment).
+    ``seq_lens`` (torchtune, the padding tail is its own segment); not for a context-parallel
+    slice (``cp_size > 1``), whose boundaries span the whole CP group.
     """
     if "cu_seqlens_padded" in batch:
         raise ConfigError(
