@@ -94,3 +94,29 @@ def test_attention_mask_of_ones_would_contaminate(model):
             use_cache=False,
         )
     assert not torch.allclose(good.logits, bad.logits, atol=1e-6)
+
+
+def test_cp_shift_labels_drive_the_hf_loss(model):
+    # A context-parallel slice carries pre-shifted targets: transformers' ForCausalLMLoss must use
+    # them as they are instead of shifting the rank's labels (which crosses chunk boundaries).
+    samples, labels = random_samples(6, 21, seed=2, vocab=128)
+    table = pack_tokens(samples, 48, labels=labels)
+    rows = [
+        {
+            k: torch.tensor(table.column(k)[i].as_py())
+            for k in ("input_ids", "labels", "seq_lengths")
+        }
+        for i in range(table.num_rows)
+    ]
+    batch = PackedCollator("hf", cp_size=2, cp_rank=1)(rows)
+    with torch.no_grad():
+        out = model(
+            **{k: batch[k] for k in ("input_ids", "position_ids", "labels", "shift_labels")},
+            use_cache=False,
+        )
+    # transformers computes the loss in float32.
+    logits = out.logits[0].float()
+    expected = F.cross_entropy(logits, batch["shift_labels"][0])
+    shifted_locally = F.cross_entropy(logits[:-1], batch["labels"][0, 1:])
+    assert abs(out.loss.item() - expected.item()) < 1e-6
+    assert abs(out.loss.item() - shifted_locally.item()) > 1e-3

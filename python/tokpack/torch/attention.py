@@ -23,8 +23,15 @@ def document_ids(batch: Mapping[str, Any]) -> torch.Tensor:
 
     Works for every collator format: ``document_ids`` (padded; padding is ``-1``, its own
     document), ``cu_seq_lens_q`` (hf, ``[1, T]``), ``cu_seqlens`` (flash, ``[1, T]``) and
-    ``seq_lens`` (torchtune, the padding tail is its own segment).
+    ``seq_lens`` (torchtune, the padding tail is its own segment); not for a context-parallel
+    slice (``cp_size > 1``), whose boundaries span the whole CP group.
     """
+    if "cu_seqlens_padded" in batch:
+        raise ConfigError(
+            "a context-parallel batch (cp_size > 1) holds one rank's slice and attends across the"
+            " whole group: use a context-parallel attention (e.g. TransformerEngine's THD with"
+            " cu_seqlens and cu_seqlens_padded), not a local mask"
+        )
     if "document_ids" in batch:
         return batch["document_ids"].to(torch.int64)
     for key in ("cu_seq_lens_q", "cu_seqlens"):

@@ -3,12 +3,16 @@
 Every format masks the label of the first token of each sample (-100), so no loss term predicts a
 sample's first token from the previous sample, and reports ``num_loss_tokens`` / ``num_seqs`` so a
 trainer can normalise the loss over the whole batch instead of averaging per row.
+
+With ``cp_size > 1`` the flat formats return one context-parallel rank's slice of the batch in
+TransformerEngine's THD layout (see ``_context_parallel``).
 """
 
 from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+import numpy as np
 import torch
 
 from ..errors import ConfigError, DataError
@@ -16,6 +20,7 @@ from ..errors import ConfigError, DataError
 __all__ = ["PackedCollator", "FORMATS", "IGNORE_INDEX"]
 
 FORMATS = ("hf", "flash", "padded", "torchtune")
+CP_FORMATS = ("hf", "flash")
 IGNORE_INDEX = -100
 
 
@@ -71,28 +76,44 @@ class PackedCollator:
         pad_id: int = 0,
         return_seq_idx: bool = False,
         return_loss_weights: bool = False,
+        cp_size: int = 1,
+        cp_rank: int = 0,
     ) -> None:
         if format not in FORMATS:
             raise ConfigError(f"format must be one of {FORMATS}, got {format!r}")
         if pad_to is not None and (not isinstance(pad_to, int) or pad_to < 1):
             raise ConfigError(f"pad_to must be a positive int or None, got {pad_to!r}")
+        if isinstance(cp_size, bool) or not isinstance(cp_size, int) or cp_size < 1:
+            raise ConfigError(f"cp_size must be a positive int, got {cp_size!r}")
+        if isinstance(cp_rank, bool) or not isinstance(cp_rank, int) or not 0 <= cp_rank < cp_size:
+            raise ConfigError(f"cp_rank must be an int in [0, cp_size={cp_size}), got {cp_rank!r}")
+        if cp_size > 1 and format not in CP_FORMATS:
+            raise ConfigError(
+                f"context parallelism (cp_size={cp_size}) needs format {' or '.join(CP_FORMATS)},"
+                f" got {format!r}"
+            )
         self.format = format
         self.pad_to = pad_to
         self.pad_id = int(pad_id)
         self.return_seq_idx = bool(return_seq_idx)
         self.return_loss_weights = bool(return_loss_weights)
+        self.cp_size = cp_size
+        self.cp_rank = cp_rank
 
     def __repr__(self) -> str:
+        cp = f", cp_size={self.cp_size}, cp_rank={self.cp_rank}" if self.cp_size > 1 else ""
         return (
             f"PackedCollator(format={self.format!r}, pad_to={self.pad_to!r}, pad_id={self.pad_id},"
             f" return_seq_idx={self.return_seq_idx},"
-            f" return_loss_weights={self.return_loss_weights})"
+            f" return_loss_weights={self.return_loss_weights}{cp})"
         )
 
     def __call__(self, rows: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
         if len(rows) == 0:
             raise DataError("PackedCollator got an empty batch")
         ids, labels, seg_lens = self._rows(rows)
+        if self.cp_size > 1:
+            return self._context_parallel(ids, labels, seg_lens)
         if self.format in ("hf", "flash"):
             return self._flat(ids, labels, seg_lens)
         return self._padded(ids, labels, seg_lens)
@@ -151,6 +172,75 @@ class PackedCollator:
             out["max_length_q"] = max_len
             out["max_length_k"] = max_len
         self._extras(out, lab.view(shape), seq_idx.view(shape), lens.numel())
+        return out
+
+    def _context_parallel(self, ids, labels, seg_lens) -> Dict[str, Any]:
+        """Rank ``cp_rank``'s slice of the batch in TransformerEngine's THD layout, as Megatron's
+        ``get_batch_on_this_cp_rank`` builds it with TE's ``thd_get_partitioned_indices``.
+
+        Every sample is padded to a multiple of ``2 * cp_size`` (``pad_id``, label -100, positions
+        continuing) and cut into ``2 * cp_size`` equal chunks; the rank takes chunks ``cp_rank`` and
+        ``2 * cp_size - 1 - cp_rank`` of each sample, which balances causal attention work across
+        ranks. ``cu_seqlens`` (real lengths) and ``cu_seqlens_padded`` (sample offsets in the padded
+        stream) describe the whole group, not the rank: TE divides them by ``cp_size`` itself. The
+        labels are shifted on the whole padded stream before it is cut (``shift_labels``): a rank
+        shifting its own slice would pair the last token of a chunk with the first of its next one.
+        """
+        # Index arithmetic in NumPy on the host (lengths are host data, and NumPy's per-call cost is
+        # a fraction of torch's at these sizes); the tokens are gathered on their own device.
+        device = ids[0].device
+        lens = np.concatenate([s.cpu().numpy() for s in seg_lens]).astype(np.int64)
+        n_seqs = lens.size
+        cu = np.concatenate(([0], np.cumsum(lens)))
+        n_chunks = 2 * self.cp_size
+        chunk = -(-lens // n_chunks)
+        cu_padded = np.concatenate(([0], np.cumsum(chunk * n_chunks)))
+        # The rank's two pieces of every sample, in stream order: runs of consecutive positions of
+        # the padded sample starting at `first`. Per local token: its position in its sample, its
+        # index in the batch's tokens and how many of the sample's tokens are left from it on.
+        piece_len = np.repeat(chunk, 2)
+        first = (chunk[:, None] * np.array([self.cp_rank, n_chunks - 1 - self.cp_rank])).ravel()
+        shift = first - (np.cumsum(piece_len) - piece_len)
+        local = np.arange(int(piece_len.sum()))
+        position = np.repeat(shift, piece_len) + local
+        src = np.repeat(np.repeat(cu[:-1], 2) + shift, piece_len) + local
+        left = np.repeat(np.repeat(lens, 2) - shift, piece_len) - local
+        # Padding and the last target of each sample read one value appended after the batch.
+        sentinel = int(cu[-1])
+        token_src = np.where(left > 0, src, sentinel)
+        next_src = np.where(left > 1, src + 1, sentinel)
+        tokens = torch.cat([*ids, ids[0].new_full((1,), self.pad_id)])
+        lab = torch.cat([*labels, labels[0].new_full((1,), IGNORE_INDEX)])
+
+        def dev(a: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(a).to(device)
+
+        starts = dev(cu[:-1])
+        lab.index_fill_(0, starts, IGNORE_INDEX)
+        flat = self.format == "flash"
+        shape = (-1,) if flat else (1, -1)
+        out: Dict[str, Any] = {
+            "input_ids": tokens.index_select(0, dev(token_src)).to(torch.int64).view(shape),
+            "labels": lab.index_select(0, dev(token_src)).to(torch.int64).view(shape),
+            "shift_labels": lab.index_select(0, dev(next_src)).to(torch.int64).view(shape),
+            "position_ids": dev(position).view(shape),
+            "cu_seqlens": dev(cu.astype(np.int32)),
+            "cu_seqlens_padded": dev(cu_padded.astype(np.int32)),
+            "max_seqlen": int(chunk.max()) * n_chunks if n_seqs else 0,
+            # The whole group's loss terms: a rank divides its summed loss by this.
+            "num_loss_tokens": _count_trained(lab),
+            "num_seqs": n_seqs,
+        }
+        if self.return_seq_idx:
+            sample = np.repeat(np.arange(n_seqs, dtype=np.int32), 2 * chunk)
+            out["seq_idx"] = dev(np.where(left > 0, sample, -1)).view(shape)
+        if self.return_loss_weights:
+            # Per-sample counts over the whole group, aligned like shift_labels.
+            trained = lab[:-1] != IGNORE_INDEX
+            seq_idx = dev(np.repeat(np.arange(n_seqs), lens))
+            weights = _per_sample_weights(trained, seq_idx, n_seqs)
+            weights = torch.cat([weights, weights.new_zeros(1)])
+            out["loss_weights"] = weights.index_select(0, dev(next_src)).view(shape)
         return out
 
     def _padded(self, ids, labels, seg_lens) -> Dict[str, Any]:
@@ -212,6 +302,14 @@ class PackedCollator:
             out["seq_idx"] = seq_idx.to(torch.int32)
         if self.return_loss_weights:
             out["loss_weights"] = _per_sample_weights(trained, seq_idx, n_seqs)
+
+
+def _count_trained(lab: torch.Tensor) -> int:
+    """How many labels are not IGNORE_INDEX; counted by NumPy for CPU tensors, where torch's fixed
+    cost per call is several times the work at batch sizes."""
+    if lab.device.type == "cpu":
+        return int(np.count_nonzero(lab.numpy() != IGNORE_INDEX))
+    return int((lab != IGNORE_INDEX).sum())
 
 
 def _per_sample_weights(trained: torch.Tensor, seq_idx: torch.Tensor, n_seqs: int) -> torch.Tensor:
