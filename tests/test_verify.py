@@ -221,3 +221,10 @@ def test_every_sample_dropped_gives_an_empty_shard_that_reads_and_verifies(tmp_p
     assert manifest["figures"]["samples_dropped"] == 3 and manifest["shards"][0]["row_groups"] == 0
     assert len(PackedDataset(tmp_path / "out")) == 0
     assert tokpack.verify(tmp_path / "out")["rows"] == 0
+
+
+def test_tokpack_verify_is_the_function_after_any_import():
+    # A submodule named like the function replaced it on the package once imported.
+    import tokpack.files  # noqa: F401  (imports the integrity module)
+
+    assert callable(tokpack.verify)

@@ -41,7 +41,7 @@ _LAZY = {
     "streaming_dataset_reader": "streaming",
     "tokenize_files": "tokenize",
     "tokenize_to_batches": "tokenize",
-    "verify": "verify",
+    "verify": "integrity",
     "PackedDataset": "torch",
     "PackedIterableDataset": "torch",
     "PackedCollator": "torch",

@@ -49,7 +49,7 @@ from .tokenize.formats import is_parquet
 from .tokenize.pipeline import SOURCE_SCHEMA
 from .tokenize.progress import Progress
 from .tokenize.writer import _RejectedFile, open_for_writing, writing
-from .verify import cache_problem
+from .integrity import cache_problem
 
 __all__ = ["pack_files", "read_lengths", "FORMAT", "FORMAT_VERSION"]
 

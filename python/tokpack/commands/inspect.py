@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 from .._outdir import MANIFEST_NAME, read_manifest
 from ..errors import CorruptOutputError, InputNotFoundError
 from ..report import table
-from ..verify import cache_problem
+from ..integrity import cache_problem
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..verify import verify
+from ..integrity import verify
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -31,7 +31,7 @@ from .._outdir import (
 )
 from ..errors import OutputError, TokpackError
 from ..planning import MAX_ROWS, check_int
-from ..verify import cache_problem
+from ..integrity import cache_problem
 from .pipeline import TOKEN_SCHEMA, PathLike, TokenStream
 from .progress import Progress
 from .tokenizer import LoadedTokenizer
