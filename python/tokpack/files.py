@@ -36,6 +36,7 @@ from ._outdir import (
 )
 from ._progress import run_with_progress
 from .errors import ConfigError
+from .integrity import cache_problem
 from .planning import (
     MAX_ROWS,
     OVERLONG_POLICIES,
@@ -49,7 +50,6 @@ from .tokenize.formats import is_parquet
 from .tokenize.pipeline import SOURCE_SCHEMA
 from .tokenize.progress import Progress
 from .tokenize.writer import _RejectedFile, open_for_writing, writing
-from .integrity import cache_problem
 
 __all__ = ["pack_files", "read_lengths", "FORMAT", "FORMAT_VERSION"]
 

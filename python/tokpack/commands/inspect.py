@@ -10,8 +10,8 @@ import pyarrow.parquet as pq
 
 from .._outdir import MANIFEST_NAME, read_manifest
 from ..errors import CorruptOutputError, InputNotFoundError
-from ..report import table
 from ..integrity import cache_problem
+from ..report import table
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -30,8 +30,8 @@ from .._outdir import (
     write_json_atomic,
 )
 from ..errors import OutputError, TokpackError
-from ..planning import MAX_ROWS, check_int
 from ..integrity import cache_problem
+from ..planning import MAX_ROWS, check_int
 from .pipeline import TOKEN_SCHEMA, PathLike, TokenStream
 from .progress import Progress
 from .tokenizer import LoadedTokenizer
