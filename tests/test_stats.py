@@ -187,7 +187,7 @@ def test_cli_json_equals_the_api(corpus, capsys):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--max-len", "0"], "--max-len: max_len must be at least 1, got 0"),
+        (["--max-len", "0"], "--max-len: max_len must be at least 1 and at most 2147483647, got 0"),
         (["--max-len", "2048,x"], "--max-len: 'x' is not an integer"),
         (["--batch-size", "0"], "batch_size must be a positive integer"),
         (["--overlong", "error"], "overlong must be one of split, truncate, drop"),

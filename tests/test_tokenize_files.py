@@ -164,7 +164,7 @@ def test_cli_tokenize(tmp_path, tok_dir, corpus, capsys):
     [
         (["--tokenizer", "/nonexistent/tok"], "no such tokenizer"),
         (["--column", "messages"], "expects FIELD=NAME"),
-        (["--max-len", "0"], "max_len must be a positive integer"),
+        (["--max-len", "0"], "max_len must be at least 1"),
     ],
 )
 def test_cli_errors_exit_2_without_traceback(tmp_path, tok_dir, corpus, capsys, extra, message):

@@ -228,3 +228,27 @@ def test_tokpack_verify_is_the_function_after_any_import():
     import tokpack.files  # noqa: F401  (imports the integrity module)
 
     assert callable(tokpack.verify)
+
+
+def test_verify_checks_a_tokenize_output(tmp_path, capsys):
+    pytest.importorskip("tokenizers")
+    from ._tokenizer_factory import CHATML_GEN, build_tokenizer, conversations, write_jsonl
+
+    tok = build_tokenizer(tmp_path / "tok", CHATML_GEN)
+    corpus = write_jsonl(tmp_path / "chat.jsonl", [{"messages": c} for c in conversations(60)])
+    out = tmp_path / "tokens"
+    tokpack.tokenize_files(corpus, out, tok, shard_rows=20)
+    report = tokpack.verify(out)
+    assert report["ok"] and report["shards"] == 3 and report["rows"] == 60
+    assert main(["verify", str(out)]) == 0
+    shard = out / "part-00001.parquet"
+    _flip(shard, shard.stat().st_size // 2)
+    assert tokpack.verify(out, full=False)["ok"]  # same size: only the checksum sees it
+    with pytest.raises(tokpack.CorruptOutputError, match="part-00001.parquet"):
+        tokpack.verify(out)
+    shard.unlink()
+    with pytest.raises(tokpack.CorruptOutputError, match="part-00001.parquet is missing"):
+        tokpack.verify(out, full=False)
+    capsys.readouterr()
+    assert main(["verify", str(out)]) == 2
+    assert "part-00001.parquet is missing" in capsys.readouterr().err

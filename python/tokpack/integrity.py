@@ -24,9 +24,11 @@ from typing import Any, Dict, List, Optional, Union
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from . import _tokpack
+from ._outdir import read_manifest
 from .errors import CorruptOutputError
 from .packed_dir import PackedDir
 
@@ -163,8 +165,63 @@ def _check_group(packed: PackedDir, group: int, index: Dict[str, np.ndarray], fi
             )
 
 
+def _verify_token_shards(root: Path, manifest: Dict[str, Any], full: bool) -> Dict[str, Any]:
+    """``verify`` of a ``tokpack tokenize`` output: every shard present with its size (and, full,
+    checksum, and every row's ``length`` equal to its token and label lists), and the shards'
+    rows and tokens adding up to the manifest's counts."""
+    try:
+        shards: List[Dict[str, Any]] = manifest["shards"]
+        counts = manifest["counts"]
+        want_rows, want_tokens = int(counts["samples_out"]), int(counts["tokens"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CorruptOutputError(f"{root}: manifest field {exc} is missing") from None
+    problem = cache_problem(root, manifest, full=full)
+    if problem is not None:
+        raise CorruptOutputError(problem)
+    rows = tokens = groups = 0
+    for shard in shards:
+        path = root / shard["file"]
+        try:
+            table = pq.read_table(path) if full else None
+            meta = pq.read_metadata(path)
+        except (pa.ArrowException, OSError) as exc:
+            raise CorruptOutputError(f"{path}: not a readable Parquet file ({exc})") from None
+        if meta.num_rows != shard["rows"]:
+            raise CorruptOutputError(
+                f"{path}: {meta.num_rows} rows, the manifest says {shard['rows']}"
+            )
+        if table is not None:
+            length = table.column("length").to_numpy().astype(np.int64)
+            for name in ("input_ids", "labels"):
+                got = pc.list_value_length(table.column(name)).to_numpy()
+                if not np.array_equal(got, length):
+                    raise CorruptOutputError(f"{path}: column {name!r} disagrees with 'length'")
+            if int(length.sum()) != int(shard["tokens"]):
+                raise CorruptOutputError(
+                    f"{path}: {length.sum()} tokens, the manifest says {shard['tokens']}"
+                )
+        rows += int(shard["rows"])
+        tokens += int(shard["tokens"])
+        groups += meta.num_row_groups
+    if (rows, tokens) != (want_rows, want_tokens):
+        raise CorruptOutputError(
+            f"{root}: the shards hold {rows} samples and {tokens} tokens, the manifest's counts say"
+            f" {want_rows} and {want_tokens}"
+        )
+    return {
+        "ok": True,
+        "path": str(root),
+        "full": bool(full),
+        "shards": len(shards),
+        "row_groups": groups,
+        "rows": rows,
+        "bytes": sum(int(s.get("size", 0)) for s in shards),
+    }
+
+
 def verify(out_dir: Union[str, os.PathLike], full: bool = True) -> Dict[str, Any]:
-    """Check a packed directory written by ``tokpack pack``; raise on the first problem.
+    """Check a directory written by ``tokpack pack`` (or ``tokpack tokenize``); raise on the
+    first problem.
 
     Quick (``full=False``): the manifest, every shard's presence, size and footer, the index side
     files, the dropped list and the figures. Full (default) adds every shard's whole-file
@@ -178,6 +235,9 @@ def verify(out_dir: Union[str, os.PathLike], full: bool = True) -> Dict[str, Any
         CorruptOutputError: naming the damaged file (and row group); InputNotFoundError when
         ``out_dir`` is not a packed directory.
     """
+    manifest = read_manifest(out_dir) if Path(out_dir).is_dir() else None
+    if isinstance(manifest, dict) and manifest.get("kind") == "tokenize":
+        return _verify_token_shards(Path(out_dir), manifest, full)
     packed = PackedDir(out_dir)
     _check_figures(packed)
     shards: List[Dict[str, Any]] = packed.manifest["shards"]

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .. import __version__
+from .. import __version__, _tokpack
 from .._inputs import RAW_SUFFIXES, resolve_inputs, shown_path
 from .._outdir import (
     MANIFEST_NAME,
@@ -104,6 +104,11 @@ class _ShardWriter:
             finally:
                 if sink is not None:
                     sink.close()
+        # Size and checksum let cache hits and `tokpack verify` vouch for the shard.
+        assert self._path is not None
+        size, checksum = _tokpack.file_checksum(self._path)
+        shard = next(s for s in self.shards if s["file"] == self._path.name)
+        shard["size"], shard["checksum"] = size, checksum
 
     def _open(self) -> None:
         name = f"part-{len(self.shards):05d}.parquet"
