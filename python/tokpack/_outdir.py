@@ -121,7 +121,8 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _clean_stale(out_dir: Path) -> None:
-    """Removes temporaries left by runs that died (their pid is gone)."""
+    """Removes temporaries and the lock file left by runs that died (their pid is gone), so the
+    next run leaves none behind, a cache hit included."""
     parent = out_dir.parent
     if not parent.is_dir():
         return
@@ -136,6 +137,24 @@ def _clean_stale(out_dir: Path) -> None:
                 pid_text = rest[len(tag) :].split("-", 1)[0]
                 if pid_text.isdigit() and not _pid_alive(int(pid_text)):
                     shutil.rmtree(entry, ignore_errors=True)
+    _remove_stale_lock(parent / f"{prefix}{_LOCK_SUFFIX}")
+
+
+def _remove_stale_lock(path: Path) -> None:
+    """Removes the lock file of a run that died (kill -9): nobody holds its flock. A run that
+    opened it meanwhile sees it unlinked and takes a new one (see :func:`_output_lock`)."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if os.stat(path).st_ino == os.fstat(fd).st_ino:
+            os.unlink(path)
+    except OSError:
+        pass  # held by a live run, already gone, or not ours to remove
+    finally:
+        os.close(fd)
 
 
 def output_target(out_dir: os.PathLike) -> Path:
@@ -167,6 +186,8 @@ def output_target(out_dir: os.PathLike) -> Path:
             "replaces the output directory as a whole: name a new subdirectory"
         )
     check_replaceable(real, text)
+    with contextlib.suppress(OSError):  # a read-only parent still allows a cache hit
+        _clean_stale(real)
     return real
 
 

@@ -3,16 +3,18 @@
 
 from __future__ import annotations
 
-import argparse
-import importlib
+# Only modules the interpreter has loaded at startup are imported here: everything else is
+# imported inside main()'s try, so a Ctrl-C that lands while it loads is handled there.
 import os
-import signal
 import sys
-import threading
-from typing import Any, List, Optional
 
 from . import __version__
 from .errors import TokpackError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+    from typing import Any, List, Optional
 
 # name -> (module, one-line help). Modules are imported only when their command runs.
 COMMANDS = {
@@ -32,7 +34,10 @@ COMMANDS = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> "argparse.ArgumentParser":
+    import argparse
+    import importlib
+
     parser = argparse.ArgumentParser(
         prog="tokpack", description="Sequence packing for LLM fine-tuning."
     )
@@ -51,19 +56,26 @@ class Terminated(KeyboardInterrupt):
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
+    import signal
+
     # A second SIGTERM must not cut the cleanup of the first short.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise Terminated()
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: Optional[List[str]] = None, *, _exiting: bool = False) -> int:
     """Runs one command: exit 0, 2 with one line ``tokpack CMD: error: ...`` on a TokpackError,
     130 on Ctrl-C and 143 on SIGTERM (one line, after the same cleanup), wherever they land,
     imports of the command's modules included."""
     name = "tokpack"
-    in_main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
+    previous = None
     try:
+        import importlib
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.signal(signal.SIGTERM, _on_sigterm)
         args = build_parser().parse_args(argv)
         name = f"tokpack {args.command}"
         return int(importlib.import_module(args._module).run(args) or 0)
@@ -74,15 +86,39 @@ def main(argv: Optional[List[str]] = None) -> int:
         # The reader of our output went away (`tokpack stats ... | head`): stop quietly, as
         # command-line tools do, and keep the interpreter's final flush from failing again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 128 + signal.SIGPIPE
+        return 141  # 128 + SIGPIPE, as a shell reports a command its pipe ended
     except KeyboardInterrupt as exc:
         terminated = isinstance(exc, Terminated)
         print(f"{name}: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
         return 143 if terminated else 130
     finally:
+        if _exiting:
+            _block_late_signals()  # before SIGTERM's default action is back
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
 
 
+def entry() -> None:
+    """The ``tokpack`` command (and ``python -m tokpack``): :func:`main`, then exit with its code.
+
+    Once the command has finished, a late Ctrl-C or SIGTERM must not change its outcome: during
+    the interpreter's shutdown Python's own handlers are gone (the default action would kill the
+    process with no message after the work is complete) or an atexit callback would print a
+    traceback. So both are blocked from then on.
+    """
+    code = 130
+    try:
+        code = main(_exiting=True)
+    except KeyboardInterrupt:  # landed in main()'s last steps: the command is complete
+        _block_late_signals()
+    sys.exit(code)
+
+
+def _block_late_signals() -> None:
+    import signal  # loaded by main() already
+
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
