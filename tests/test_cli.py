@@ -90,3 +90,51 @@ def test_a_closed_output_pipe_ends_quietly():
     proc.wait(timeout=60)
     assert proc.returncode == 128 + signal.SIGPIPE, err
     assert err == ""
+
+
+# A Ctrl-C that lands in a __del__ (or a weakref callback during an import) cannot propagate;
+# Python would print "Exception ignored" and carry on with the command.
+_INTERRUPT_IN_DEL = """
+import sys, time
+import tokpack.commands.demo as demo
+
+class Bomb:
+    def __del__(self):
+        raise KeyboardInterrupt
+
+def run(args):
+    Bomb()
+    time.sleep(5)
+    print("carried on")
+    return 0
+
+demo.run = run
+sys.argv = ["tokpack", "demo"]
+from tokpack.cli import entry
+entry()
+"""
+
+
+def test_an_interrupt_inside_a_callback_still_interrupts():
+    proc = subprocess.run(
+        [sys.executable, "-c", _INTERRUPT_IN_DEL], capture_output=True, text=True, check=False
+    )
+    assert (proc.returncode, proc.stdout, proc.stderr) == (130, "", "tokpack demo: interrupted\n")
+
+
+_SIGNALS_AFTER_MAIN = """
+import signal, sys
+from tokpack import cli
+code = cli.main(["demo", "--samples", "200"], _exiting=True)
+print(code, signal.getsignal(signal.SIGINT) is signal.SIG_IGN,
+      signal.getsignal(signal.SIGTERM) is signal.SIG_IGN)
+"""
+
+
+def test_signals_are_ignored_once_the_command_has_finished():
+    # Blocking them in the main thread would not do: a signal goes to any thread that does not
+    # block it (tokpack's Rust threads), and Python's shutdown resets its own handlers.
+    proc = subprocess.run(
+        [sys.executable, "-c", _SIGNALS_AFTER_MAIN], capture_output=True, text=True, check=False
+    )
+    assert proc.stdout.splitlines()[-1] == "0 True True", proc.stderr

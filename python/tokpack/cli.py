@@ -55,6 +55,32 @@ class Terminated(KeyboardInterrupt):
     worker processes and Rust threads stopped)."""
 
 
+# A Terminated that Python could only report as "Exception ignored" (see _reraise_interrupts).
+_late_terminate = [False]
+
+
+def _reraise_interrupts(previous: Any) -> Any:
+    """An ``unraisablehook`` for Ctrl-C and SIGTERM that land in a callback Python cannot raise
+    from (a ``__del__``, a weakref callback during an import): instead of printing "Exception
+    ignored" and carrying on, the interrupt is raised again in the main thread, where the
+    command's cleanup handles it."""
+
+    def hook(unraisable: Any) -> None:
+        if unraisable.exc_type is not None and issubclass(unraisable.exc_type, KeyboardInterrupt):
+            import _thread
+            import threading
+
+            if issubclass(unraisable.exc_type, Terminated):
+                _late_terminate[0] = True
+            # From another thread, a moment later: raised now, it would land in this hook again.
+            # (It does nothing once the signals are ignored, when the command has finished.)
+            threading.Timer(0.01, _thread.interrupt_main).start()
+            return
+        previous(unraisable)
+
+    return hook
+
+
 def _on_sigterm(signum: int, frame: Any) -> None:
     import signal
 
@@ -69,6 +95,9 @@ def main(argv: Optional[List[str]] = None, *, _exiting: bool = False) -> int:
     imports of the command's modules included."""
     name = "tokpack"
     previous = None
+    previous_hook = sys.unraisablehook
+    sys.unraisablehook = _reraise_interrupts(previous_hook)
+    _late_terminate[0] = False
     try:
         import importlib
         import signal
@@ -88,14 +117,16 @@ def main(argv: Optional[List[str]] = None, *, _exiting: bool = False) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # 128 + SIGPIPE, as a shell reports a command its pipe ended
     except KeyboardInterrupt as exc:
-        terminated = isinstance(exc, Terminated)
+        terminated = isinstance(exc, Terminated) or _late_terminate[0]
         print(f"{name}: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
         return 143 if terminated else 130
     finally:
         if _exiting:
-            _block_late_signals()  # before SIGTERM's default action is back
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+            _ignore_late_signals()  # the hook stays: an interrupt in a late callback is dropped
+        else:
+            sys.unraisablehook = previous_hook
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
 
 
 def entry() -> None:
@@ -104,20 +135,24 @@ def entry() -> None:
     Once the command has finished, a late Ctrl-C or SIGTERM must not change its outcome: during
     the interpreter's shutdown Python's own handlers are gone (the default action would kill the
     process with no message after the work is complete) or an atexit callback would print a
-    traceback. So both are blocked from then on.
+    traceback. So both are ignored from then on.
     """
     code = 130
     try:
         code = main(_exiting=True)
     except KeyboardInterrupt:  # landed in main()'s last steps: the command is complete
-        _block_late_signals()
+        _ignore_late_signals()
     sys.exit(code)
 
 
-def _block_late_signals() -> None:
+def _ignore_late_signals() -> None:
+    """SIG_IGN, process-wide: a thread mask would not do (a signal goes to any thread that does
+    not block it, and tokpack's Rust and I/O threads are still there), and Python's shutdown
+    resets its own handlers to the default action but leaves an ignored signal ignored."""
     import signal  # loaded by main() already
 
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 if __name__ == "__main__":
