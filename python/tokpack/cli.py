@@ -67,14 +67,17 @@ def _reraise_interrupts(previous: Any) -> Any:
 
     def hook(unraisable: Any) -> None:
         if unraisable.exc_type is not None and issubclass(unraisable.exc_type, KeyboardInterrupt):
-            import _thread
+            import signal
             import threading
 
             if issubclass(unraisable.exc_type, Terminated):
                 _late_terminate[0] = True
-            # From another thread, a moment later: raised now, it would land in this hook again.
-            # (It does nothing once the signals are ignored, when the command has finished.)
-            threading.Timer(0.01, _thread.interrupt_main).start()
+            # A real SIGINT to the main thread (it wakes a blocking call), sent from another
+            # thread a moment later: raised now, it would land in this hook again. Ignored once
+            # the command has finished.
+            main = threading.main_thread().ident
+            assert main is not None
+            threading.Timer(0.01, signal.pthread_kill, (main, signal.SIGINT)).start()
             return
         previous(unraisable)
 
