@@ -33,6 +33,15 @@ def model():
     return m.to(torch.float64).eval()
 
 
+def _rows(table):
+    """The packed rows of a ``pack_tokens`` table as the collator's input."""
+    columns = ("input_ids", "labels", "seq_lengths")
+    return [
+        {k: torch.tensor(table.column(k)[i].as_py()) for k in columns}
+        for i in range(table.num_rows)
+    ]
+
+
 def _token_losses(logits, labels):
     return F.cross_entropy(logits[0, :-1], labels[0, 1:], reduction="none", ignore_index=-100)
 
@@ -40,13 +49,7 @@ def _token_losses(logits, labels):
 def test_packed_hf_batch_matches_one_by_one(model):
     samples, labels = random_samples(10, 24, seed=5, vocab=128)
     table = pack_tokens(samples, 64, labels=labels)
-    rows = [
-        {
-            k: torch.tensor(table.column(k)[i].as_py())
-            for k in ("input_ids", "labels", "seq_lengths")
-        }
-        for i in range(table.num_rows)
-    ]
+    rows = _rows(table)
     batch = PackedCollator("hf")(rows)
     order = [i for r in range(table.num_rows) for i in table.column("sample_ids")[r].as_py()]
     with torch.no_grad():
@@ -77,13 +80,7 @@ def test_attention_mask_of_ones_would_contaminate(model):
     """Why the collator returns no attention_mask: with one, sdpa attends across samples."""
     samples, labels = random_samples(6, 20, seed=6, vocab=128)
     table = pack_tokens(samples, 64, labels=labels)
-    rows = [
-        {
-            k: torch.tensor(table.column(k)[i].as_py())
-            for k in ("input_ids", "labels", "seq_lengths")
-        }
-        for i in range(table.num_rows)
-    ]
+    rows = _rows(table)
     b = PackedCollator("hf")(rows)
     with torch.no_grad():
         good = model(input_ids=b["input_ids"], position_ids=b["position_ids"], use_cache=False)
@@ -101,13 +98,7 @@ def test_cp_shift_labels_drive_the_hf_loss(model):
     # them as they are instead of shifting the rank's labels (which crosses chunk boundaries).
     samples, labels = random_samples(6, 21, seed=2, vocab=128)
     table = pack_tokens(samples, 48, labels=labels)
-    rows = [
-        {
-            k: torch.tensor(table.column(k)[i].as_py())
-            for k in ("input_ids", "labels", "seq_lengths")
-        }
-        for i in range(table.num_rows)
-    ]
+    rows = _rows(table)
     batch = PackedCollator("hf", cp_size=2, cp_rank=1)(rows)
     with torch.no_grad():
         out = model(
