@@ -2,12 +2,15 @@
 it to stop before the caller cleans up, or the cleanup races with threads still writing."""
 
 import _thread
+import io
+import re
 import sys
 import threading
 import time
 
 import pytest
 
+import tokpack
 from tokpack._progress import _Flag, run_with_progress
 
 
@@ -76,3 +79,24 @@ def test_a_ctrl_c_anywhere_in_a_wait_leaves_the_flag_usable():
             break  # every event of the wait has had its interrupt
         n += 1
     assert n > 1
+
+
+def test_a_one_step_pack_draws_one_style(tmp_path, monkeypatch):
+    """`pack --tokenizer` shows its tokenize phase and the Rust phases with the same display:
+    every line is ``phase [bar] share done/total unit rate/s ETA ...``."""
+    pytest.importorskip("tokenizers")
+    from ._tokenizer_factory import CHATML_GEN, build_tokenizer, conversations, write_jsonl
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    tok = build_tokenizer(tmp_path / "tok", CHATML_GEN)
+    raw = write_jsonl(tmp_path / "chat.jsonl", [{"messages": c} for c in conversations(50)])
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    tokpack.pack_files(raw, tmp_path / "out", 512, overlong="split", tokenizer=tok, progress=True)
+    lines = [x.strip() for x in re.split(r"[\r\n]", terminal.getvalue()) if x.strip()]
+    style = re.compile(r"^\w+ \[#* *\] +\d+\.\d% \S+/\S+ \w* *\S+/s ETA \S+( [\d,]+ samples)?$")
+    assert any(line.startswith("tokenize") for line in lines)
+    assert [line for line in lines if not style.match(line)] == []

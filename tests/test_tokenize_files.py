@@ -186,17 +186,22 @@ def test_cli_bad_record_names_file_and_line(tmp_path, tok_dir, capsys):
 def test_progress_bar_shows_rate_and_eta():
     import io
 
-    from tokpack.tokenize.progress import Progress
+    from tokpack._progress import Progress
 
-    stream = io.StringIO()
-    bar = Progress(1000, "tokenize", enabled=True, stream=stream)
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    stream = Terminal()
+    bar = Progress(True, stream)
+    bar.start_bytes(1000)
     bar.advance(500)
     bar.add_samples(10)
     bar.close()
     text = stream.getvalue()
     assert "100.0%" in text and "10 samples" in text and "/s" in text and "ETA" in text
-    quiet = io.StringIO()
-    Progress(10, "tokenize", enabled=False, stream=quiet).close()
+    quiet = Terminal()
+    Progress(False, quiet).close()
     assert quiet.getvalue() == ""
 
 

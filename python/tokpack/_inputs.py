@@ -31,12 +31,14 @@ __all__ = [
     "require_file",
     "input_error",
     "shown_path",
+    "is_parquet",
 ]
 
+PARQUET_SUFFIXES = (".parquet", ".pq")
 # Token shards: Parquet and Arrow IPC (the Rust reader recognises the format by its magic bytes).
-TOKEN_SUFFIXES = (".parquet", ".pq", ".arrow", ".feather", ".ipc")
+TOKEN_SUFFIXES = PARQUET_SUFFIXES + (".arrow", ".feather", ".ipc")
 # Raw data that `tokenize` and `pack --tokenizer` read (".gz" covers ".jsonl.gz").
-RAW_SUFFIXES = (".jsonl", ".gz", ".parquet", ".pq")
+RAW_SUFFIXES = (".jsonl", ".gz") + PARQUET_SUFFIXES
 
 PathsLike = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
 
@@ -45,6 +47,11 @@ def shown_path(path: Union[str, os.PathLike]) -> str:
     """A file name as messages and side files show it: valid UTF-8 whatever the file system
     gave (undecodable bytes become ``\\xNN``, which JSON, Arrow strings and terminals accept)."""
     return os.fsdecode(path).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def is_parquet(path: Union[str, os.PathLike]) -> bool:
+    """A Parquet file by its suffix (else JSONL for raw data, Arrow IPC for token shards)."""
+    return os.fspath(path).lower().endswith(PARQUET_SUFFIXES)
 
 
 def input_error(path: Union[str, os.PathLike], exc: OSError) -> TokpackError:

@@ -25,11 +25,15 @@ import os
 import secrets
 import shutil
 import stat
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from ._inputs import input_error
-from .errors import ConfigError, CorruptOutputError, OutputError, OutputExistsError
+import pyarrow as pa
+
+from . import _tokpack
+from ._inputs import input_error, shown_path
+from .errors import ConfigError, CorruptOutputError, OutputError, OutputExistsError, TokpackError
 
 __all__ = [
     "MANIFEST_NAME",
@@ -42,6 +46,9 @@ __all__ = [
     "output_target",
     "atomic_output_dir",
     "write_json_atomic",
+    "writing",
+    "open_for_writing",
+    "cached_run",
 ]
 
 # Side files (manifest, indexes, accounting) live in a subdirectory that Parquet readers skip:
@@ -67,18 +74,23 @@ def fingerprint_file(path: os.PathLike, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
-def describe_inputs(paths: Sequence[os.PathLike]) -> List[Dict[str, Any]]:
-    """Path, size and content fingerprint of every input file, in order."""
-    out = []
-    for p in paths:
-        p = Path(p)
-        try:
-            size = p.stat().st_size
-            fp = fingerprint_file(p)
-        except OSError as exc:
-            raise input_error(p, exc) from None
-        out.append({"path": str(p.resolve()), "size": size, "fingerprint": fp})
-    return out
+def _describe(path: Path) -> Dict[str, Any]:
+    try:
+        size = path.stat().st_size
+        fp = fingerprint_file(path)
+    except OSError as exc:
+        raise input_error(path, exc) from None
+    return {"path": str(path.resolve()), "size": size, "fingerprint": fp}
+
+
+def describe_inputs(
+    paths: Sequence[os.PathLike], threads: Optional[int] = None
+) -> List[Dict[str, Any]]:
+    """Path, size and content fingerprint of every input file, in order (files hashed on
+    ``threads`` threads, default all cores: hashing releases the GIL)."""
+    workers = max(1, min(len(paths), threads or _tokpack.default_threads()))
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(_describe, map(Path, paths)))
 
 
 def cache_key(kind: str, inputs: List[Dict[str, Any]], config: Dict[str, Any]) -> str:
@@ -343,3 +355,58 @@ def write_json_atomic(path: os.PathLike, data: Dict[str, Any]) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """Turns an OSError while writing ``path`` (disk full, permissions; pyarrow raises OSError
+    too) into an :class:`OutputError` naming it, so the CLI reports one line, not a traceback."""
+    try:
+        yield
+    except TokpackError:
+        raise
+    except OSError as exc:
+        raise OutputError(f"{shown_path(path)}: cannot write ({exc.strerror or exc})") from None
+
+
+def open_for_writing(path: Path) -> pa.NativeFile:
+    """A new file for pyarrow to write, opened by its bytes: pyarrow cannot open a name that is
+    not valid UTF-8 itself."""
+    return pa.OSFile(os.fsencode(path), "wb")
+
+
+def cached_run(
+    out_dir: Path,
+    kind: str,
+    inputs: Sequence[os.PathLike],
+    config: Dict[str, Any],
+    build: Callable[[Path, List[Dict[str, Any]]], Dict[str, Any]],
+    *,
+    threads: Optional[int] = None,
+    force: bool = False,
+    verify: bool = False,
+) -> Tuple[Dict[str, Any], bool, Optional[str]]:
+    """The run of every command that writes a directory: describe the inputs -> cache key (of
+    them, ``kind`` and ``config``) -> the existing output when it was built with that key and is
+    intact (``verify``: shard checksums too) -> else ``build(tmp, described)`` writes into an
+    atomic output directory (see :func:`atomic_output_dir`) and returns the manifest, written
+    last with the key and tokpack's version.
+
+    Returns the manifest, whether it was a cache hit, and why a current output was rebuilt."""
+    from .integrity import cache_problem  # (integrity reads manifests with this module)
+
+    described = describe_inputs(inputs, threads)
+    key = cache_key(kind, described, config)
+    rebuilt_because = None
+    if not force:
+        hit = is_cache_hit(out_dir, key)
+        if hit is not None:
+            rebuilt_because = cache_problem(out_dir, hit, full=verify)
+            if rebuilt_because is None:
+                return hit, True, None
+    with atomic_output_dir(out_dir) as tmp:
+        manifest = {"tokpack_version": _tokpack.__version__, "cache_key": key}
+        manifest.update(build(tmp, described))
+        with writing(tmp / MANIFEST_NAME):
+            write_json_atomic(tmp / MANIFEST_NAME, manifest)
+    return manifest, False, rebuilt_because

@@ -1,6 +1,9 @@
-"""Progress bars for long Rust work. The work runs in a helper thread with the GIL released;
-the calling thread polls its counters, draws a bar on stderr, and turns Ctrl-C into a cancel
-request the Rust side honours between units of work (so OUT_DIR is never left half-written)."""
+"""The progress display of every command: one line per phase on stderr (only on a terminal),
+the same for the Rust phases and the tokenize byte counter.
+
+Long Rust work runs in a helper thread with the GIL released; the calling thread polls its
+counters, draws them, and turns Ctrl-C into a cancel request the Rust side honours between units
+of work (so OUT_DIR is never left half-written)."""
 
 from __future__ import annotations
 
@@ -12,53 +15,97 @@ from typing import Any, Callable, Optional, TextIO
 
 from . import _tokpack
 
-__all__ = ["run_with_progress"]
+__all__ = ["Progress", "run_with_progress"]
 
-_UNITS = {"reading": "units", "planning": "", "writing": "rows"}
+# Phase -> what its counts count ("bytes" are shown in MB).
+_UNITS = {"tokenize": "bytes", "reading": "units", "planning": "", "writing": "rows"}
+_WIDTH = 24
 
 
-def _fmt_eta(seconds: float) -> str:
+def _clock(seconds: float) -> str:
     seconds = int(seconds)
-    return f"{seconds // 60:d}:{seconds % 60:02d}"
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
-class _Bar:
-    def __init__(self, stream: TextIO) -> None:
-        self.stream = stream
+def _amount(n: float, unit: str) -> str:
+    return f"{n / 1e6:,.1f}" if unit == "bytes" else f"{n:,.0f}"
+
+
+class Progress:
+    """``phase [####    ]  42.0% done/total unit  rate/s  ETA m:ss  N samples``, redrawn in
+    place (at most every 0.1 s), a new line per phase. Drawn only when ``show`` and the stream
+    (default stderr) is a terminal.
+
+    The tokenize phase counts input bytes: :meth:`start_bytes`, then :meth:`advance` (bytes
+    read) and :meth:`add_samples` (records done), as :class:`tokpack.tokenize.TokenStream`
+    reports them."""
+
+    def __init__(self, show: bool, stream: Optional[TextIO] = None) -> None:
+        stream = stream if stream is not None else sys.stderr
+        self.stream = stream if show and stream.isatty() else None
         self.phase = ""
-        self.started = time.perf_counter()
         self.width = 0
+        self._started = self._drawn = 0.0
+        self._counting = ""
+        self._done = self._total = self._samples = 0
 
-    def draw(self, phase: str, done: int, total: int, samples: int) -> None:
+    def draw(self, phase: str, done: int, total: int, samples: Optional[int] = None) -> None:
+        if self.stream is None:
+            return
+        now = time.perf_counter()
         if phase != self.phase:
             if self.phase:
                 self.stream.write("\n")
-            self.phase, self.started = phase, time.perf_counter()
-        elapsed = max(time.perf_counter() - self.started, 1e-9)
-        frac = done / total if total else 0.0
-        bar = "#" * int(frac * 24)
+            self.phase, self._started, self.width = phase, now, 0
+        elif now - self._drawn < 0.1 and done < total:
+            return
+        self._drawn = now
+        unit = _UNITS.get(phase, "")
+        elapsed = max(now - self._started, 1e-9)
+        share = min(done / total, 1.0) if total else 0.0
         rate = done / elapsed
-        eta = _fmt_eta((total - done) / rate) if rate > 0 and total else "?"
-        extra = f" {samples:,} samples" if phase == "reading" else ""
+        eta = _clock((total - done) / rate) if rate > 0 and total else "?"
+        shown_unit = "MB" if unit == "bytes" else unit
         line = (
-            f"{phase:>8} [{bar:<24}] {done:,}/{total:,} {_UNITS.get(phase, '')} "
-            f"{rate:,.1f}/s ETA {eta}{extra}"
+            f"{phase:>8} [{'#' * int(share * _WIDTH):<{_WIDTH}}] {share:6.1%} "
+            f"{_amount(done, unit)}/{_amount(total, unit)} {shown_unit} "
+            f"{_amount(rate, unit)}/s ETA {eta}"
+            + ("" if samples is None else f" {samples:,} samples")
         )
         self.stream.write("\r" + line.ljust(self.width))
         self.width = len(line)
         self.stream.flush()
 
+    def start_bytes(self, total: int, phase: str = "tokenize") -> None:
+        self._counting, self._done, self._total, self._samples = phase, 0, total, 0
+        self.draw(phase, 0, total, 0)
+
+    def advance(self, nbytes: int) -> None:
+        self._done += nbytes
+        self.draw(self._counting, self._done, self._total, self._samples)
+
+    def add_samples(self, n: int) -> None:
+        self._samples += n
+        self.draw(self._counting, self._done, self._total, self._samples)
+
     def close(self) -> None:
-        if self.phase:
-            self.stream.write("\n")
-            self.stream.flush()
+        """Ends the current line (a byte-counted phase is shown complete first)."""
+        if self.stream is None or not self.phase:
+            return
+        if self._total:
+            self.draw(self._counting, self._total, self._total, self._samples)
+        self.stream.write("\n")
+        self.stream.flush()
+        self.phase = ""
 
 
 def run_with_progress(
     work: Callable[[Any], Any], show: bool, stream: Optional[TextIO] = None
 ) -> Any:
-    """Runs ``work(progress)`` in a thread; draws bars when ``show`` and the stream is a TTY."""
-    stream = stream or sys.stderr
+    """Runs ``work(progress)`` in a thread; draws its phases when ``show`` and the stream
+    (default stderr) is a terminal."""
     progress = _tokpack.Progress()
     result: dict = {}
     began, done = _Flag(), _Flag()
@@ -73,14 +120,14 @@ def run_with_progress(
             done.set()
 
     thread = threading.Thread(target=target, name="tokpack-work", daemon=True)
-    bar = _Bar(stream) if show and stream.isatty() else None
+    display = Progress(show, stream)
     try:
         thread.start()
         while not done.wait(0.1):
-            if bar is not None:
+            if display.stream is not None:
                 phase, done_units, total, samples = progress.snapshot()
                 if phase in _UNITS:
-                    bar.draw(phase, done_units, total, samples)
+                    display.draw(phase, done_units, total, samples if phase == "reading" else None)
     except KeyboardInterrupt:
         progress.cancel()
         # A Ctrl-C inside thread.start() may land before the thread exists; once it exists it
@@ -89,8 +136,7 @@ def run_with_progress(
             _wait_uninterrupted(done, None)
         raise
     finally:
-        if bar is not None:
-            bar.close()
+        display.close()
     if "error" in result:
         raise result["error"]
     return result["value"]

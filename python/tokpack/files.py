@@ -15,7 +15,7 @@ import os
 import secrets
 import shutil
 import time
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
 
@@ -23,20 +23,17 @@ import numpy as np
 import pyarrow as pa
 
 from . import _tokpack
-from ._inputs import RAW_SUFFIXES, TOKEN_SUFFIXES, PathsLike, resolve_inputs, shown_path
-from ._outdir import (
-    MANIFEST_NAME,
-    SIDE_DIR,
-    atomic_output_dir,
-    cache_key,
-    describe_inputs,
-    is_cache_hit,
-    output_target,
-    write_json_atomic,
+from ._inputs import (
+    RAW_SUFFIXES,
+    TOKEN_SUFFIXES,
+    PathsLike,
+    is_parquet,
+    resolve_inputs,
+    shown_path,
 )
-from ._progress import run_with_progress
+from ._outdir import SIDE_DIR, cached_run, open_for_writing, output_target, writing
+from ._progress import Progress, run_with_progress
 from .errors import ConfigError
-from .integrity import cache_problem
 from .planning import (
     MAX_ROWS,
     OVERLONG_POLICIES,
@@ -45,11 +42,9 @@ from .planning import (
     checked_args,
     checked_threads,
 )
-from .tokenize import REJECTED_NAME, tokenize_to_batches
-from .tokenize.formats import is_parquet
-from .tokenize.pipeline import SOURCE_SCHEMA
-from .tokenize.progress import Progress
-from .tokenize.writer import _RejectedFile, open_for_writing, writing
+from .tokenize.options import TokenizeOptions
+from .tokenize.pipeline import SOURCE_SCHEMA, RecordEncoder, TokenizeStats, TokenStream
+from .tokenize.writer import REJECTED_NAME, RejectedFile
 
 __all__ = ["pack_files", "read_lengths", "FORMAT", "FORMAT_VERSION"]
 
@@ -59,13 +54,6 @@ FORMAT_VERSION = 2
 DROPPED_NAME = f"{SIDE_DIR}/_dropped.arrow"
 # Rows decoded at a time inside a row group: bounds reading memory to a few tens of MB per thread.
 BATCH_ROWS = 4096
-
-
-def _describe(paths: List[Path], threads: Optional[int]) -> List[Dict[str, Any]]:
-    """``describe_inputs`` over the files in parallel (hashing releases the GIL)."""
-    workers = max(1, min(len(paths), threads or _tokpack.default_threads()))
-    with ThreadPoolExecutor(workers) as pool:
-        return [d[0] for d in pool.map(lambda p: describe_inputs([p]), paths)]
 
 
 def read_lengths(
@@ -119,7 +107,7 @@ def pack_files(
     force: bool = False,
     progress: bool = False,
     tokenizer: Optional[Union[str, os.PathLike]] = None,
-    tokenize: Optional[Dict[str, Any]] = None,
+    tokenize: Optional[Union[TokenizeOptions, Dict[str, Any]]] = None,
     verify_cache: bool = False,
 ) -> Dict[str, Any]:
     """Pack token shards on disk into ``output_dir``; returns the manifest as a dict.
@@ -146,9 +134,9 @@ def pack_files(
         tokenizer: one step from raw data: the inputs are JSONL / ``.jsonl.gz`` / Parquet chat,
             instruction or text files, tokenized with this tokenizer (``tokenizer.json`` or its
             directory) and packed in the same run, with no token shards written.
-            ``tokenize`` holds the options of :func:`tokpack.tokenize_to_batches` (format,
-            chat_template, train_on, add_eos, columns, skip_invalid); rejected records go to
-            ``__tokpack__/_rejected.jsonl``.
+            ``tokenize`` holds the tokenizing options: a :class:`tokpack.TokenizeOptions` or a
+            dict of its fields (format, chat_template, train_on, add_eos, columns,
+            skip_invalid, ...); rejected records go to ``__tokpack__/_rejected.jsonl``.
 
     Returns:
         The manifest (``format``, ``config``, ``inputs``, ``shards``, ``figures``, ...) plus
@@ -158,15 +146,14 @@ def pack_files(
     started = time.perf_counter()
     max_len, seed, threads = checked_args(max_len, seed, threads)
     out = output_target(output_dir)
-    stream = None
+    encoding = None
     if tokenizer is not None:
         paths = resolve_inputs(inputs, RAW_SUFFIXES, output_dir=out)
-        options: Dict[str, Any] = {**(tokenize or {}), "sources": True}
-        if overlong == "error":
+        options = TokenizeOptions.of(tokenize)
+        if overlong == "error" and options.max_len is None:
             # Checked while tokenizing, where the sample's raw file and line are known.
-            options.setdefault("max_len", max_len)
-            options.setdefault("overlong", "error")
-        stream = tokenize_to_batches(paths, tokenizer, threads=threads, **options)
+            options = replace(options, max_len=max_len)
+        encoding = RecordEncoder(tokenizer, options)
         tokens_column, labels_column, loss_mask_column = "input_ids", "labels", None
     else:
         paths = resolve_inputs(inputs, TOKEN_SUFFIXES, output_dir=out)
@@ -182,27 +169,18 @@ def pack_files(
         row_group_rows=row_group_rows,
         compression=compression,
     )
-    if stream is not None:
-        config["tokenize"] = stream.config()
-    described = _describe(paths, threads)
-    key = cache_key("pack", described, config)
-    rebuilt_because = None
-    if not force:
-        hit = is_cache_hit(out, key)
-        if hit is not None:
-            rebuilt_because = cache_problem(out, hit, full=verify_cache)
-            if rebuilt_because is None:
-                return {**hit, "cache_hit": True, "rebuilt_because": None}
-    with atomic_output_dir(out) as tmp:
+    if encoding is not None:
+        config["tokenize"] = encoding.config()
+
+    def build(tmp: Path, described: List[Dict[str, Any]]) -> Dict[str, Any]:
         spill = out.parent / f".{out.name}.tmp-{os.getpid()}-spill-{secrets.token_hex(4)}"
         spill.mkdir()
         try:
-            sources = paths
-            staged = None
-            if stream is not None:
+            sources, staged, stats = paths, None, None
+            if encoding is not None:
                 staged = spill / "tokenized.arrow"
                 sources = [staged]
-                _stage_tokens(stream, staged, tmp, progress)
+                stats = _stage_tokens(encoding, paths, threads, staged, tmp, progress)
             result = run_with_progress(
                 lambda p: _tokpack.pack_files(
                     [str(x) for x in sources],
@@ -228,36 +206,49 @@ def pack_files(
             _write_dropped(tmp / DROPPED_NAME, result, paths, staged)
         finally:
             shutil.rmtree(spill, ignore_errors=True)
-        manifest = _manifest(key, config, described, result, time.perf_counter() - started)
-        if stream is not None:
+        manifest = _manifest(config, described, result, time.perf_counter() - started)
+        if encoding is not None:
+            assert stats is not None
             manifest["inputs"] = described
             manifest["tokenize"] = {
-                "counts": stream.stats.as_dict(),
-                "template": stream.template_info,
-                "encoder": stream.encoder_info,
-                "rejected_file": REJECTED_NAME if stream.stats.rejected else None,
+                "counts": stats.as_dict(),
+                "template": encoding.template_info,
+                "encoder": encoding.encoder_info,
+                "rejected_file": REJECTED_NAME if stats.rejected else None,
             }
-        with writing(tmp / MANIFEST_NAME):
-            write_json_atomic(tmp / MANIFEST_NAME, manifest)
-    return {**manifest, "cache_hit": False, "rebuilt_because": rebuilt_because}
+        return manifest
+
+    manifest, hit, rebuilt_because = cached_run(
+        out, "pack", paths, config, build, threads=threads, force=force, verify=verify_cache
+    )
+    return {**manifest, "cache_hit": hit, "rebuilt_because": rebuilt_because}
 
 
-def _stage_tokens(stream: Any, path: Path, out_tmp: Path, progress: bool) -> None:
+def _stage_tokens(
+    encoding: RecordEncoder,
+    paths: List[Path],
+    threads: Optional[int],
+    path: Path,
+    out_tmp: Path,
+    progress: bool,
+) -> TokenizeStats:
     """Tokenizes into one uncompressed Arrow IPC file in the run's temporary spill directory
     (removed with it), the packer's input, with each sample's raw source (SOURCE_SCHEMA);
     rejected records go to the output's side files."""
-    rejected = _RejectedFile(out_tmp / REJECTED_NAME)
-    stream._on_reject = rejected
-    total = sum(p.stat().st_size for p in stream.inputs)
-    stream.progress = Progress.for_terminal(total, "tokenize", quiet=not progress)
-    try:
-        with writing(path), open_for_writing(path) as sink:
-            with pa.ipc.new_file(sink, SOURCE_SCHEMA) as writer:
-                for batch in stream:
-                    writer.write_batch(batch)
-    finally:
-        rejected.close()
-        stream.progress.close()
+    display = Progress(progress)
+    display.start_bytes(sum(p.stat().st_size for p in paths))
+    with RejectedFile(out_tmp) as rejected:
+        stream = TokenStream(
+            paths, encoding, threads=threads, on_reject=rejected, progress=display, sources=True
+        )
+        try:
+            with writing(path), open_for_writing(path) as sink:
+                with pa.ipc.new_file(sink, SOURCE_SCHEMA) as writer:
+                    for batch in stream:
+                        writer.write_batch(batch)
+        finally:
+            display.close()
+    return stream.stats
 
 
 def _write_dropped(
@@ -295,7 +286,6 @@ def _write_dropped(
 
 
 def _manifest(
-    key: str,
     config: Dict[str, Any],
     described: List[Dict[str, Any]],
     result: Dict[str, Any],
@@ -307,8 +297,6 @@ def _manifest(
     return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
-        "tokpack_version": _tokpack.__version__,
-        "cache_key": key,
         "config": config,
         "inputs": [{**d, "rows": r} for d, r in zip(described, result["input_rows"])],
         "has_labels": result["has_labels"],

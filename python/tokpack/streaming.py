@@ -13,17 +13,15 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
-from ._inputs import TOKEN_SUFFIXES, PathsLike, resolve_inputs
+from ._inputs import TOKEN_SUFFIXES, PathsLike, is_parquet, resolve_inputs
 from .errors import DataError
 from .planning import MAX_ROWS, check_int
 
 __all__ = ["streaming_dataset_reader"]
 
-PARQUET_SUFFIXES = (".parquet", ".pq")
-
 
 def _record_batches(path: Path, batch_size: int) -> Iterator[pa.RecordBatch]:
-    if path.name.lower().endswith(PARQUET_SUFFIXES):
+    if is_parquet(path):
         yield from pq.ParquetFile(path, memory_map=True).iter_batches(batch_size=batch_size)
         return
     source = pa.memory_map(str(path))

@@ -9,18 +9,11 @@ from typing import Any, Dict
 from ..files import pack_files
 from ..planning import OVERLONG_POLICIES, STRATEGIES
 from ..report import table
-from .tokenize import add_tokenizer_arguments, tokenize_options
+from .tokenize import add_inputs_and_output, add_tokenizer_arguments, tokenize_options
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("inputs", nargs="+", metavar="INPUT", help="files, directories or globs")
-    parser.add_argument(
-        "-o",
-        "--output",
-        required=True,
-        metavar="OUT_DIR",
-        help="new, empty, or a previous tokpack output (replaced as a whole); not inside an input",
-    )
+    add_inputs_and_output(parser, "files, directories or globs", "OUT_DIR")
     parser.add_argument("--max-len", type=int, default=4096, help="row capacity (default 4096)")
     parser.add_argument("--strategy", choices=STRATEGIES, default="bfd")
     parser.add_argument("--tokens-column", default="input_ids")

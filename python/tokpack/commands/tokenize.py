@@ -4,25 +4,19 @@ masks (calls :func:`tokpack.tokenize_files`)."""
 from __future__ import annotations
 
 import argparse
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from ..errors import ConfigError
-from ..planning import MAX_LEN, MAX_ROWS, OVERLONG_POLICIES, check_int, checked_threads
+from ..planning import OVERLONG_POLICIES
 from ..tokenize.formats import DEFAULT_COLUMNS, FORMATS
+from ..tokenize.options import TokenizeOptions
 from ..tokenize.template import TRAIN_ON
 from ..tokenize.tokenizer import ENCODERS
 from ..tokenize.writer import DEFAULT_SHARD_ROWS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("inputs", nargs="+", metavar="INPUT", help="JSONL, .jsonl.gz or Parquet")
-    parser.add_argument(
-        "-o",
-        "--output",
-        required=True,
-        metavar="TOKENS_DIR",
-        help="new, empty, or a previous tokpack output (replaced as a whole); not inside an input",
-    )
+    add_inputs_and_output(parser, "JSONL, .jsonl.gz or Parquet", "TOKENS_DIR")
     add_tokenizer_arguments(parser, required=True)
     parser.add_argument("--max-len", type=int, default=None, metavar="N")
     parser.add_argument(
@@ -42,6 +36,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
     parser.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+
+
+def add_inputs_and_output(parser: argparse.ArgumentParser, inputs: str, output: str) -> None:
+    """The inputs and ``-o`` of a command that writes a directory (``tokenize``, ``pack``)."""
+    parser.add_argument("inputs", nargs="+", metavar="INPUT", help=inputs)
+    parser.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        metavar=output,
+        help="new, empty, or a previous tokpack output (replaced as a whole); not inside an input",
+    )
 
 
 def add_tokenizer_arguments(parser: argparse.ArgumentParser, required: bool) -> None:
@@ -94,17 +100,18 @@ def add_tokenizer_arguments(parser: argparse.ArgumentParser, required: bool) -> 
     )
 
 
-def tokenize_options(args: argparse.Namespace) -> Dict[str, object]:
-    """The keyword options of ``tokenize_to_batches`` given on the command line."""
-    return {
-        "chat_template": args.chat_template,
-        "format": args.format,
-        "train_on": args.train_on,
-        "add_eos": args.add_eos,
-        "columns": _columns(args.column),
-        "skip_invalid": args.skip_invalid,
-        "encoder": args.encoder,
-    }
+def tokenize_options(args: argparse.Namespace, **values: Any) -> TokenizeOptions:
+    """The tokenizing options given on the command line (and ``values``)."""
+    return TokenizeOptions(
+        chat_template=args.chat_template,
+        format=args.format,
+        train_on=args.train_on,
+        add_eos=args.add_eos,
+        columns=_columns(args.column),
+        skip_invalid=args.skip_invalid,
+        encoder=args.encoder,
+        **values,
+    )
 
 
 def _columns(items: List[str]) -> Optional[Dict[str, str]]:
@@ -120,21 +127,13 @@ def _columns(items: List[str]) -> Optional[Dict[str, str]]:
 def run(args: argparse.Namespace) -> int:
     from ..tokenize import tokenize_files
 
-    # The numeric options, checked as pack's are: a ConfigError naming the range, not an
-    # OverflowError deep in the pipeline.
-    if args.max_len is not None:
-        check_int(args.max_len, "max_len", 1, MAX_LEN)
-    check_int(args.shard_rows, "shard_rows", 1, MAX_ROWS)
-    checked_threads(args.threads)
     manifest = tokenize_files(
         args.inputs,
         args.output,
         args.tokenizer,
-        max_len=args.max_len,
-        overlong=args.overlong,
+        options=tokenize_options(args, max_len=args.max_len, overlong=args.overlong),
         threads=args.threads,
         force=args.force,
-        **tokenize_options(args),
         shard_rows=args.shard_rows,
         progress=not args.quiet,
     )

@@ -5,6 +5,7 @@ the same batches without writing (for tokenize-and-pack in one run). Needs the `
 extra (``tokenizers``, ``jinja2``)."""
 
 from .formats import DEFAULT_COLUMNS, FORMATS
+from .options import TokenizeOptions
 from .pipeline import TOKEN_SCHEMA, TokenizeStats, TokenStream, tokenize_to_batches
 from .template import CHATML_TEMPLATE, TRAIN_ON
 from .tokenizer import LoadedTokenizer, load_tokenizer
@@ -14,6 +15,7 @@ __all__ = [
     "tokenize_files",
     "tokenize_to_batches",
     "TokenStream",
+    "TokenizeOptions",
     "TokenizeStats",
     "LoadedTokenizer",
     "load_tokenizer",

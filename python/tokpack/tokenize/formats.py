@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
-from .._inputs import input_error, require_file, shown_path
+from .._inputs import input_error, is_parquet, require_file, shown_path
 from ..errors import ConfigError, InvalidRecordError
 
 __all__ = [
@@ -31,7 +31,6 @@ __all__ = [
     "parse_record",
     "resolve_columns",
     "shown_path",
-    "is_parquet",
 ]
 
 FORMATS = ("auto", "messages", "sharegpt", "alpaca", "text")
@@ -135,11 +134,6 @@ def resolve_columns(columns: Optional[Mapping[str, str]]) -> Dict[str, str]:
 # --- reading ---------------------------------------------------------------------------------
 
 
-def is_parquet(path: Union[str, os.PathLike]) -> bool:
-    """Parquet input (records are rows, counted from 0) rather than JSONL (lines, from 1)."""
-    return os.fspath(path).lower().endswith((".parquet", ".pq"))
-
-
 def read_records(
     path: Union[str, os.PathLike],
     on_bytes: Optional[Callable[[int], None]] = None,
@@ -149,7 +143,7 @@ def read_records(
     (compressed size for ``.gz``) each step consumed, for progress bars."""
     path = Path(path)
     require_file(path)
-    if is_parquet(path):
+    if is_parquet(path):  # records are rows, counted from 0; JSONL: lines, from 1
         yield from _parquet_records(path, on_bytes)
     elif path.name.lower().endswith(".gz"):
         yield from _jsonl_records(path, gzip_=True, on_bytes=on_bytes, decode=decode)

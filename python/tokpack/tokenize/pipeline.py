@@ -4,10 +4,12 @@ over-long policy -> ``pyarrow.RecordBatch``.
 
 Encoding uses tokpack's byte-level BPE encoder (``tokpack-core``'s ``bpe``: exact ids of the
 tokenizer, labels from the character spans) when it reproduces the tokenizer, otherwise
-``tokenizers``' encoder on worker threads with labels from its offsets.
+``tokenizers``' encoder with labels from its offsets.
 
 Chunks have a fixed number of records and results are put back in input order, so the batches
-are identical for any number of threads.
+are identical for any number of threads. A :class:`RecordEncoder` turns one chunk into
+:class:`_Tokens`, in this process or in worker processes; :class:`TokenStream` reads, hands out
+the chunks and puts the results together.
 """
 
 from __future__ import annotations
@@ -18,9 +20,8 @@ import signal
 import sys
 import time
 from collections import deque
-from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import (
     Any,
     Callable,
@@ -41,16 +42,17 @@ import pyarrow as pa
 from .. import _tokpack
 from .._inputs import RAW_SUFFIXES, resolve_inputs
 from ..errors import ConfigError, InvalidRecordError, OverlongError
-from ..planning import MAX_LEN, MAX_ROWS, OVERLONG_POLICIES, check_int, checked_threads
-from .formats import FORMATS, Record, parse_record, read_records, resolve_columns
+from ..planning import checked_threads
+from .formats import Record, parse_record, read_records
 from .masks import IGNORE_INDEX, labels_from_spans
-from .progress import Progress
-from .template import TRAIN_ON, ChatTemplate, resolve_template
+from .options import TokenizeOptions
+from .template import ChatTemplate, resolve_template
 from .tokenizer import ENCODERS, LoadedTokenizer, load_tokenizer
 
 __all__ = [
     "TokenizeStats",
     "TokenStream",
+    "RecordEncoder",
     "tokenize_to_batches",
     "TOKEN_SCHEMA",
     "SOURCE_SCHEMA",
@@ -73,6 +75,8 @@ SOURCE_SCHEMA = TOKEN_SCHEMA.append(pa.field("source_file", pa.int32())).append(
 )
 
 PathLike = Union[str, os.PathLike]
+# Where a rejected record goes: a dict with its file, line or row, error and raw text.
+RejectSink = Callable[[Dict[str, Any]], None]
 
 
 @dataclass
@@ -95,7 +99,7 @@ class TokenizeStats:
     untrained_samples: int = 0
 
     def merge(self, other: "TokenizeStats") -> None:
-        """Adds the counts of ``other`` (a worker's part of the run)."""
+        """Adds the counts of ``other`` (a chunk's part of the run)."""
         for name, value in asdict(other).items():
             if name == "formats":
                 for fmt, n in value.items():
@@ -117,26 +121,70 @@ class _Prepared:
     eos_trained: bool
 
 
-# A batch as flat arrays: offsets (n + 1), ids, labels, lengths (n), source files and lines (n).
-_Arrays = Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
-
-
 @dataclass
-class _Flat:
-    """A chunk encoded by tokpack's encoder: item ``i`` owns ``ids[offsets[i]:offsets[i+1]]``."""
+class _Tokens:
+    """Samples as flat arrays, the one shape of a chunk's encoding and of its finished batch:
+    sample ``i`` is ``ids[offsets[i]:offsets[i + 1]]`` (``labels`` alike); once finished, it
+    comes from input file ``files[i]``, JSONL line (from 1) or Parquet row (from 0)
+    ``lines[i]``. Plain arrays travel from worker processes cheaply (an Arrow batch would import
+    pandas on both sides to be pickled)."""
 
+    offsets: np.ndarray
     ids: np.ndarray
     labels: np.ndarray
-    offsets: np.ndarray
+    files: Optional[np.ndarray] = None
+    lines: Optional[np.ndarray] = None
+
+    def __post_init__(self) -> None:
+        if self.offsets[-1] >= 2**31:  # Arrow list offsets are int32
+            raise ConfigError("batch_size too large: a batch holds more than 2**31 tokens")
+
+    @classmethod
+    def from_pairs(cls, pairs: Sequence[Tuple[np.ndarray, np.ndarray]]) -> "_Tokens":
+        lengths = np.fromiter((len(ids) for ids, _ in pairs), dtype=np.int64, count=len(pairs))
+        offsets = np.zeros(len(pairs) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        none = [np.zeros(0, dtype=np.int32)]
+        ids = np.concatenate([ids for ids, _ in pairs] or none)
+        return cls(offsets, ids, np.concatenate([labels for _, labels in pairs] or none))
+
+    def count(self, stats: TokenizeStats) -> "_Tokens":
+        """Adds these finished samples to ``stats``."""
+        trained = self.labels != IGNORE_INDEX
+        running = np.zeros(len(trained) + 1, dtype=np.int64)
+        np.cumsum(trained, out=running[1:])
+        stats.samples_out += len(self.offsets) - 1
+        stats.tokens += int(self.offsets[-1])
+        stats.trained_tokens += int(running[-1])
+        stats.untrained_samples += int(np.count_nonzero(np.diff(running[self.offsets]) == 0))
+        return self
 
     def pairs(self) -> List[Tuple[np.ndarray, np.ndarray]]:
         bounds = self.offsets.tolist()
         return [(self.ids[a:b], self.labels[a:b]) for a, b in zip(bounds, bounds[1:])]
 
+    def to_batch(self, sources: bool) -> pa.RecordBatch:
+        """The token batch; with ``sources``, the source columns of :data:`SOURCE_SCHEMA` too."""
+        off = _int32(self.offsets)
+        columns = [
+            pa.ListArray.from_arrays(off, _int32(self.ids)),
+            pa.ListArray.from_arrays(off, _int32(self.labels)),
+            _int32(np.diff(self.offsets)),
+        ]
+        if not sources:
+            return pa.RecordBatch.from_arrays(columns, schema=TOKEN_SCHEMA)
+        assert self.files is not None and self.lines is not None
+        columns += [_int32(self.files), _from_numpy(self.lines, np.int64)]
+        return pa.RecordBatch.from_arrays(columns, schema=SOURCE_SCHEMA)
+
+
+# What a chunk gives back: its samples (None: none left), counts and rejected records.
+_ChunkResult = Tuple[Optional[_Tokens], TokenizeStats, List[Dict[str, Any]]]
+
 
 @contextlib.contextmanager
 def _sequential_tokenizers() -> Iterator[None]:
-    # Each worker thread encodes its slice sequentially; tokpack's own threads are the only
+    # Each worker encodes its chunk sequentially; tokpack's own workers are the only
     # parallelism, so --threads is exact. tokenizers reads this variable at every call.
     previous = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
@@ -149,68 +197,19 @@ def _sequential_tokenizers() -> Iterator[None]:
             os.environ["TOKENIZERS_PARALLELISM"] = previous
 
 
-class TokenStream:
-    """An iterable of token ``RecordBatch``es (``input_ids``, ``labels``, ``length``) from raw
-    inputs, with the accounting in :attr:`stats` (complete once iteration has finished) and the
-    rejected records in :attr:`rejected` (unless an ``on_reject`` callback takes them).
-
-    Iterate once. Build it with :func:`tokenize_to_batches`.
-    """
+class RecordEncoder:
+    """A loaded tokenizer and chat template with :class:`TokenizeOptions`: turns chunks of
+    records into token samples. Holds no per-run state (counts and rejections go to the
+    caller), so worker processes share one and the cache key can be known before a run."""
 
     def __init__(
-        self,
-        inputs: Sequence[PathLike],
-        tokenizer: Union[PathLike, LoadedTokenizer],
-        *,
-        chat_template: Optional[PathLike] = None,
-        format: str = "auto",
-        train_on: str = "assistant",
-        max_len: Optional[int] = None,
-        overlong: str = "error",
-        add_eos: Optional[bool] = None,
-        columns: Optional[Mapping[str, str]] = None,
-        threads: Optional[int] = None,
-        skip_invalid: bool = False,
-        on_reject: Optional[Callable[[Dict[str, Any]], None]] = None,
-        batch_size: int = 2048,
-        progress: Optional[Progress] = None,
-        encoder: str = "auto",
-        sources: bool = False,
+        self, tokenizer: Union[PathLike, LoadedTokenizer], options: TokenizeOptions
     ) -> None:
-        if isinstance(inputs, (str, os.PathLike)):
-            inputs = [inputs]
-        self.inputs = [Path(p) for p in inputs]
-        if not self.inputs:
-            raise ConfigError("no input files")
-        if format not in FORMATS:
-            raise ConfigError(f"unknown format {format!r}; choose among {', '.join(FORMATS)}")
-        if train_on not in TRAIN_ON:
-            raise ConfigError(f"unknown train_on {train_on!r}; choose among {', '.join(TRAIN_ON)}")
-        if overlong not in OVERLONG_POLICIES:
-            raise ConfigError(
-                f"unknown overlong policy {overlong!r}; choose among {', '.join(OVERLONG_POLICIES)}"
-            )
-        if max_len is not None:
-            max_len = check_int(max_len, "max_len", 1, MAX_LEN)
-        threads = checked_threads(threads)
-        batch_size = check_int(batch_size, "batch_size", 1, MAX_ROWS)
-        if encoder not in ENCODERS:
-            raise ConfigError(f"unknown encoder {encoder!r}; choose among {', '.join(ENCODERS)}")
-        self.format = format
-        self.train_on = train_on
-        self.max_len = max_len
-        self.overlong = overlong
-        self.add_eos = add_eos
-        self.columns = resolve_columns(columns)
-        self.threads = threads if threads is not None else _tokpack.default_threads()
-        self.skip_invalid = skip_invalid
-        self.batch_size = batch_size
-        self.progress = progress
-        self.sources = sources
+        self.options = options
         self.tokenizer = (
             tokenizer if isinstance(tokenizer, LoadedTokenizer) else load_tokenizer(tokenizer)
         )
-        source, info = resolve_template(self.tokenizer.chat_template, chat_template)
+        source, info = resolve_template(self.tokenizer.chat_template, options.chat_template)
         self.template = ChatTemplate(
             source, self.tokenizer.special_tokens, self.tokenizer.special_token_strings
         )
@@ -220,126 +219,82 @@ class TokenStream:
             "generation_markers": self.template.has_generation,
         }
         self._eos_id = self.tokenizer.eos_id()
-        self.encoder = encoder
-        self._fast = self.tokenizer.fast if encoder == "auto" else None
+        self._fast = self.tokenizer.fast if options.encoder == "auto" else None
         if self._fast is not None:
             self.encoder_info: Dict[str, Any] = {"name": "tokpack-bpe"}
         else:
-            why = "requested" if encoder == "tokenizers" else self.tokenizer.fast_unsupported
+            why = (
+                "requested" if options.encoder == "tokenizers" else self.tokenizer.fast_unsupported
+            )
             self.encoder_info = {"name": "tokenizers", "reason": why}
         eos = self.tokenizer.eos_token
-        if eos is not None and self._eos_id is None and add_eos is not False:
+        if eos is not None and self._eos_id is None and options.add_eos is not False:
             # Otherwise samples meant to end with EOS would silently go without it.
             raise ConfigError(
                 f"eos_token {eos!r} of {self.tokenizer.config_path} is not in the vocabulary of "
                 f"{self.tokenizer.path}; fix the tokenizer config, or turn add_eos off "
                 "(--no-add-eos) to append no EOS"
             )
-        if add_eos and self._eos_id is None:
+        if options.add_eos and self._eos_id is None:
             raise ConfigError(
                 "add_eos needs an EOS token: the tokenizer config names none (or it is not in "
                 "the vocabulary)"
             )
-        self.stats = TokenizeStats()
-        self.rejected: List[Dict[str, Any]] = []
-        self._on_reject = on_reject if on_reject is not None else self.rejected.append
-        self._used = False
-        # What a worker process needs to build the same stream (everything but the inputs).
-        self._worker_options: Dict[str, Any] = {
-            "tokenizer": str(self.tokenizer.path),
-            "chat_template": None if chat_template is None else str(chat_template),
-            "format": format,
-            "train_on": train_on,
-            "max_len": max_len,
-            "overlong": overlong,
-            "add_eos": add_eos,
-            "columns": self.columns,
-            "skip_invalid": skip_invalid,
-            "batch_size": batch_size,
-            "encoder": encoder,
-        }
 
     def config(self) -> Dict[str, Any]:
         """Everything besides the input bytes that determines the output (for the cache key)."""
         import tokenizers
 
         return {
-            "format": self.format,
-            "train_on": self.train_on,
-            "max_len": self.max_len,
-            "overlong": self.overlong,
-            "add_eos": self.add_eos,
-            "columns": self.columns,
-            "skip_invalid": self.skip_invalid,
-            "batch_size": self.batch_size,
-            "encoder": self.encoder,
+            **self.options.config(),
             "tokenizer": self.tokenizer.fingerprint,
             "tokenizers_version": tokenizers.__version__,
             "template": self.template_info,
         }
 
+    def run(self, records: List[Record]) -> _ChunkResult:
+        """One chunk from start to end (what a worker process does)."""
+        stats, rejected = TokenizeStats(), []
+        prepared = self.prepare(records, stats, rejected.append)
+        return self.finish(prepared, self.encode(prepared), stats), stats, rejected
+
     # --- stages ------------------------------------------------------------------------------
 
-    def _reject(self, record: Record, reason: str) -> None:
-        self.stats.rejected += 1
-        self._on_reject(record.to_rejection(reason))
-
-    def _records(self, decode: bool = True) -> Iterator[Record]:
-        on_bytes = self.progress.advance if self.progress is not None else None
-        for index, path in enumerate(self.inputs):
-            for record in read_records(path, on_bytes, decode=decode):
-                record.file_index = index
-                self.stats.records += 1
-                yield record
-
-    def _record_chunks(self, decode: bool) -> Iterator[List[Record]]:
-        """``batch_size`` records at a time: batch boundaries depend on the input only."""
-        chunk: List[Record] = []
-        for record in self._records(decode):
-            chunk.append(record)
-            if len(chunk) == self.batch_size:
-                yield chunk
-                chunk = []
-        if chunk:
-            yield chunk
-
-    def _prepare(self, record: Record) -> Optional[_Prepared]:
-        """Parse and render one record; None when it was rejected."""
-        try:
-            sample = parse_record(record, self.format, self.columns)
-            if sample.text is not None:
-                fmt = "text"
-                prepared = _Prepared(record, sample.text, None, True)
-            else:
-                messages = sample.messages or []
-                fmt = "chat"
-                text, spans = self.template.trained_spans(messages, self.train_on, record)
-                if not text:
-                    raise record.fail("the chat template rendered an empty text")
-                last_trained = self.train_on == "all" or messages[-1].get("role") == "assistant"
-                prepared = _Prepared(record, text, spans, last_trained)
-        except InvalidRecordError as exc:
-            if not self.skip_invalid:
-                raise
-            self._reject(record, exc.reason)
-            return None
-        self.stats.formats[fmt] = self.stats.formats.get(fmt, 0) + 1
+    def prepare(
+        self, records: List[Record], stats: TokenizeStats, reject: RejectSink
+    ) -> List[_Prepared]:
+        """Parse and render each record; a rejected one is counted and sent to ``reject``."""
+        prepared = []
+        for record in records:
+            try:
+                prepared.append(self._prepare(record))
+            except InvalidRecordError as exc:
+                if not self.options.skip_invalid:
+                    raise
+                stats.rejected += 1
+                reject(record.to_rejection(exc.reason))
+                continue
+            fmt = "text" if prepared[-1].spans is None else "chat"
+            stats.formats[fmt] = stats.formats.get(fmt, 0) + 1
         return prepared
 
-    def _prepare_all(self, records: List[Record]) -> List[_Prepared]:
-        return [p for p in map(self._prepare, records) if p is not None]
+    def _prepare(self, record: Record) -> _Prepared:
+        sample = parse_record(record, self.options.format, self.options.columns or {})
+        if sample.text is not None:
+            return _Prepared(record, sample.text, None, True)
+        messages = sample.messages or []
+        train_on = self.options.train_on
+        text, spans = self.template.trained_spans(messages, train_on, record)
+        if not text:
+            raise record.fail("the chat template rendered an empty text")
+        last_trained = train_on == "all" or messages[-1].get("role") == "assistant"
+        return _Prepared(record, text, spans, last_trained)
 
-    def _encode_chunk(self, chunk: List[_Prepared]) -> Any:
+    def encode(self, chunk: List[_Prepared]) -> _Tokens:
         """Ids and labels of a chunk (chat text without the tokenizer's added special tokens,
-        as ``apply_chat_template``; plain text with them): a :class:`_Flat` from tokpack's
-        encoder, or ``(ids, labels)`` pairs from ``tokenizers``."""
-        if self._fast is not None:
-            return self._encode_fast(chunk)
-        return _encode_part(self.tokenizer.tokenizer, chunk)
-
-    def _encode_fast(
-        self, chunk: List[_Prepared]
-    ) -> Union[_Flat, List[Tuple[np.ndarray, np.ndarray]]]:
+        as ``apply_chat_template``; plain text with them)."""
+        if self._fast is None or not chunk:
+            return _Tokens.from_pairs(_encode_part(self.tokenizer.tokenizer, chunk))
         # Plain text gets the post-processor's tokens (BOS, ...) with add_special_tokens=True;
         # tokpack's encoder has no post-processor, so such text goes to tokenizers.
         slow = self._fast.post_processor_adds_tokens
@@ -353,112 +308,105 @@ class TokenStream:
             for a, b in spans:
                 starts.append(a)
                 ends.append(b)
+        # One thread: tokpack's worker processes are the parallelism.
         ids, labels, offsets, fallback = self._fast.encode_batch(
             [p.text for p in items],
             np.cumsum(counts),
             np.array(starts, dtype=np.int64),
             np.array(ends, dtype=np.int64),
-            self.threads,
+            1,
         )
-        flat = _Flat(ids, labels, offsets)
+        flat = _Tokens(offsets, ids, labels)
         if len(items) == len(chunk) and not len(fallback):
             return flat
-        fast = flat.pairs()
+        pairs = flat.pairs()
         # Text the encoder leaves to tokenizers (not in NFC, for an NFC tokenizer).
         missing = fallback.tolist()
         tok = self.tokenizer.tokenizer
         for i, pair in zip(missing, _encode_part(tok, [items[i] for i in missing])):
-            fast[i] = pair
-        if len(items) == len(chunk):
-            return fast
-        plain = [p.text for p in chunk if p.spans is None]
-        encs = tok.encode_batch(plain, add_special_tokens=True)
-        plain_pairs = iter([(_ids(e), _ids(e)) for e in encs])
-        fast_pairs = iter(fast)
-        return [next(plain_pairs) if p.spans is None else next(fast_pairs) for p in chunk]
+            pairs[i] = pair
+        if len(items) < len(chunk):
+            plain = iter(_encode_part(tok, [p for p in chunk if p.spans is None]))
+            fast = iter(pairs)
+            pairs = [next(plain) if p.spans is None else next(fast) for p in chunk]
+        return _Tokens.from_pairs(pairs)
 
-    def _build(
-        self, chunk: List[_Prepared], encoded: List[Tuple[np.ndarray, np.ndarray]]
-    ) -> Optional[_Arrays]:
-        ids_parts: List[np.ndarray] = []
-        label_parts: List[np.ndarray] = []
+    def finish(
+        self, chunk: List[_Prepared], encoded: _Tokens, stats: TokenizeStats
+    ) -> Optional[_Tokens]:
+        """The chunk's samples with EOS, over-long policy and sources; None if none is left."""
+        if not chunk:
+            return None
+        done = self._finish_flat(chunk, encoded, stats)
+        return done if done is not None else self._finish_each(chunk, encoded.pairs(), stats)
+
+    def _finish_flat(
+        self, chunk: List[_Prepared], flat: _Tokens, stats: TokenizeStats
+    ) -> Optional[_Tokens]:
+        """The encoder's flat arrays as they are when no sample needs an EOS or a max_len
+        policy (the usual case); None otherwise (then :meth:`_finish_each` handles it)."""
+        lengths = np.diff(flat.offsets)
+        add_eos = self.options.add_eos
+        if add_eos or (add_eos is None and any(p.spans is None for p in chunk)):
+            return None
+        max_len = self.options.max_len
+        if max_len is not None and lengths.max() > max_len:
+            return None
+        stats.samples_in += len(lengths)
+        flat.files = np.fromiter((p.record.file_index for p in chunk), np.int32, len(chunk))
+        flat.lines = np.fromiter((p.record.line for p in chunk), np.int64, len(chunk))
+        return flat.count(stats)
+
+    def _finish_each(
+        self,
+        chunk: List[_Prepared],
+        encoded: List[Tuple[np.ndarray, np.ndarray]],
+        stats: TokenizeStats,
+    ) -> Optional[_Tokens]:
+        pieces: List[Tuple[np.ndarray, np.ndarray]] = []
         files: List[int] = []
         lines: List[int] = []
-        stats = self.stats
+        eos_id = self._eos_id
         for item, (ids, labels) in zip(chunk, encoded):
-            add_eos = self.add_eos if self.add_eos is not None else item.spans is None
-            if add_eos and self._eos_id is not None and (not len(ids) or ids[-1] != self._eos_id):
-                eos = np.array([self._eos_id], dtype=np.int32)
+            add_eos = self.options.add_eos
+            if add_eos is None:
+                add_eos = item.spans is None
+            if add_eos and eos_id is not None and (not len(ids) or ids[-1] != eos_id):
+                eos = np.array([eos_id], dtype=np.int32)
                 ids = np.concatenate([ids, eos])
                 eos_label = eos if item.eos_trained else np.array([IGNORE_INDEX], dtype=np.int32)
                 labels = np.concatenate([labels, eos_label])
             stats.samples_in += 1
-            pieces = self._apply_max_len(item.record, ids, labels)
-            for piece_ids, piece_labels in pieces:
-                ids_parts.append(piece_ids)
-                label_parts.append(piece_labels)
-            files.extend([item.record.file_index] * len(pieces))
-            lines.extend([item.record.line] * len(pieces))
-        if not ids_parts:
+            kept = self._apply_max_len(item.record, ids, labels, stats)
+            pieces.extend(kept)
+            files.extend([item.record.file_index] * len(kept))
+            lines.extend([item.record.line] * len(kept))
+        if not pieces:
             return None
-        lengths = np.fromiter((len(a) for a in ids_parts), dtype=np.int64, count=len(ids_parts))
-        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        if offsets[-1] >= 2**31:
-            raise ConfigError("batch_size too large: a batch holds more than 2**31 tokens")
-        values = np.concatenate(ids_parts)
-        label_values = np.concatenate(label_parts)
-        trained = int(np.count_nonzero(label_values != IGNORE_INDEX))
-        stats.samples_out += len(ids_parts)
-        stats.tokens += int(offsets[-1])
-        stats.trained_tokens += trained
-        stats.untrained_samples += sum(1 for lab in label_parts if not np.any(lab != IGNORE_INDEX))
-        sources = np.array(files, dtype=np.int32), np.array(lines, dtype=np.int64)
-        return (offsets, values, label_values, lengths, *sources)
-
-    def _build_flat(self, chunk: List[_Prepared], flat: _Flat) -> Optional[_Arrays]:
-        """The batch straight from the encoder's flat arrays when no sample needs an EOS or a
-        max_len policy (the usual case); None otherwise (then :meth:`_build` handles it)."""
-        lengths = np.diff(flat.offsets)
-        if self.add_eos or (self.add_eos is None and any(p.spans is None for p in chunk)):
-            return None
-        if not len(lengths) or lengths.min() == 0:
-            return None
-        if self.max_len is not None and lengths.max() > self.max_len:
-            return None
-        if flat.offsets[-1] >= 2**31:
-            raise ConfigError("batch_size too large: a batch holds more than 2**31 tokens")
-        trained_mask = flat.labels != IGNORE_INDEX
-        per_sample = np.add.reduceat(trained_mask, flat.offsets[:-1])
-        stats = self.stats
-        stats.samples_in += len(lengths)
-        stats.samples_out += len(lengths)
-        stats.tokens += int(flat.offsets[-1])
-        stats.trained_tokens += int(np.count_nonzero(trained_mask))
-        stats.untrained_samples += int(np.count_nonzero(per_sample == 0))
-        files = np.fromiter((p.record.file_index for p in chunk), np.int32, len(chunk))
-        lines = np.fromiter((p.record.line for p in chunk), np.int64, len(chunk))
-        return flat.offsets, flat.ids, flat.labels, lengths, files, lines
+        done = _Tokens.from_pairs(pieces)
+        done.files = np.array(files, dtype=np.int32)
+        done.lines = np.array(lines, dtype=np.int64)
+        return done.count(stats)
 
     def _apply_max_len(
-        self, record: Record, ids: np.ndarray, labels: np.ndarray
+        self, record: Record, ids: np.ndarray, labels: np.ndarray, stats: TokenizeStats
     ) -> List[Tuple[np.ndarray, np.ndarray]]:
-        max_len = self.max_len
+        max_len = self.options.max_len
         n = len(ids)
         if max_len is None or n <= max_len:
             return [(ids, labels)]
-        stats = self.stats
         stats.overlong += 1
-        if self.overlong == "error":
+        overlong = self.options.overlong
+        if overlong == "error":
             where = f"{record.path}:{'row ' if record.is_row else ''}{record.line}"
             raise OverlongError(
                 f"{where}: sample of {n} tokens is longer than max_len {max_len} "
                 "(choose overlong 'truncate', 'drop' or 'split')"
             )
-        if self.overlong == "truncate":
+        if overlong == "truncate":
             stats.truncated += 1
             return [(ids[:max_len], labels[:max_len])]
-        if self.overlong == "drop":
+        if overlong == "drop":
             stats.dropped += 1
             return []
         stats.split += 1
@@ -466,7 +414,71 @@ class TokenStream:
         stats.split_pieces += len(pieces)
         return pieces
 
-    # --- iteration ---------------------------------------------------------------------------
+
+class TokenStream:
+    """An iterable of token ``RecordBatch``es (``input_ids``, ``labels``, ``length``) from raw
+    inputs, with the accounting in :attr:`stats` (complete once iteration has finished).
+
+    Options are :class:`TokenizeOptions` (``options``, and keyword arguments overriding it);
+    ``tokenizer`` may also be a :class:`RecordEncoder` holding both. ``on_reject`` is called
+    with each rejected record, in input order (default: kept in :attr:`rejected`);
+    ``progress`` (a :class:`tokpack._progress.Progress`) is told the input bytes read and the
+    records done; ``sources`` adds the columns of :data:`SOURCE_SCHEMA`: each sample's input
+    file (index into :attr:`inputs`, resolved) and JSONL line (from 1) or Parquet row (from 0).
+
+    Iterate once. Built by :func:`tokenize_to_batches`.
+    """
+
+    def __init__(
+        self,
+        inputs: Union[PathLike, Sequence[PathLike]],
+        tokenizer: Union[PathLike, LoadedTokenizer, RecordEncoder],
+        *,
+        threads: Optional[int] = None,
+        on_reject: Optional[RejectSink] = None,
+        progress: Optional[Any] = None,
+        sources: bool = False,
+        options: Optional[Union[TokenizeOptions, Mapping[str, Any]]] = None,
+        **option_values: Any,
+    ) -> None:
+        self.inputs = resolve_inputs(inputs, RAW_SUFFIXES)
+        threads = checked_threads(threads)
+        self.threads = threads if threads is not None else _tokpack.default_threads()
+        if isinstance(tokenizer, RecordEncoder):
+            if options is not None or option_values:
+                raise ConfigError("a RecordEncoder brings its own options")
+            self.encoding = tokenizer
+        else:
+            self.encoding = RecordEncoder(tokenizer, TokenizeOptions.of(options, **option_values))
+        self.options = self.encoding.options
+        self.tokenizer = self.encoding.tokenizer
+        self.template_info = self.encoding.template_info
+        self.encoder_info = self.encoding.encoder_info
+        self.progress = progress
+        self.sources = sources
+        self.stats = TokenizeStats()
+        self.rejected: List[Dict[str, Any]] = []
+        self._on_reject = on_reject if on_reject is not None else self.rejected.append
+        self._used = False
+
+    def config(self) -> Dict[str, Any]:
+        """Everything besides the input bytes that determines the output (for the cache key)."""
+        return self.encoding.config()
+
+    def _record_chunks(self, decode: bool) -> Iterator[List[Record]]:
+        """``batch_size`` records at a time: batch boundaries depend on the input only."""
+        on_bytes = self.progress.advance if self.progress is not None else None
+        chunk: List[Record] = []
+        for index, path in enumerate(self.inputs):
+            for record in read_records(path, on_bytes, decode=decode):
+                record.file_index = index
+                self.stats.records += 1
+                chunk.append(record)
+                if len(chunk) == self.options.batch_size:
+                    yield chunk
+                    chunk = []
+        if chunk:
+            yield chunk
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         if self._used:
@@ -478,18 +490,17 @@ class TokenStream:
 
     def _iter_in_process(self) -> Iterator[pa.RecordBatch]:
         """One process: parse and render here, encode on a worker thread meanwhile."""
+        encoding = self.encoding
         with _sequential_tokenizers(), ThreadPoolExecutor(1) as pool:
-            pending: Optional[Tuple[int, List[_Prepared], List[Future]]] = None
-            for records in self._record_chunks(decode=True):
-                chunk = self._prepare_all(records)
-                # Encoding of this chunk runs while the previous one is finished in Python.
-                futures = [pool.submit(self._encode_chunk, chunk)] if chunk else []
-                started = (len(records), chunk, futures)
-                if pending is not None:
-                    yield from self._finish(*pending)
-                pending = started
-            if pending is not None:
-                yield from self._finish(*pending)
+
+            def start(records: List[Record]) -> Callable[[], _ChunkResult]:
+                stats, rejected = TokenizeStats(), []
+                prepared = encoding.prepare(records, stats, rejected.append)
+                # Encoding of this chunk runs while the previous one is finished.
+                encoded = pool.submit(encoding.encode, prepared)
+                return lambda: (encoding.finish(prepared, encoded.result(), stats), stats, rejected)
+
+            yield from self._in_order(self._record_chunks(decode=True), start, ahead=1)
 
     def _iter_processes(self) -> Iterator[pa.RecordBatch]:
         """``threads`` worker processes decode, render and encode chunks of records (rendering
@@ -497,84 +508,81 @@ class TokenStream:
         takes the results back in input order."""
         import multiprocessing
 
+        # A forked worker inherits this stream's encoder (tokenizer, template); a spawned one
+        # loads its own.
         fork = _START_METHOD == "fork"
-        context = multiprocessing.get_context(_START_METHOD)
-        # A forked worker starts from a copy of this stream (tokenizer, template); a spawned
-        # one builds its own from the options.
-        global _WORKER
-        _WORKER = self if fork else None
+        encoding = self.encoding
         pool = ProcessPoolExecutor(
             self.threads,
-            mp_context=context,
+            mp_context=multiprocessing.get_context(_START_METHOD),
             initializer=_worker_init,
-            initargs=(None if fork else self._worker_options, os.getpid()),
+            initargs=(
+                encoding if fork else (str(encoding.tokenizer.path), encoding.options),
+                os.getpid(),
+            ),
         )
-        window: Deque[Tuple[int, Future]] = deque()
+
+        def start(records: List[Record]) -> Callable[[], _ChunkResult]:
+            return pool.submit(_worker_run, _pack_records(records)).result
+
         try:
-            for records in self._record_chunks(decode=False):
-                window.append((len(records), pool.submit(_worker_run, _pack_records(records))))
-                if len(window) > 2 * self.threads:
-                    yield from self._collect(*window.popleft())
-            while window:
-                yield from self._collect(*window.popleft())
+            chunks = self._record_chunks(decode=False)
+            yield from self._in_order(chunks, start, ahead=2 * self.threads)
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
-            _WORKER = None
 
-    def _collect(self, n_records: int, future: Future) -> Iterator[pa.RecordBatch]:
-        arrays, stats, rejected = future.result()
+    def _in_order(
+        self,
+        chunks: Iterator[List[Record]],
+        start: Callable[[List[Record]], Callable[[], _ChunkResult]],
+        ahead: int,
+    ) -> Iterator[pa.RecordBatch]:
+        """Starts each chunk (up to ``ahead`` before the one being finished) and finishes them
+        in input order: counts merged, rejections passed on, the batch yielded."""
+        window: Deque[Tuple[int, Callable[[], _ChunkResult]]] = deque()
+        for records in chunks:
+            window.append((len(records), start(records)))
+            if len(window) > ahead:
+                yield from self._take(*window.popleft())
+        while window:
+            yield from self._take(*window.popleft())
+
+    def _take(self, n_records: int, result: Callable[[], _ChunkResult]) -> Iterator[pa.RecordBatch]:
+        tokens, stats, rejected = result()
         self.stats.merge(stats)
         for rejection in rejected:
             self._on_reject(rejection)
         if self.progress is not None:
             self.progress.add_samples(n_records)
-        if arrays is not None:
-            yield _batch_from_arrays(arrays, self.sources)
-
-    def _finish(
-        self, n_records: int, chunk: List[_Prepared], futures: List[Future]
-    ) -> Iterator[pa.RecordBatch]:
-        arrays = self._batch_arrays(chunk, [future.result() for future in futures])
-        if self.progress is not None:
-            self.progress.add_samples(n_records)
-        if arrays is not None:
-            yield _batch_from_arrays(arrays, self.sources)
-
-    def _batch_arrays(self, chunk: List[_Prepared], results: List[Any]) -> Optional[_Arrays]:
-        """The chunk's batch as flat arrays (see :func:`_batch_from_arrays`); None if empty."""
-        if not chunk:
-            return None
-        if len(results) == 1 and isinstance(results[0], _Flat):
-            arrays = self._build_flat(chunk, results[0])
-            if arrays is not None:
-                return arrays
-        encoded: List[Tuple[np.ndarray, np.ndarray]] = []
-        for result in results:
-            encoded.extend(result.pairs() if isinstance(result, _Flat) else result)
-        return self._build(chunk, encoded)
+        if tokens is not None:
+            yield tokens.to_batch(self.sources)
 
 
 # How worker processes start: fork where it is the platform's way (Linux: no re-import, the
 # tokenizer and template are inherited), spawn elsewhere.
 _START_METHOD = "fork" if sys.platform == "linux" else "spawn"
 
-# The stream of a worker process, built once by the pool's initializer.
-_WORKER: Optional[TokenStream] = None
+# The encoder of a worker process, set once by the pool's initializer (in the worker only).
+_ENCODER: Optional[RecordEncoder] = None
 
 
-def _worker_init(options: Optional[Dict[str, Any]], parent: int) -> None:
-    global _WORKER
+def _worker_init(encoding: Union[RecordEncoder, Tuple[str, TokenizeOptions]], parent: int) -> None:
+    """``encoding``: the parent's encoder (fork: inherited, not pickled), or the tokenizer path
+    and options to load one from (spawn)."""
+    global _ENCODER
     _die_with_parent(parent)
     # Ctrl-C and SIGTERM are the parent's to handle: it stops handing out work and shuts the
     # pool down (a terminal or `kill -- -PGID` signals the whole process group).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    if options is not None:
-        _WORKER = TokenStream([os.devnull], threads=1, **options)
-    else:
-        assert _WORKER is not None, "a forked worker inherits the stream"
-        _WORKER.threads = 1
+    _ENCODER = encoding if isinstance(encoding, RecordEncoder) else RecordEncoder(*encoding)
+
+
+def _worker_run(packed: Any) -> _ChunkResult:
+    """One chunk in a worker process (its counts leave ``records`` to the reader)."""
+    assert _ENCODER is not None, "worker not initialised"
+    return _ENCODER.run(_unpack_records(packed))
 
 
 # prctl(2) option: the signal the kernel sends this process when its parent dies.
@@ -635,38 +643,6 @@ def _int32(values: np.ndarray) -> pa.Array:
     return _from_numpy(values, np.int32)
 
 
-def _batch_from_arrays(arrays: _Arrays, sources: bool) -> pa.RecordBatch:
-    """The token batch of flat arrays: sample ``i`` is ``ids[offsets[i]:offsets[i + 1]]``; with
-    ``sources``, the source columns of :data:`SOURCE_SCHEMA` too."""
-    offsets, ids, labels, lengths, files, lines = arrays
-    off = _int32(offsets)
-    columns = [
-        pa.ListArray.from_arrays(off, _int32(ids)),
-        pa.ListArray.from_arrays(off, _int32(labels)),
-        _int32(lengths),
-    ]
-    if not sources:
-        return pa.RecordBatch.from_arrays(columns, schema=TOKEN_SCHEMA)
-    columns += [_int32(files), _from_numpy(lines, np.int64)]
-    return pa.RecordBatch.from_arrays(columns, schema=SOURCE_SCHEMA)
-
-
-def _worker_run(
-    packed: Any,
-) -> Tuple[Optional[_Arrays], TokenizeStats, List[Dict[str, Any]]]:
-    """Decodes, renders and encodes one chunk; returns its batch as arrays (an Arrow batch
-    would import pandas on both sides to be pickled), its counts (without ``records``, counted
-    by the reader) and its rejected records."""
-    stream = _WORKER
-    assert stream is not None, "worker not initialised"
-    stream.stats = TokenizeStats()
-    rejected: List[Dict[str, Any]] = []
-    stream._on_reject = rejected.append
-    chunk = stream._prepare_all(_unpack_records(packed))
-    arrays = stream._batch_arrays(chunk, [stream._encode_chunk(chunk)]) if chunk else None
-    return arrays, stream.stats, rejected
-
-
 def _ids(encoding: Any) -> np.ndarray:
     return np.array(encoding.ids, dtype=np.int32)
 
@@ -691,7 +667,7 @@ def _encode_part(tokenizer: Any, part: List[_Prepared]) -> List[Tuple[np.ndarray
 
 def tokenize_to_batches(
     inputs: Union[PathLike, Sequence[PathLike]],
-    tokenizer: Union[PathLike, LoadedTokenizer],
+    tokenizer: Union[PathLike, LoadedTokenizer, RecordEncoder],
     **options: Any,
 ) -> TokenStream:
     """Tokenize raw chat / instruction / text files into token ``RecordBatch``es without
@@ -702,26 +678,13 @@ def tokenize_to_batches(
             tokenize`` reads them).
         tokenizer: a ``tokenizer.json`` file or a directory holding it (and
             ``tokenizer_config.json``), or a loaded tokenizer.
-        chat_template: a Jinja file overriding the tokenizer config's template.
-        format: ``"auto"`` (per record), ``"messages"``, ``"sharegpt"``, ``"alpaca"``, ``"text"``.
-        train_on: ``"assistant"`` (default), ``"last"`` or ``"all"``.
-        max_len, overlong: over-long samples follow the packer's policies (``"error"``,
-            ``"truncate"``, ``"drop"``, ``"split"``).
-        add_eos: append the EOS token (None: to plain-text samples only).
-        columns: column-name overrides, e.g. ``{"messages": "chat"}``.
-        threads: worker processes that decode, render and encode (default
-            ``TOKPACK_NUM_THREADS`` or all cores; 1: everything in this process); the output
-            is identical for every value.
-        skip_invalid: reject bad records (to ``on_reject`` or :attr:`TokenStream.rejected`)
-            instead of raising :class:`tokpack.InvalidRecordError`.
-        encoder: ``"auto"`` (default): tokpack's Rust byte-level BPE encoder when it
-            reproduces the tokenizer exactly (byte-level BPE of the GPT-2, Llama 3 and Qwen2
-            kinds), otherwise
-            ``tokenizers``; ``"tokenizers"``: always ``tokenizers``. Same ids either way.
-        sources: add the columns of :data:`SOURCE_SCHEMA` to every batch: each sample's input
-            file (index into ``inputs``) and JSONL line (from 1) or Parquet row (from 0).
+        options: the fields of :class:`TokenizeOptions` (or ``options=TokenizeOptions(...)``)
+            and the keyword arguments of :class:`TokenStream`: ``threads`` (worker processes
+            that decode, render and encode; default ``TOKPACK_NUM_THREADS`` or all cores; 1:
+            everything in this process; the output is identical for every value),
+            ``on_reject``, ``progress`` and ``sources``.
 
     Returns:
         A :class:`TokenStream`: iterate it for batches, then read ``.stats``.
     """
-    return TokenStream(resolve_inputs(inputs, RAW_SUFFIXES), tokenizer, **options)
+    return TokenStream(inputs, tokenizer, **options)

@@ -7,57 +7,28 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, TextIO, Union
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, TextIO, Union
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .. import __version__, _tokpack
-from .._inputs import RAW_SUFFIXES, resolve_inputs, shown_path
-from .._outdir import (
-    MANIFEST_NAME,
-    SIDE_DIR,
-    atomic_output_dir,
-    cache_key,
-    describe_inputs,
-    is_cache_hit,
-    output_target,
-    write_json_atomic,
-)
-from ..errors import OutputError, TokpackError
-from ..integrity import cache_problem
-from ..planning import MAX_ROWS, check_int
-from .pipeline import TOKEN_SCHEMA, PathLike, TokenStream
-from .progress import Progress
+from .. import _tokpack
+from .._inputs import RAW_SUFFIXES, resolve_inputs
+from .._outdir import SIDE_DIR, cached_run, open_for_writing, output_target, writing
+from .._progress import Progress
+from ..planning import MAX_ROWS, check_int, checked_threads
+from .options import TokenizeOptions
+from .pipeline import TOKEN_SCHEMA, PathLike, RecordEncoder, TokenStream
 from .tokenizer import LoadedTokenizer
 
-__all__ = ["tokenize_files", "writing", "open_for_writing", "REJECTED_NAME", "DEFAULT_SHARD_ROWS"]
+__all__ = ["tokenize_files", "RejectedFile", "REJECTED_NAME", "DEFAULT_SHARD_ROWS"]
 
 REJECTED_NAME = f"{SIDE_DIR}/_rejected.jsonl"
 DEFAULT_SHARD_ROWS = 100_000
-
-
-@contextlib.contextmanager
-def writing(path: Path) -> Iterator[None]:
-    """Turns an OSError while writing ``path`` (disk full, permissions; pyarrow raises OSError
-    too) into an :class:`OutputError` naming it, so the CLI reports one line, not a traceback."""
-    try:
-        yield
-    except TokpackError:
-        raise
-    except OSError as exc:
-        raise OutputError(f"{shown_path(path)}: cannot write ({exc.strerror or exc})") from None
-
-
-def open_for_writing(path: Path) -> pa.NativeFile:
-    """A new file for pyarrow to write, opened by its bytes: pyarrow cannot open a name that is
-    not valid UTF-8 itself."""
-    return pa.OSFile(os.fsencode(path), "wb")
 
 
 class _ShardWriter:
@@ -157,11 +128,13 @@ class _ShardWriter:
             self._close_file()
 
 
-class _RejectedFile:
-    """``__tokpack__/_rejected.jsonl``, created at the first rejected record."""
+class RejectedFile:
+    """``__tokpack__/_rejected.jsonl`` of an output directory: a stream's ``on_reject`` sink,
+    created at the first rejected record. :attr:`written` says whether it was."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, out_dir: Path) -> None:
+        self.path = out_dir / REJECTED_NAME
+        self.written = False
         self._file: Optional[TextIO] = None
 
     def __call__(self, rejection: Dict[str, Any]) -> None:
@@ -169,14 +142,16 @@ class _RejectedFile:
             if self._file is None:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 self._file = open(self.path, "w", encoding="utf-8")
+                self.written = True
             self._file.write(json.dumps(rejection, ensure_ascii=False, sort_keys=True) + "\n")
 
-    def close(self) -> bool:
-        if self._file is None:
-            return False
-        with writing(self.path):
-            self._file.close()
-        return True
+    def __enter__(self) -> "RejectedFile":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._file is not None:
+            with writing(self.path):
+                self._file.close()
 
 
 def tokenize_files(
@@ -184,87 +159,62 @@ def tokenize_files(
     output_dir: PathLike,
     tokenizer: Union[PathLike, LoadedTokenizer],
     *,
-    chat_template: Optional[PathLike] = None,
-    format: str = "auto",
-    train_on: str = "assistant",
-    max_len: Optional[int] = None,
-    overlong: str = "error",
-    add_eos: Optional[bool] = None,
-    columns: Optional[Dict[str, str]] = None,
     threads: Optional[int] = None,
-    skip_invalid: bool = False,
     force: bool = False,
     shard_rows: int = DEFAULT_SHARD_ROWS,
     progress: bool = False,
-    encoder: str = "auto",
+    options: Optional[TokenizeOptions] = None,
+    **option_values: Any,
 ) -> Dict[str, Any]:
     """Tokenize chat / instruction / text files into Parquet token shards in ``output_dir``.
 
-    Options are those of :func:`tokpack.tokenize.tokenize_to_batches`, plus ``force`` (rebuild
-    even when the output is current), ``shard_rows`` (samples per shard) and ``progress`` (a
-    progress bar on stderr when it is a terminal).
+    Options are those of :func:`tokpack.tokenize.tokenize_to_batches` (the fields of
+    :class:`TokenizeOptions`, ``threads``), plus ``force`` (rebuild even when the output is
+    current), ``shard_rows`` (samples per shard) and ``progress`` (a progress bar on stderr
+    when it is a terminal).
 
     Returns:
         The manifest (also in ``output_dir/__tokpack__/_manifest.json``), with
         ``"cache_hit": True`` added when the existing output was current and nothing was done.
     """
     shard_rows = check_int(shard_rows, "shard_rows", 1, MAX_ROWS)
-    output_dir = output_target(output_dir)
-    inputs = resolve_inputs(inputs, RAW_SUFFIXES, output_dir=output_dir)
-    input_desc = describe_inputs(inputs)
-    stream = TokenStream(
-        inputs,
-        tokenizer,
-        chat_template=chat_template,
-        format=format,
-        train_on=train_on,
-        max_len=max_len,
-        overlong=overlong,
-        add_eos=add_eos,
-        columns=columns,
-        threads=threads,
-        skip_invalid=skip_invalid,
-        encoder=encoder,
-        progress=Progress.for_terminal(
-            sum(d["size"] for d in input_desc), "tokenize", quiet=not progress
-        ),
-    )
-    config = {**stream.config(), "shard_rows": shard_rows}
-    key = cache_key("tokenize", input_desc, config)
-    if not force:
-        hit = is_cache_hit(output_dir, key)
-        if hit is not None and cache_problem(output_dir, hit) is None:  # else: damaged, rebuild
-            return {**hit, "cache_hit": True}
+    threads = checked_threads(threads)
+    out = output_target(output_dir)
+    inputs = resolve_inputs(inputs, RAW_SUFFIXES, output_dir=out)
+    encoding = RecordEncoder(tokenizer, TokenizeOptions.of(options, **option_values))
+    config = {**encoding.config(), "shard_rows": shard_rows}
 
-    with atomic_output_dir(output_dir) as tmp:
-        rejected = _RejectedFile(tmp / REJECTED_NAME)
-        stream._on_reject = rejected
+    def build(tmp: Path, described: List[Dict[str, Any]]) -> Dict[str, Any]:
+        display = Progress(progress)
+        display.start_bytes(sum(d["size"] for d in described))
         shards = _ShardWriter(tmp, shard_rows)
-        try:
-            for batch in stream:
-                shards.write(batch)
-            shards.finish()
-        except BaseException:
-            shards.abort()
-            raise
-        finally:
-            had_rejections = rejected.close()
-            assert stream.progress is not None
-            stream.progress.close()
-        manifest = {
+        with RejectedFile(tmp) as rejected:
+            stream = TokenStream(
+                inputs, encoding, threads=threads, on_reject=rejected, progress=display
+            )
+            try:
+                for batch in stream:
+                    shards.write(batch)
+                shards.finish()
+            except BaseException:
+                shards.abort()
+                raise
+            finally:
+                display.close()
+        return {
             "kind": "tokenize",
-            "tokpack_version": __version__,
-            "cache_key": key,
-            "inputs": input_desc,
-            "tokenizer": {"path": str(stream.tokenizer.path.resolve()), **config["tokenizer"]},
-            "template": stream.template_info,
-            "encoder": stream.encoder_info,
+            "inputs": described,
+            "tokenizer": {"path": str(encoding.tokenizer.path.resolve()), **config["tokenizer"]},
+            "template": encoding.template_info,
+            "encoder": encoding.encoder_info,
             "config": config,
             "counts": stream.stats.as_dict(),
             "shards": shards.shards,
-            "rejected_file": REJECTED_NAME if had_rejections else None,
+            "rejected_file": REJECTED_NAME if rejected.written else None,
             "columns": {"input_ids": "list<int32>", "labels": "list<int32>", "length": "int32"},
         }
-        with writing(tmp / MANIFEST_NAME):
-            write_json_atomic(tmp / MANIFEST_NAME, manifest)
-    return manifest
+
+    manifest, hit, _ = cached_run(
+        out, "tokenize", inputs, config, build, threads=threads, force=force
+    )
+    return {**manifest, "cache_hit": True} if hit else manifest

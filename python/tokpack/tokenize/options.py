@@ -1,0 +1,85 @@
+"""``TokenizeOptions``: the one list of tokenizing options, used by ``tokenize_files``,
+``tokenize_to_batches`` / ``TokenStream``, ``pack_files(tokenize=...)``, the CLI's flags and
+the manifests (whose recorded config is part of the cache key)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Dict, Mapping, Optional, Union
+
+from ..errors import ConfigError
+from ..planning import MAX_LEN, MAX_ROWS, OVERLONG_POLICIES, check_int
+from .formats import FORMATS, resolve_columns
+from .template import TRAIN_ON
+from .tokenizer import ENCODERS
+
+__all__ = ["TokenizeOptions"]
+
+
+@dataclass(frozen=True)
+class TokenizeOptions:
+    """How raw records become token samples (besides the tokenizer); checked when made.
+
+    Attributes:
+        chat_template: a Jinja file overriding the tokenizer config's template.
+        format: ``"auto"`` (per record), ``"messages"``, ``"sharegpt"``, ``"alpaca"``, ``"text"``.
+        train_on: ``"assistant"`` (default), ``"last"`` or ``"all"``.
+        max_len, overlong: over-long samples follow the packer's policies (``"error"``,
+            ``"truncate"``, ``"drop"``, ``"split"``).
+        add_eos: append the EOS token (None: to plain-text samples only).
+        columns: column-name overrides, e.g. ``{"messages": "chat"}`` (held resolved: every
+            field with its column).
+        skip_invalid: reject bad records (to the stream's ``on_reject``) instead of raising
+            :class:`tokpack.InvalidRecordError`.
+        batch_size: records per batch (batch boundaries depend on the input only).
+        encoder: ``"auto"`` (default): tokpack's Rust byte-level BPE encoder when it reproduces
+            the tokenizer exactly (byte-level BPE of the GPT-2, Llama 3 and Qwen2 kinds),
+            otherwise ``tokenizers``; ``"tokenizers"``: always ``tokenizers``. Same ids either
+            way.
+    """
+
+    chat_template: Optional[Union[str, os.PathLike]] = None
+    format: str = "auto"
+    train_on: str = "assistant"
+    max_len: Optional[int] = None
+    overlong: str = "error"
+    add_eos: Optional[bool] = None
+    columns: Optional[Mapping[str, str]] = None
+    skip_invalid: bool = False
+    batch_size: int = 2048
+    encoder: str = "auto"
+
+    def __post_init__(self) -> None:
+        for name, allowed in (
+            ("format", FORMATS),
+            ("train_on", TRAIN_ON),
+            ("overlong", OVERLONG_POLICIES),
+            ("encoder", ENCODERS),
+        ):
+            value = getattr(self, name)
+            if value not in allowed:
+                what = "overlong policy" if name == "overlong" else name
+                raise ConfigError(f"unknown {what} {value!r}; choose among {', '.join(allowed)}")
+        if self.max_len is not None:
+            object.__setattr__(self, "max_len", check_int(self.max_len, "max_len", 1, MAX_LEN))
+        object.__setattr__(
+            self, "batch_size", check_int(self.batch_size, "batch_size", 1, MAX_ROWS)
+        )
+        object.__setattr__(self, "columns", resolve_columns(self.columns))
+
+    @classmethod
+    def of(
+        cls, options: Union[None, "TokenizeOptions", Mapping[str, Any]] = None, **overrides: Any
+    ) -> "TokenizeOptions":
+        """``options`` (TokenizeOptions, a dict of its fields, or None: the defaults) with
+        ``overrides``."""
+        if isinstance(options, TokenizeOptions):
+            return replace(options, **overrides) if overrides else options
+        return cls(**{**(options or {}), **overrides})
+
+    def config(self) -> Dict[str, Any]:
+        """The options as manifests record them (the template by its hash, elsewhere)."""
+        data = asdict(self)
+        del data["chat_template"]
+        return data
