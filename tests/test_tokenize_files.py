@@ -193,8 +193,7 @@ def test_progress_bar_shows_rate_and_eta():
             return True
 
     stream = Terminal()
-    bar = Progress(True, stream)
-    bar.start_bytes(1000)
+    bar = Progress(True, stream, total_bytes=1000)
     bar.advance(500)
     bar.add_samples(10)
     bar.close()

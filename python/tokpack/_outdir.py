@@ -386,13 +386,10 @@ def cached_run(
     force: bool = False,
     verify: bool = False,
 ) -> Tuple[Dict[str, Any], bool, Optional[str]]:
-    """The run of every command that writes a directory: describe the inputs -> cache key (of
-    them, ``kind`` and ``config``) -> the existing output when it was built with that key and is
-    intact (``verify``: shard checksums too) -> else ``build(tmp, described)`` writes into an
-    atomic output directory (see :func:`atomic_output_dir`) and returns the manifest, written
-    last with the key and tokpack's version.
-
-    Returns the manifest, whether it was a cache hit, and why a current output was rebuilt."""
+    """The run of every command that writes a directory: describe the inputs -> cache key ->
+    the existing output if built with that key and intact (``verify``: checksums too) -> else
+    ``build(tmp, described)`` fills an :func:`atomic_output_dir` and returns the manifest,
+    written last with the key. Returns (manifest, cache hit?, why a current output was rebuilt)."""
     from .integrity import cache_problem  # (integrity reads manifests with this module)
 
     described = describe_inputs(inputs, threads)

@@ -1,9 +1,7 @@
-"""The progress display of every command: one line per phase on stderr (only on a terminal),
-the same for the Rust phases and the tokenize byte counter.
-
-Long Rust work runs in a helper thread with the GIL released; the calling thread polls its
-counters, draws them, and turns Ctrl-C into a cancel request the Rust side honours between units
-of work (so OUT_DIR is never left half-written)."""
+"""The one progress display, for the Rust phases and the tokenize byte counter. Long Rust work
+runs in a helper thread with the GIL released; the calling thread polls its counters, draws
+them, and turns Ctrl-C into a cancel request the Rust side honours between units of work (so
+OUT_DIR is never left half-written)."""
 
 from __future__ import annotations
 
@@ -34,22 +32,18 @@ def _amount(n: float, unit: str) -> str:
 
 
 class Progress:
-    """``phase [####    ]  42.0% done/total unit  rate/s  ETA m:ss  N samples``, redrawn in
-    place (at most every 0.1 s), a new line per phase. Drawn only when ``show`` and the stream
-    (default stderr) is a terminal.
+    """``phase [####    ]  42.0% done/total unit rate/s ETA m:ss N samples``, redrawn in place
+    at most every 0.1 s, one line per phase, when ``show`` and the stream (default stderr) is a
+    terminal. The tokenize phase counts ``total_bytes`` of input, as
+    :class:`tokpack.tokenize.TokenStream` reports them (:meth:`advance`, :meth:`add_samples`)."""
 
-    The tokenize phase counts input bytes: :meth:`start_bytes`, then :meth:`advance` (bytes
-    read) and :meth:`add_samples` (records done), as :class:`tokpack.tokenize.TokenStream`
-    reports them."""
-
-    def __init__(self, show: bool, stream: Optional[TextIO] = None) -> None:
+    def __init__(self, show: bool, stream: Optional[TextIO] = None, total_bytes: int = 0) -> None:
         stream = stream if stream is not None else sys.stderr
         self.stream = stream if show and stream.isatty() else None
         self.phase = ""
         self.width = 0
         self._started = self._drawn = 0.0
-        self._counting = ""
-        self._done = self._total = self._samples = 0
+        self._done, self._total, self._samples = 0, total_bytes, 0
 
     def draw(self, phase: str, done: int, total: int, samples: Optional[int] = None) -> None:
         if self.stream is None:
@@ -67,10 +61,9 @@ class Progress:
         share = min(done / total, 1.0) if total else 0.0
         rate = done / elapsed
         eta = _clock((total - done) / rate) if rate > 0 and total else "?"
-        shown_unit = "MB" if unit == "bytes" else unit
         line = (
             f"{phase:>8} [{'#' * int(share * _WIDTH):<{_WIDTH}}] {share:6.1%} "
-            f"{_amount(done, unit)}/{_amount(total, unit)} {shown_unit} "
+            f"{_amount(done, unit)}/{_amount(total, unit)} {unit.replace('bytes', 'MB')} "
             f"{_amount(rate, unit)}/s ETA {eta}"
             + ("" if samples is None else f" {samples:,} samples")
         )
@@ -78,24 +71,20 @@ class Progress:
         self.width = len(line)
         self.stream.flush()
 
-    def start_bytes(self, total: int, phase: str = "tokenize") -> None:
-        self._counting, self._done, self._total, self._samples = phase, 0, total, 0
-        self.draw(phase, 0, total, 0)
-
     def advance(self, nbytes: int) -> None:
         self._done += nbytes
-        self.draw(self._counting, self._done, self._total, self._samples)
+        self.draw("tokenize", self._done, self._total, self._samples)
 
     def add_samples(self, n: int) -> None:
         self._samples += n
-        self.draw(self._counting, self._done, self._total, self._samples)
+        self.draw("tokenize", self._done, self._total, self._samples)
 
     def close(self) -> None:
         """Ends the current line (a byte-counted phase is shown complete first)."""
         if self.stream is None or not self.phase:
             return
         if self._total:
-            self.draw(self._counting, self._total, self._total, self._samples)
+            self.draw("tokenize", self._total, self._total, self._samples)
         self.stream.write("\n")
         self.stream.flush()
         self.phase = ""

@@ -32,7 +32,7 @@ from ._inputs import (
     shown_path,
 )
 from ._outdir import SIDE_DIR, cached_run, open_for_writing, output_target, writing
-from ._progress import Progress, run_with_progress
+from ._progress import run_with_progress
 from .errors import ConfigError
 from .planning import (
     MAX_ROWS,
@@ -43,8 +43,8 @@ from .planning import (
     checked_threads,
 )
 from .tokenize.options import TokenizeOptions
-from .tokenize.pipeline import SOURCE_SCHEMA, RecordEncoder, TokenizeStats, TokenStream
-from .tokenize.writer import REJECTED_NAME, RejectedFile
+from .tokenize.pipeline import SOURCE_SCHEMA, RecordEncoder
+from .tokenize.writer import REJECTED_NAME, stream_into
 
 __all__ = ["pack_files", "read_lengths", "FORMAT", "FORMAT_VERSION"]
 
@@ -176,11 +176,25 @@ def pack_files(
         spill = out.parent / f".{out.name}.tmp-{os.getpid()}-spill-{secrets.token_hex(4)}"
         spill.mkdir()
         try:
-            sources, staged, stats = paths, None, None
+            sources, staged, tokenized = paths, None, None
             if encoding is not None:
+                # Tokenized into one uncompressed Arrow IPC file in the spill directory (removed
+                # with it), with each sample's raw source (SOURCE_SCHEMA): the packer's input.
                 staged = spill / "tokenized.arrow"
                 sources = [staged]
-                stats = _stage_tokens(encoding, paths, threads, staged, tmp, progress)
+                stream = stream_into(
+                    tmp, paths, described, encoding, progress, threads=threads, sources=True
+                )
+                with stream as tokens, writing(staged), open_for_writing(staged) as sink:
+                    with pa.ipc.new_file(sink, SOURCE_SCHEMA) as writer:
+                        for batch in tokens:
+                            writer.write_batch(batch)
+                tokenized = {
+                    "counts": tokens.stats.as_dict(),
+                    "template": encoding.template_info,
+                    "encoder": encoding.encoder_info,
+                    "rejected_file": REJECTED_NAME if tokens.stats.rejected else None,
+                }
             result = run_with_progress(
                 lambda p: _tokpack.pack_files(
                     [str(x) for x in sources],
@@ -207,48 +221,15 @@ def pack_files(
         finally:
             shutil.rmtree(spill, ignore_errors=True)
         manifest = _manifest(config, described, result, time.perf_counter() - started)
-        if encoding is not None:
-            assert stats is not None
+        if tokenized is not None:
             manifest["inputs"] = described
-            manifest["tokenize"] = {
-                "counts": stats.as_dict(),
-                "template": encoding.template_info,
-                "encoder": encoding.encoder_info,
-                "rejected_file": REJECTED_NAME if stats.rejected else None,
-            }
+            manifest["tokenize"] = tokenized
         return manifest
 
     manifest, hit, rebuilt_because = cached_run(
         out, "pack", paths, config, build, threads=threads, force=force, verify=verify_cache
     )
     return {**manifest, "cache_hit": hit, "rebuilt_because": rebuilt_because}
-
-
-def _stage_tokens(
-    encoding: RecordEncoder,
-    paths: List[Path],
-    threads: Optional[int],
-    path: Path,
-    out_tmp: Path,
-    progress: bool,
-) -> TokenizeStats:
-    """Tokenizes into one uncompressed Arrow IPC file in the run's temporary spill directory
-    (removed with it), the packer's input, with each sample's raw source (SOURCE_SCHEMA);
-    rejected records go to the output's side files."""
-    display = Progress(progress)
-    display.start_bytes(sum(p.stat().st_size for p in paths))
-    with RejectedFile(out_tmp) as rejected:
-        stream = TokenStream(
-            paths, encoding, threads=threads, on_reject=rejected, progress=display, sources=True
-        )
-        try:
-            with writing(path), open_for_writing(path) as sink:
-                with pa.ipc.new_file(sink, SOURCE_SCHEMA) as writer:
-                    for batch in stream:
-                        writer.write_batch(batch)
-        finally:
-            display.close()
-    return stream.stats
 
 
 def _write_dropped(

@@ -16,7 +16,7 @@ import os
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 from .._inputs import input_error, is_parquet, require_file, shown_path
 from ..errors import ConfigError, InvalidRecordError
@@ -285,21 +285,26 @@ def _system(record: Record, value: Dict[str, Any], columns: Mapping[str, str]) -
     return [{"role": "system", "content": system}]
 
 
-def _check_nonempty(record: Record, messages: Sequence[Any], name: str) -> None:
-    if not isinstance(messages, list):
+def _turns(
+    record: Record, value: Dict[str, Any], columns: Mapping[str, str], field: str
+) -> Tuple[str, List[Dict], List[Dict]]:
+    """The column name of the conversation ``field``, the system message that goes first, and
+    the turns (a non-empty list of objects)."""
+    name = columns[field]
+    turns = _field(record, value, name)
+    if not isinstance(turns, list):
         raise record.fail(f"{name!r} must be a list of messages")
-    if not messages:
+    if not turns:
         raise record.fail(f"empty conversation ({name!r} has no messages)")
+    for i, turn in enumerate(turns):
+        if not isinstance(turn, dict):
+            raise record.fail(f"{name}[{i}] is not an object")
+    return name, _system(record, value, columns), turns
 
 
 def _messages(record: Record, value: Dict[str, Any], columns: Mapping[str, str]) -> List[Dict]:
-    name = columns["messages"]
-    raw = _field(record, value, name)
-    _check_nonempty(record, raw, name)
-    out = _system(record, value, columns)
-    for i, msg in enumerate(raw):
-        if not isinstance(msg, dict):
-            raise record.fail(f"{name}[{i}] is not an object")
+    name, out, turns = _turns(record, value, columns, "messages")
+    for i, msg in enumerate(turns):
         role = msg.get("role")
         if role is None:
             raise record.fail(f"{name}[{i}] has no 'role'")
@@ -318,13 +323,8 @@ def _messages(record: Record, value: Dict[str, Any], columns: Mapping[str, str])
 
 
 def _sharegpt(record: Record, value: Dict[str, Any], columns: Mapping[str, str]) -> List[Dict]:
-    name = columns["conversations"]
-    raw = _field(record, value, name)
-    _check_nonempty(record, raw, name)
-    out = _system(record, value, columns)
-    for i, turn in enumerate(raw):
-        if not isinstance(turn, dict):
-            raise record.fail(f"{name}[{i}] is not an object")
+    name, out, turns = _turns(record, value, columns, "conversations")
+    for i, turn in enumerate(turns):
         speaker = turn.get("from")
         if speaker is None:
             raise record.fail(f"{name}[{i}] has no 'from'")

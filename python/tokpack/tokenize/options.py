@@ -75,7 +75,7 @@ class TokenizeOptions:
         """``options`` (TokenizeOptions, a dict of its fields, or None: the defaults) with
         ``overrides``."""
         if isinstance(options, TokenizeOptions):
-            return replace(options, **overrides) if overrides else options
+            return replace(options, **overrides)
         return cls(**{**(options or {}), **overrides})
 
     def config(self) -> Dict[str, Any]:

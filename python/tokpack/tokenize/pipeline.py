@@ -41,6 +41,7 @@ import pyarrow as pa
 
 from .. import _tokpack
 from .._inputs import RAW_SUFFIXES, resolve_inputs
+from .._progress import Progress
 from ..errors import ConfigError, InvalidRecordError, OverlongError
 from ..planning import checked_threads
 from .formats import Record, parse_record, read_records
@@ -222,11 +223,10 @@ class RecordEncoder:
         self._fast = self.tokenizer.fast if options.encoder == "auto" else None
         if self._fast is not None:
             self.encoder_info: Dict[str, Any] = {"name": "tokpack-bpe"}
+        elif options.encoder == "tokenizers":
+            self.encoder_info = {"name": "tokenizers", "reason": "requested"}
         else:
-            why = (
-                "requested" if options.encoder == "tokenizers" else self.tokenizer.fast_unsupported
-            )
-            self.encoder_info = {"name": "tokenizers", "reason": why}
+            self.encoder_info = {"name": "tokenizers", "reason": self.tokenizer.fast_unsupported}
         eos = self.tokenizer.eos_token
         if eos is not None and self._eos_id is None and options.add_eos is not False:
             # Otherwise samples meant to end with EOS would silently go without it.
@@ -417,17 +417,11 @@ class RecordEncoder:
 
 class TokenStream:
     """An iterable of token ``RecordBatch``es (``input_ids``, ``labels``, ``length``) from raw
-    inputs, with the accounting in :attr:`stats` (complete once iteration has finished).
-
-    Options are :class:`TokenizeOptions` (``options``, and keyword arguments overriding it);
-    ``tokenizer`` may also be a :class:`RecordEncoder` holding both. ``on_reject`` is called
-    with each rejected record, in input order (default: kept in :attr:`rejected`);
-    ``progress`` (a :class:`tokpack._progress.Progress`) is told the input bytes read and the
-    records done; ``sources`` adds the columns of :data:`SOURCE_SCHEMA`: each sample's input
-    file (index into :attr:`inputs`, resolved) and JSONL line (from 1) or Parquet row (from 0).
-
-    Iterate once. Built by :func:`tokenize_to_batches`.
-    """
+    inputs, with the accounting in :attr:`stats` (complete once iteration has finished) and the
+    rejected records sent to ``on_reject`` in input order (default: kept in :attr:`rejected`).
+    ``sources`` adds the columns of :data:`SOURCE_SCHEMA`. Iterate once. Built by
+    :func:`tokenize_to_batches`, whose arguments it takes (``tokenizer`` may also be a
+    :class:`RecordEncoder`, which brings its options)."""
 
     def __init__(
         self,
@@ -436,7 +430,7 @@ class TokenStream:
         *,
         threads: Optional[int] = None,
         on_reject: Optional[RejectSink] = None,
-        progress: Optional[Any] = None,
+        progress: Optional[Progress] = None,
         sources: bool = False,
         options: Optional[Union[TokenizeOptions, Mapping[str, Any]]] = None,
         **option_values: Any,
@@ -450,7 +444,6 @@ class TokenStream:
             self.encoding = tokenizer
         else:
             self.encoding = RecordEncoder(tokenizer, TokenizeOptions.of(options, **option_values))
-        self.options = self.encoding.options
         self.tokenizer = self.encoding.tokenizer
         self.template_info = self.encoding.template_info
         self.encoder_info = self.encoding.encoder_info
@@ -474,7 +467,7 @@ class TokenStream:
                 record.file_index = index
                 self.stats.records += 1
                 chunk.append(record)
-                if len(chunk) == self.options.batch_size:
+                if len(chunk) == self.encoding.options.batch_size:
                     yield chunk
                     chunk = []
         if chunk:
@@ -678,11 +671,15 @@ def tokenize_to_batches(
             tokenize`` reads them).
         tokenizer: a ``tokenizer.json`` file or a directory holding it (and
             ``tokenizer_config.json``), or a loaded tokenizer.
-        options: the fields of :class:`TokenizeOptions` (or ``options=TokenizeOptions(...)``)
-            and the keyword arguments of :class:`TokenStream`: ``threads`` (worker processes
-            that decode, render and encode; default ``TOKPACK_NUM_THREADS`` or all cores; 1:
-            everything in this process; the output is identical for every value),
-            ``on_reject``, ``progress`` and ``sources``.
+        options: the fields of :class:`TokenizeOptions` (or ``options=TokenizeOptions(...)``),
+            and ``threads``: worker processes that decode, render and encode (default
+            ``TOKPACK_NUM_THREADS`` or all cores; 1: everything in this process); the output
+            is identical for every value.
+        on_reject: called with each rejected record (default: kept in ``.rejected``).
+        progress: a :class:`tokpack._progress.Progress`, told the input bytes read and the
+            records done.
+        sources: add the columns of :data:`SOURCE_SCHEMA` (each sample's input file and line
+            or row) to every batch.
 
     Returns:
         A :class:`TokenStream`: iterate it for batches, then read ``.stats``.

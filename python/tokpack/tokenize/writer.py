@@ -10,7 +10,7 @@ import json
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, TextIO, Union
+from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, TextIO, Union
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -25,7 +25,7 @@ from .options import TokenizeOptions
 from .pipeline import TOKEN_SCHEMA, PathLike, RecordEncoder, TokenStream
 from .tokenizer import LoadedTokenizer
 
-__all__ = ["tokenize_files", "RejectedFile", "REJECTED_NAME", "DEFAULT_SHARD_ROWS"]
+__all__ = ["tokenize_files", "stream_into", "REJECTED_NAME", "DEFAULT_SHARD_ROWS"]
 
 REJECTED_NAME = f"{SIDE_DIR}/_rejected.jsonl"
 DEFAULT_SHARD_ROWS = 100_000
@@ -128,13 +128,11 @@ class _ShardWriter:
             self._close_file()
 
 
-class RejectedFile:
-    """``__tokpack__/_rejected.jsonl`` of an output directory: a stream's ``on_reject`` sink,
-    created at the first rejected record. :attr:`written` says whether it was."""
+class _RejectedFile:
+    """``__tokpack__/_rejected.jsonl`` of an output directory, created at the first record."""
 
     def __init__(self, out_dir: Path) -> None:
         self.path = out_dir / REJECTED_NAME
-        self.written = False
         self._file: Optional[TextIO] = None
 
     def __call__(self, rejection: Dict[str, Any]) -> None:
@@ -142,16 +140,33 @@ class RejectedFile:
             if self._file is None:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 self._file = open(self.path, "w", encoding="utf-8")
-                self.written = True
             self._file.write(json.dumps(rejection, ensure_ascii=False, sort_keys=True) + "\n")
 
-    def __enter__(self) -> "RejectedFile":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
+    def close(self) -> None:
         if self._file is not None:
             with writing(self.path):
                 self._file.close()
+
+
+@contextlib.contextmanager
+def stream_into(
+    out_tmp: Path,
+    inputs: List[Path],
+    described: List[Dict[str, Any]],
+    encoding: RecordEncoder,
+    progress: bool,
+    **stream_options: Any,
+) -> Iterator[TokenStream]:
+    """The token stream of a run that writes the output directory ``out_tmp`` (of
+    ``tokenize`` or one-step ``pack``): rejected records go to its ``_rejected.jsonl``, and
+    progress (``progress=True``) is shown as the tokenize phase over the ``described`` sizes."""
+    display = Progress(progress, total_bytes=sum(d["size"] for d in described))
+    rejected = _RejectedFile(out_tmp)
+    try:
+        yield TokenStream(inputs, encoding, on_reject=rejected, progress=display, **stream_options)
+    finally:
+        display.close()
+        rejected.close()
 
 
 def tokenize_files(
@@ -185,13 +200,8 @@ def tokenize_files(
     config = {**encoding.config(), "shard_rows": shard_rows}
 
     def build(tmp: Path, described: List[Dict[str, Any]]) -> Dict[str, Any]:
-        display = Progress(progress)
-        display.start_bytes(sum(d["size"] for d in described))
         shards = _ShardWriter(tmp, shard_rows)
-        with RejectedFile(tmp) as rejected:
-            stream = TokenStream(
-                inputs, encoding, threads=threads, on_reject=rejected, progress=display
-            )
+        with stream_into(tmp, inputs, described, encoding, progress, threads=threads) as stream:
             try:
                 for batch in stream:
                     shards.write(batch)
@@ -199,8 +209,6 @@ def tokenize_files(
             except BaseException:
                 shards.abort()
                 raise
-            finally:
-                display.close()
         return {
             "kind": "tokenize",
             "inputs": described,
@@ -210,7 +218,7 @@ def tokenize_files(
             "config": config,
             "counts": stream.stats.as_dict(),
             "shards": shards.shards,
-            "rejected_file": REJECTED_NAME if rejected.written else None,
+            "rejected_file": REJECTED_NAME if stream.stats.rejected else None,
             "columns": {"input_ids": "list<int32>", "labels": "list<int32>", "length": "int32"},
         }
 
