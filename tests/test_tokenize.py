@@ -299,6 +299,7 @@ def test_overlong_policies(tmp_path, tok_dir):
         ('{"messages": [{"content": "hi"}]}', "has no 'role'"),
         ('{"messages": [{"role": "user"}]}', "has no 'content'"),
         ('{"messages": [{"role": "wizard", "content": "hi"}]}', "unknown role 'wizard'"),
+        ('{"messages": [{"role": ["user"], "content": "hi"}]}', "unknown role ['user']"),
         ('{"messages": []}', "empty conversation"),
         ('{"conversations": [{"from": "alien", "value": "x"}]}', "unknown speaker 'alien'"),
         ('{"conversations": []}', "empty conversation"),

@@ -16,7 +16,7 @@ import os
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Collection, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 from .._inputs import input_error, is_parquet, require_file, shown_path
 from ..errors import ConfigError, InvalidRecordError
@@ -302,16 +302,28 @@ def _turns(
     return name, _system(record, value, columns), turns
 
 
+def _one_of(
+    record: Record,
+    turn: Dict[str, Any],
+    where: str,
+    key: str,
+    allowed: Collection[str],
+    what: Optional[str] = None,
+) -> str:
+    """``turn[key]``, which must be one of the ``allowed`` names (the turn's ``what``)."""
+    value = turn.get(key)
+    if value is None:
+        raise record.fail(f"{where} has no {key!r}")
+    if not isinstance(value, str) or value not in allowed:  # (a list is no name, nor hashable)
+        expected = ", ".join(sorted(allowed))
+        raise record.fail(f"{where} has unknown {what or key} {value!r} (expected {expected})")
+    return value
+
+
 def _messages(record: Record, value: Dict[str, Any], columns: Mapping[str, str]) -> List[Dict]:
     name, out, turns = _turns(record, value, columns, "messages")
     for i, msg in enumerate(turns):
-        role = msg.get("role")
-        if role is None:
-            raise record.fail(f"{name}[{i}] has no 'role'")
-        if role not in CHAT_ROLES:
-            raise record.fail(
-                f"{name}[{i}] has unknown role {role!r} (expected {', '.join(sorted(CHAT_ROLES))})"
-            )
+        role = _one_of(record, msg, f"{name}[{i}]", "role", CHAT_ROLES)
         content = msg.get("content")
         if content is None and not (role == "assistant" and msg.get("tool_calls")):
             raise record.fail(f"{name}[{i}] ({role}) has no 'content'")
@@ -325,15 +337,8 @@ def _messages(record: Record, value: Dict[str, Any], columns: Mapping[str, str])
 def _sharegpt(record: Record, value: Dict[str, Any], columns: Mapping[str, str]) -> List[Dict]:
     name, out, turns = _turns(record, value, columns, "conversations")
     for i, turn in enumerate(turns):
-        speaker = turn.get("from")
-        if speaker is None:
-            raise record.fail(f"{name}[{i}] has no 'from'")
-        role = SHAREGPT_ROLES.get(speaker) if isinstance(speaker, str) else None
-        if role is None:
-            raise record.fail(
-                f"{name}[{i}] has unknown speaker {speaker!r} "
-                f"(expected {', '.join(sorted(SHAREGPT_ROLES))})"
-            )
+        speaker = _one_of(record, turn, f"{name}[{i}]", "from", SHAREGPT_ROLES, "speaker")
+        role = SHAREGPT_ROLES[speaker]
         content = turn.get("value")
         if content is None:
             raise record.fail(f"{name}[{i}] ({speaker}) has no 'value'")
