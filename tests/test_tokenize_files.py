@@ -3,6 +3,7 @@ thread counts, rejected records, CLI errors."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
@@ -82,6 +83,23 @@ def test_identical_bytes_for_any_thread_count(tmp_path, tok_dir, corpus):
         tokpack.tokenize_files(corpus, out, tok_dir, threads=threads, shard_rows=100)
         blobs.append([f.read_bytes() for f in sorted(out.glob("part-*.parquet"))])
     assert blobs[0] == blobs[1] == blobs[2]
+
+
+def test_one_options_object_for_api_manifest_and_pack(tmp_path, tok_dir, corpus):
+    options = tokpack.TokenizeOptions(train_on="last", max_len=64, overlong="split")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.train_on = "all"
+    by_object = tokpack.tokenize_files(corpus, tmp_path / "a", tok_dir, options=options)
+    by_keywords = tokpack.tokenize_files(
+        corpus, tmp_path / "b", tok_dir, train_on="last", max_len=64, overlong="split"
+    )
+    assert by_object["cache_key"] == by_keywords["cache_key"]
+    recorded = by_object["config"]
+    assert {k: recorded[k] for k in options.config()} == options.config()
+    packed = tokpack.pack_files(corpus, tmp_path / "p", 64, tokenizer=tok_dir, tokenize=options)
+    assert packed["config"]["tokenize"]["train_on"] == "last"
+    with pytest.raises(tokpack.ConfigError, match="unknown train_on 'none'"):
+        tokpack.TokenizeOptions(train_on="none")
 
 
 def test_cache_rules(tmp_path, tok_dir, corpus):
