@@ -5,7 +5,7 @@ The heavy lifting is in Rust (``tokpack_core::io``): units are read in parallel 
 needed columns, tokens are spilled to flat files next to OUT_DIR, the plan is made from lengths
 alone and shards are written in parallel, so memory grows with the number of samples and the
 row-group size, not with the number of tokens. This module resolves the inputs (``_inputs``),
-uses the cache / atomic-output logic (``_outdir``) and writes the manifest and the
+runs the cached-output skeleton (``_outdir.cached_run``) and writes the manifest and the
 dropped-samples list.
 """
 
