@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Optional, Union
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from . import _tokpack
 from ._inputs import (
@@ -44,6 +45,7 @@ from .planning import (
 )
 from .tokenize.options import TokenizeOptions
 from .tokenize.pipeline import SOURCE_SCHEMA, RecordEncoder
+from .tokenize.schema import kind_of_schema
 from .tokenize.writer import REJECTED_NAME, stream_into
 
 __all__ = ["pack_files", "read_lengths", "FORMAT", "FORMAT_VERSION"]
@@ -149,14 +151,19 @@ def pack_files(
     encoding = None
     if tokenizer is not None:
         paths = resolve_inputs(inputs, RAW_SUFFIXES, output_dir=out)
-        options = TokenizeOptions.of(tokenize)
+        options = TokenizeOptions.of(tokenize).for_inputs(paths)
         if overlong == "error" and options.max_len is None:
             # Checked while tokenizing, where the sample's raw file and line are known.
             options = replace(options, max_len=max_len)
         encoding = RecordEncoder(tokenizer, options)
+        if encoding.kind != "sft":
+            raise _not_packable(
+                paths[0], encoding.kind, f"its records are {options.format} records"
+            )
         tokens_column, labels_column, loss_mask_column = "input_ids", "labels", None
     else:
         paths = resolve_inputs(inputs, TOKEN_SUFFIXES, output_dir=out)
+        _refuse_unpackable(paths)
     config = _config(
         max_len=max_len,
         strategy=strategy,
@@ -230,6 +237,30 @@ def pack_files(
         out, "pack", paths, config, build, threads=threads, force=force, verify=verify_cache
     )
     return {**manifest, "cache_hit": hit, "rebuilt_because": rebuilt_because}
+
+
+def _not_packable(path: Path, kind: str, why: str) -> ConfigError:
+    what = "the pair" if kind == "preference" else "the per-sample label"
+    return ConfigError(
+        f"{shown_path(path)}: holds {kind} samples ({why}); packing them as SFT sequences "
+        f"would lose {what}, and {kind} packing is not available yet"
+    )
+
+
+def _refuse_unpackable(paths: List[Path]) -> None:
+    """Preference and KTO token shards are not packed as SFT sequences (their pairs, labels
+    and prompt lengths would be lost)."""
+    for path in paths:
+        try:
+            with pa.OSFile(os.fsencode(path)) as source:
+                parquet = source.read(4) == b"PAR1"  # by its magic bytes, as the packer
+                source.seek(0)
+                schema = pq.read_schema(source) if parquet else pa.ipc.open_file(source).schema
+        except Exception:  # unreadable or not Arrow: the packer reports it, naming the file
+            continue
+        found = kind_of_schema(schema)
+        if found is not None:
+            raise _not_packable(path, *found)
 
 
 def _write_dropped(

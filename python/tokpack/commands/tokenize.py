@@ -62,7 +62,13 @@ def add_tokenizer_arguments(parser: argparse.ArgumentParser, required: bool) -> 
     parser.add_argument(
         "--chat-template", metavar="FILE", help="Jinja chat template (default: the tokenizer's)"
     )
-    parser.add_argument("--format", choices=FORMATS, default="auto")
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="auto",
+        help="record format (default auto: per record; preference (chosen/rejected) or kto "
+        "(prompt/completion/label) when the first record is one)",
+    )
     parser.add_argument(
         "--train-on",
         choices=TRAIN_ON,

@@ -1,4 +1,5 @@
-"""Raw chat / instruction / text data to token shards with loss masks.
+"""Raw chat / instruction / text data (and TRL-style preference and KTO data) to token shards
+with loss masks.
 
 ``tokenize_files`` writes Parquet token shards and a manifest; ``tokenize_to_batches`` yields
 the same batches without writing (for tokenize-and-pack in one run). Needs the ``tokenize``
@@ -6,7 +7,8 @@ extra (``tokenizers``, ``jinja2``)."""
 
 from .formats import DEFAULT_COLUMNS, FORMATS
 from .options import TokenizeOptions
-from .pipeline import TOKEN_SCHEMA, TokenizeStats, TokenStream, tokenize_to_batches
+from .pipeline import TokenizeStats, TokenStream, tokenize_to_batches
+from .schema import KTO_SCHEMA, PREFERENCE_SCHEMA, TOKEN_SCHEMA
 from .template import CHATML_TEMPLATE, TRAIN_ON
 from .tokenizer import LoadedTokenizer, load_tokenizer
 from .writer import REJECTED_NAME, tokenize_files
@@ -20,6 +22,8 @@ __all__ = [
     "LoadedTokenizer",
     "load_tokenizer",
     "TOKEN_SCHEMA",
+    "PREFERENCE_SCHEMA",
+    "KTO_SCHEMA",
     "FORMATS",
     "TRAIN_ON",
     "DEFAULT_COLUMNS",

@@ -1,6 +1,7 @@
 """Input files and record formats: JSONL (also ``.jsonl.gz``) and Parquet, holding OpenAI-style
 ``messages``, ShareGPT ``conversations``, Alpaca ``instruction``/``input``/``output`` or plain
-``text`` records.
+``text`` records (SFT), or TRL's preference (``prompt``/``chosen``/``rejected``) and unpaired
+preference (KTO: ``prompt``/``completion``/``label``) records.
 
 Reading and parsing are separate so a bad record is reported with its file and line and, with
 ``skip_invalid``, set aside without stopping the run: every record read ends up either as one
@@ -9,6 +10,7 @@ sample or as one rejection.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import json
@@ -16,10 +18,23 @@ import os
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Collection, Dict, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import (
+    Any,
+    Callable,
+    Collection,
+    Dict,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+)
 
 from .._inputs import input_error, is_parquet, require_file, shown_path
 from ..errors import ConfigError, InvalidRecordError
+from .schema import kind_of_format
 
 __all__ = [
     "FORMATS",
@@ -28,12 +43,13 @@ __all__ = [
     "Sample",
     "read_records",
     "detect_format",
+    "first_format",
     "parse_record",
     "resolve_columns",
     "shown_path",
 ]
 
-FORMATS = ("auto", "messages", "sharegpt", "alpaca", "text")
+FORMATS = ("auto", "messages", "sharegpt", "alpaca", "text", "preference", "kto")
 
 # Logical field -> column (JSON key) it is read from; users override any of them.
 DEFAULT_COLUMNS: Dict[str, str] = {
@@ -44,6 +60,11 @@ DEFAULT_COLUMNS: Dict[str, str] = {
     "input": "input",
     "output": "output",
     "text": "text",
+    "prompt": "prompt",
+    "chosen": "chosen",
+    "rejected": "rejected",
+    "completion": "completion",
+    "label": "label",
 }
 
 CHAT_ROLES = frozenset({"system", "user", "assistant", "tool"})
@@ -102,11 +123,17 @@ class Record:
 
 @dataclass
 class Sample:
-    """A parsed record: a chat (``messages``, role/content dicts) or a plain ``text``."""
+    """A parsed record: a chat (``messages``, role/content dicts) or a plain ``text``; or, for
+    the preference and KTO formats, a ``prompt`` and its ``completions`` (chosen then rejected,
+    or the one KTO completion), all strings (TRL's standard shape) or all message lists
+    (conversational), with the KTO ``label``."""
 
     record: Record
     messages: Optional[List[Dict[str, Any]]] = None
     text: Optional[str] = None
+    prompt: Union[None, str, List[Dict[str, Any]]] = None
+    completions: Optional[List[Union[str, List[Dict[str, Any]]]]] = None
+    label: Optional[bool] = None
 
 
 def _jsonable(value: Any) -> Any:
@@ -224,6 +251,10 @@ def detect_format(value: Any, columns: Mapping[str, str]) -> Optional[str]:
     """The format a decoded record looks like, or None."""
     if not isinstance(value, dict):
         return None
+    if columns["chosen"] in value and columns["rejected"] in value:
+        return "preference"
+    if all(columns[k] in value for k in ("prompt", "completion", "label")):
+        return "kto"
     if columns["messages"] in value:
         return "messages"
     if columns["conversations"] in value:
@@ -232,6 +263,19 @@ def detect_format(value: Any, columns: Mapping[str, str]) -> Optional[str]:
         return "alpaca"
     if columns["text"] in value:
         return "text"
+    return None
+
+
+def first_format(
+    paths: Sequence[Union[str, os.PathLike]], columns: Mapping[str, str]
+) -> Optional[str]:
+    """The format of the first record of ``paths`` that decodes (None: none does, or it has no
+    format)."""
+    for path in paths:
+        with contextlib.closing(read_records(path)) as records:
+            for record in records:
+                if record.error is None:
+                    return detect_format(record.value, columns)
     return None
 
 
@@ -249,9 +293,16 @@ def parse_record(record: Record, fmt: str, columns: Mapping[str, str]) -> Sample
             raise record.fail(
                 "cannot detect the format: no "
                 + ", ".join(
-                    repr(columns[k]) for k in ("messages", "conversations", "instruction", "text")
+                    repr(columns[k])
+                    for k in ("messages", "conversations", "instruction", "text", "chosen")
                 )
                 + f" field (fields: {', '.join(map(repr, list(value)[:8])) or 'none'})"
+            )
+        if kind_of_format(detected) != "sft":
+            # One run writes one kind of token shard; its kind comes from its first record.
+            raise record.fail(
+                f"a {detected} record among SFT records (the format was detected from the "
+                f"first record); tokenize {detected} data on its own or pass --format {detected}"
             )
         fmt = detected
     if fmt == "messages":
@@ -267,6 +318,10 @@ def parse_record(record: Record, fmt: str, columns: Mapping[str, str]) -> Sample
         if not text:
             raise record.fail(f"{columns['text']!r} is empty")
         return Sample(record, text=text)
+    if fmt == "preference":
+        return _preference(record, value, columns)
+    if fmt == "kto":
+        return _kto(record, value, columns)
     raise ConfigError(f"unknown format {fmt!r}; choose among {', '.join(FORMATS)}")
 
 
@@ -291,7 +346,15 @@ def _turns(
     """The column name of the conversation ``field``, the system message that goes first, and
     the turns (a non-empty list of objects)."""
     name = columns[field]
-    turns = _field(record, value, name)
+    return (
+        name,
+        _system(record, value, columns),
+        _turn_list(record, name, _field(record, value, name)),
+    )
+
+
+def _turn_list(record: Record, name: str, turns: Any) -> List[Dict]:
+    """``turns`` (field ``name``), which must be a non-empty list of objects."""
     if not isinstance(turns, list):
         raise record.fail(f"{name!r} must be a list of messages")
     if not turns:
@@ -299,7 +362,7 @@ def _turns(
     for i, turn in enumerate(turns):
         if not isinstance(turn, dict):
             raise record.fail(f"{name}[{i}] is not an object")
-    return name, _system(record, value, columns), turns
+    return turns
 
 
 def _one_of(
@@ -322,6 +385,12 @@ def _one_of(
 
 def _messages(record: Record, value: Dict[str, Any], columns: Mapping[str, str]) -> List[Dict]:
     name, out, turns = _turns(record, value, columns, "messages")
+    return out + _chat_messages(record, name, turns)
+
+
+def _chat_messages(record: Record, name: str, turns: List[Dict]) -> List[Dict]:
+    """The OpenAI-style messages ``turns`` of field ``name``, checked."""
+    out = []
     for i, msg in enumerate(turns):
         role = _one_of(record, msg, f"{name}[{i}]", "role", CHAT_ROLES)
         content = msg.get("content")
@@ -370,3 +439,72 @@ def _alpaca(record: Record, value: Dict[str, Any], columns: Mapping[str, str]) -
         {"role": "user", "content": prompt},
         {"role": "assistant", "content": parts["output"]},
     ]
+
+
+# --- preference and KTO (TRL's dataset shapes) ----------------------------------------------
+
+
+def _part(record: Record, value: Dict[str, Any], name: str, empty_ok: bool = False) -> Any:
+    """Field ``name`` of a preference / KTO record: a string or a list of messages."""
+    part = _field(record, value, name)
+    if isinstance(part, list):
+        return _chat_messages(record, name, _turn_list(record, name, part))
+    if not isinstance(part, str):
+        raise record.fail(f"{name!r} must be a string or a list of messages")
+    if not part and not empty_ok:
+        raise record.fail(f"{name!r} is empty")
+    return part
+
+
+def _same_shape(record: Record, parts: Mapping[str, Any]) -> None:
+    if len({isinstance(part, str) for part in parts.values()}) > 1:
+        raise record.fail(
+            f"{', '.join(map(repr, parts))} must all be strings or all lists of messages"
+        )
+
+
+def _preference(record: Record, value: Dict[str, Any], columns: Mapping[str, str]) -> Sample:
+    chosen = _part(record, value, columns["chosen"])
+    rejected = _part(record, value, columns["rejected"])
+    _same_shape(record, {columns["chosen"]: chosen, columns["rejected"]: rejected})
+    name = columns["prompt"]
+    prompt = value.get(name)
+    if prompt is not None and not isinstance(prompt, (str, list)):
+        raise record.fail(f"{name!r} must be a string or a list of messages")
+    # As TRL's maybe_extract_prompt: a prompt of the other shape than the completions (a string
+    # prompt with whole conversations, as in UltraFeedback) is left aside and the prompt is
+    # taken from the conversations.
+    if prompt is None or isinstance(prompt, str) != isinstance(chosen, str):
+        return _extract_prompt(record, chosen, rejected, columns)
+    prompt = _part(record, value, name, empty_ok=True)
+    return Sample(record, prompt=prompt, completions=[chosen, rejected])
+
+
+def _extract_prompt(
+    record: Record, chosen: Any, rejected: Any, columns: Mapping[str, str]
+) -> Sample:
+    """TRL's ``extract_prompt``: the prompt is the longest common prefix of the chosen and
+    rejected conversations (or strings, then without a space it would end with); when one is a
+    prefix of the other, the last shared element starts the completions."""
+    n = min(len(chosen), len(rejected))
+    cut = next((i for i in range(n) if chosen[i] != rejected[i]), None)
+    if cut is None:
+        cut = n - 1
+    elif cut > 0 and chosen[cut - 1] == " ":
+        cut -= 1
+    if cut <= 0:
+        raise record.fail(
+            f"{columns['chosen']!r} and {columns['rejected']!r} share no prompt (they differ from "
+            f"the start) and there is no {columns['prompt']!r} field"
+        )
+    return Sample(record, prompt=chosen[:cut], completions=[chosen[cut:], rejected[cut:]])
+
+
+def _kto(record: Record, value: Dict[str, Any], columns: Mapping[str, str]) -> Sample:
+    prompt = _part(record, value, columns["prompt"], empty_ok=True)
+    completion = _part(record, value, columns["completion"])
+    _same_shape(record, {columns["prompt"]: prompt, columns["completion"]: completion})
+    label = _field(record, value, columns["label"])
+    if not isinstance(label, bool):
+        raise record.fail(f"{columns['label']!r} must be true or false, not {label!r}")
+    return Sample(record, prompt=prompt, completions=[completion], label=label)

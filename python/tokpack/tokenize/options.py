@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Dict, Mapping, Optional, Union
+from typing import Any, Dict, Mapping, Optional, Sequence, Union
 
 from ..errors import ConfigError
 from ..planning import MAX_LEN, MAX_ROWS, OVERLONG_POLICIES, check_int
-from .formats import FORMATS, resolve_columns
+from .formats import FORMATS, first_format, resolve_columns
+from .schema import kind_of_format
 from .template import TRAIN_ON
 from .tokenizer import ENCODERS
 
@@ -23,11 +24,15 @@ class TokenizeOptions:
 
     Attributes:
         chat_template: a Jinja file overriding the tokenizer config's template.
-        format: ``"auto"`` (per record), ``"messages"``, ``"sharegpt"``, ``"alpaca"``, ``"text"``.
+        format: ``"auto"`` (per record), ``"messages"``, ``"sharegpt"``, ``"alpaca"``,
+            ``"text"``, ``"preference"`` or ``"kto"`` (a run is of one kind, see
+            :meth:`for_inputs`).
         train_on: ``"assistant"`` (default), ``"last"`` or ``"all"``.
         max_len, overlong: over-long samples follow the packer's policies (``"error"``,
             ``"truncate"``, ``"drop"``, ``"split"``).
-        add_eos: append the EOS token (None: to plain-text samples only).
+        add_eos: append the EOS token (None: to plain-text samples only; preference and KTO
+            records follow TRL: the EOS text ends each string completion unless this is False,
+            conversations end as their template renders them).
         columns: column-name overrides, e.g. ``{"messages": "chat"}`` (held resolved: every
             field with its column).
         skip_invalid: reject bad records (to the stream's ``on_reject``) instead of raising
@@ -77,6 +82,17 @@ class TokenizeOptions:
         if isinstance(options, TokenizeOptions):
             return replace(options, **overrides)
         return cls(**{**(options or {}), **overrides})
+
+    def for_inputs(self, inputs: Sequence[Union[str, os.PathLike]]) -> "TokenizeOptions":
+        """These options for a run over ``inputs``: with ``format="auto"``, the preference or
+        KTO format when the first record is one (a run writes one kind of token shard, so SFT
+        records then are invalid, and the other way round); otherwise unchanged."""
+        if self.format != "auto":
+            return self
+        detected = first_format(inputs, self.columns or {})
+        if detected is None or kind_of_format(detected) == "sft":
+            return self
+        return replace(self, format=detected)
 
     def config(self) -> Dict[str, Any]:
         """The options as manifests record them (the template by its hash, elsewhere)."""

@@ -6,6 +6,10 @@ Encoding uses tokpack's byte-level BPE encoder (``tokpack-core``'s ``bpe``: exac
 tokenizer, labels from the character spans) when it reproduces the tokenizer, otherwise
 ``tokenizers``' encoder with labels from its offsets.
 
+Preference and KTO records become the texts TRL tokenizes (the prompt, then the prompt with each
+completion), encoded the same way; :meth:`RecordEncoder.finish` makes one sample of each record's
+texts (see :mod:`tokpack.tokenize.schema`).
+
 Chunks have a fixed number of records and results are put back in input order, so the batches
 are identical for any number of threads. A :class:`RecordEncoder` turns one chunk into
 :class:`_Tokens`, in this process or in worker processes; :class:`TokenStream` reads, hands out
@@ -47,6 +51,7 @@ from ..planning import checked_threads
 from .formats import Record, parse_record, read_records
 from .masks import IGNORE_INDEX, labels_from_spans
 from .options import TokenizeOptions
+from .schema import PAIR_ROLES, SOURCE_SCHEMA, TOKEN_SCHEMA, kind_of_format, token_schema
 from .template import ChatTemplate, resolve_template
 from .tokenizer import ENCODERS, LoadedTokenizer, load_tokenizer
 
@@ -59,21 +64,6 @@ __all__ = [
     "SOURCE_SCHEMA",
     "ENCODERS",
 ]
-
-TOKEN_SCHEMA = pa.schema(
-    [
-        ("input_ids", pa.list_(pa.int32())),
-        ("labels", pa.list_(pa.int32())),
-        ("length", pa.int32()),
-    ]
-)
-
-# TOKEN_SCHEMA plus where each sample comes from (``sources=True``): the index of its input
-# file and its JSONL line (from 1) or Parquet row (from 0). One-step pack stages these columns,
-# which the packer does not read, to name the raw record of a dropped sample.
-SOURCE_SCHEMA = TOKEN_SCHEMA.append(pa.field("source_file", pa.int32())).append(
-    pa.field("source_line", pa.int64())
-)
 
 PathLike = Union[str, os.PathLike]
 # Where a rejected record goes: a dict with its file, line or row, error and raw text.
@@ -116,25 +106,35 @@ class TokenizeStats:
 
 @dataclass
 class _Prepared:
+    """One text to encode: an SFT record's, or one of a preference / KTO record's texts (its
+    prompt, then the prompt with each completion; ``label``: the KTO label, on the prompt)."""
+
     record: Record
     text: str
     spans: Optional[List[Tuple[int, int]]]  # None: plain text, every token trained
     eos_trained: bool
+    label: Optional[bool] = None
 
 
 @dataclass
 class _Tokens:
-    """Samples as flat arrays, the one shape of a chunk's encoding and of its finished batch:
-    sample ``i`` is ``ids[offsets[i]:offsets[i + 1]]`` (``labels`` alike); once finished, it
-    comes from input file ``files[i]``, JSONL line (from 1) or Parquet row (from 0)
-    ``lines[i]``. Plain arrays travel from worker processes cheaply (an Arrow batch would import
-    pandas on both sides to be pickled)."""
+    """Sequences as flat arrays, the one shape of a chunk's encoding and of its finished batch:
+    sequence ``i`` is ``ids[offsets[i]:offsets[i + 1]]`` (``labels`` alike). Once finished, a
+    sample of ``kind`` (:mod:`tokpack.tokenize.schema`) is :attr:`roles` consecutive sequences
+    (a preference pair: chosen then rejected) and sample ``j`` comes from input file
+    ``files[j]``, JSONL line (from 1) or Parquet row (from 0) ``lines[j]``, with, for preference
+    and KTO samples, its ``prompt_lengths[j]`` (and KTO ``kto_labels[j]``). Plain arrays travel
+    from worker processes cheaply (an Arrow batch would import pandas on both sides to be
+    pickled)."""
 
     offsets: np.ndarray
     ids: np.ndarray
     labels: np.ndarray
     files: Optional[np.ndarray] = None
     lines: Optional[np.ndarray] = None
+    kind: str = "sft"
+    prompt_lengths: Optional[np.ndarray] = None
+    kto_labels: Optional[np.ndarray] = None
 
     def __post_init__(self) -> None:
         if self.offsets[-1] >= 2**31:  # Arrow list offsets are int32
@@ -149,15 +149,22 @@ class _Tokens:
         ids = np.concatenate([ids for ids, _ in pairs] or none)
         return cls(offsets, ids, np.concatenate([labels for _, labels in pairs] or none))
 
+    @property
+    def roles(self) -> int:
+        """Sequences per sample."""
+        return len(PAIR_ROLES) if self.kind == "preference" else 1
+
     def count(self, stats: TokenizeStats) -> "_Tokens":
-        """Adds these finished samples to ``stats``."""
+        """Adds these finished samples to ``stats`` (a sample is untrained when one of its
+        sequences has no trained token)."""
         trained = self.labels != IGNORE_INDEX
         running = np.zeros(len(trained) + 1, dtype=np.int64)
         np.cumsum(trained, out=running[1:])
-        stats.samples_out += len(self.offsets) - 1
+        untrained = (np.diff(running[self.offsets]) == 0).reshape(-1, self.roles).any(axis=1)
+        stats.samples_out += len(untrained)
         stats.tokens += int(self.offsets[-1])
         stats.trained_tokens += int(running[-1])
-        stats.untrained_samples += int(np.count_nonzero(np.diff(running[self.offsets]) == 0))
+        stats.untrained_samples += int(np.count_nonzero(untrained))
         return self
 
     def pairs(self) -> List[Tuple[np.ndarray, np.ndarray]]:
@@ -165,18 +172,30 @@ class _Tokens:
         return [(self.ids[a:b], self.labels[a:b]) for a, b in zip(bounds, bounds[1:])]
 
     def to_batch(self, sources: bool) -> pa.RecordBatch:
-        """The token batch; with ``sources``, the source columns of :data:`SOURCE_SCHEMA` too."""
+        """The token batch of :func:`~tokpack.tokenize.schema.token_schema` ``(kind,
+        sources)``."""
         off = _int32(self.offsets)
-        columns = [
-            pa.ListArray.from_arrays(off, _int32(self.ids)),
-            pa.ListArray.from_arrays(off, _int32(self.labels)),
-            _int32(np.diff(self.offsets)),
-        ]
-        if not sources:
-            return pa.RecordBatch.from_arrays(columns, schema=TOKEN_SCHEMA)
-        assert self.files is not None and self.lines is not None
-        columns += [_int32(self.files), _from_numpy(self.lines, np.int64)]
-        return pa.RecordBatch.from_arrays(columns, schema=SOURCE_SCHEMA)
+        ids = pa.ListArray.from_arrays(off, _int32(self.ids))
+        labels = pa.ListArray.from_arrays(off, _int32(self.labels))
+        lengths = np.diff(self.offsets).reshape(-1, self.roles).sum(axis=1)
+        columns = {"length": _int32(lengths)}
+        if self.kind == "preference":
+            for i, role in enumerate(PAIR_ROLES):  # each role's sequences, out of the interleaved
+                pick = _from_numpy(np.arange(i, len(lengths) * self.roles, self.roles), np.int64)
+                columns[f"{role}_input_ids"] = ids.take(pick)
+                columns[f"{role}_labels"] = labels.take(pick)
+        else:
+            columns["input_ids"], columns["labels"] = ids, labels
+        if self.prompt_lengths is not None:
+            columns["prompt_length"] = _int32(self.prompt_lengths)
+        if self.kto_labels is not None:
+            columns["label"] = pa.array(self.kto_labels.tolist(), pa.bool_())
+        if sources:
+            assert self.files is not None and self.lines is not None
+            columns["source_file"] = _int32(self.files)
+            columns["source_line"] = _from_numpy(self.lines, np.int64)
+        schema = token_schema(self.kind, sources)
+        return pa.RecordBatch.from_arrays([columns[name] for name in schema.names], schema=schema)
 
 
 # What a chunk gives back: its samples (None: none left), counts and rejected records.
@@ -207,6 +226,12 @@ class RecordEncoder:
         self, tokenizer: Union[PathLike, LoadedTokenizer], options: TokenizeOptions
     ) -> None:
         self.options = options
+        self.kind = kind_of_format(options.format)
+        if self.kind != "sft" and options.overlong == "split":
+            raise ConfigError(
+                f"overlong 'split' cannot apply to {self.kind} samples (a prompt and its "
+                "completions stay together); choose 'error', 'truncate' or 'drop'"
+            )
         self.tokenizer = (
             tokenizer if isinstance(tokenizer, LoadedTokenizer) else load_tokenizer(tokenizer)
         )
@@ -241,6 +266,10 @@ class RecordEncoder:
                 "the vocabulary)"
             )
 
+    def schema(self, sources: bool = False) -> pa.Schema:
+        """The schema of the batches (:mod:`tokpack.tokenize.schema`)."""
+        return token_schema(self.kind, sources)
+
     def config(self) -> Dict[str, Any]:
         """Everything besides the input bytes that determines the output (for the cache key)."""
         import tokenizers
@@ -267,28 +296,52 @@ class RecordEncoder:
         prepared = []
         for record in records:
             try:
-                prepared.append(self._prepare(record))
+                texts = self._prepare(record)
             except InvalidRecordError as exc:
                 if not self.options.skip_invalid:
                     raise
                 stats.rejected += 1
                 reject(record.to_rejection(exc.reason))
                 continue
-            fmt = "text" if prepared[-1].spans is None else "chat"
+            prepared.extend(texts)
+            fmt = self.kind if self.kind != "sft" else "text" if texts[0].spans is None else "chat"
             stats.formats[fmt] = stats.formats.get(fmt, 0) + 1
         return prepared
 
-    def _prepare(self, record: Record) -> _Prepared:
+    def _prepare(self, record: Record) -> List[_Prepared]:
+        """The record's texts: one, or for a preference / KTO record ``1 + roles``."""
         sample = parse_record(record, self.options.format, self.options.columns or {})
+        if sample.completions is not None:
+            return self._prepare_pair(record, sample.prompt, sample.completions, sample.label)
         if sample.text is not None:
-            return _Prepared(record, sample.text, None, True)
+            return [_Prepared(record, sample.text, None, True)]
         messages = sample.messages or []
         train_on = self.options.train_on
         text, spans = self.template.trained_spans(messages, train_on, record)
         if not text:
             raise record.fail("the chat template rendered an empty text")
         last_trained = train_on == "all" or messages[-1].get("role") == "assistant"
-        return _Prepared(record, text, spans, last_trained)
+        return [_Prepared(record, text, spans, last_trained)]
+
+    def _prepare_pair(
+        self, record: Record, prompt: Any, completions: List[Any], label: Optional[bool]
+    ) -> List[_Prepared]:
+        """As TRL's DPO and KTO trainers prepare them: the prompt alone, then the prompt with
+        each completion. Strings (the standard shape) are joined, each completion ending with
+        the EOS text unless it already does (or ``add_eos`` is off), and encoded with the
+        tokenizer's special tokens; conversations are rendered with the chat template, the
+        prompt with the generation prompt, and encoded without them."""
+        if isinstance(prompt, str):
+            eos = self.tokenizer.eos_token if self.options.add_eos is not False else None
+            ends = [eos if eos and not c.endswith(eos) else "" for c in completions]
+            texts = [prompt] + [prompt + c + end for c, end in zip(completions, ends)]
+            spans = None
+        else:
+            render = self.template.render
+            texts = [render(prompt, record, add_generation_prompt=True)]
+            texts += [render(prompt + c, record) for c in completions]
+            spans = []  # a chat text; its labels come from the prompt length (finish)
+        return [_Prepared(record, text, spans, False, label) for text in texts]
 
     def encode(self, chunk: List[_Prepared]) -> _Tokens:
         """Ids and labels of a chunk (chat text without the tokenizer's added special tokens,
@@ -337,6 +390,8 @@ class RecordEncoder:
         """The chunk's samples with EOS, over-long policy and sources; None if none is left."""
         if not chunk:
             return None
+        if self.kind != "sft":
+            return self._finish_pairs(chunk, encoded.pairs(), stats)
         done = self._finish_flat(chunk, encoded, stats)
         return done if done is not None else self._finish_each(chunk, encoded.pairs(), stats)
 
@@ -388,6 +443,66 @@ class RecordEncoder:
         done.lines = np.array(lines, dtype=np.int64)
         return done.count(stats)
 
+    def _finish_pairs(
+        self,
+        chunk: List[_Prepared],
+        encoded: List[Tuple[np.ndarray, np.ndarray]],
+        stats: TokenizeStats,
+    ) -> Optional[_Tokens]:
+        """Preference / KTO samples from each record's encoded prompt and prompt+completions.
+        As TRL (``common_prefix_length``), the prompt is the tokens the encoded prompt shares
+        with every prompt+completion, and each sequence (the whole prompt+completion) is
+        labelled from there on."""
+        width = 1 + (len(PAIR_ROLES) if self.kind == "preference" else 1)
+        sequences: List[Tuple[np.ndarray, np.ndarray]] = []
+        prompt_lengths: List[int] = []
+        kept_items: List[_Prepared] = []
+        for at in range(0, len(chunk), width):
+            item, prompt = chunk[at], encoded[at][0]
+            full = [ids for ids, _ in encoded[at + 1 : at + width]]
+            n = min(_common_prefix(prompt, ids) for ids in full)
+            stats.samples_in += 1
+            kept = self._pair_max_len(item.record, n, full, stats)
+            if kept is None:
+                continue
+            for ids in kept:
+                labels = ids.copy()
+                labels[:n] = IGNORE_INDEX
+                sequences.append((ids, labels))
+            prompt_lengths.append(n)
+            kept_items.append(item)
+        if not kept_items:
+            return None
+        done = _Tokens.from_pairs(sequences)
+        done.kind = self.kind
+        done.files = np.fromiter((p.record.file_index for p in kept_items), np.int32)
+        done.lines = np.fromiter((p.record.line for p in kept_items), np.int64)
+        done.prompt_lengths = np.array(prompt_lengths, dtype=np.int32)
+        if self.kind == "kto":
+            done.kto_labels = np.array([p.label for p in kept_items], dtype=bool)
+        return done.count(stats)
+
+    def _pair_max_len(
+        self, record: Record, prompt_length: int, full: List[np.ndarray], stats: TokenizeStats
+    ) -> Optional[List[np.ndarray]]:
+        """A preference / KTO sample's sequences under ``max_len`` (which applies to each, as
+        TRL's ``max_length``): kept whole, truncated (each keeps its start, as TRL's
+        ``keep_start``; a sample whose prompt alone fills ``max_len`` is dropped, as TRL drops
+        it), dropped (None), or an error."""
+        max_len = self.options.max_len
+        longest = max(len(ids) for ids in full)
+        if max_len is None or longest <= max_len:
+            return full
+        stats.overlong += 1
+        overlong = self.options.overlong
+        if overlong == "error":
+            raise _overlong_error(record, longest, max_len, "'truncate' or 'drop'")
+        if overlong == "truncate" and prompt_length < max_len:
+            stats.truncated += 1
+            return [ids[:max_len] for ids in full]
+        stats.dropped += 1
+        return None
+
     def _apply_max_len(
         self, record: Record, ids: np.ndarray, labels: np.ndarray, stats: TokenizeStats
     ) -> List[Tuple[np.ndarray, np.ndarray]]:
@@ -398,11 +513,7 @@ class RecordEncoder:
         stats.overlong += 1
         overlong = self.options.overlong
         if overlong == "error":
-            where = f"{record.path}:{'row ' if record.is_row else ''}{record.line}"
-            raise OverlongError(
-                f"{where}: sample of {n} tokens is longer than max_len {max_len} "
-                "(choose overlong 'truncate', 'drop' or 'split')"
-            )
+            raise _overlong_error(record, n, max_len, "'truncate', 'drop' or 'split'")
         if overlong == "truncate":
             stats.truncated += 1
             return [(ids[:max_len], labels[:max_len])]
@@ -443,7 +554,8 @@ class TokenStream:
                 raise ConfigError("a RecordEncoder brings its own options")
             self.encoding = tokenizer
         else:
-            self.encoding = RecordEncoder(tokenizer, TokenizeOptions.of(options, **option_values))
+            chosen = TokenizeOptions.of(options, **option_values).for_inputs(self.inputs)
+            self.encoding = RecordEncoder(tokenizer, chosen)
         self.tokenizer = self.encoding.tokenizer
         self.template_info = self.encoding.template_info
         self.encoder_info = self.encoding.encoder_info
@@ -623,6 +735,21 @@ def _unpack_records(packed: Any) -> List[Record]:
             for n, raw in zip(lines, raws)
         ]
     return packed
+
+
+def _overlong_error(record: Record, n: int, max_len: int, choices: str) -> OverlongError:
+    where = f"{record.path}:{'row ' if record.is_row else ''}{record.line}"
+    return OverlongError(
+        f"{where}: sample of {n} tokens is longer than max_len {max_len} "
+        f"(choose overlong {choices})"
+    )
+
+
+def _common_prefix(ids: np.ndarray, other: np.ndarray) -> int:
+    """How many leading tokens the two share."""
+    n = min(len(ids), len(other))
+    differ = np.flatnonzero(ids[:n] != other[:n])
+    return int(differ[0]) if len(differ) else n
 
 
 def _from_numpy(values: np.ndarray, dtype: type) -> pa.Array:

@@ -1,10 +1,11 @@
 """Chat template rendering with the semantics of transformers' ``apply_chat_template``
-(``add_generation_prompt=False``): the same sandboxed Jinja environment (``trim_blocks``,
-``lstrip_blocks``, ``loopcontrols``, ``raise_exception``, ``tojson``, ``strftime_now``, guarded
-``dict``/``namespace``), the tokenizer config's special tokens as variables, ``tools`` and
-``documents`` set to None, and ``{% generation %}`` blocks tracked exactly as transformers tracks
-them. The template is compiled once per run; each conversation is rendered once (twice for
-templates without generation markers, see :meth:`ChatTemplate.trained_spans`).
+(``add_generation_prompt=False`` unless a preference prompt asks for it): the same sandboxed
+Jinja environment (``trim_blocks``, ``lstrip_blocks``, ``loopcontrols``, ``raise_exception``,
+``tojson``, ``strftime_now``, guarded ``dict``/``namespace``), the tokenizer config's special
+tokens as variables, ``tools`` and ``documents`` set to None, and ``{% generation %}`` blocks
+tracked exactly as transformers tracks them. The template is compiled once per run; each
+conversation is rendered once (twice for templates without generation markers, see
+:meth:`ChatTemplate.trained_spans`).
 """
 
 from __future__ import annotations
@@ -181,14 +182,16 @@ class ChatTemplate:
         self._tracker = _Tracker()
         self._template = _compile(source, self._tracker)
 
-    def render(self, messages: List[Dict[str, Any]], record: Record) -> str:
+    def render(
+        self, messages: List[Dict[str, Any]], record: Record, add_generation_prompt: bool = False
+    ) -> str:
         """The rendered conversation (as ``apply_chat_template(tokenize=False)``)."""
         try:
             return self._template.render(
                 messages=_alias_reasoning(messages),
                 tools=None,
                 documents=None,
-                add_generation_prompt=False,
+                add_generation_prompt=add_generation_prompt,
                 **self._variables,
             )
         except Exception as exc:  # raise_exception() and any failure of template code

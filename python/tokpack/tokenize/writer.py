@@ -1,7 +1,6 @@
-"""``tokenize_files``: raw inputs to a directory of Parquet token shards (``part-NNNNN.parquet``:
-``input_ids`` list<int32>, ``labels`` list<int32>, ``length`` int32) with a manifest, written
-atomically and skipped when the manifest's cache key (inputs, tokenizer and template hashes,
-config) is unchanged."""
+"""``tokenize_files``: raw inputs to a directory of Parquet token shards (``part-NNNNN.parquet``,
+columns of :mod:`tokpack.tokenize.schema`) with a manifest, written atomically and skipped when
+the manifest's cache key (inputs, tokenizer and template hashes, config) is unchanged."""
 
 from __future__ import annotations
 
@@ -22,7 +21,8 @@ from .._outdir import SIDE_DIR, cached_run, open_for_writing, output_target, wri
 from .._progress import Progress
 from ..planning import MAX_ROWS, check_int, checked_threads
 from .options import TokenizeOptions
-from .pipeline import TOKEN_SCHEMA, PathLike, RecordEncoder, TokenStream
+from .pipeline import PathLike, RecordEncoder, TokenStream
+from .schema import describe
 from .tokenizer import LoadedTokenizer
 
 __all__ = ["tokenize_files", "stream_into", "REJECTED_NAME", "DEFAULT_SHARD_ROWS"]
@@ -37,8 +37,9 @@ class _ShardWriter:
     background thread, in order, while the caller prepares the next batches (pyarrow releases
     the GIL); at most two batches wait."""
 
-    def __init__(self, directory: Path, shard_rows: int) -> None:
+    def __init__(self, directory: Path, shard_rows: int, schema: pa.Schema) -> None:
         self.directory = directory
+        self.schema = schema
         self.shard_rows = shard_rows
         self.shards: List[Dict[str, Any]] = []
         self._is_open = False
@@ -59,7 +60,7 @@ class _ShardWriter:
         self._path = path
         with writing(path):
             self._sink = open_for_writing(path)
-            self._file = pq.ParquetWriter(self._sink, TOKEN_SCHEMA, compression="zstd")
+            self._file = pq.ParquetWriter(self._sink, self.schema, compression="zstd")
 
     def _write_part(self, part: pa.RecordBatch) -> None:
         assert self._file is not None
@@ -196,11 +197,12 @@ def tokenize_files(
     threads = checked_threads(threads)
     out = output_target(output_dir)
     inputs = resolve_inputs(inputs, RAW_SUFFIXES, output_dir=out)
-    encoding = RecordEncoder(tokenizer, TokenizeOptions.of(options, **option_values))
+    chosen = TokenizeOptions.of(options, **option_values).for_inputs(inputs)
+    encoding = RecordEncoder(tokenizer, chosen)
     config = {**encoding.config(), "shard_rows": shard_rows}
 
     def build(tmp: Path, described: List[Dict[str, Any]]) -> Dict[str, Any]:
-        shards = _ShardWriter(tmp, shard_rows)
+        shards = _ShardWriter(tmp, shard_rows, encoding.schema())
         with stream_into(tmp, inputs, described, encoding, progress, threads=threads) as stream:
             try:
                 for batch in stream:
@@ -211,6 +213,7 @@ def tokenize_files(
                 raise
         return {
             "kind": "tokenize",
+            "sample_kind": encoding.kind,
             "inputs": described,
             "tokenizer": {"path": str(encoding.tokenizer.path.resolve()), **config["tokenizer"]},
             "template": encoding.template_info,
@@ -219,7 +222,7 @@ def tokenize_files(
             "counts": stream.stats.as_dict(),
             "shards": shards.shards,
             "rejected_file": REJECTED_NAME if stream.stats.rejected else None,
-            "columns": {"input_ids": "list<int32>", "labels": "list<int32>", "length": "int32"},
+            "columns": describe(encoding.schema()),
         }
 
     manifest, hit, _ = cached_run(
