@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from types import SimpleNamespace
 
 import pyarrow as pa
@@ -169,6 +170,36 @@ def test_preference_equals_trl(tmp_path, tok_dir, shape, encoder):
     assert counts.records == counts.samples_in == counts.samples_out == N
     assert counts.formats == {"preference": N}
     assert counts.tokens == sum(r["length"] for r in rows)
+
+
+def test_standard_pairs_get_the_tokenizers_special_tokens(tmp_path, tok_dir):
+    """Strings are encoded with the tokenizer's special tokens, as TRL's ``tokenizer(text)``:
+    here a BOS token the post-processor adds (tokpack's encoder leaves such text to
+    tokenizers); an empty prompt is the BOS token alone."""
+    from tokenizers import Tokenizer, processors
+
+    bos_dir = tmp_path / "bos"
+    shutil.copytree(tok_dir, bos_dir)
+    tok = Tokenizer.from_file(str(bos_dir / "tokenizer.json"))
+    bos = "<|endoftext|>"
+    tok.post_processor = processors.Sequence(
+        [
+            processors.ByteLevel(trim_offsets=False),
+            processors.TemplateProcessing(
+                single=f"{bos} $A", special_tokens=[(bos, tok.token_to_id(bos))]
+            ),
+        ]
+    )
+    tok.save(str(bos_dir / "tokenizer.json"))
+    records = preference_records("standard", seed=8)[:100]
+    records[0] = {**records[0], "prompt": ""}
+    path = write_jsonl(tmp_path / "pref.jsonl", records)
+    rows, _ = _rows(path, bos_dir, threads=1)
+    want = trl_dpo(records, bos_dir)
+    assert want[0][0] == [tok.token_to_id(bos)]
+    for row, (prompt_ids, chosen_ids, rejected_ids) in zip(rows, want):
+        assert row["chosen_input_ids"] == prompt_ids + chosen_ids
+        assert row["rejected_labels"] == [-100] * len(prompt_ids) + rejected_ids
 
 
 @pytest.mark.parametrize("shape", ["standard", "conversational"])
@@ -346,3 +377,5 @@ def test_overlong_pairs(tmp_path, tok_dir):
     assert stats.truncated + stats.dropped == stats.overlong and stats.samples_out == len(want)
     with pytest.raises(ConfigError, match="'split' cannot apply to preference"):
         _rows(path, tok_dir, threads=1, max_len=max_len, overlong="split")
+    with pytest.raises(ConfigError, match="train_on 'all' does not apply to preference"):
+        _rows(path, tok_dir, threads=1, train_on="all")

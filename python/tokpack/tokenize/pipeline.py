@@ -232,6 +232,11 @@ class RecordEncoder:
                 f"overlong 'split' cannot apply to {self.kind} samples (a prompt and its "
                 "completions stay together); choose 'error', 'truncate' or 'drop'"
             )
+        if self.kind != "sft" and options.train_on != "assistant":
+            raise ConfigError(
+                f"train_on {options.train_on!r} does not apply to {self.kind} samples: they are "
+                "trained on their completions, as TRL trains them"
+            )
         self.tokenizer = (
             tokenizer if isinstance(tokenizer, LoadedTokenizer) else load_tokenizer(tokenizer)
         )
