@@ -532,10 +532,11 @@ class RecordEncoder:
 
 
 class TokenStream:
-    """An iterable of token ``RecordBatch``es (``input_ids``, ``labels``, ``length``) from raw
-    inputs, with the accounting in :attr:`stats` (complete once iteration has finished) and the
-    rejected records sent to ``on_reject`` in input order (default: kept in :attr:`rejected`).
-    ``sources`` adds the columns of :data:`SOURCE_SCHEMA`. Iterate once. Built by
+    """An iterable of token ``RecordBatch``es (``input_ids``, ``labels``, ``length``; for
+    preference and KTO records the columns of :mod:`tokpack.tokenize.schema`) from raw inputs,
+    with the accounting in :attr:`stats` (complete once iteration has finished) and the rejected
+    records sent to ``on_reject`` in input order (default: kept in :attr:`rejected`). ``sources``
+    adds the columns of :data:`SOURCE_SCHEMA`. Iterate once. Built by
     :func:`tokenize_to_batches`, whose arguments it takes (``tokenizer`` may also be a
     :class:`RecordEncoder`, which brings its options)."""
 
