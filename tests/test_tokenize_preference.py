@@ -244,7 +244,7 @@ def test_shards_manifest_and_pack_refusal(tmp_path, tok_dir):
     assert [s["rows"] for s in manifest["shards"]] == [20, 20, 10] and len(shards) == 3
     assert _shard_schema(shards[0]) == _shard_schema(PREFERENCE_SCHEMA)
     with pytest.raises(
-        ConfigError, match="part-00000.parquet: holds preference samples.*not avail"
+        ConfigError, match="part-00000.parquet: holds preference samples.*pair packing is not avail"
     ):
         tokpack.pack_files(out, tmp_path / "packed", 256)
     assert not (tmp_path / "packed").exists()
@@ -269,7 +269,9 @@ def test_kto_shards_and_cli_pack_refusal(tmp_path, tok_dir, capsys):
     capsys.readouterr()
     assert main(["pack", str(out), "-o", str(tmp_path / "packed"), "--max-len", "128"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "holds kto samples" in err[0] and "per-sample label" in err[0]
+    assert (
+        len(err) == 1 and "holds kto samples" in err[0] and "lose their per-sample label" in err[0]
+    )
 
 
 def test_sft_shards_unchanged(tmp_path, tok_dir):

@@ -239,11 +239,17 @@ def pack_files(
     return {**manifest, "cache_hit": hit, "rebuilt_because": rebuilt_because}
 
 
+# What packing preference / KTO samples as SFT sequences would lose, and what is missing.
+_NOT_PACKABLE = {
+    "preference": "separate each pair's sequences, and pair packing is not available yet",
+    "kto": "lose their per-sample label, and carrying it through packing is not available yet",
+}
+
+
 def _not_packable(path: Path, kind: str, why: str) -> ConfigError:
-    what = "the pair" if kind == "preference" else "the per-sample label"
     return ConfigError(
-        f"{shown_path(path)}: holds {kind} samples ({why}); packing them as SFT sequences "
-        f"would lose {what}, and {kind} packing is not available yet"
+        f"{shown_path(path)}: holds {kind} samples ({why}); packing them as SFT sequences would "
+        + _NOT_PACKABLE[kind]
     )
 
 

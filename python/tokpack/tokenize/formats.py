@@ -484,8 +484,8 @@ def _extract_prompt(
     record: Record, chosen: Any, rejected: Any, columns: Mapping[str, str]
 ) -> Sample:
     """TRL's ``extract_prompt``: the prompt is the longest common prefix of the chosen and
-    rejected conversations (or strings, then without a space it would end with); when one is a
-    prefix of the other, the last shared element starts the completions."""
+    rejected conversations or strings (a space ending a string prefix goes to the completions);
+    when one is a prefix of the other, its last element starts the completions."""
     n = min(len(chosen), len(rejected))
     cut = next((i for i in range(n) if chosen[i] != rejected[i]), None)
     if cut is None:
@@ -494,8 +494,8 @@ def _extract_prompt(
         cut -= 1
     if cut <= 0:
         raise record.fail(
-            f"{columns['chosen']!r} and {columns['rejected']!r} share no prompt (they differ from "
-            f"the start) and there is no {columns['prompt']!r} field"
+            f"{columns['chosen']!r} and {columns['rejected']!r} share no prompt (no common "
+            f"start before their completions) and there is no {columns['prompt']!r} field"
         )
     return Sample(record, prompt=chosen[:cut], completions=[chosen[cut:], rejected[cut:]])
 
