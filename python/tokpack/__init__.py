@@ -32,6 +32,7 @@ _LAZY = {
     "concatenate_and_pack": "compat",
     "export_megatron": "export",
     "export_nemo_packed": "export",
+    "mixture_stats": "mixture",
     "pack_sequences": "compat",
     "pack_files": "files",
     "pack_tokens": "packing",
@@ -44,6 +45,7 @@ _LAZY = {
     "verify": "integrity",
     "PackedDataset": "torch",
     "PackedIterableDataset": "torch",
+    "PackedMixture": "torch",
     "PackedCollator": "torch",
     "DeviceLoader": "torch",
 }
@@ -82,6 +84,7 @@ __all__ = [
     "tokenize_to_batches",
     "export_megatron",
     "export_nemo_packed",
+    "mixture_stats",
     "verify",
     "TokpackError",
     "ConfigError",
