@@ -186,6 +186,27 @@ def test_resume_with_other_workers_and_world_size(sources, num_workers):
     assert got == collections.Counter(whole)
 
 
+def test_torchdata_stateful_dataloader_resumes_the_mixture(sources):
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+
+    def make():
+        ds = _mix(sources, grad_accum_steps=2)
+        return stateful.StatefulDataLoader(ds, batch_size=None, num_workers=2)
+
+    def key(batch):
+        return (batch["sources"].tolist(), batch["global_num_loss_tokens"])
+
+    full = [key(b) for b in make()]
+    loader = make()
+    it = iter(loader)
+    head = [key(next(it)) for _ in range(5)]
+    saved = loader.state_dict()
+    del it
+    resumed = make()
+    resumed.load_state_dict(saved)
+    assert head + [key(b) for b in resumed] == full
+
+
 def test_state_from_other_weights_is_refused(sources):
     state = _mix(sources).state_dict(batches_consumed=2)
     other = PackedMixture(sources, {**WEIGHTS, "code": 0.4}, batch_rows=3, seed=5)
