@@ -292,8 +292,11 @@ def mixture_section(samples: int, batch_rows: int, repeats: int, workers: Tuple[
         out = []
         for w in workers:
             best = {name: float("inf") for name in readers}
-            for _ in range(repeats):
-                for name, make in readers.items():
+            names = list(readers)
+            for r in range(repeats):
+                # A different reader goes first each time (the first after a pause is favoured).
+                for name in names[r % len(names) :] + names[: r % len(names)]:
+                    make = readers[name]
                     # One reader's workers at a time: persistent workers of another loader would
                     # prefetch its next pass while this one is timed.
                     loader = DataLoader(

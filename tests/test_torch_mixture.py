@@ -149,7 +149,7 @@ def test_stop_all_restarts_sources_and_stop_never_runs_on(sources):
 def test_realised_shares_follow_the_weights_and_token_weights(sources):
     ds = _mix(sources, stop="never")
     it = iter(ds)
-    src = np.concatenate([next(it)["sources"].numpy() for _ in range(100)])
+    src = np.concatenate([next(it)["sources"] for _ in range(100)])
     tenths = {"code": 3, "chat": 5, "text": 2}  # WEIGHTS in tenths: exact integer comparisons
     for s, name in enumerate(ds.names):
         counts = np.cumsum(src == s)
@@ -194,7 +194,7 @@ def test_torchdata_stateful_dataloader_resumes_the_mixture(sources):
         return stateful.StatefulDataLoader(ds, batch_size=None, num_workers=2)
 
     def key(batch):
-        return (batch["sources"].tolist(), batch["global_num_loss_tokens"])
+        return (batch["sources"], batch["global_num_loss_tokens"])
 
     full = [key(b) for b in make()]
     loader = make()
@@ -217,7 +217,7 @@ def test_state_from_other_weights_is_refused(sources):
 def test_collated_batches_and_sources(sources):
     ds = _mix(sources, collate_fn=PackedCollator("flash"))
     batch = next(iter(ds))
-    assert batch["sources"].shape == (3,)
+    assert len(batch["sources"]) == 3 and all(isinstance(s, int) for s in batch["sources"])
     assert batch["input_ids"].dim() == 1
 
 
@@ -256,7 +256,7 @@ def test_mixture_stats_match_what_the_dataset_delivers(sources):
     rows = collections.Counter()
     tokens = collections.Counter()
     for batch in ds:
-        for s, ids in zip(batch["sources"].tolist(), batch["input_ids"]):
+        for s, ids in zip(batch["sources"], batch["input_ids"]):
             rows[s] += 1
             tokens[s] += len(ids)
     for s, name in enumerate(ds.names):

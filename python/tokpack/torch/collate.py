@@ -227,15 +227,24 @@ class PackedCollator:
         starts = dev(cu[:-1])
         lab.index_fill_(0, starts, IGNORE_INDEX)
         index = dev(token_src)
+        # The four per-token fields are rows of one int64 tensor and the two boundary arrays of
+        # one int32 tensor: a batch sent from a DataLoader worker then moves two shared-memory
+        # blocks instead of six, and each block costs far more than its bytes.
+        fields = torch.empty((4, index.numel()), dtype=torch.int64, device=device)
+        fields[0].copy_(tokens.index_select(0, index))
+        fields[1].copy_(lab.index_select(0, index))
+        fields[2].copy_(lab[1:].index_select(0, index))
+        fields[3].copy_(dev(position))
+        bounds = dev(np.stack([cu, cu_padded]).astype(np.int32))
         flat = self.format == "flash"
         shape = (-1,) if flat else (1, -1)
         out: Dict[str, Any] = {
-            "input_ids": tokens.index_select(0, index).to(torch.int64).view(shape),
-            "labels": lab.index_select(0, index).to(torch.int64).view(shape),
-            "shift_labels": lab[1:].index_select(0, index).to(torch.int64).view(shape),
-            "position_ids": dev(position).to(torch.int64).view(shape),
-            "cu_seqlens": dev(cu.astype(np.int32)),
-            "cu_seqlens_padded": dev(cu_padded.astype(np.int32)),
+            "input_ids": fields[0].view(shape),
+            "labels": fields[1].view(shape),
+            "shift_labels": fields[2].view(shape),
+            "position_ids": fields[3].view(shape),
+            "cu_seqlens": bounds[0],
+            "cu_seqlens_padded": bounds[1],
             "max_seqlen": int(chunk.max()) * n_chunks if n_seqs else 0,
             # The whole group's loss terms: a rank divides its summed loss by this.
             "num_loss_tokens": _count_trained(lab),

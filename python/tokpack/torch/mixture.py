@@ -6,7 +6,6 @@ import os
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
-import torch
 
 from ..errors import ConfigError
 from ..mixture import Mixture, Number
@@ -32,8 +31,8 @@ class PackedMixture(RowStream):
     :func:`tokpack.mixture_stats` for what an epoch delivers. ``weight_unit="tokens"`` takes the
     weights as shares of tokens (divided by each source's mean tokens per row).
 
-    Every batch also carries ``sources``: the source index of each row (int64 ``[rows]``, names
-    in ``ds.names``), for per-source loss logging.
+    Every batch also carries ``sources``: the source index of each row (a list of ints, names in
+    ``ds.names``), for per-source loss logging.
     """
 
     def __init__(
@@ -102,5 +101,6 @@ class PackedMixture(RowStream):
 
     def _batch(self, src: np.ndarray, groups: np.ndarray, rows: np.ndarray) -> Dict[str, Any]:
         batch = super()._batch(src, groups, rows)
-        batch["sources"] = torch.from_numpy(src.astype(np.int64))
+        # A list, not a tensor: from a DataLoader worker every tensor costs a shared-memory block.
+        batch["sources"] = src.tolist()
         return batch
