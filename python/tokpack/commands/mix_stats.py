@@ -58,10 +58,10 @@ def run(args: argparse.Namespace) -> int:
     if len(sources) != len(args.sources):
         raise ConfigError("a source name is given twice")
     epochs: Union[float, Dict[str, float]]
-    if "=" in args.epochs_per_source:
+    try:
+        epochs = float(args.epochs_per_source)
+    except ValueError:
         epochs = _numbers(args.epochs_per_source, "--epochs-per-source")
-    else:
-        epochs = _numbers(f"all={args.epochs_per_source}", "--epochs-per-source")["all"]
     stats = mixture_stats(
         sources,
         _numbers(args.weights, "--weights"),

@@ -43,8 +43,8 @@ class PackedIterableDataset(RowStream):
 
     ``grad_accum_steps=G``: every batch also carries ``global_num_loss_tokens`` and
     ``global_num_samples``, the loss terms and samples of its whole optimizer step (local
-    batches ``[m G, (m + 1) G)`` of every rank, counted from where iteration started), from the
-    index side files (see :mod:`tokpack.row_counts`), with no collective.
+    batches ``[m G, (m + 1) G)`` of every rank, counted from the epoch's start or the resumed
+    position), from the index side files (see :mod:`tokpack.row_counts`), with no collective.
     """
 
     def __init__(
