@@ -3,6 +3,7 @@ rank, budgets per ``stop`` policy, exact resumption with another topology, clear
 ``tokpack mix-stats``."""
 
 import collections
+import json
 from fractions import Fraction
 
 import numpy as np
@@ -17,6 +18,7 @@ from tokpack.mixture import MAX_PERIOD, Mixture, Schedule, integer_weights
 from tokpack.torch import PackedCollator, PackedMixture
 
 from .packed_corpus import random_samples, write_packed_dir
+from .test_optional_deps import run_blocked
 
 SIZES = {"code": 120, "chat": 300, "text": 60}
 
@@ -207,11 +209,19 @@ def test_torchdata_stateful_dataloader_resumes_the_mixture(sources):
     assert head + [key(b) for b in resumed] == full
 
 
-def test_state_from_other_weights_is_refused(sources):
-    state = _mix(sources).state_dict(batches_consumed=2)
+def test_state_from_other_weights_or_source_order_is_refused(sources):
+    state = json.loads(json.dumps(_mix(sources).state_dict(batches_consumed=2)))
     other = PackedMixture(sources, {**WEIGHTS, "code": 0.4}, batch_rows=3, seed=5)
     with pytest.raises(tokpack.ConfigError, match="state was saved with"):
         other.load_state_dict(state)
+    reordered = dict(reversed(list(sources.items())))
+    equal = {name: 1 for name in sources}
+    same_weights = PackedMixture(sources, equal, batch_rows=3, seed=5)
+    same_weights.load_state_dict(json.loads(json.dumps(same_weights.state_dict(1))))
+    with pytest.raises(tokpack.ConfigError, match="state was saved with"):
+        PackedMixture(reordered, equal, batch_rows=3, seed=5).load_state_dict(
+            same_weights.state_dict(1)
+        )
 
 
 def test_collated_batches_and_sources(sources):
@@ -273,3 +283,15 @@ def test_mix_stats_cli(sources, capsys):
     assert main(["mix-stats", *args, "--weights", "code=0.3,chat=0.5"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("tokpack mix-stats: error:")
+
+
+def test_mix_stats_needs_no_torch(sources):
+    args = [f"{n}={p}" for n, p in sources.items()]
+    proc = run_blocked(
+        f"""
+        from tokpack.cli import main
+        raise SystemExit(main(["mix-stats", *{args!r}, "--weights", "code=1,chat=1,text=1"]))
+        """
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "chat" in proc.stdout

@@ -242,8 +242,9 @@ class Mixture:
     def fingerprint(self) -> Dict[str, Any]:
         """What a resumption state must match."""
         return {
+            # In order: a source's index picks its place in the schedule and its seed.
+            "sources": [[n, r] for n, r in zip(self.names, self.num_rows_per_source)],
             "num_rows": self.num_rows,
-            "sources": dict(zip(self.names, self.num_rows_per_source)),
             "row_weights": list(self.row_weights),
             "seed": self.seed,
             "shuffle": self.shuffle,
