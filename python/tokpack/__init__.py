@@ -32,6 +32,7 @@ _LAZY = {
     "concatenate_and_pack": "compat",
     "export_megatron": "export",
     "export_nemo_packed": "export",
+    "mixture_stats": "mixture",
     "pack_sequences": "compat",
     "pack_files": "files",
     "pack_tokens": "packing",
@@ -45,6 +46,7 @@ _LAZY = {
     "verify": "integrity",
     "PackedDataset": "torch",
     "PackedIterableDataset": "torch",
+    "PackedMixture": "torch",
     "PackedCollator": "torch",
     "DeviceLoader": "torch",
 }
@@ -84,6 +86,7 @@ __all__ = [
     "TokenizeOptions",
     "export_megatron",
     "export_nemo_packed",
+    "mixture_stats",
     "verify",
     "TokpackError",
     "ConfigError",

@@ -31,6 +31,10 @@ COMMANDS = {
     ),
     "tokenize": ("tokpack.commands.tokenize", "chat / instruction / text files to token shards"),
     "export": ("tokpack.commands.export", "a packed directory to Megatron-LM or NeMo formats"),
+    "mix-stats": (
+        "tokpack.commands.mix_stats",
+        "what one epoch of a weighted mixture of packed directories delivers",
+    ),
 }
 
 

@@ -14,10 +14,12 @@ from .collate import FORMATS, IGNORE_INDEX, PackedCollator
 from .dataset import PackedDataset
 from .device import DeviceLoader
 from .iterable import PackedIterableDataset
+from .mixture import PackedMixture
 
 __all__ = [
     "PackedDataset",
     "PackedIterableDataset",
+    "PackedMixture",
     "PackedCollator",
     "DeviceLoader",
     "FORMATS",

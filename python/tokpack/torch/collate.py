@@ -198,34 +198,53 @@ class PackedCollator:
         # The rank's two pieces of every sample, in stream order: runs of consecutive positions of
         # the padded sample starting at `first`. Per local token: its position in its sample, its
         # index in the batch's tokens and how many of the sample's tokens are left from it on.
+        # The per-token arrays are int32 (a batch has far fewer than 2^31 tokens): half the memory
+        # traffic of int64, which is most of the cost of this arithmetic.
         piece_len = np.repeat(chunk, 2)
         first = (chunk[:, None] * np.array([self.cp_rank, n_chunks - 1 - self.cp_rank])).ravel()
         shift = first - (np.cumsum(piece_len) - piece_len)
-        local = np.arange(int(piece_len.sum()))
-        position = np.repeat(shift, piece_len) + local
-        src = np.repeat(np.repeat(cu[:-1], 2) + shift, piece_len) + local
-        left = np.repeat(np.repeat(lens, 2) - shift, piece_len) - local
-        # Padding and the last target of each sample read one value appended after the batch.
+        local = np.arange(int(piece_len.sum()), dtype=np.int32)
+
+        def per_token(per_piece: np.ndarray) -> np.ndarray:
+            return np.repeat(per_piece.astype(np.int32), piece_len)
+
+        position = per_token(shift) + local
+        src = per_token(np.repeat(cu[:-1], 2) + shift) + local
+        left = per_token(np.repeat(lens, 2) - shift) - local
+        # Padding reads one value appended after the batch (index `sentinel`).
         sentinel = int(cu[-1])
         token_src = np.where(left > 0, src, sentinel)
-        next_src = np.where(left > 1, src + 1, sentinel)
         tokens = torch.cat([*ids, ids[0].new_full((1,), self.pad_id)])
-        lab = torch.cat([*labels, labels[0].new_full((1,), IGNORE_INDEX)])
+        # Two values appended: `lab[1:]` is then the next token's label for every index up to
+        # the sentinel. Each sample's first label is masked, so the target of a sample's last
+        # token (the next sample's first label, or an appended one) is -100 too: shift_labels
+        # need no index of their own.
+        lab = torch.cat([*labels, labels[0].new_full((2,), IGNORE_INDEX)])
 
         def dev(a: np.ndarray) -> torch.Tensor:
             return torch.from_numpy(a).to(device)
 
         starts = dev(cu[:-1])
         lab.index_fill_(0, starts, IGNORE_INDEX)
+        index = dev(token_src)
+        # The four per-token fields are rows of one int64 tensor and the two boundary arrays of
+        # one int32 tensor: a batch sent from a DataLoader worker then moves two shared-memory
+        # blocks instead of six, and each block costs far more than its bytes.
+        fields = torch.empty((4, index.numel()), dtype=torch.int64, device=device)
+        fields[0].copy_(tokens.index_select(0, index))
+        fields[1].copy_(lab.index_select(0, index))
+        fields[2].copy_(lab[1:].index_select(0, index))
+        fields[3].copy_(dev(position))
+        bounds = dev(np.stack([cu, cu_padded]).astype(np.int32))
         flat = self.format == "flash"
         shape = (-1,) if flat else (1, -1)
         out: Dict[str, Any] = {
-            "input_ids": tokens.index_select(0, dev(token_src)).to(torch.int64).view(shape),
-            "labels": lab.index_select(0, dev(token_src)).to(torch.int64).view(shape),
-            "shift_labels": lab.index_select(0, dev(next_src)).to(torch.int64).view(shape),
-            "position_ids": dev(position).view(shape),
-            "cu_seqlens": dev(cu.astype(np.int32)),
-            "cu_seqlens_padded": dev(cu_padded.astype(np.int32)),
+            "input_ids": fields[0].view(shape),
+            "labels": fields[1].view(shape),
+            "shift_labels": fields[2].view(shape),
+            "position_ids": fields[3].view(shape),
+            "cu_seqlens": bounds[0],
+            "cu_seqlens_padded": bounds[1],
             "max_seqlen": int(chunk.max()) * n_chunks if n_seqs else 0,
             # The whole group's loss terms: a rank divides its summed loss by this.
             "num_loss_tokens": _count_trained(lab),
@@ -236,11 +255,11 @@ class PackedCollator:
             out["seq_idx"] = dev(np.where(left > 0, sample, -1)).view(shape)
         if self.return_loss_weights:
             # Per-sample counts over the whole group, aligned like shift_labels.
-            trained = lab[:-1] != IGNORE_INDEX
+            trained = lab[:-2] != IGNORE_INDEX
             seq_idx = dev(np.repeat(np.arange(n_seqs), lens))
             weights = _per_sample_weights(trained, seq_idx, n_seqs)
-            weights = torch.cat([weights, weights.new_zeros(1)])
-            out["loss_weights"] = weights.index_select(0, dev(next_src)).view(shape)
+            weights = torch.cat([weights, weights.new_zeros(2)])
+            out["loss_weights"] = weights[1:].index_select(0, index).view(shape)
         return out
 
     def _padded(self, ids, labels, seg_lens) -> Dict[str, Any]:

@@ -1,0 +1,107 @@
+"""``tokpack mix-stats``: what one epoch of a weighted mixture of packed directories delivers
+(``tokpack.mixture_stats``; no torch needed)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Dict, List, Union
+
+from ..errors import ConfigError
+from ..mixture import STOPS, WEIGHT_UNITS, mixture_stats
+
+
+def _pairs(text: str, what: str) -> List[List[str]]:
+    pairs = [item.split("=", 1) for item in text.split(",") if item]
+    bad = [p[0] for p in pairs if len(p) != 2 or not p[0]]
+    if bad or not pairs:
+        raise ConfigError(f"{what} must be NAME=VALUE[,NAME=VALUE...], got {text!r}")
+    return pairs
+
+
+def _numbers(text: str, what: str) -> Dict[str, float]:
+    out = {}
+    for name, value in _pairs(text, what):
+        try:
+            out[name] = float(value)
+        except ValueError:
+            raise ConfigError(f"{what}: {name}={value!r} is not a number") from None
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "sources", metavar="NAME=DIR", nargs="+", help="the packed directories, by name"
+    )
+    parser.add_argument(
+        "--weights", required=True, help="NAME=WEIGHT,... (one per source, any positive scale)"
+    )
+    parser.add_argument(
+        "--weight-unit", choices=WEIGHT_UNITS, default="rows", help="weights of rows or tokens"
+    )
+    parser.add_argument(
+        "--epochs-per-source",
+        default="1",
+        help="each source's budget per mixture epoch, in its epochs: N, or NAME=N,... (default 1)",
+    )
+    parser.add_argument("--stop", choices=STOPS, default="first", help="when an epoch ends")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--epoch", type=int, default=0, help="which epoch (default 0)")
+    parser.add_argument(
+        "--rows", type=int, default=None, help="the first N rows instead of one epoch"
+    )
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    sources = dict(_pairs(",".join(args.sources), "NAME=DIR"))
+    if len(sources) != len(args.sources):
+        raise ConfigError("a source name is given twice")
+    epochs: Union[float, Dict[str, float]]
+    try:
+        epochs = float(args.epochs_per_source)
+    except ValueError:
+        epochs = _numbers(args.epochs_per_source, "--epochs-per-source")
+    stats = mixture_stats(
+        sources,
+        _numbers(args.weights, "--weights"),
+        weight_unit=args.weight_unit,
+        epochs_per_source=epochs,
+        stop=args.stop,
+        seed=args.seed,
+        epoch=args.epoch,
+        rows=args.rows,
+    )
+    if args.json:
+        print(json.dumps(stats, indent=2))
+        return 0
+    span = f"first {args.rows:,} rows" if args.rows is not None else f"epoch {args.epoch}"
+    print(
+        f"{span} (stop={args.stop}): {stats['rows']:,} rows, {stats['tokens']:,} tokens,"
+        f" {stats['loss_terms']:,} loss tokens, {stats['samples']:,} samples"
+        f" (schedule period {stats['period']:,} rows)"
+    )
+    header = (
+        "source",
+        "weight",
+        "rows",
+        "row share",
+        "tokens",
+        "token share",
+        "loss tokens",
+        "epochs",
+    )
+    print("  ".join(f"{h:>12}" for h in header))
+    for name, s in stats["sources"].items():
+        cells = (
+            name,
+            f"{s['weight']:.4f}",
+            f"{s['rows']:,}",
+            f"{s['row_share']:.4f}",
+            f"{s['tokens']:,}",
+            f"{s['token_share']:.4f}",
+            f"{s['loss_terms']:,}",
+            f"{s['epochs']:.3f}",
+        )
+        print("  ".join(f"{c:>12}" for c in cells))
+    return 0

@@ -1,0 +1,251 @@
+"""What the streaming datasets share: a global stream of rows per epoch, split into batches over
+ranks and DataLoader workers, resumable in global rows consumed, with the exact global
+normalisers of each optimizer step.
+
+A subclass says how long an epoch's stream is, where its rows are (``_locate``) and what a
+resumption state must match (``_fingerprint``); :class:`RowStream` does the rest for the
+single-directory :class:`PackedIterableDataset` and the mixture alike.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from .._order import TAILS, RankSplit
+from ..errors import ConfigError
+from ..packed_dir import ROW_COLUMNS, PackedDir
+from ..row_counts import RowCounts
+from ._rows import GroupCache
+from ._workers import resolve_rank, worker_slot
+
+__all__ = ["RowStream", "non_negative_int"]
+
+# Stream rows of an epoch that never ends (the split's arithmetic stays in Python ints).
+ENDLESS = 1 << 62
+
+Collate = Callable[[List[Dict[str, torch.Tensor]]], Dict[str, Any]]
+
+
+def non_negative_int(name: str, value: Any, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ConfigError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return int(value)
+
+
+class RowStream(torch.utils.data.IterableDataset):
+    """Base of the streaming datasets (see :class:`PackedIterableDataset` for the contract).
+
+    Subclasses call :meth:`_setup` and implement ``_stream_rows``, ``_fingerprint``,
+    ``_locate`` and ``_row_counts``; ``self.sources`` lists their packed directories.
+    """
+
+    sources: Sequence[PackedDir]
+
+    def _setup(
+        self,
+        *,
+        batch_rows: int,
+        seed: int,
+        rank: Optional[int],
+        world_size: Optional[int],
+        collate_fn: Optional[Collate],
+        tail: str,
+        shuffle_window: int,
+        grad_accum_steps: Optional[int],
+    ) -> None:
+        self.batch_rows = non_negative_int("batch_rows", batch_rows, 1)
+        self.seed = non_negative_int("seed", seed)
+        self.shuffle_window = non_negative_int("shuffle_window", shuffle_window, 1)
+        if tail not in TAILS:
+            raise ConfigError(f"tail must be one of {TAILS}, got {tail!r}")
+        self.tail = tail
+        self.rank, self.world_size = resolve_rank(rank, world_size)
+        self.collate_fn = collate_fn
+        self.grad_accum_steps = (
+            None
+            if grad_accum_steps is None
+            else non_negative_int("grad_accum_steps", grad_accum_steps, 1)
+        )
+        self.epoch = 0
+        self._start = 0
+        # Batches of this rank's sequence (from _start) before the next one this process makes.
+        self._next_batch = 0
+        self._caches = [GroupCache(p, self.shuffle_window + 1) for p in self.sources]
+        # Collated without a collate_fn: rows of an unlabelled source train on every token.
+        self._columns = [c for c in ROW_COLUMNS if any(c in p.columns for p in self.sources)]
+        # Per-row counts for the global normalisers: read once here, before workers copy it.
+        self._counts: Optional[List[RowCounts]] = (
+            None if self.grad_accum_steps is None else self._row_counts()
+        )
+
+    # -- what a subclass provides ----------------------------------------------------------
+
+    def _stream_rows(self) -> Optional[int]:
+        """Rows of one epoch's stream (None: endless)."""
+        raise NotImplementedError
+
+    def _fingerprint(self) -> Dict[str, Any]:
+        """What a resumption state must match."""
+        raise NotImplementedError
+
+    def _locate(self, a: int, b: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(source, row group, row in group) of stream rows ``[a, b)`` of this epoch."""
+        raise NotImplementedError
+
+    def _row_counts(self) -> List[RowCounts]:
+        raise NotImplementedError
+
+    # -- order and state -------------------------------------------------------------------
+
+    def _split(self) -> RankSplit:
+        n = self._stream_rows()
+        return RankSplit(
+            ENDLESS if n is None else n,
+            self._start,
+            batch_rows=self.batch_rows,
+            world_size=self.world_size,
+            tail=self.tail,
+        )
+
+    def __len__(self) -> int:
+        """Batches this rank yields from the current state to the end of the epoch."""
+        if self._stream_rows() is None:
+            raise TypeError("an endless stream (stop='never') has no length")
+        return self._split().num_batches
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch's order; a new epoch starts from its first row."""
+        epoch = non_negative_int("epoch", epoch)
+        if epoch != self.epoch:
+            self.epoch, self._start, self._next_batch = epoch, 0, 0
+
+    def state_dict(self, batches_consumed: Optional[int] = None) -> Dict[str, Any]:
+        """The resumption state, in global rows consumed this epoch.
+
+        ``batches_consumed``: batches this rank has trained on since iteration started from the
+        current state (what the training loop counts). Without it, the batches handed out by this
+        process's iterator are counted (exact with ``num_workers=0``). Inside a DataLoader worker
+        (torchdata's ``StatefulDataLoader`` asks each worker) the state also records the worker's
+        own next batch, which ``load_state_dict`` restores when the topology is unchanged.
+        """
+        split = self._split()
+        if batches_consumed is None:
+            n = self._next_batch
+        else:
+            n = non_negative_int("batches_consumed", batches_consumed)
+            if n > split.num_batches:
+                raise ConfigError(f"batches_consumed={n} but this epoch has {split.num_batches}")
+        state = {
+            "epoch": self.epoch,
+            "rows_consumed": split.round_end(min(n, split.num_batches) - 1),
+            **self._fingerprint(),
+        }
+        _, num_workers = worker_slot()
+        if batches_consumed is None and num_workers > 1:
+            state["worker"] = {
+                "from_rows": self._start,
+                "next_batch": n,
+                "num_workers": num_workers,
+                "world_size": self.world_size,
+                "batch_rows": self.batch_rows,
+                "tail": self.tail,
+            }
+        return state
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict` or from a batch's ``position`` dict."""
+        try:
+            epoch = non_negative_int("epoch", state["epoch"])
+            rows = non_negative_int("rows_consumed", state["rows_consumed"])
+        except (KeyError, TypeError) as exc:
+            raise ConfigError(f"state needs 'epoch' and 'rows_consumed': {exc}") from None
+        for key, mine in self._fingerprint().items():
+            if key in state and state[key] != mine:
+                raise ConfigError(f"state was saved with {key}={state[key]!r}, this is {mine!r}")
+        total = self._stream_rows()
+        if total is not None and rows > total:
+            raise ConfigError(f"rows_consumed={rows} > the epoch's {total} rows")
+        worker = state.get("worker")
+        same = worker is not None and all(
+            worker.get(k) == v
+            for k, v in (
+                ("world_size", self.world_size),
+                ("batch_rows", self.batch_rows),
+                ("tail", self.tail),
+                ("num_workers", worker_slot()[1]),
+            )
+        )
+        if same:
+            # A worker's own state (StatefulDataLoader): resume at that worker's next batch.
+            self.epoch, self._start = epoch, int(worker["from_rows"])
+            self._next_batch = int(worker["next_batch"])
+        else:
+            self.epoch, self._start, self._next_batch = epoch, rows, 0
+
+    # -- global normalisers ----------------------------------------------------------------
+
+    def _step_counts(self, a: int, b: int) -> Tuple[int, int]:
+        """(loss terms, samples) of stream rows ``[a, b)``: every rank's rows of a step."""
+        assert self._counts is not None
+        src, groups, rows = self._locate(a, b)
+        terms = samples = 0
+        for s in np.unique(src):
+            mask = src == s
+            index = self.sources[s].group_start[groups[mask]] + rows[mask]
+            terms += int(self._counts[s].loss_terms[index].sum())
+            samples += int(self._counts[s].samples[index].sum())
+        return terms, samples
+
+    # -- iteration -------------------------------------------------------------------------
+
+    def _batch(self, src: np.ndarray, groups: np.ndarray, rows: np.ndarray) -> Dict[str, Any]:
+        batch_rows = [self._caches[s].get(int(g)).row(int(r)) for s, g, r in zip(src, groups, rows)]
+        if self.collate_fn is not None:
+            return self.collate_fn(batch_rows)
+        return {
+            name: [row[name] if name in row else row["input_ids"].clone() for row in batch_rows]
+            for name in self._columns
+        }
+
+    def __iter__(self) -> Iterator[Dict[str, Any]]:
+        worker, num_workers = worker_slot()
+        split = self._split()
+        total = self._stream_rows()
+        if (
+            split.num_batches == 0
+            and total is not None
+            and split.start < total
+            and self.tail == "even"
+        ):
+            warnings.warn(
+                f"only {total - split.start} rows left in epoch {self.epoch}, fewer"
+                f" than world_size={self.world_size}: they are skipped",
+                stacklevel=2,
+            )
+        if self._next_batch >= split.num_batches:
+            self._next_batch = 0  # the previous pass finished: a new pass replays the epoch
+        first = self._next_batch + (worker - self._next_batch) % num_workers
+        steps = self.grad_accum_steps
+        step_counts: Tuple[int, Tuple[int, int]] = (-1, (0, 0))
+        for k in range(first, split.num_batches, num_workers):
+            batch = self._batch(*self._locate(*split.batch(self.rank, k)))
+            if steps is not None:
+                # The optimizer step of local batch k: rounds [m G, (m + 1) G) of every rank.
+                m = k // steps
+                if step_counts[0] != m:
+                    last = min((m + 1) * steps, split.num_batches) - 1
+                    a, b = split.round_end(m * steps - 1), split.round_end(last)
+                    step_counts = (m, self._step_counts(a, b))
+                batch["global_num_loss_tokens"], batch["global_num_samples"] = step_counts[1]
+            consumed = split.round_end(k)
+            batch["position"] = {"epoch": self.epoch, "batch": k, "rows_consumed": consumed}
+            self._next_batch = k + 1
+            yield batch
+        # This worker's share of the pass is done; in a worker, `_next_batch` only saw its own
+        # batches, so mark the whole pass finished or a persistent worker's next pass would
+        # resume mid-epoch instead of replaying it.
+        self._next_batch = split.num_batches

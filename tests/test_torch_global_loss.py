@@ -1,0 +1,172 @@
+"""Exact global loss normalisation: ``global_num_loss_tokens`` / ``global_num_samples`` of every
+batch, for the single-directory stream and the mixture, with and without context parallelism.
+
+World size ``W`` data-parallel ranks (each with ``C`` context-parallel ranks) and ``G``
+gradient-accumulation steps are simulated in one process in float64: every rank-step's loss is
+scaled as the README says, backpropagated, accumulated over the steps and averaged over the
+ranks as DDP does; the result must equal the loss and gradient of the whole global batch
+computed at once, within 1e-12.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from tokpack.torch import PackedCollator, PackedIterableDataset, PackedMixture
+
+from .packed_corpus import random_samples, write_packed_dir
+
+VOCAB = 1000
+
+
+@pytest.fixture(scope="module")
+def corpora(tmp_path_factory):
+    root = tmp_path_factory.mktemp("global_loss")
+    out = {}
+    # random_samples masks a random prompt, sometimes empty: some samples' first label is
+    # trained (the collator masks it, the index counts it), some samples have no loss term.
+    for seed, (name, labelled, n) in enumerate((("sft", True, 240), ("text", False, 100))):
+        samples, labels = random_samples(n, 24, seed=seed + 11)
+        write_packed_dir(
+            root / name,
+            samples,
+            labels if labelled else None,
+            max_len=40,
+            rows_per_shard=30,
+            row_group_rows=4,
+        )
+        out[name] = str(root / name)
+    return out
+
+
+def _params():
+    g = torch.Generator().manual_seed(0)
+    emb = torch.randn(VOCAB, 6, generator=g, dtype=torch.float64, requires_grad=True)
+    head = torch.randn(6, VOCAB, generator=g, dtype=torch.float64, requires_grad=True)
+    return emb, head
+
+
+def _token_loss(batch, params):
+    """Per-token cross-entropy of a token-local model, its targets' weights and trained mask,
+    aligned with the targets (``shift_labels`` for a CP slice, else labels shifted by one)."""
+    emb, head = params
+    logits = (emb[batch["input_ids"]] @ head).log_softmax(-1)
+    if "shift_labels" in batch:
+        target, weights = batch["shift_labels"], batch["loss_weights"]
+    else:
+        logits, target, weights = logits[:-1], batch["labels"][1:], batch["loss_weights"][1:]
+    trained = target != -100
+    ce = -logits.gather(1, target.clamp(min=0)[:, None])[:, 0]
+    # loss_weights are float32 1/n_s: recover n_s exactly for a float64 comparison.
+    w = weights.to(torch.float64)
+    w = torch.where(w > 0, 1 / torch.round(1 / w.clamp(min=1e-30)), torch.zeros_like(w))
+    return torch.where(trained, ce, torch.zeros_like(ce)), w, trained
+
+
+def _rows(batch):
+    return [
+        {k: batch[k][i] for k in batch if isinstance(batch[k], list)}
+        for i in range(len(batch["input_ids"]))
+    ]
+
+
+def _reference(rows, params):
+    """Token mean and mean of per-sample means of the whole global batch, computed directly."""
+    batch = PackedCollator("flash")(rows)
+    emb, head = params
+    logits = (emb[batch["input_ids"]] @ head).log_softmax(-1)
+    labels = batch["labels"]
+    cu = batch["cu_seqlens"].tolist()
+    token_sum, terms, sample_means = 0.0, 0, []
+    for a, b in zip(cu[:-1], cu[1:]):
+        # Loss terms of one sample: token t predicts label t + 1, both inside the sample.
+        t = torch.arange(a, b - 1)
+        keep = labels[t + 1] != -100
+        ce = -logits[t[keep], labels[t + 1][keep]]
+        token_sum = token_sum + ce.sum()
+        terms += int(keep.sum())
+        sample_means.append(ce.mean() if keep.any() else torch.zeros((), dtype=torch.float64))
+    return token_sum / terms, torch.stack(sample_means).mean(), terms, len(sample_means)
+
+
+def _dataset(kind, corpora, **kw):
+    if kind == "single":
+        return PackedIterableDataset(corpora["sft"], batch_rows=2, seed=3, **kw)
+    return PackedMixture(corpora, {"sft": 0.6, "text": 0.4}, batch_rows=2, seed=3, **kw)
+
+
+@pytest.mark.parametrize("kind", ["single", "mixture"])
+@pytest.mark.parametrize("world_size, grad_accum, cp", [(1, 1, 1), (3, 2, 1), (2, 3, 2), (2, 2, 4)])
+def test_global_normalisers_give_the_global_batch_loss(corpora, kind, world_size, grad_accum, cp):
+    per_rank = []
+    for rank in range(world_size):
+        ds = _dataset(kind, corpora, rank=rank, world_size=world_size, grad_accum_steps=grad_accum)
+        per_rank.append(list(ds))
+    n_batches = len(per_rank[0])
+    assert all(len(b) == n_batches for b in per_rank)
+    params = _params()
+    averaged = world_size * cp  # the ranks DDP averages gradients over (data x context parallel)
+    n_steps = -(-n_batches // grad_accum)
+    assert n_steps >= 3
+    # Counts are checked for every step; the losses for the first two and the last, partial one.
+    for m in range(n_steps):
+        step = [b[m * grad_accum : (m + 1) * grad_accum] for b in per_rank]
+        fields = {(b["global_num_loss_tokens"], b["global_num_samples"]) for bs in step for b in bs}
+        assert len(fields) == 1  # every rank and micro-step of the step knows the same counts
+        n_tokens, n_samples = fields.pop()
+        rows = [row for bs in step for b in bs for row in _rows(b)]
+        whole = PackedCollator("flash")(rows)
+        assert (n_tokens, n_samples) == (whole["num_loss_tokens"], whole["num_seqs"])
+        if 1 < m < n_steps - 1:
+            continue
+        ref_token, ref_sample, terms, samples = _reference(rows, params)
+        assert (n_tokens, n_samples) == (terms, samples)
+        # DDP: each rank accumulates its micro-steps' gradients, then the ranks are averaged.
+        for convention, reference in (("token", ref_token), ("sample", ref_sample)):
+            grads = [torch.zeros_like(p) for p in params]
+            total = 0.0
+            for bs in step:
+                for c in range(cp):
+                    for b in bs:
+                        collate = PackedCollator(
+                            "flash", return_loss_weights=True, cp_size=cp, cp_rank=c
+                        )
+                        ce, weights, _ = _token_loss(collate(_rows(b)), params)
+                        if convention == "token":
+                            loss = ce.sum() / b["global_num_loss_tokens"] * averaged
+                        else:
+                            loss = (ce * weights).sum() / b["global_num_samples"] * averaged
+                        for acc, g in zip(grads, torch.autograd.grad(loss, params)):
+                            acc += g
+                        total += float(loss.detach())
+            want = torch.autograd.grad(reference, params, retain_graph=True)
+            assert abs(total / averaged - float(reference.detach())) < 1e-12
+            for acc, w in zip(grads, want):
+                assert torch.allclose(acc / averaged, w, rtol=0, atol=1e-12)
+
+
+def test_counts_match_the_collated_batches_and_need_grad_accum(corpora):
+    ds = PackedIterableDataset(
+        corpora["text"], batch_rows=3, seed=1, grad_accum_steps=1, collate_fn=PackedCollator()
+    )
+    for batch in ds:
+        assert batch["global_num_loss_tokens"] == batch["num_loss_tokens"]
+        assert batch["global_num_samples"] == batch["num_seqs"]
+    plain = PackedIterableDataset(corpora["text"], batch_rows=3, collate_fn=PackedCollator())
+    assert "global_num_loss_tokens" not in next(iter(plain))
+
+
+def test_counts_after_resume_with_another_world_size(corpora):
+    state = _dataset("single", corpora, rank=0, world_size=2).state_dict(batches_consumed=3)
+    ranks = []
+    for rank in range(3):
+        ds = _dataset("single", corpora, rank=rank, world_size=3, grad_accum_steps=2)
+        ds.load_state_dict(state)
+        ranks.append(list(ds))
+    for m in range(0, len(ranks[0]), 2):
+        step = [b for bs in ranks for b in bs[m : m + 2]]
+        rows = [row for b in step for row in _rows(b)]
+        batch = PackedCollator()(rows)
+        assert {b["global_num_loss_tokens"] for b in step} == {batch["num_loss_tokens"]}
+        assert {b["global_num_samples"] for b in step} == {batch["num_seqs"]}
+    assert np.sum([len(bs) for bs in ranks]) > 0
