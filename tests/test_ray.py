@@ -260,3 +260,40 @@ def test_bad_values_name_the_block_and_sample(cluster, tmp_path):
     with pytest.raises(tokpack.DataError, match=r"block 1 \(samples from 1\): row 0"):
         tokpack.ray.pack(ds, tmp_path / "out", 8)
     assert not (tmp_path / "out").exists()
+
+
+def test_tokenize_gives_tokpack_tokenizes_ids_and_labels_and_keeps_rejects(cluster, tmp_path):
+    from ._tokenizer_factory import build_tokenizer, conversations, write_jsonl
+
+    tok = build_tokenizer(tmp_path / "tok")
+    records = [{"messages": m} for m in conversations(40)]
+    records[5] = {"messages": [{"role": "user"}]}  # no content: rejected
+    source = write_jsonl(tmp_path / "chat.jsonl", records)
+    want = pa.Table.from_batches(
+        list(tokpack.tokenize_to_batches(source, tok, skip_invalid=True, threads=1))
+    )
+    ds = ray.data.from_items(records, override_num_blocks=3)
+    got = tokpack.ray.tokenize(
+        ds, tok, rejected_dir=tmp_path / "rejected", skip_invalid=True, batch_size=16
+    ).to_arrow_refs()
+    got = pa.concat_tables(ray.get(got))
+    assert got.column("input_ids").to_pylist() == want.column("input_ids").to_pylist()
+    assert got.column("labels").to_pylist() == want.column("labels").to_pylist()
+    rejected = [
+        line for f in (tmp_path / "rejected").iterdir() for line in f.read_text().splitlines()
+    ]
+    assert len(rejected) == 1 and '"role": "user"' in rejected[0]
+
+
+def test_cli_pack_ray_writes_tokpack_packs_bytes(cluster, corpus, tmp_path):
+    from tokpack.cli import main
+
+    root, files, _, reference = corpus
+    args = [str(f) for f in files] + ["-o", str(tmp_path / "out"), "--max-len", str(MAX_LEN)]
+    args += ["--rows-per-shard", "40", "--row-group-rows", "16", "--overlong", "drop"]
+    assert main(["pack", *args, "--ray", c_address(cluster), "--quiet"]) == 0
+    assert_same_shards(tmp_path / "out", root / "reference", reference)
+
+
+def c_address(cluster) -> str:
+    return cluster[0].address
