@@ -151,7 +151,13 @@ def test_global_output_is_read_by_packed_dataset_verify_and_read_packed(cluster,
     _, _, table, reference = corpus
     tokpack.ray.pack(blocks(table, (128, 128)), tmp_path / "out", MAX_LEN, **LAYOUT)
     accounted(tmp_path / "out", table.num_rows)
-    assert tokpack.ray.read_packed(tmp_path / "out").count() == reference["figures"]["rows"]
+    ds = tokpack.ray.read_packed(tmp_path / "out")
+    assert ds.count() == reference["figures"]["rows"]
+    from tokpack.torch import PackedCollator
+
+    collate = tokpack.ray.rows_collate(PackedCollator(format="hf"))
+    batches = ds.iter_torch_batches(batch_size=16, collate_fn=collate)
+    assert sum(b["input_ids"].shape[-1] for b in batches) == reference["figures"]["tokens"]
 
 
 def test_local_mode_accounts_for_every_sample_within_the_any_fit_bound(cluster, corpus, tmp_path):

@@ -10,7 +10,6 @@ they stay in Ray's object store (spilled to disk when large), the distributed co
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -199,8 +198,3 @@ def resolve_columns(
 @ray.remote
 def _column_names(table: pa.Table) -> List[str]:
     return table.column_names
-
-
-def shown_source(path: str) -> Path:
-    """A ``path`` column value (pyarrow file systems drop a URI's scheme) as a Path."""
-    return Path(path)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Union
 
 from .. import files
 from .._outdir import MANIFEST_NAME, atomic_output_dir, read_manifest, write_json_atomic
@@ -80,15 +80,20 @@ def pack(
     if mode == "local":
         config["ray"] = {"mode": mode, "min_block_samples": min_block_samples}
     layout = Layout(max_len, config["row_group_rows"], compression)
+    stages: Dict[str, float] = {}
     with atomic_output_dir(output_dir) as tmp:
         prepare(tmp)
+        clock = _Clock(stages)
         refs = ordered_blocks(ds)
         columns = resolve_columns(refs, tokens_column, labels_column, loss_mask_column)
+        clock.lap("blocks")
         if mode == "global":
             measured = measure(refs, columns)
+            clock.lap("measure")
             plan = make_plan(
                 measured.lengths, max_len, strategy=strategy, overlong=overlong, seed=seed
             )
+            clock.lap("plan")
             shards = write_global(
                 refs, measured.bases, plan, columns, tmp, layout, config["rows_per_shard"]
             )
@@ -103,14 +108,29 @@ def pack(
                 efficiency=result["tokens"] / (result["rows"] * max_len) if result["rows"] else 0,
             )
             sources = ([DATASET_SOURCE], [result["n_samples"]])
+        clock.lap("write")
         remove_attempts(tmp)
         paths, result["input_rows"] = [Path(p) for p in sources[0]], sources[1]
         result["has_labels"] = columns.labels is not None
         files._write_dropped(tmp / files.DROPPED_NAME, result, paths, None)
         described: List[Dict[str, Any]] = [{"path": str(p)} for p in paths]
         manifest = files._manifest(None, config, described, result, time.perf_counter() - started)
+        manifest["ray"] = {"mode": mode, "blocks": len(refs), "stage_s": stages}
         write_json_atomic(tmp / MANIFEST_NAME, manifest)
     return manifest
+
+
+class _Clock:
+    """Wall time of each stage, for the manifest's ``ray.stage_s`` (and the benchmark)."""
+
+    def __init__(self, stages: Dict[str, float]) -> None:
+        self.stages = stages
+        self.last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.stages[name] = round(now - self.last, 3)
+        self.last = now
 
 
 def _plan_result(plan: Any, shards: List[Dict[str, Any]]) -> Dict[str, Any]:
@@ -143,8 +163,8 @@ def read_packed(output_dir: Union[str, os.PathLike], **read_parquet_args: Any) -
     ``labels``, ``seq_lengths``, ``sample_ids``, ...), reading exactly the shards its manifest
     lists. A directory without a manifest is refused: it is not a complete output.
 
-    For training: ``ds.iter_torch_batches(collate_fn=PackedCollator(...))``, or
-    ``ds.streaming_split(n)`` to feed ``n`` trainer workers (README, "Ray").
+    For training: ``ds.iter_torch_batches(collate_fn=rows_collate(PackedCollator(...)))``,
+    after ``ds.streaming_split(n)`` to feed ``n`` trainer workers (README, "Ray").
     """
     import ray.data
 
@@ -161,4 +181,15 @@ def read_packed(output_dir: Union[str, os.PathLike], **read_parquet_args: Any) -
     return ray.data.read_parquet(paths, **read_parquet_args)
 
 
-__all__ = ["pack", "read_packed", "MODES"]
+def rows_collate(collator: Callable[[List[Dict[str, Any]]], Any]) -> Callable[[Any], Any]:
+    """A ``collate_fn`` for ``iter_torch_batches``: Ray hands it a batch as columns (a dict of
+    numpy arrays), ``PackedCollator`` takes rows; this turns the one into the other."""
+
+    def collate(batch: Dict[str, Any]) -> Any:
+        names = list(batch)
+        return collator([dict(zip(names, values)) for values in zip(*batch.values())])
+
+    return collate
+
+
+__all__ = ["pack", "read_packed", "rows_collate", "MODES"]
