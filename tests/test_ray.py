@@ -303,3 +303,23 @@ def test_cli_pack_ray_writes_tokpack_packs_bytes(cluster, corpus, tmp_path):
 
 def c_address(cluster) -> str:
     return cluster[0].address
+
+
+@pytest.mark.parametrize("mode", ["global", "local"])
+def test_all_samples_dropped_gives_tokpack_packs_empty_shard(cluster, tmp_path, mode):
+    tokens = pa.array([[1] * 9, [2] * 10, []], pa.list_(pa.int32()))
+    table = pa.table({"input_ids": tokens, "labels": tokens})
+    pq.write_table(table, tmp_path / "tokens.parquet")
+    reference = tokpack.pack_files([tmp_path / "tokens.parquet"], tmp_path / "ref", 8, **LAYOUT)
+    ds = blocks(table, (1,))
+    tokpack.ray.pack(ds, tmp_path / "out", 8, mode=mode, min_block_samples=1, **LAYOUT)
+    assert_same_shards(tmp_path / "out", tmp_path / "ref", reference)
+    assert tokpack.verify(tmp_path / "out")["ok"]
+
+
+@pytest.mark.parametrize("mode", ["global", "local"])
+def test_an_overlong_sample_is_named_by_its_index_in_the_dataset(cluster, tmp_path, mode):
+    table = pa.table({"input_ids": pa.array([[1], [2], [3] * 9], pa.list_(pa.int32()))})
+    with pytest.raises(tokpack.OverlongError, match="sample 2 has 9 tokens"):
+        tokpack.ray.pack(blocks(table, (2,)), tmp_path / "out", 8, mode=mode, min_block_samples=1)
+    assert not (tmp_path / "out").exists()

@@ -38,7 +38,7 @@ def _scatter(table: Any, columns: Columns, base: int, rows: np.ndarray, cuts: np
 def _gather_write(
     out_tmp: str, shard: int, rows: Rows, layout: Layout, has_labels: bool, *pieces: Any
 ) -> Dict[str, Any]:
-    return write_shard(out_tmp, shard, rows, concat(pieces), layout, has_labels)
+    return write_shard(out_tmp, shard, rows, concat(pieces, has_labels), layout, has_labels)
 
 
 def write_global(

@@ -22,7 +22,7 @@ import pyarrow as pa
 import ray
 
 from .._outdir import SIDE_DIR
-from ..errors import TokpackError
+from ..errors import DataError, OverlongError, TokpackError
 from ..planning import plan as make_plan
 from ._blocks import Columns, block_error, sample_arrays
 from ._shards import ATTEMPT_PREFIX, Layout, Rows, shard_ranges, write_shard
@@ -62,9 +62,18 @@ def _pack_group(
         tokens, offsets, labels = sample_arrays(pa.concat_tables(tables), columns)
     except TokpackError as exc:
         return exc
+    lengths = np.diff(offsets)
+    too_long = np.flatnonzero(lengths > planning.max_len) if planning.overlong == "error" else []
+    if len(too_long):
+        k = int(too_long[0])
+        # The planner would name the sample by its index in the group, not in the dataset.
+        return OverlongError(
+            f"sample {base + k} has {int(lengths[k])} tokens, more than "
+            f'max_len={planning.max_len}; pass overlong="truncate", "drop" or "split"'
+        )
     try:
         plan = make_plan(
-            np.diff(offsets),
+            lengths,
             planning.max_len,
             strategy=planning.strategy,
             overlong=planning.overlong,
@@ -126,6 +135,8 @@ def pack_local(
     """Packs group by group into ``out_tmp``; returns the merged accounting with the shards
     renamed ``part-NNNNN`` in group order."""
     sizes = ray.get([_rows.remote(ref) for ref in refs])
+    if sum(sizes) == 0:
+        raise DataError("the ray dataset holds no samples")
     groups = groups_of(sizes, min_block_samples)
     bases = np.zeros(len(sizes) + 1, dtype=np.int64)
     np.cumsum(sizes, out=bases[1:])

@@ -67,14 +67,16 @@ def take(
     return tokens[index], out_offsets, None if labels is None else labels[index]
 
 
-def concat(pieces: Sequence[Held]) -> Held:
-    """Pieces with ascending, disjoint id ranges, in order, as one held set."""
-    ids = np.concatenate([p[0] for p in pieces]) if pieces else np.zeros(0, np.int64)
-    sizes = np.concatenate([np.diff(p[1]) for p in pieces]) if pieces else np.zeros(0, np.int64)
+def concat(pieces: Sequence[Held], has_labels: bool) -> Held:
+    """Pieces with ascending, disjoint id ranges, in order, as one held set (none: the empty
+    shard of a run whose samples were all dropped)."""
+    empty: Held = (np.zeros(0, np.int64), np.zeros(1, np.int64), np.zeros(0, np.int32), None)
+    pieces = list(pieces) or [(*empty[:3], np.zeros(0, np.int32) if has_labels else None)]
+    ids = np.concatenate([p[0] for p in pieces])
+    sizes = np.concatenate([np.diff(p[1]) for p in pieces])
     offsets = np.zeros(len(ids) + 1, dtype=np.int64)
     np.cumsum(sizes, out=offsets[1:])
-    tokens = np.concatenate([p[2] for p in pieces]) if pieces else np.zeros(0, np.int32)
-    has_labels = bool(pieces) and pieces[0][3] is not None
+    tokens = np.concatenate([p[2] for p in pieces])
     labels = np.concatenate([p[3] for p in pieces]) if has_labels else None
     return ids, offsets, tokens, labels
 
