@@ -279,16 +279,21 @@ def test_tokenize_gives_tokpack_tokenizes_ids_and_labels_and_keeps_rejects(clust
         list(tokpack.tokenize_to_batches(source, tok, skip_invalid=True, threads=1))
     )
     ds = ray.data.from_items(records, override_num_blocks=3)
-    got = tokpack.ray.tokenize(
+    tokenized = tokpack.ray.tokenize(
         ds, tok, rejected_dir=tmp_path / "rejected", skip_invalid=True, batch_size=16
-    ).to_arrow_refs()
-    got = pa.concat_tables(ray.get(got))
+    ).materialize()
+    got = pa.concat_tables(ray.get(tokenized.to_arrow_refs()))
     assert got.column("input_ids").to_pylist() == want.column("input_ids").to_pylist()
     assert got.column("labels").to_pylist() == want.column("labels").to_pylist()
     rejected = [
         line for f in (tmp_path / "rejected").iterdir() for line in f.read_text().splitlines()
     ]
     assert len(rejected) == 1 and '"role": "user"' in rejected[0]
+    # Packing the tokenized dataset gives tokpack pack's shards of the same tokens.
+    pq.write_table(want, tmp_path / "tokens.parquet")
+    reference = tokpack.pack_files([tmp_path / "tokens.parquet"], tmp_path / "ref", 64, **LAYOUT)
+    tokpack.ray.pack(tokenized, tmp_path / "out", 64, **LAYOUT)
+    assert_same_shards(tmp_path / "out", tmp_path / "ref", reference)
 
 
 def test_cli_pack_ray_writes_tokpack_packs_bytes(cluster, corpus, tmp_path):

@@ -35,16 +35,17 @@ class _Tokenize:
         self.tokenizer = load_tokenizer(tokenizer)
         self.options = options
         self.rejected_dir = rejected_dir
-        self.scratch = tempfile.mkdtemp(prefix="tokpack-ray-tokenize-")
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        staged = Path(self.scratch) / "batch.parquet"
-        pq.write_table(batch, staged)
-        rejected: List[Dict[str, Any]] = []
-        stream = tokenize_to_batches(
-            [staged], self.tokenizer, threads=1, on_reject=rejected.append, **self.options
-        )
-        out = pa.Table.from_batches(list(stream), schema=TOKEN_SCHEMA)
+        # A directory of its own per call: an actor may run several batches at once.
+        with tempfile.TemporaryDirectory(prefix="tokpack-ray-tokenize-") as scratch:
+            staged = Path(scratch) / "batch.parquet"
+            pq.write_table(batch, staged)
+            rejected: List[Dict[str, Any]] = []
+            stream = tokenize_to_batches(
+                [staged], self.tokenizer, threads=1, on_reject=rejected.append, **self.options
+            )
+            out = pa.Table.from_batches(list(stream), schema=TOKEN_SCHEMA)
         if rejected:
             self._write_rejected(rejected)
         return out
