@@ -37,7 +37,7 @@ class _Tokenize:
         self.rejected_dir = rejected_dir
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        # A directory of its own per call: an actor may run several batches at once.
+        # Staged in a directory removed after each batch: an actor leaves nothing behind.
         with tempfile.TemporaryDirectory(prefix="tokpack-ray-tokenize-") as scratch:
             staged = Path(scratch) / "batch.parquet"
             pq.write_table(batch, staged)
