@@ -39,3 +39,19 @@ def test_torch_parts_say_what_is_missing():
     )
     assert proc.returncode == 0, proc.stderr
     assert "torch" in proc.stdout
+
+
+def test_ray_part_says_what_is_missing():
+    proc = run_blocked(
+        """
+        import tokpack
+        try:
+            import tokpack.ray
+        except ImportError as exc:
+            assert "tokpack[ray]" in str(exc), exc
+        else:
+            raise SystemExit("no ImportError")
+        """,
+        blocked=("ray",),
+    )
+    assert proc.returncode == 0, proc.stderr

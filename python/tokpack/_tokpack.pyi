@@ -112,3 +112,19 @@ def read_row_group(
     check: Optional[Tuple[int, Tuple[int, int, str], Tuple[int, int, str]]] = None,
 ) -> Dict[str, Union[npt.NDArray[Any], Tuple[npt.NDArray[Any], npt.NDArray[np.int64]]]]: ...
 def file_checksum(path: str) -> Tuple[int, str]: ...
+def write_held_shard(
+    *,
+    out_dir: str,
+    shard: int,
+    max_len: int,
+    bin_offsets: np.ndarray,
+    sample_ids: np.ndarray,
+    starts: np.ndarray,
+    lengths: np.ndarray,
+    ids: np.ndarray,
+    offsets: np.ndarray,
+    tokens: np.ndarray,
+    labels: Optional[np.ndarray],
+    row_group_rows: int,
+    compression: str,
+) -> Dict[str, Any]: ...

@@ -34,6 +34,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="before a cache hit, check the shards' checksums (sizes are always checked)",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bars or summary")
+    parser.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="ADDRESS",
+        help="pack on a Ray cluster (tokpack.ray.pack; Parquet inputs): 'auto' joins the "
+        "running one, no ADDRESS starts a local one",
+    )
+    parser.add_argument(
+        "--ray-mode",
+        choices=("global", "local"),
+        default="global",
+        help="with --ray: global (byte-identical to tokpack pack) or local (per block group)",
+    )
     raw = parser.add_argument_group(
         "one step from raw data (with --tokenizer: tokenize JSONL / Parquet chat or text data "
         "and pack it in the same run, see `tokpack tokenize`)"
@@ -67,7 +82,30 @@ def summary(manifest: Dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    manifest = pack_files(
+    if args.ray is not None:
+        from ..ray._cli import pack_command
+
+        manifest = pack_command(args)
+    else:
+        manifest = _pack_here(args)
+    if manifest["rebuilt_because"]:
+        print(
+            f"{args.output} was up to date but damaged ({manifest['rebuilt_because']}): rebuilt",
+            file=sys.stderr,
+        )
+    if manifest["cache_hit"]:
+        print(
+            f"{args.output} is up to date (cache hit: same inputs and config); nothing to do. "
+            "Pass --force to rebuild.",
+            file=sys.stderr,
+        )
+    if not args.quiet:
+        print(summary(manifest))
+    return 0
+
+
+def _pack_here(args: argparse.Namespace) -> Dict[str, Any]:
+    return pack_files(
         args.inputs,
         args.output,
         args.max_len,
@@ -87,17 +125,3 @@ def run(args: argparse.Namespace) -> int:
         tokenize=tokenize_options(args) if args.tokenizer else None,
         verify_cache=args.verify_cache,
     )
-    if manifest["rebuilt_because"]:
-        print(
-            f"{args.output} was up to date but damaged ({manifest['rebuilt_because']}): rebuilt",
-            file=sys.stderr,
-        )
-    if manifest["cache_hit"]:
-        print(
-            f"{args.output} is up to date (cache hit: same inputs and config); nothing to do. "
-            "Pass --force to rebuild.",
-            file=sys.stderr,
-        )
-    if not args.quiet:
-        print(summary(manifest))
-    return 0

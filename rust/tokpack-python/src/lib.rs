@@ -5,6 +5,7 @@ mod bpe;
 mod errors;
 mod files;
 mod plan;
+mod shards;
 
 use pyo3::prelude::*;
 
@@ -21,5 +22,6 @@ fn _tokpack(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(files::read_lengths, m)?)?;
     m.add_function(wrap_pyfunction!(files::read_row_group, m)?)?;
     m.add_function(wrap_pyfunction!(files::file_checksum, m)?)?;
+    m.add_function(wrap_pyfunction!(shards::write_held_shard, m)?)?;
     Ok(())
 }

@@ -4,12 +4,14 @@
 //! batch) at a time, projecting only the needed columns; [`columns`] turns Arrow list columns
 //! into checked int32 tokens; [`spill`] keeps the tokens in flat files so packing needs memory
 //! for the per-sample bookkeeping only; [`writer`] writes packed shards with their boundary
-//! index; [`checked`] reads them back against their checksums; [`pack`] ties them together.
+//! index; [`checked`] reads them back against their checksums; [`pack`] ties them together;
+//! [`shard`] writes one shard from samples held in memory (the shard tasks of `tokpack.ray`).
 
 pub mod checked;
 pub mod columns;
 pub mod pack;
 pub mod progress;
+pub mod shard;
 pub mod source;
 pub mod spill;
 pub mod writer;
@@ -17,5 +19,6 @@ pub mod writer;
 pub use checked::{file_checksum, read_checked_row_group, GroupCheck};
 pub use pack::{pack_files, read_lengths, LabelSource, PackFilesConfig, PackOutcome};
 pub use progress::{Phase, Progress};
+pub use shard::{write_held_shard, HeldSamples};
 pub use source::{read_row_group, Source};
 pub use writer::{parse_compression, ByteRange, ShardInfo};

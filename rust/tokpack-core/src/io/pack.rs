@@ -12,8 +12,8 @@
 use super::columns::{check_aligned, check_type, flatten, labels_from_mask, Location, Role};
 use super::progress::{Phase, Progress};
 use super::source::Source;
-use super::spill::Spill;
-use super::writer::{write_shard, ShardContext, ShardInfo};
+use super::spill::{Spill, SpillReader};
+use super::writer::{write_shard, SampleSource, ShardContext, ShardInfo};
 use crate::error::{CoreError, Result};
 use crate::plan::{Plan, PlanConfig};
 use parquet::basic::Compression;
@@ -55,6 +55,23 @@ pub struct PackOutcome {
     pub plan: Plan,
     pub has_labels: bool,
     pub shards: Vec<ShardInfo>,
+}
+
+/// The spilled samples, found through each sample's spill location.
+struct Spilled<'a> {
+    locations: &'a [u64],
+    reader: &'a SpillReader,
+}
+
+impl SampleSource for Spilled<'_> {
+    fn tokens(&self, sample: i64, start: i64, out: &mut [i32]) -> Result<()> {
+        self.reader
+            .tokens(self.locations[sample as usize], start, out)
+    }
+    fn labels(&self, sample: i64, start: i64, out: &mut [i32]) -> Result<()> {
+        self.reader
+            .labels(self.locations[sample as usize], start, out)
+    }
 }
 
 /// The resolved columns to read from every file.
@@ -262,16 +279,29 @@ pub fn read_lengths(
     Ok((lengths, rows))
 }
 
-/// Packs the token shards `config.paths` into `config.out_dir`. Call inside `pool::install`.
-pub fn pack_files(config: &PackFilesConfig, progress: &Progress) -> Result<PackOutcome> {
-    let max_tokens = config.row_group_rows as u64 * u64::from(config.plan.max_len);
-    if config.row_group_rows == 0 || config.rows_per_shard == 0 || max_tokens > i32::MAX as u64 {
+/// The output layout must be positive and a row group's tokens must fit int32 offsets.
+pub(crate) fn check_layout(
+    rows_per_shard: usize,
+    row_group_rows: usize,
+    max_len: u32,
+) -> Result<()> {
+    let max_tokens = row_group_rows as u64 * u64::from(max_len);
+    if row_group_rows == 0 || rows_per_shard == 0 || max_tokens > i32::MAX as u64 {
         return Err(CoreError::Config(format!(
-            "row_group_rows ({}) and rows_per_shard ({}) must be positive, and \
-             row_group_rows * max_len must fit in int32",
-            config.row_group_rows, config.rows_per_shard
+            "row_group_rows ({row_group_rows}) and rows_per_shard ({rows_per_shard}) must be \
+             positive, and row_group_rows * max_len must fit in int32"
         )));
     }
+    Ok(())
+}
+
+/// Packs the token shards `config.paths` into `config.out_dir`. Call inside `pool::install`.
+pub fn pack_files(config: &PackFilesConfig, progress: &Progress) -> Result<PackOutcome> {
+    check_layout(
+        config.rows_per_shard,
+        config.row_group_rows,
+        config.plan.max_len,
+    )?;
     let sources = open_all(&config.paths)?;
     let columns = resolve_columns(&sources, &config.tokens_column, &config.labels)?;
     let has_labels = columns.labels.is_some();
@@ -310,8 +340,10 @@ pub fn pack_files(config: &PackFilesConfig, progress: &Progress) -> Result<PackO
     let ctx = ShardContext {
         dir: &config.out_dir,
         plan: &plan,
-        locations: &locations,
-        spill: &reader,
+        source: &Spilled {
+            locations: &locations,
+            reader: &reader,
+        },
         has_labels,
         row_group_rows: config.row_group_rows,
         compression: config.compression,

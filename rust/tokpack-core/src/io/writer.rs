@@ -8,7 +8,6 @@
 //! [`super::checked`]).
 
 use super::progress::Progress;
-use super::spill::SpillReader;
 use crate::error::{CoreError, Result};
 use crate::plan::Plan;
 use crate::IGNORE_INDEX;
@@ -163,13 +162,20 @@ impl<W: Write> Write for Hashing<W> {
     }
 }
 
+/// Where a shard writer gathers the tokens of the plan's segments from: the spill files of
+/// `pack_files`, or the samples a `tokpack.ray` shard task holds in memory ([`super::shard`]).
+pub trait SampleSource: Sync {
+    /// Tokens `start..start+out.len()` of input sample `sample`.
+    fn tokens(&self, sample: i64, start: i64, out: &mut [i32]) -> Result<()>;
+    /// Labels of the same span (called only when the shard has labels).
+    fn labels(&self, sample: i64, start: i64, out: &mut [i32]) -> Result<()>;
+}
+
 /// Everything a shard writer needs besides its row range.
 pub struct ShardContext<'a> {
     pub dir: &'a Path,
     pub plan: &'a Plan,
-    /// Spill location of every input sample.
-    pub locations: &'a [u64],
-    pub spill: &'a SpillReader,
+    pub source: &'a dyn SampleSource,
     pub has_labels: bool,
     pub row_group_rows: usize,
     pub compression: Compression,
@@ -326,13 +332,13 @@ fn row_group(
     let mut pos = 0usize;
     for k in segs.clone() {
         let len = plan.lengths[k] as usize;
-        let loc = ctx.locations[plan.sample_ids[k] as usize];
+        let (sample, start) = (plan.sample_ids[k], plan.starts[k]);
         let span = pos..pos + len;
-        ctx.spill
-            .tokens(loc, plan.starts[k], &mut tokens[span.clone()])?;
+        ctx.source
+            .tokens(sample, start, &mut tokens[span.clone()])?;
         if ctx.has_labels {
-            ctx.spill
-                .labels(loc, plan.starts[k], &mut labels[span.clone()])?;
+            ctx.source
+                .labels(sample, start, &mut labels[span.clone()])?;
             seg_loss.push(labels[span].iter().filter(|&&v| v != IGNORE_INDEX).count() as i32);
         } else {
             seg_loss.push(len as i32);

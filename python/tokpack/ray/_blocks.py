@@ -1,0 +1,200 @@
+"""The blocks of a Ray dataset in input order, and the samples inside them.
+
+Sample ``i`` is the ``i``-th row of the dataset in its order (for ``ray.data.read_parquet``:
+the ``i``-th row across the files, as ``tokpack pack`` numbers them). The blocks are taken with
+``preserve_order`` on, so their order is the dataset's whatever the cluster or the scheduling;
+they stay in Ray's object store (spilled to disk when large), the distributed counterpart of
+``tokpack pack``'s spill files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, List, Optional, Sequence, Tuple
+
+import numpy as np
+import pyarrow as pa
+import ray
+
+from .._arrays import as_flat_column
+from ..errors import ConfigError, DataError, SchemaError, TokpackError
+
+IGNORE_INDEX = -100
+# A dataset made with ``ray.data.read_parquet(..., include_paths=True)`` names each row's file:
+# the dropped-samples list then gives the file and row, as ``tokpack pack`` does.
+PATH_COLUMN = "path"
+
+
+@dataclass(frozen=True)
+class Columns:
+    """Which columns hold the tokens and the labels (or the 0/1 loss mask)."""
+
+    tokens: str
+    labels: Optional[str]
+    mask: bool = False
+
+    def names(self) -> List[str]:
+        return [self.tokens] + ([self.labels] if self.labels else [])
+
+
+def ordered_blocks(ds: Any) -> List[Any]:
+    """The dataset's blocks as Arrow tables in the object store, in the dataset's order."""
+    options = ds.context.execution_options
+    kept = options.preserve_order
+    options.preserve_order = True
+    try:
+        return ds.to_arrow_refs()
+    finally:
+        options.preserve_order = kept
+
+
+def _first_bad(values: np.ndarray, bad: np.ndarray, offsets: np.ndarray) -> Tuple[int, int]:
+    k = int(np.argmax(bad))
+    row = int(np.searchsorted(offsets, offsets[0] + k, side="right")) - 1
+    return row, int(values[k])
+
+
+def _check_values(values: np.ndarray, offsets: np.ndarray, column: str, role: str) -> None:
+    """The rule of the core's column reader: token ids >= 0, labels -100 or a token id, mask
+    0/1 (see ``rust/tokpack-core/src/io/columns.rs``)."""
+    if role == "tokens":
+        bad = values < 0
+        allowed = "a token id must be >= 0"
+    elif role == "labels":
+        bad = (values < 0) & (values != IGNORE_INDEX)
+        allowed = f"a label must be {IGNORE_INDEX} or a token id >= 0"
+    else:
+        bad = (values != 0) & (values != 1)
+        allowed = "a loss mask holds 0 or 1"
+    if values.size and bad.any():
+        row, value = _first_bad(values, bad, offsets)
+        raise DataError(f"row {row}, column {column!r}: value {value} ({allowed})")
+
+
+def sample_arrays(
+    table: pa.Table, columns: Columns
+) -> Tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]:
+    """The block's samples as checked flat int32 tokens, int64 offsets from 0 and labels
+    (made from the loss mask when there is one). Raises DataError / SchemaError naming the
+    block-relative row and the column."""
+    for name in columns.names():
+        if name not in table.column_names:
+            raise SchemaError(f"no column {name!r} (columns: {', '.join(table.column_names)})")
+    values, offsets = as_flat_column(table.column(columns.tokens), columns.tokens)
+    tokens = values[offsets[0] : offsets[-1]]
+    offsets = offsets - offsets[0]
+    _check_values(tokens, offsets, columns.tokens, "tokens")
+    if columns.labels is None:
+        return tokens, offsets, None
+    lvalues, loffsets = as_flat_column(table.column(columns.labels), columns.labels)
+    labels = lvalues[loffsets[0] : loffsets[-1]]
+    loffsets = loffsets - loffsets[0]
+    if not np.array_equal(np.diff(offsets), np.diff(loffsets)):
+        row = int(np.argmax(np.diff(offsets) != np.diff(loffsets)))
+        raise DataError(
+            f"row {row}, column {columns.labels!r}: not as many values as {columns.tokens!r}"
+        )
+    _check_values(labels, offsets, columns.labels, "mask" if columns.mask else "labels")
+    if columns.mask:
+        labels = np.where(labels == 1, tokens, IGNORE_INDEX).astype(np.int32)
+    return tokens, offsets, labels
+
+
+@dataclass
+class Measured:
+    """What a pass over the blocks learns, in order: every sample's length, the first sample
+    of every block (and the total at the end), and the rows of each named source file."""
+
+    lengths: np.ndarray
+    bases: np.ndarray
+    files: List[str]
+    file_rows: List[int]
+
+
+@ray.remote
+def _measure(table: pa.Table, columns: Columns) -> Any:
+    """Lengths of a block's samples (values checked), and its run-length encoded source paths;
+    a TokpackError is returned, not raised, so the driver can name the block's samples."""
+    try:
+        _, offsets, _ = sample_arrays(table, columns)
+    except TokpackError as exc:
+        return exc
+    runs: List[Tuple[str, int]] = []
+    if PATH_COLUMN in table.column_names:
+        for value, count in _runs(table.column(PATH_COLUMN).to_pylist()):
+            runs.append((value, count))
+    return np.diff(offsets), runs
+
+
+def _runs(values: Sequence[Any]) -> List[Tuple[Any, int]]:
+    out: List[Tuple[Any, int]] = []
+    for v in values:
+        if out and out[-1][0] == v:
+            out[-1] = (v, out[-1][1] + 1)
+        else:
+            out.append((v, 1))
+    return out
+
+
+def block_error(exc: TokpackError, block: int, base: int) -> TokpackError:
+    """``exc`` from inside block ``block`` (first sample ``base``), as the driver raises it."""
+    return type(exc)(f"ray dataset block {block} (samples from {base}): {exc}")
+
+
+def measure(refs: List[Any], columns: Columns) -> Measured:
+    """Lengths of every sample in order (8 bytes a sample on the driver)."""
+    results = ray.get([_measure.remote(ref, columns) for ref in refs])
+    lengths: List[np.ndarray] = []
+    runs: List[Tuple[str, int]] = []
+    base = 0
+    for j, result in enumerate(results):
+        if isinstance(result, TokpackError):
+            raise block_error(result, j, base)
+        block_lengths, block_runs = result
+        lengths.append(block_lengths)
+        base += len(block_lengths)
+        for value, count in block_runs:
+            if runs and runs[-1][0] == value:
+                runs[-1] = (value, runs[-1][1] + count)
+            else:
+                runs.append((value, count))
+    sizes = [len(x) for x in lengths]
+    bases = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=bases[1:])
+    if base == 0:
+        raise DataError("the ray dataset holds no samples")
+    files = [r[0] for r in runs]
+    if len(set(files)) != len(files) or (runs and sum(r[1] for r in runs) != base):
+        raise ConfigError(
+            f"the dataset's {PATH_COLUMN!r} column does not name whole files in order; "
+            "read the files with ray.data.read_parquet(..., include_paths=True) and no shuffle"
+        )
+    return Measured(
+        lengths=np.concatenate(lengths).astype(np.int64, copy=False),
+        bases=bases,
+        files=files,
+        file_rows=[r[1] for r in runs],
+    )
+
+
+def resolve_columns(
+    refs: List[Any],
+    tokens_column: str,
+    labels_column: Optional[str],
+    loss_mask_column: Optional[str],
+) -> Columns:
+    """The columns to read, with ``pack_files``' rule: a loss mask when given; else the labels
+    column when the dataset has it (a name other than ``"labels"`` must exist)."""
+    if loss_mask_column is not None:
+        return Columns(tokens_column, loss_mask_column, mask=True)
+    if labels_column is None:
+        return Columns(tokens_column, None)
+    names = ray.get(_column_names.remote(refs[0])) if refs else []
+    if labels_column in names or labels_column != "labels":
+        return Columns(tokens_column, labels_column)
+    return Columns(tokens_column, None)
+
+
+@ray.remote
+def _column_names(table: pa.Table) -> List[str]:
+    return table.column_names

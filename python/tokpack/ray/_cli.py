@@ -1,0 +1,53 @@
+"""``tokpack pack ... --ray [ADDRESS]``: the command's inputs read by Ray Data and packed with
+:func:`tokpack.ray.pack` on the cluster at ADDRESS (``auto``: the running one; none: a new local
+one)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any, Dict
+
+import ray
+import ray.data
+
+from .._inputs import TOKEN_SUFFIXES, resolve_inputs
+from .._outdir import output_target
+from ..errors import ConfigError
+from ..tokenize.formats import is_parquet
+from ._pack import pack
+
+
+def connect(address: str, quiet: bool) -> None:
+    if not ray.is_initialized():
+        ray.init(address=address or None, logging_level=logging.WARNING, log_to_driver=False)
+    ray.data.DataContext.get_current().enable_progress_bars = not quiet
+
+
+def pack_command(args: argparse.Namespace) -> Dict[str, Any]:
+    if args.tokenizer:
+        raise ConfigError(
+            "--ray packs token shards; tokenize first (tokpack.ray.tokenize), then pack them"
+        )
+    paths = resolve_inputs(args.inputs, TOKEN_SUFFIXES, output_dir=output_target(args.output))
+    others = [str(p) for p in paths if not is_parquet(p)]
+    if others:
+        raise ConfigError(f"--ray reads Parquet token shards only, not {others[0]}")
+    connect(args.ray, args.quiet)
+    ds = ray.data.read_parquet([str(p) for p in paths], include_paths=True)
+    manifest = pack(
+        ds,
+        args.output,
+        args.max_len,
+        strategy=args.strategy,
+        overlong=args.overlong,
+        seed=args.seed,
+        mode=args.ray_mode,
+        tokens_column=args.tokens_column,
+        labels_column=args.labels_column,
+        loss_mask_column=args.loss_mask_column,
+        rows_per_shard=args.rows_per_shard,
+        row_group_rows=args.row_group_rows,
+        compression=args.compression,
+    )
+    return {**manifest, "cache_hit": False, "rebuilt_because": None}

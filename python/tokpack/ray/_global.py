@@ -1,0 +1,99 @@
+"""``mode="global"``: the whole corpus planned at once on the driver, shards written by tasks.
+
+1. One task per block measures its samples (lengths, values checked); the driver keeps the
+   lengths only (8 bytes a sample) and plans them with the Rust planner, exactly as
+   ``tokpack pack`` does.
+2. One scatter task per block sends each shard the samples of that block its rows use (one
+   object per block and shard touched: a map-reduce exchange through Ray's object store).
+3. One task per shard gathers its pieces and writes the shard with tokpack's own Rust writer
+   (``write_held_shard``), so the bytes are ``tokpack pack``'s for the same plan rows.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict, List
+
+import numpy as np
+import ray
+
+from ..planning import Plan
+from ._blocks import Columns, sample_arrays
+from ._shards import Layout, Rows, concat, shard_ranges, take, write_shard
+
+
+@ray.remote
+def _scatter(table: Any, columns: Columns, base: int, rows: np.ndarray, cuts: np.ndarray) -> Any:
+    """The pieces of one block: piece ``i`` holds block rows ``rows[cuts[i]:cuts[i+1]]``."""
+    tokens, offsets, labels = sample_arrays(table, columns)
+    pieces = []
+    for i in range(len(cuts) - 1):
+        part = rows[cuts[i] : cuts[i + 1]]
+        t, o, lab = take(tokens, offsets, labels, part)
+        pieces.append((part + base, o, t, lab))
+    return pieces[0] if len(pieces) == 1 else tuple(pieces)
+
+
+@ray.remote
+def _gather_write(
+    out_tmp: str, shard: int, rows: Rows, layout: Layout, has_labels: bool, *pieces: Any
+) -> Dict[str, Any]:
+    return write_shard(out_tmp, shard, rows, concat(pieces, has_labels), layout, has_labels)
+
+
+def write_global(
+    refs: List[Any],
+    bases: np.ndarray,
+    plan: Plan,
+    columns: Columns,
+    out_tmp: Path,
+    layout: Layout,
+    rows_per_shard: int,
+) -> List[Dict[str, Any]]:
+    """Writes every shard of ``plan`` into ``out_tmp``; returns their manifest entries in
+    order. On failure or interrupt, the tasks still running are cancelled."""
+    ranges = shard_ranges(plan.n_bins, rows_per_shard)
+    n_shards = len(ranges)
+    # Segment -> shard, then the distinct (block, shard, sample) triples.
+    row_of_segment = np.repeat(np.arange(plan.n_bins), np.diff(plan.bin_offsets))
+    shard_of_segment = row_of_segment // rows_per_shard
+    ids = plan.sample_ids
+    block_of_segment = np.searchsorted(bases, ids, side="right") - 1
+    key = block_of_segment * n_shards + shard_of_segment
+    order = np.lexsort((ids, key))
+    key, ids = key[order], ids[order]
+    keep = np.ones(len(key), dtype=bool)
+    keep[1:] = (key[1:] != key[:-1]) | (ids[1:] != ids[:-1])
+    key, ids = key[keep], ids[keep]
+    block_of, shard_of = key // n_shards, key % n_shards
+
+    pieces: List[List[Any]] = [[] for _ in range(n_shards)]
+    pending: List[Any] = []
+    try:
+        block_starts = np.searchsorted(block_of, np.arange(len(refs) + 1))
+        for j, ref in enumerate(refs):
+            lo, hi = block_starts[j], block_starts[j + 1]
+            if lo == hi:
+                continue
+            shards = shard_of[lo:hi]
+            firsts = np.flatnonzero(np.r_[True, shards[1:] != shards[:-1]])
+            cuts = np.r_[firsts, hi - lo]
+            out = _scatter.options(num_returns=len(firsts)).remote(
+                ref, columns, int(bases[j]), ids[lo:hi] - bases[j], cuts
+            )
+            out = [out] if len(firsts) == 1 else out
+            pending.extend(out)
+            for f, piece in zip(firsts, out):
+                pieces[int(shards[f])].append(piece)
+        writes = [
+            _gather_write.remote(
+                str(out_tmp), s, Rows.of(plan, a, b), layout, columns.labels is not None, *p
+            )
+            for s, ((a, b), p) in enumerate(zip(ranges, pieces))
+        ]
+        pending.extend(writes)
+        return ray.get(writes)
+    except BaseException:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+        raise

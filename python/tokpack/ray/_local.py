@@ -1,0 +1,182 @@
+"""``mode="local"``: runs of consecutive blocks holding at least ``min_block_samples`` samples are
+packed on their own, each by one task that plans its samples and writes its shards; the driver
+holds one number per block, never a number per sample, so corpora of any size fit it.
+
+Each group's last row may be partly empty where a global plan would have filled it, so local
+mode costs rows against the global plan; README gives the measured cost by group size.
+Shards are numbered in group order once every group is done (a group's shard count is known only
+after it planned): a task writes ``.group-<g>/part-<k>.parquet`` and the driver renames them.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+import numpy as np
+import pyarrow as pa
+import ray
+
+from .._outdir import SIDE_DIR
+from ..errors import DataError, OverlongError, TokpackError
+from ..planning import plan as make_plan
+from ._blocks import Columns, block_error, sample_arrays
+from ._shards import ATTEMPT_PREFIX, Layout, Rows, shard_ranges, write_shard
+
+GROUP_PREFIX = ".group-"
+
+
+@dataclass(frozen=True)
+class Planning:
+    """The planner's arguments every group uses."""
+
+    max_len: int
+    strategy: str
+    overlong: str
+    seed: int
+    rows_per_shard: int
+
+
+@ray.remote
+def _rows(table: pa.Table) -> int:
+    return table.num_rows
+
+
+@ray.remote
+def _pack_group(
+    out_tmp: str,
+    group: int,
+    base: int,
+    columns: Columns,
+    planning: Planning,
+    layout: Layout,
+    *tables: pa.Table,
+) -> Any:
+    """Plans and writes one group's shards under ``out_tmp/.group-<group>``; returns the
+    group's accounting (ids global), or the TokpackError its data raised."""
+    try:
+        tokens, offsets, labels = sample_arrays(pa.concat_tables(tables), columns)
+    except TokpackError as exc:
+        return exc
+    lengths = np.diff(offsets)
+    too_long = np.flatnonzero(lengths > planning.max_len) if planning.overlong == "error" else []
+    if len(too_long):
+        k = int(too_long[0])
+        # The planner would name the sample by its index in the group, not in the dataset.
+        return OverlongError(
+            f"sample {base + k} has {int(lengths[k])} tokens, more than "
+            f'max_len={planning.max_len}; pass overlong="truncate", "drop" or "split"'
+        )
+    try:
+        plan = make_plan(
+            lengths,
+            planning.max_len,
+            strategy=planning.strategy,
+            overlong=planning.overlong,
+            seed=planning.seed,
+        )
+    except TokpackError as exc:
+        return exc
+    # An attempt directory renamed whole into place: a retried group replaces nothing.
+    attempt = Path(out_tmp) / f"{ATTEMPT_PREFIX}{secrets.token_hex(8)}"
+    os.mkdir(attempt)
+    (attempt / SIDE_DIR).mkdir()
+    ids = np.arange(len(offsets) - 1, dtype=np.int64) + base
+    held = (ids, offsets, tokens, labels)
+    shards = [
+        write_shard(str(attempt), k, Rows.of(plan, a, b, base), held, layout, labels is not None)
+        for k, (a, b) in enumerate(shard_ranges(plan.n_bins, planning.rows_per_shard))
+    ]
+    try:
+        os.rename(attempt, Path(out_tmp) / f"{GROUP_PREFIX}{group}")
+    except OSError:
+        shutil.rmtree(attempt, ignore_errors=True)  # a duplicate of this task got there first
+    return {
+        "shards": shards,
+        "n_samples": plan.n_samples,
+        "rows": plan.n_bins,
+        "segments": plan.n_segments,
+        "tokens": plan.total_tokens,
+        "input_tokens": plan.input_tokens,
+        **{k: getattr(plan, k) + base for k in ("dropped", "empty", "truncated", "split")},
+    }
+
+
+def groups_of(sizes: List[int], min_block_samples: int) -> List[Tuple[int, int]]:
+    """Runs of consecutive blocks holding at least ``min_block_samples`` samples each (the last
+    run joins the one before when it is smaller)."""
+    groups: List[Tuple[int, int]] = []
+    start, held = 0, 0
+    for j, n in enumerate(sizes):
+        held += n
+        if held >= min_block_samples:
+            groups.append((start, j + 1))
+            start, held = j + 1, 0
+    if start < len(sizes):
+        if groups and held < min_block_samples:
+            groups[-1] = (groups[-1][0], len(sizes))
+        else:
+            groups.append((start, len(sizes)))
+    return groups
+
+
+def pack_local(
+    refs: List[Any],
+    columns: Columns,
+    planning: Planning,
+    layout: Layout,
+    out_tmp: Path,
+    min_block_samples: int,
+) -> Dict[str, Any]:
+    """Packs group by group into ``out_tmp``; returns the merged accounting with the shards
+    renamed ``part-NNNNN`` in group order."""
+    sizes = ray.get([_rows.remote(ref) for ref in refs])
+    if sum(sizes) == 0:
+        raise DataError("the ray dataset holds no samples")
+    groups = groups_of(sizes, min_block_samples)
+    bases = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=bases[1:])
+    tasks = [
+        _pack_group.remote(str(out_tmp), g, int(bases[a]), columns, planning, layout, *refs[a:b])
+        for g, (a, b) in enumerate(groups)
+    ]
+    try:
+        results = ray.get(tasks)
+    except BaseException:
+        for ref in tasks:
+            ray.cancel(ref, force=True)
+        raise
+    for (a, _), result in zip(groups, results):
+        if isinstance(result, TokpackError):
+            raise block_error(result, a, int(bases[a]))
+    return _merge(results, out_tmp)
+
+
+def _merge(results: List[Dict[str, Any]], out_tmp: Path) -> Dict[str, Any]:
+    """Renames the groups' shards ``part-NNNNN`` in order. A group whose samples were all
+    dropped wrote one empty shard: it is kept only when every group is empty (as ``pack_files``
+    writes one empty shard then, to carry the schema)."""
+    written = [(g, info) for g, r in enumerate(results) for info in r["shards"]]
+    kept = [(g, info) for g, info in written if info["rows"] > 0] or written[:1]
+    shards: List[Dict[str, Any]] = []
+    for s, (g, info) in enumerate(kept):
+        named = {
+            **info,
+            "file": f"part-{s:05d}.parquet",
+            "index": f"{SIDE_DIR}/_index-part-{s:05d}.arrow",
+        }
+        for key in ("file", "index"):
+            os.replace(out_tmp / f"{GROUP_PREFIX}{g}" / info[key], out_tmp / named[key])
+        shards.append(named)
+    for g in range(len(results)):
+        shutil.rmtree(out_tmp / f"{GROUP_PREFIX}{g}")
+    merged: Dict[str, Any] = {"shards": shards}
+    for key in ("n_samples", "rows", "segments", "tokens", "input_tokens"):
+        merged[key] = sum(r[key] for r in results)
+    for key in ("dropped", "empty", "truncated", "split"):
+        merged[key] = np.concatenate([r[key] for r in results]).astype(np.int64)
+    return merged

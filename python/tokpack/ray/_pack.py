@@ -1,0 +1,195 @@
+"""``tokpack.ray.pack`` and ``tokpack.ray.read_packed``."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Union
+
+from .. import files
+from .._outdir import MANIFEST_NAME, atomic_output_dir, read_manifest, write_json_atomic
+from ..errors import ConfigError, CorruptOutputError
+from ..planning import check_int, checked_args
+from ..planning import plan as make_plan
+from ._blocks import Measured, measure, ordered_blocks, resolve_columns
+from ._global import write_global
+from ._local import Planning, pack_local
+from ._shards import Layout, prepare, remove_attempts
+
+MODES = ("global", "local")
+# The dataset stands for the input file when it does not name its files (no "path" column):
+# the dropped list then gives each sample's row in the dataset.
+DATASET_SOURCE = "<ray.data.Dataset>"
+
+
+def pack(
+    ds: Any,
+    output_dir: Union[str, os.PathLike],
+    max_len: int,
+    *,
+    strategy: str = "bfd",
+    overlong: str = "error",
+    seed: int = 0,
+    mode: str = "global",
+    min_block_samples: int = 4096,
+    tokens_column: str = "input_ids",
+    labels_column: Optional[str] = "labels",
+    loss_mask_column: Optional[str] = None,
+    rows_per_shard: int = 16384,
+    row_group_rows: int = 1024,
+    compression: str = "zstd",
+) -> Dict[str, Any]:
+    """Pack a ``ray.data.Dataset`` of token lists into ``output_dir`` on the Ray cluster;
+    returns the manifest as a dict.
+
+    Args:
+        ds: any dataset with a list-of-integers token column (``ray.data.read_parquet(...)``,
+            :func:`tokpack.ray.tokenize`'s output, ...). Sample ``i`` is its ``i``-th row in
+            order. With a ``path`` column (``read_parquet(..., include_paths=True)``) the
+            dropped list names each sample's file and row, else its row in the dataset.
+        output_dir: written atomically (absent or complete), on a file system every node sees.
+        max_len, strategy, overlong, seed, tokens_column, labels_column, loss_mask_column,
+            rows_per_shard, row_group_rows, compression: as in :func:`tokpack.pack_files`.
+        mode: ``"global"`` plans the whole corpus on the driver (8 bytes a sample) and writes
+            the shards ``tokpack pack`` writes for the same inputs, byte for byte; ``"local"``
+            packs runs of consecutive blocks of at least ``min_block_samples`` samples on their
+            own (the driver holds one number per block) at a small cost in rows (README).
+
+    Raises:
+        ConfigError, DataError, SchemaError, OverlongError: as :func:`tokpack.pack_files`, naming
+        the dataset block and sample.
+    """
+    started = time.perf_counter()
+    max_len, seed, _ = checked_args(max_len, seed, None)
+    if mode not in MODES:
+        raise ConfigError(f"unknown mode {mode!r}; expected one of {MODES}")
+    min_block_samples = check_int(min_block_samples, "min_block_samples", 1, 2**62)
+    config = files._config(
+        max_len=max_len,
+        strategy=strategy,
+        overlong=overlong,
+        seed=seed,
+        tokens_column=tokens_column,
+        labels_column=labels_column,
+        loss_mask_column=loss_mask_column,
+        rows_per_shard=rows_per_shard,
+        row_group_rows=row_group_rows,
+        compression=compression,
+    )
+    if mode == "local":
+        config["ray"] = {"mode": mode, "min_block_samples": min_block_samples}
+    layout = Layout(max_len, config["row_group_rows"], compression)
+    stages: Dict[str, float] = {}
+    with atomic_output_dir(output_dir) as tmp:
+        prepare(tmp)
+        clock = _Clock(stages)
+        refs = ordered_blocks(ds)
+        columns = resolve_columns(refs, tokens_column, labels_column, loss_mask_column)
+        clock.lap("blocks")
+        if mode == "global":
+            measured = measure(refs, columns)
+            clock.lap("measure")
+            plan = make_plan(
+                measured.lengths, max_len, strategy=strategy, overlong=overlong, seed=seed
+            )
+            clock.lap("plan")
+            shards = write_global(
+                refs, measured.bases, plan, columns, tmp, layout, config["rows_per_shard"]
+            )
+            result = _plan_result(plan, shards)
+            sources = _sources(measured)
+        else:
+            planning = Planning(max_len, strategy, overlong, seed, config["rows_per_shard"])
+            result = pack_local(refs, columns, planning, layout, tmp, min_block_samples)
+            result.update(
+                max_len=max_len,
+                lower_bound=-(-result["tokens"] // max_len),
+                efficiency=result["tokens"] / (result["rows"] * max_len) if result["rows"] else 0,
+            )
+            sources = ([DATASET_SOURCE], [result["n_samples"]])
+        clock.lap("write")
+        remove_attempts(tmp)
+        paths, result["input_rows"] = [Path(p) for p in sources[0]], sources[1]
+        result["has_labels"] = columns.labels is not None
+        files._write_dropped(tmp / files.DROPPED_NAME, result, paths, None)
+        described: List[Dict[str, Any]] = [{"path": str(p)} for p in paths]
+        manifest = files._manifest(None, config, described, result, time.perf_counter() - started)
+        manifest["ray"] = {"mode": mode, "blocks": len(refs), "stage_s": stages}
+        write_json_atomic(tmp / MANIFEST_NAME, manifest)
+    return manifest
+
+
+class _Clock:
+    """Wall time of each stage, for the manifest's ``ray.stage_s`` (and the benchmark)."""
+
+    def __init__(self, stages: Dict[str, float]) -> None:
+        self.stages = stages
+        self.last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.stages[name] = round(now - self.last, 3)
+        self.last = now
+
+
+def _plan_result(plan: Any, shards: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """The accounting of a global plan, as ``_tokpack.pack_files`` reports it."""
+    return {
+        "n_samples": plan.n_samples,
+        "rows": plan.n_bins,
+        "segments": plan.n_segments,
+        "tokens": plan.total_tokens,
+        "input_tokens": plan.input_tokens,
+        "lower_bound": plan.lower_bound,
+        "efficiency": plan.efficiency,
+        "max_len": plan.max_len,
+        "dropped": plan.dropped,
+        "empty": plan.empty,
+        "truncated": plan.truncated,
+        "split": plan.split,
+        "shards": shards,
+    }
+
+
+def _sources(measured: Measured) -> Any:
+    if measured.files:
+        return measured.files, measured.file_rows
+    return [DATASET_SOURCE], [int(measured.bases[-1])]
+
+
+def read_packed(output_dir: Union[str, os.PathLike], **read_parquet_args: Any) -> Any:
+    """A packed directory as a ``ray.data.Dataset``, one row per packed row (``input_ids``,
+    ``labels``, ``seq_lengths``, ``sample_ids``, ...), reading exactly the shards its manifest
+    lists. A directory without a manifest is refused: it is not a complete output.
+
+    For training: ``ds.iter_torch_batches(collate_fn=rows_collate(PackedCollator(...)))``,
+    after ``ds.streaming_split(n)`` to feed ``n`` trainer workers (README, "Ray").
+    """
+    import ray.data
+
+    root = Path(output_dir)
+    manifest = read_manifest(root)
+    if manifest is None or not isinstance(manifest.get("shards"), list):
+        raise CorruptOutputError(
+            f"{root}: no {MANIFEST_NAME}: not a complete tokpack output (a run that did not "
+            "finish, or not a packed directory)"
+        )
+    paths = [str(root / s["file"]) for s in manifest["shards"] if s.get("rows")]
+    if not paths:
+        paths = [str(root / manifest["shards"][0]["file"])]
+    return ray.data.read_parquet(paths, **read_parquet_args)
+
+
+def rows_collate(collator: Callable[[List[Dict[str, Any]]], Any]) -> Callable[[Any], Any]:
+    """A ``collate_fn`` for ``iter_torch_batches``: Ray hands it a batch as columns (a dict of
+    numpy arrays), ``PackedCollator`` takes rows; this turns the one into the other."""
+
+    def collate(batch: Dict[str, Any]) -> Any:
+        names = list(batch)
+        return collator([dict(zip(names, values)) for values in zip(*batch.values())])
+
+    return collate
+
+
+__all__ = ["pack", "read_packed", "rows_collate", "MODES"]

@@ -1,0 +1,133 @@
+"""Writing packed shards from Ray tasks, idempotently.
+
+A shard task writes into a directory of its own (``.attempt-<random>`` inside the run's
+temporary output directory) and then renames the shard and its index into place: a retried or
+duplicated task writes the same bytes and replaces them whole, a task killed half-way leaves only
+its attempt directory, which the driver removes before the commit (:func:`remove_attempts`).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .. import _tokpack
+from .._outdir import SIDE_DIR
+
+ATTEMPT_PREFIX = ".attempt-"
+
+# A shard's samples: global ids (ascending), offsets from 0, int32 tokens, labels or None.
+Held = Tuple[np.ndarray, np.ndarray, np.ndarray, Optional[np.ndarray]]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The output layout every shard task writes with."""
+
+    max_len: int
+    row_group_rows: int
+    compression: str
+
+
+@dataclass(frozen=True)
+class Rows:
+    """The plan rows of one shard, as CSR arrays: ``bin_offsets`` from 0, global sample ids."""
+
+    bin_offsets: np.ndarray
+    sample_ids: np.ndarray
+    starts: np.ndarray
+    lengths: np.ndarray
+
+    @classmethod
+    def of(cls, plan: Any, first: int, end: int, id_base: int = 0) -> "Rows":
+        """Rows ``first..end`` of ``plan``, sample ids shifted by ``id_base``."""
+        a, b = int(plan.bin_offsets[first]), int(plan.bin_offsets[end])
+        return cls(
+            bin_offsets=plan.bin_offsets[first : end + 1] - a,
+            sample_ids=plan.sample_ids[a:b] + id_base,
+            starts=plan.starts[a:b],
+            lengths=plan.lengths[a:b],
+        )
+
+
+def take(
+    tokens: np.ndarray, offsets: np.ndarray, labels: Optional[np.ndarray], rows: np.ndarray
+) -> Tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]:
+    """The samples at ``rows`` (ascending) of flat columns, as new flat columns."""
+    sizes = offsets[rows + 1] - offsets[rows]
+    out_offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=out_offsets[1:])
+    index = np.repeat(offsets[rows] - out_offsets[:-1], sizes) + np.arange(out_offsets[-1])
+    return tokens[index], out_offsets, None if labels is None else labels[index]
+
+
+def concat(pieces: Sequence[Held], has_labels: bool) -> Held:
+    """Pieces with ascending, disjoint id ranges, in order, as one held set (none: the empty
+    shard of a run whose samples were all dropped)."""
+    empty: Held = (np.zeros(0, np.int64), np.zeros(1, np.int64), np.zeros(0, np.int32), None)
+    pieces = list(pieces) or [(*empty[:3], np.zeros(0, np.int32) if has_labels else None)]
+    ids = np.concatenate([p[0] for p in pieces])
+    sizes = np.concatenate([np.diff(p[1]) for p in pieces])
+    offsets = np.zeros(len(ids) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    tokens = np.concatenate([p[2] for p in pieces])
+    labels = np.concatenate([p[3] for p in pieces]) if has_labels else None
+    return ids, offsets, tokens, labels
+
+
+def write_shard(
+    out_tmp: str, shard: int, rows: Rows, held: Held, layout: Layout, has_labels: bool
+) -> Dict[str, Any]:
+    """Writes ``part-<shard>.parquet`` and its index into ``out_tmp`` (the run's temporary
+    output directory, which must exist: a task outliving a failed run writes nothing)."""
+    ids, offsets, tokens, labels = held
+    attempt = Path(out_tmp) / f"{ATTEMPT_PREFIX}{secrets.token_hex(8)}"
+    os.mkdir(attempt)
+    try:
+        info = _tokpack.write_held_shard(
+            out_dir=str(attempt),
+            shard=shard,
+            max_len=layout.max_len,
+            bin_offsets=np.ascontiguousarray(rows.bin_offsets, dtype=np.int64),
+            sample_ids=np.ascontiguousarray(rows.sample_ids, dtype=np.int64),
+            starts=np.ascontiguousarray(rows.starts, dtype=np.int64),
+            lengths=np.ascontiguousarray(rows.lengths, dtype=np.int64),
+            ids=np.ascontiguousarray(ids, dtype=np.int64),
+            offsets=np.ascontiguousarray(offsets, dtype=np.int64),
+            tokens=np.ascontiguousarray(tokens, dtype=np.int32),
+            labels=np.ascontiguousarray(labels, dtype=np.int32) if has_labels else None,
+            row_group_rows=layout.row_group_rows,
+            compression=layout.compression,
+        )
+        for name in (info["index"], info["file"]):
+            os.replace(attempt / name, Path(out_tmp) / name)
+    finally:
+        shutil.rmtree(attempt, ignore_errors=True)
+    return info
+
+
+def remove_attempts(out_tmp: Path) -> None:
+    """Removes what killed shard tasks left, so the output holds only listed files."""
+    for entry in out_tmp.iterdir():
+        if entry.name.startswith(ATTEMPT_PREFIX):
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def prepare(out_tmp: Path) -> None:
+    """The side folder shard tasks rename their indexes into."""
+    (out_tmp / SIDE_DIR).mkdir(exist_ok=True)
+
+
+def shard_ranges(n_rows: int, rows_per_shard: int) -> List[Tuple[int, int]]:
+    """Plan rows of each shard, as ``pack_files`` cuts them (one empty shard when no rows)."""
+    n_shards = max(1, -(-n_rows // rows_per_shard))
+    return [
+        (min(s * rows_per_shard, n_rows), min((s + 1) * rows_per_shard, n_rows))
+        for s in range(n_shards)
+    ]

@@ -1,0 +1,101 @@
+//! One packed shard from samples held in memory: the shard tasks of `tokpack.ray` receive the
+//! plan rows of their shard and the samples those rows use, and write them with the same
+//! writer as [`super::pack_files`], so the shard's bytes are those `pack_files` writes.
+
+use super::pack::check_layout;
+use super::progress::Progress;
+use super::writer::{write_shard, SampleSource, ShardContext, ShardInfo};
+use crate::error::{CoreError, Result};
+use crate::plan::Plan;
+use parquet::basic::Compression;
+use std::path::Path;
+
+/// Samples as flat values: sample `ids[i]` holds `tokens[offsets[i]..offsets[i + 1]]` (and the
+/// same span of `labels`); `ids` ascending.
+pub struct HeldSamples<'a> {
+    pub ids: &'a [i64],
+    pub offsets: &'a [i64],
+    pub tokens: &'a [i32],
+    pub labels: Option<&'a [i32]>,
+}
+
+impl HeldSamples<'_> {
+    fn span(&self, sample: i64, start: i64, len: usize) -> Result<std::ops::Range<usize>> {
+        let i = self
+            .ids
+            .binary_search(&sample)
+            .map_err(|_| CoreError::Data(format!("sample {sample} was not sent to this shard")))?;
+        let a = (self.offsets[i] + start) as usize;
+        if a + len > self.offsets[i + 1] as usize {
+            return Err(CoreError::Data(format!(
+                "sample {sample} has fewer tokens than its plan segment"
+            )));
+        }
+        Ok(a..a + len)
+    }
+
+    fn check(&self) -> Result<()> {
+        let n = self.ids.len();
+        let last = self.offsets.last().copied().unwrap_or(-1);
+        let sorted = self.ids.windows(2).all(|w| w[0] < w[1]);
+        let offsets_ok =
+            self.offsets.first() == Some(&0) && self.offsets.windows(2).all(|w| w[0] <= w[1]);
+        let labels_ok = match self.labels {
+            Some(labels) => labels.len() == self.tokens.len(),
+            None => true,
+        };
+        if self.offsets.len() != n + 1
+            || !sorted
+            || !offsets_ok
+            || last as usize != self.tokens.len()
+            || !labels_ok
+        {
+            return Err(CoreError::Config(
+                "held samples: ids must ascend, offsets must start at 0, ascend and end at the \
+                 token count, and labels must match the tokens"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl SampleSource for HeldSamples<'_> {
+    fn tokens(&self, sample: i64, start: i64, out: &mut [i32]) -> Result<()> {
+        let span = self.span(sample, start, out.len())?;
+        out.copy_from_slice(&self.tokens[span]);
+        Ok(())
+    }
+    fn labels(&self, sample: i64, start: i64, out: &mut [i32]) -> Result<()> {
+        let span = self.span(sample, start, out.len())?;
+        if let Some(labels) = self.labels {
+            out.copy_from_slice(&labels[span]);
+        }
+        Ok(())
+    }
+}
+
+/// Writes shard `shard` into `dir` from `rows`, a plan holding exactly the shard's rows (its
+/// segments keep their global sample ids), gathering tokens from `samples`.
+pub fn write_held_shard(
+    dir: &Path,
+    shard: usize,
+    rows: &Plan,
+    samples: &HeldSamples,
+    row_group_rows: usize,
+    compression: Compression,
+) -> Result<ShardInfo> {
+    check_layout(rows.n_bins().max(1), row_group_rows, rows.max_len)?;
+    samples.check()?;
+    let progress = Progress::new();
+    let ctx = ShardContext {
+        dir,
+        plan: rows,
+        source: samples,
+        has_labels: samples.labels.is_some(),
+        row_group_rows,
+        compression,
+        progress: &progress,
+    };
+    write_shard(&ctx, shard, 0..rows.n_bins())
+}

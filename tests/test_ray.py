@@ -1,0 +1,330 @@
+"""``tokpack.ray`` on a local multi-node Ray cluster (``ray.cluster_utils.Cluster``): global
+mode writes ``tokpack pack``'s bytes whatever the nodes and blocks; local mode accounts for
+every sample within the any-fit bound; killed workers and drivers lose nothing."""
+
+import filecmp
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+ray = pytest.importorskip("ray", reason="ray is not installed: pip install 'tokpack[ray]'")
+pytest.importorskip("ray.data", reason="ray[data] is not installed: pip install 'tokpack[ray]'")
+
+import tokpack  # noqa: E402
+import tokpack.ray  # noqa: E402
+from tokpack._outdir import read_manifest  # noqa: E402
+from tokpack.ray._local import groups_of  # noqa: E402
+
+from .packed_corpus import random_samples  # noqa: E402
+
+pytestmark = pytest.mark.ray
+
+MAX_LEN = 96
+LAYOUT = {"rows_per_shard": 40, "row_group_rows": 16, "overlong": "drop"}
+FILE_SIZES = (150, 260, 90)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """One Ray cluster for the module: a head node of one CPU; tests add nodes."""
+    from ray.cluster_utils import Cluster
+
+    faults = tmp_path_factory.mktemp("faults")
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    ray.init(
+        address=c.address,
+        runtime_env={
+            "worker_process_setup_hook": "tests._ray_faults.install",
+            # Workers import the hook from this checkout before the driver's sys.path is set.
+            "env_vars": {
+                "TOKPACK_TEST_FAULTS": str(faults),
+                "PYTHONPATH": os.pathsep.join(
+                    [str(Path(__file__).parent.parent), os.environ.get("PYTHONPATH", "")]
+                ),
+            },
+        },
+        logging_level=logging.WARNING,
+        log_to_driver=False,
+    )
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    yield c, faults
+    ray.shutdown()
+    c.shutdown()
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """Three token shards (with labels, over-long and empty samples) and their ``tokpack pack``
+    output."""
+    root = tmp_path_factory.mktemp("corpus")
+    files, tables = [], []
+    for i, n in enumerate(FILE_SIZES):
+        tokens, labels = random_samples(n, MAX_LEN + 20, seed=i)
+        tokens[3], labels[3] = tokens[3][:0], labels[3][:0]
+        table = pa.table(
+            {
+                "input_ids": pa.array(tokens, pa.list_(pa.int32())),
+                "labels": pa.array(labels, pa.list_(pa.int32())),
+            }
+        )
+        path = root / f"tokens-{i}.parquet"
+        pq.write_table(table, path, row_group_size=64)
+        files.append(path)
+        tables.append(table)
+    reference = tokpack.pack_files(files, root / "reference", MAX_LEN, **LAYOUT)
+    return root, files, pa.concat_tables(tables), reference
+
+
+def blocks(table, sizes):
+    """A dataset of ``table`` cut into blocks of ``sizes`` rows (the rest in a last block)."""
+    cuts = np.cumsum([0, *sizes])
+    parts = [table.slice(a, b - a) for a, b in zip(cuts[:-1], cuts[1:])]
+    parts.append(table.slice(int(cuts[-1])))
+    return ray.data.from_arrow([p for p in parts if p.num_rows])
+
+
+def assert_same_shards(out: Path, reference_dir: Path, reference: dict) -> dict:
+    manifest = read_manifest(out)
+    assert [s["file"] for s in manifest["shards"]] == [s["file"] for s in reference["shards"]]
+    assert manifest["shards"] == reference["shards"]
+    for s in reference["shards"]:
+        for key in ("file", "index"):
+            assert filecmp.cmp(out / s[key], reference_dir / s[key], shallow=False), s[key]
+    figures = {k: v for k, v in manifest["figures"].items() if k != "wall_time_s"}
+    assert figures == {k: v for k, v in reference["figures"].items() if k != "wall_time_s"}
+    listed = {s["file"] for s in manifest["shards"]} | {"__tokpack__"}
+    assert set(os.listdir(out)) == listed  # nothing left by tasks
+    return manifest
+
+
+def dropped(out: Path) -> pa.Table:
+    return pa.ipc.open_file(out / "__tokpack__" / "_dropped.arrow").read_all()
+
+
+def test_global_mode_writes_tokpack_packs_bytes_on_1_2_3_nodes(cluster, corpus, tmp_path):
+    c, _ = cluster
+    root, files, table, reference = corpus
+    layouts = [(), (7, 200, 1), (100, 100, 100, 100, 100)]
+    for nodes, sizes in zip((1, 2, 3), layouts):
+        while len(ray.nodes()) < nodes:
+            c.add_node(num_cpus=1)
+        c.wait_for_nodes()
+        out = tmp_path / f"nodes-{nodes}"
+        tokpack.ray.pack(blocks(table, sizes), out, MAX_LEN, **LAYOUT)
+        assert_same_shards(out, root / "reference", reference)
+        got, want = dropped(out), dropped(root / "reference")
+        assert got.column("sample_id").equals(want.column("sample_id"))
+        assert got.column("reason").equals(want.column("reason"))
+    # Read from the files, the dropped list names each sample's file and row as tokpack pack.
+    ds = ray.data.read_parquet([str(f) for f in files], include_paths=True)
+    tokpack.ray.pack(ds, tmp_path / "files", MAX_LEN, **LAYOUT)
+    assert_same_shards(tmp_path / "files", root / "reference", reference)
+    got, want = dropped(tmp_path / "files"), dropped(root / "reference")
+    assert got.column("row").equals(want.column("row"))
+    assert [Path(f).resolve() for f in got.column("file").to_pylist()] == [
+        Path(f).resolve() for f in want.column("file").to_pylist()
+    ]
+
+
+def accounted(out: Path, n: int) -> None:
+    """Every sample id in ``0..n`` is packed (whole or in pieces) or listed as dropped, once."""
+    packed = tokpack.PackedDataset(out)
+    seen = np.concatenate([packed[i]["sample_ids"].numpy() for i in range(len(packed))])
+    ids = np.unique(seen)
+    listed = dropped(out).column("sample_id").to_numpy()
+    assert len(np.intersect1d(ids, listed)) == 0
+    assert np.array_equal(np.union1d(ids, listed), np.arange(n))
+    assert tokpack.verify(out)["ok"]
+
+
+def test_global_output_is_read_by_packed_dataset_verify_and_read_packed(cluster, corpus, tmp_path):
+    _, _, table, reference = corpus
+    tokpack.ray.pack(blocks(table, (128, 128)), tmp_path / "out", MAX_LEN, **LAYOUT)
+    accounted(tmp_path / "out", table.num_rows)
+    ds = tokpack.ray.read_packed(tmp_path / "out")
+    assert ds.count() == reference["figures"]["rows"]
+    from tokpack.torch import PackedCollator
+
+    collate = tokpack.ray.rows_collate(PackedCollator(format="hf"))
+    batches = ds.iter_torch_batches(batch_size=16, collate_fn=collate)
+    assert sum(b["input_ids"].shape[-1] for b in batches) == reference["figures"]["tokens"]
+
+
+def test_local_mode_accounts_for_every_sample_within_the_any_fit_bound(cluster, corpus, tmp_path):
+    _, _, table, reference = corpus
+    sizes = (70, 70, 70, 70, 70, 70)
+    manifest = tokpack.ray.pack(
+        blocks(table, sizes),
+        tmp_path / "out",
+        MAX_LEN,
+        mode="local",
+        min_block_samples=128,
+        **LAYOUT,
+    )
+    accounted(tmp_path / "out", table.num_rows)
+    f = manifest["figures"]
+    assert f["samples_in"] == table.num_rows
+    assert f["samples_dropped"] == reference["figures"]["samples_dropped"]
+    # Best-fit decreasing is any-fit: in each group, no two rows could be merged, so a group
+    # of T tokens uses fewer than 2T/max_len + 1 rows; and no packing beats the lower bound.
+    lengths = np.array([len(x) for x in table.column("input_ids").to_pylist()])
+    kept = np.where(lengths <= MAX_LEN, lengths, 0)
+    block_sizes = [*sizes, table.num_rows - sum(sizes)]
+    bases = np.cumsum([0, *block_sizes])
+    bound = 0
+    for a, b in groups_of(block_sizes, 128):
+        tokens = int(kept[bases[a] : bases[b]].sum())
+        bound += int(np.ceil(2 * tokens / MAX_LEN + 1)) - 1
+    assert reference["figures"]["lower_bound"] <= f["rows"] <= bound
+
+
+def test_local_mode_with_one_group_is_the_global_plan(cluster, corpus, tmp_path):
+    root, _, table, reference = corpus
+    out = tmp_path / "out"
+    tokpack.ray.pack(
+        blocks(table, (100, 100)), out, MAX_LEN, mode="local", min_block_samples=10**6, **LAYOUT
+    )
+    for s in reference["shards"]:
+        for key in ("file", "index"):
+            assert filecmp.cmp(out / s[key], root / "reference" / s[key], shallow=False)
+
+
+def test_a_worker_killed_while_writing_a_shard_changes_nothing(cluster, corpus, tmp_path):
+    _, faults = cluster
+    root, _, table, reference = corpus
+    (faults / "armed").touch()
+    try:
+        tokpack.ray.pack(blocks(table, (250,)), tmp_path / "out", MAX_LEN, **LAYOUT)
+    finally:
+        (faults / "armed").unlink()
+    assert (faults / "fired").exists()  # a worker really died after writing a shard
+    assert_same_shards(tmp_path / "out", root / "reference", reference)
+
+
+DRIVER = """
+import sys, time
+from pathlib import Path
+import ray, tokpack.ray
+
+release = Path(sys.argv[2])
+
+def wait_for_release(batch):
+    while not release.exists():
+        time.sleep(0.05)
+    return batch
+
+ray.init(address=sys.argv[1], log_to_driver=False)
+ds = ray.data.from_items([{"input_ids": [1, 2, 3]}] * 10).map_batches(wait_for_release)
+tokpack.ray.pack(ds, sys.argv[3], 8)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
+def test_an_interrupted_driver_leaves_out_absent(cluster, tmp_path, sig):
+    c, _ = cluster
+    out, release = tmp_path / "out", tmp_path / "release"
+    driver = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(DRIVER), c.address, str(release), str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        # The run is under way (its temporary output exists) and cannot finish: its input waits.
+        while not any(p.name.startswith(".out.tmp-") for p in tmp_path.iterdir()):
+            assert driver.poll() is None, "the driver exited before starting its run"
+            time.sleep(0.1)
+        driver.send_signal(sig)
+        driver.wait(timeout=60)
+    finally:
+        release.touch()
+        driver.kill()
+    assert not out.exists()
+    # The next run into OUT completes and leaves no temporary behind.
+    tokpack.ray.pack(ray.data.from_items([{"input_ids": [1, 2]}]), out, 8)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "release"]
+
+
+def test_read_packed_refuses_a_directory_without_manifest(cluster, tmp_path):
+    (tmp_path / "part-00000.parquet").write_bytes(b"")
+    with pytest.raises(tokpack.CorruptOutputError, match="no __tokpack__/_manifest.json"):
+        tokpack.ray.read_packed(tmp_path)
+
+
+def test_bad_values_name_the_block_and_sample(cluster, tmp_path):
+    table = pa.table({"input_ids": pa.array([[1, 2], [3, -4]], pa.list_(pa.int64()))})
+    ds = ray.data.from_arrow([table.slice(0, 1), table.slice(1)])
+    with pytest.raises(tokpack.DataError, match=r"block 1 \(samples from 1\): row 0"):
+        tokpack.ray.pack(ds, tmp_path / "out", 8)
+    assert not (tmp_path / "out").exists()
+
+
+def test_tokenize_gives_tokpack_tokenizes_ids_and_labels_and_keeps_rejects(cluster, tmp_path):
+    from ._tokenizer_factory import build_tokenizer, conversations, write_jsonl
+
+    tok = build_tokenizer(tmp_path / "tok")
+    records = [{"messages": m} for m in conversations(40)]
+    records[5] = {"messages": [{"role": "user"}]}  # no content: rejected
+    source = write_jsonl(tmp_path / "chat.jsonl", records)
+    want = pa.Table.from_batches(
+        list(tokpack.tokenize_to_batches(source, tok, skip_invalid=True, threads=1))
+    )
+    ds = ray.data.from_items(records, override_num_blocks=3)
+    tokenized = tokpack.ray.tokenize(
+        ds, tok, rejected_dir=tmp_path / "rejected", skip_invalid=True, batch_size=16
+    ).materialize()
+    got = pa.concat_tables(ray.get(tokenized.to_arrow_refs()))
+    assert got.column("input_ids").to_pylist() == want.column("input_ids").to_pylist()
+    assert got.column("labels").to_pylist() == want.column("labels").to_pylist()
+    rejected = [
+        line for f in (tmp_path / "rejected").iterdir() for line in f.read_text().splitlines()
+    ]
+    assert len(rejected) == 1 and '"role": "user"' in rejected[0]
+    # Packing the tokenized dataset gives tokpack pack's shards of the same tokens.
+    pq.write_table(want, tmp_path / "tokens.parquet")
+    reference = tokpack.pack_files([tmp_path / "tokens.parquet"], tmp_path / "ref", 64, **LAYOUT)
+    tokpack.ray.pack(tokenized, tmp_path / "out", 64, **LAYOUT)
+    assert_same_shards(tmp_path / "out", tmp_path / "ref", reference)
+
+
+def test_cli_pack_ray_writes_tokpack_packs_bytes(cluster, corpus, tmp_path):
+    from tokpack.cli import main
+
+    root, files, _, reference = corpus
+    args = [str(f) for f in files] + ["-o", str(tmp_path / "out"), "--max-len", str(MAX_LEN)]
+    args += ["--rows-per-shard", "40", "--row-group-rows", "16", "--overlong", "drop"]
+    assert main(["pack", *args, "--ray", c_address(cluster), "--quiet"]) == 0
+    assert_same_shards(tmp_path / "out", root / "reference", reference)
+
+
+def c_address(cluster) -> str:
+    return cluster[0].address
+
+
+@pytest.mark.parametrize("mode", ["global", "local"])
+def test_all_samples_dropped_gives_tokpack_packs_empty_shard(cluster, tmp_path, mode):
+    tokens = pa.array([[1] * 9, [2] * 10, []], pa.list_(pa.int32()))
+    table = pa.table({"input_ids": tokens, "labels": tokens})
+    pq.write_table(table, tmp_path / "tokens.parquet")
+    reference = tokpack.pack_files([tmp_path / "tokens.parquet"], tmp_path / "ref", 8, **LAYOUT)
+    ds = blocks(table, (1,))
+    tokpack.ray.pack(ds, tmp_path / "out", 8, mode=mode, min_block_samples=1, **LAYOUT)
+    assert_same_shards(tmp_path / "out", tmp_path / "ref", reference)
+    assert tokpack.verify(tmp_path / "out")["ok"]
+
+
+@pytest.mark.parametrize("mode", ["global", "local"])
+def test_an_overlong_sample_is_named_by_its_index_in_the_dataset(cluster, tmp_path, mode):
+    table = pa.table({"input_ids": pa.array([[1], [2], [3] * 9], pa.list_(pa.int32()))})
+    with pytest.raises(tokpack.OverlongError, match="sample 2 has 9 tokens"):
+        tokpack.ray.pack(blocks(table, (2,)), tmp_path / "out", 8, mode=mode, min_block_samples=1)
+    assert not (tmp_path / "out").exists()
