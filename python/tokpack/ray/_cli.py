@@ -11,10 +11,9 @@ from typing import Any, Dict
 import ray
 import ray.data
 
-from .._inputs import TOKEN_SUFFIXES, resolve_inputs
+from .._inputs import TOKEN_SUFFIXES, is_parquet, resolve_inputs
 from .._outdir import output_target
 from ..errors import ConfigError
-from ..tokenize.formats import is_parquet
 from ._pack import pack
 
 

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Union
 
-from .. import files
+from .. import _tokpack, files
 from .._outdir import MANIFEST_NAME, atomic_output_dir, read_manifest, write_json_atomic
 from ..errors import ConfigError, CorruptOutputError
 from ..planning import check_int, checked_args
@@ -114,7 +114,9 @@ def pack(
         result["has_labels"] = columns.labels is not None
         files._write_dropped(tmp / files.DROPPED_NAME, result, paths, None)
         described: List[Dict[str, Any]] = [{"path": str(p)} for p in paths]
-        manifest = files._manifest(None, config, described, result, time.perf_counter() - started)
+        # Never a cache hit (a Ray dataset has no cheap fingerprint), hence no cache key.
+        manifest = {"tokpack_version": _tokpack.__version__, "cache_key": None}
+        manifest.update(files._manifest(config, described, result, time.perf_counter() - started))
         manifest["ray"] = {"mode": mode, "blocks": len(refs), "stage_s": stages}
         write_json_atomic(tmp / MANIFEST_NAME, manifest)
     return manifest
