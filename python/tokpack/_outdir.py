@@ -28,6 +28,7 @@ import stat
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
+from ._contract import SIDE_DIR
 from ._inputs import input_error
 from .errors import ConfigError, CorruptOutputError, OutputError, OutputExistsError
 
@@ -44,11 +45,10 @@ __all__ = [
     "write_json_atomic",
 ]
 
-# Side files (manifest, indexes, accounting) live in a subdirectory that Parquet readers skip:
-# pyarrow.dataset ignores names starting with "_", Hugging Face datasets ignores directories
+# Side files (manifest, indexes, accounting) live in SIDE_DIR, a subdirectory Parquet readers
+# skip: pyarrow.dataset ignores names starting with "_", Hugging Face datasets ignores directories
 # starting with "__". So `pyarrow.dataset.dataset(OUT_DIR)` and
 # `datasets.load_dataset("parquet", data_dir=OUT_DIR)` both see only the data files.
-SIDE_DIR = "__tokpack__"
 MANIFEST_NAME = f"{SIDE_DIR}/_manifest.json"
 _TMP_TAG = ".tmp-"
 _OLD_TAG = ".old-"

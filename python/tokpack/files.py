@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from . import _tokpack
+from ._contract import FORMAT, FORMAT_VERSION, OVERLONG_POLICIES, STRATEGIES
 from ._inputs import RAW_SUFFIXES, TOKEN_SUFFIXES, PathsLike, resolve_inputs, shown_path
 from ._outdir import (
     MANIFEST_NAME,
@@ -37,14 +38,7 @@ from ._outdir import (
 from ._progress import run_with_progress
 from .errors import ConfigError
 from .integrity import cache_problem
-from .planning import (
-    MAX_ROWS,
-    OVERLONG_POLICIES,
-    STRATEGIES,
-    check_int,
-    checked_args,
-    checked_threads,
-)
+from .planning import MAX_ROWS, check_int, checked_args, checked_threads
 from .tokenize import REJECTED_NAME, tokenize_to_batches
 from .tokenize.formats import is_parquet
 from .tokenize.pipeline import SOURCE_SCHEMA
@@ -53,8 +47,6 @@ from .tokenize.writer import _RejectedFile, open_for_writing, writing
 
 __all__ = ["pack_files", "read_lengths", "FORMAT", "FORMAT_VERSION"]
 
-FORMAT = "tokpack-packed"
-FORMAT_VERSION = 2
 # Arrow IPC, not Parquet: HF ``datasets`` reads every ``*.parquet`` under data_dir, ``_`` or not.
 DROPPED_NAME = f"{SIDE_DIR}/_dropped.arrow"
 # Rows decoded at a time inside a row group: bounds reading memory to a few tens of MB per thread.

@@ -6,8 +6,9 @@ from __future__ import annotations
 import argparse
 from typing import Dict, List, Optional
 
+from .._contract import OVERLONG_POLICIES
 from ..errors import ConfigError
-from ..planning import MAX_LEN, MAX_ROWS, OVERLONG_POLICIES, check_int, checked_threads
+from ..planning import MAX_LEN, MAX_ROWS, check_int, checked_threads
 from ..tokenize.formats import DEFAULT_COLUMNS, FORMATS
 from ..tokenize.template import TRAIN_ON
 from ..tokenize.tokenizer import ENCODERS

@@ -39,9 +39,10 @@ import numpy as np
 import pyarrow as pa
 
 from .. import _tokpack
+from .._contract import OVERLONG_HINT, OVERLONG_POLICIES
 from .._inputs import RAW_SUFFIXES, resolve_inputs
 from ..errors import ConfigError, InvalidRecordError, OverlongError
-from ..planning import MAX_LEN, MAX_ROWS, OVERLONG_POLICIES, check_int, checked_threads
+from ..planning import MAX_LEN, MAX_ROWS, check_int, checked_threads
 from .formats import FORMATS, Record, parse_record, read_records, resolve_columns
 from .masks import IGNORE_INDEX, labels_from_spans
 from .progress import Progress
@@ -452,8 +453,7 @@ class TokenStream:
         if self.overlong == "error":
             where = f"{record.path}:{'row ' if record.is_row else ''}{record.line}"
             raise OverlongError(
-                f"{where}: sample of {n} tokens is longer than max_len {max_len} "
-                "(choose overlong 'truncate', 'drop' or 'split')"
+                f"{where}: sample of {n} tokens, more than max_len={max_len}; {OVERLONG_HINT}"
             )
         if self.overlong == "truncate":
             stats.truncated += 1

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .. import __version__, _tokpack
+from .. import _tokpack
 from .._inputs import RAW_SUFFIXES, resolve_inputs, shown_path
 from .._outdir import (
     MANIFEST_NAME,
@@ -253,7 +253,7 @@ def tokenize_files(
             stream.progress.close()
         manifest = {
             "kind": "tokenize",
-            "tokpack_version": __version__,
+            "tokpack_version": _tokpack.__version__,
             "cache_key": key,
             "inputs": input_desc,
             "tokenizer": {"path": str(stream.tokenizer.path.resolve()), **config["tokenizer"]},
