@@ -37,43 +37,25 @@ impl Location {
         }
     }
 
-    pub fn unit(self, kind: &'static str, index: usize) -> Self {
+    pub fn unit(path: &Path, kind: &'static str, index: usize) -> Self {
         Self {
             unit: Some((kind, index)),
-            ..self
-        }
-    }
-
-    pub fn row(self, row: u64) -> Self {
-        Self {
-            row: Some(row),
-            ..self
-        }
-    }
-
-    pub fn column(self, column: &str) -> Self {
-        Self {
-            column: Some(column.to_string()),
-            ..self
+            ..Self::file(path)
         }
     }
 }
 
 impl fmt::Display for Location {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut parts = Vec::new();
-        if let Some(file) = &self.file {
-            parts.push(file.display().to_string());
-        }
-        if let Some((kind, index)) = self.unit {
-            parts.push(format!("{kind} {index}"));
-        }
-        if let Some(row) = self.row {
-            parts.push(format!("row {row}"));
-        }
-        if let Some(column) = &self.column {
-            parts.push(format!("column {column:?}"));
-        }
+        let parts: Vec<String> = [
+            self.file.as_ref().map(|f| f.display().to_string()),
+            self.unit.map(|(kind, index)| format!("{kind} {index}")),
+            self.row.map(|row| format!("row {row}")),
+            self.column.as_ref().map(|c| format!("column {c:?}")),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
         f.write_str(&parts.join(", "))
     }
 }
@@ -206,19 +188,6 @@ impl<T, E: Into<Cause>> Context<T> for std::result::Result<T, E> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_location_shows_what_is_known_in_order() {
-        let at = Location::file(Path::new("a.parquet"))
-            .unit("row group", 3)
-            .row(7)
-            .column("labels");
-        assert_eq!(
-            at.to_string(),
-            "a.parquet, row group 3, row 7, column \"labels\""
-        );
-        assert_eq!(prefix(&Location::default()), "");
-    }
 
     /// A file tokpack may not read is not reported as missing.
     #[test]

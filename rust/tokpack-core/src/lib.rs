@@ -7,7 +7,9 @@
 //! (`std::os::unix::fs::FileExt`), which keep one file handle shareable between threads.
 
 #[cfg(not(unix))]
-compile_error!("tokpack-core is Unix-only: io::spill and io::checked use std::os::unix::fs::FileExt");
+compile_error!(
+    "tokpack-core is Unix-only: io::spill and io::checked use std::os::unix::fs::FileExt"
+);
 
 pub mod bpe;
 mod capacity_index;

@@ -22,124 +22,84 @@ pub const SIDE_DIR: &str = "__tokpack__";
 pub const OVERLONG_HINT: &str =
     "pass overlong=\"truncate\", \"drop\" or \"split\", or filter it out first";
 
-/// Packing strategies.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Strategy {
-    /// Best-fit decreasing (the default).
-    Bfd,
-    /// First-fit decreasing.
-    Ffd,
-    /// Input order, a new row when the next sample does not fit.
-    NextFit,
-    /// One sample per row.
-    Padding,
-    /// Shuffle, concatenate, cut every max_len tokens (samples may be split).
-    Random,
-}
+/// An enum of named choices: the variants' names (in the order the documentation lists them),
+/// `name()`, and a `FromStr` whose error lists the names.
+macro_rules! named {
+    ($(#[$doc:meta])* $ty:ident, $what:literal, { $($(#[$vdoc:meta])* $v:ident = $name:literal,)+ }) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum $ty { $($(#[$vdoc])* $v,)+ }
 
-/// What to do with samples longer than max_len.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Overlong {
-    Error,
-    Truncate,
-    Drop,
-    Split,
-}
+        impl $ty {
+            pub const NAMES: &'static [&'static str] = &[$($name),+];
+            const ALL: &'static [Self] = &[$(Self::$v),+];
 
-/// An enum of named choices: its names, in the order the documentation lists them.
-pub trait Named: Copy + 'static {
-    /// What the choice is, for messages ("strategy").
-    const WHAT: &'static str;
-    const ALL: &'static [Self];
-    fn name(self) -> &'static str;
-
-    fn names() -> Vec<&'static str> {
-        Self::ALL.iter().map(|v| v.name()).collect()
-    }
-}
-
-fn parse<T: Named>(s: &str) -> Result<T> {
-    T::ALL
-        .iter()
-        .copied()
-        .find(|v| v.name() == s)
-        .ok_or_else(|| {
-            let quoted: Vec<String> = T::names().iter().map(|n| format!("{n:?}")).collect();
-            CoreError::Config(format!(
-                "unknown {} {s:?}; expected one of {}",
-                T::WHAT,
-                quoted.join(", ")
-            ))
-        })
-}
-
-impl Named for Strategy {
-    const WHAT: &'static str = "strategy";
-    const ALL: &'static [Self] = &[
-        Self::Bfd,
-        Self::Ffd,
-        Self::NextFit,
-        Self::Padding,
-        Self::Random,
-    ];
-    fn name(self) -> &'static str {
-        match self {
-            Self::Bfd => "bfd",
-            Self::Ffd => "ffd",
-            Self::NextFit => "next_fit",
-            Self::Padding => "padding",
-            Self::Random => "random",
+            pub fn name(self) -> &'static str {
+                Self::NAMES[self as usize]
+            }
         }
-    }
-}
 
-impl Named for Overlong {
-    const WHAT: &'static str = "overlong policy";
-    const ALL: &'static [Self] = &[Self::Error, Self::Truncate, Self::Drop, Self::Split];
-    fn name(self) -> &'static str {
-        match self {
-            Self::Error => "error",
-            Self::Truncate => "truncate",
-            Self::Drop => "drop",
-            Self::Split => "split",
+        impl FromStr for $ty {
+            type Err = CoreError;
+            fn from_str(s: &str) -> Result<Self> {
+                match Self::NAMES.iter().position(|n| *n == s) {
+                    Some(i) => Ok(Self::ALL[i]),
+                    None => Err(unknown($what, s, Self::NAMES)),
+                }
+            }
         }
-    }
+    };
 }
 
-impl FromStr for Strategy {
-    type Err = CoreError;
-    fn from_str(s: &str) -> Result<Self> {
-        parse(s)
-    }
+fn unknown(what: &str, got: &str, names: &[&str]) -> CoreError {
+    let quoted: Vec<String> = names.iter().map(|n| format!("{n:?}")).collect();
+    CoreError::Config(format!(
+        "unknown {what} {got:?}; expected one of {}",
+        quoted.join(", ")
+    ))
 }
 
-impl FromStr for Overlong {
-    type Err = CoreError;
-    fn from_str(s: &str) -> Result<Self> {
-        parse(s)
+named!(
+    /// Packing strategies.
+    Strategy, "strategy", {
+        /// Best-fit decreasing (the default).
+        Bfd = "bfd",
+        /// First-fit decreasing.
+        Ffd = "ffd",
+        /// Input order, a new row when the next sample does not fit.
+        NextFit = "next_fit",
+        /// One sample per row.
+        Padding = "padding",
+        /// Shuffle, concatenate, cut every max_len tokens (samples may be split).
+        Random = "random",
     }
-}
+);
+
+named!(
+    /// What to do with samples longer than max_len.
+    Overlong, "overlong policy", {
+        Error = "error",
+        Truncate = "truncate",
+        Drop = "drop",
+        Split = "split",
+    }
+);
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn round_trips<T: Named + FromStr<Err = CoreError> + PartialEq + std::fmt::Debug>() {
-        for &v in T::ALL {
-            assert_eq!(v.name().parse::<T>().unwrap(), v);
-        }
-        let err = "nope".parse::<T>().unwrap_err().to_string();
-        assert!(err.starts_with(&format!("unknown {} \"nope\"; expected one of ", T::WHAT)));
-    }
-
     #[test]
     fn names_round_trip() {
-        round_trips::<Strategy>();
-        round_trips::<Overlong>();
+        for &s in Strategy::ALL {
+            assert_eq!(s.name().parse::<Strategy>().unwrap(), s);
+        }
+        for &o in Overlong::ALL {
+            assert_eq!(o.name().parse::<Overlong>().unwrap(), o);
+        }
         assert_eq!(
-            Strategy::names(),
-            ["bfd", "ffd", "next_fit", "padding", "random"]
+            "nope".parse::<Overlong>().unwrap_err().to_string(),
+            "unknown overlong policy \"nope\"; expected one of \"error\", \"truncate\", \"drop\", \"split\""
         );
-        assert_eq!(Overlong::names(), ["error", "truncate", "drop", "split"]);
     }
 }

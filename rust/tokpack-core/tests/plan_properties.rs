@@ -108,7 +108,8 @@ fn check_bounds(lengths: &[i64], max_len: i64, opt: Option<usize>) {
     let rows = |strategy| plan(lengths, &config(max_len, strategy, "error")).unwrap();
     let row_tokens = |p: Plan| -> Vec<i64> {
         let rows = p.bin_offsets.windows(2);
-        rows.map(|w| p.lengths[w[0] as usize..w[1] as usize].iter().sum()).collect()
+        rows.map(|w| p.lengths[w[0] as usize..w[1] as usize].iter().sum())
+            .collect()
     };
     let nf = row_tokens(rows("next_fit"));
     assert!(

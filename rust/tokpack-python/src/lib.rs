@@ -8,7 +8,7 @@ mod plan;
 
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
-use tokpack_core::policy::{self, Named, Overlong, Strategy};
+use tokpack_core::policy::{self, Overlong, Strategy};
 
 #[pymodule]
 fn _tokpack(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -20,8 +20,8 @@ fn _tokpack(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("FORMAT_VERSION", policy::FORMAT_VERSION)?;
     m.add("SIDE_DIR", policy::SIDE_DIR)?;
     m.add("OVERLONG_HINT", policy::OVERLONG_HINT)?;
-    m.add("STRATEGIES", PyTuple::new(m.py(), Strategy::names())?)?;
-    m.add("OVERLONG_POLICIES", PyTuple::new(m.py(), Overlong::names())?)?;
+    m.add("STRATEGIES", PyTuple::new(m.py(), Strategy::NAMES)?)?;
+    m.add("OVERLONG_POLICIES", PyTuple::new(m.py(), Overlong::NAMES)?)?;
     m.add_function(wrap_pyfunction!(plan::plan, m)?)?;
     m.add_function(wrap_pyfunction!(plan::pack_flat, m)?)?;
     m.add_function(wrap_pyfunction!(plan::default_threads, m)?)?;

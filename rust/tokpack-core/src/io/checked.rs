@@ -99,7 +99,7 @@ pub fn read_checked_row_group(
     columns: &[&str],
     check: &GroupCheck,
 ) -> Result<RecordBatch> {
-    let at = Location::file(path).unit("row group", unit);
+    let at = Location::unit(path, "row group", unit);
     let file = open_file(path)?;
     let size = file.metadata().corrupt(&at, "cannot stat")?.len();
     if size != check.size {
@@ -125,7 +125,10 @@ pub fn read_checked_row_group(
     let indices = columns
         .iter()
         .map(|c| {
-            let column = at.clone().column(c);
+            let column = Location {
+                column: Some(c.to_string()),
+                ..at.clone()
+            };
             meta.schema().index_of(c).corrupt(&column, "no such column")
         })
         .collect::<Result<Vec<_>>>()?;

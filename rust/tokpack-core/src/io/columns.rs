@@ -39,10 +39,11 @@ pub struct BatchAt<'a> {
 
 impl BatchAt<'_> {
     fn at(&self, row: usize, column: &str) -> Location {
-        self.unit
-            .clone()
-            .row(self.row_base + row as u64)
-            .column(column)
+        Location {
+            row: Some(self.row_base + row as u64),
+            column: Some(column.to_string()),
+            ..self.unit.clone()
+        }
     }
 
     fn data(&self, row: usize, column: &str, what: impl Into<String>) -> CoreError {
@@ -165,17 +166,12 @@ pub fn check_flat(values: &[i32], offsets: &[i64], column: &str, role: Role) -> 
     })
 }
 
-/// The file's column (in the unit at `at`: only the file is named) has an unsupported type.
+/// The column (of the file or unit at `at`) has an unsupported type.
 fn wrong_type(at: &Location, column: &str, what: &str, found: &DataType, role: Role) -> CoreError {
+    let expected = role.expected();
     CoreError::Schema {
-        at: Box::new(Location {
-            file: at.file.clone(),
-            ..Location::default()
-        }),
-        what: format!(
-            "column {column:?} has {what} {found}; expected a {}",
-            role.expected()
-        ),
+        at: Box::new(at.clone()),
+        what: format!("column {column:?} has {what} {found}; expected a {expected}"),
     }
 }
 

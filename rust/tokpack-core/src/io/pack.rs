@@ -116,7 +116,7 @@ fn read_unit(
     if let Some((c, _)) = &columns.labels {
         names.push(c.as_str());
     }
-    let at = Location::file(&source.path).unit(source.unit_kind(), unit);
+    let at = Location::unit(&source.path, source.unit_kind, unit);
     let mut out = UnitOut {
         lengths: Vec::new(),
         locations: Vec::new(),
@@ -237,7 +237,10 @@ fn locate(sources: &[Source], rows: &[u64], index: usize) -> Location {
     let mut base = 0u64;
     for (s, &n) in sources.iter().zip(rows) {
         if (index as u64) < base + n {
-            return Location::file(&s.path).row(index as u64 - base);
+            return Location {
+                row: Some(index as u64 - base),
+                ..Location::file(&s.path)
+            };
         }
         base += n;
     }
@@ -293,7 +296,10 @@ pub fn pack_files(config: &PackFilesConfig, progress: &Progress) -> Result<PackO
             max_len,
             ..
         } => CoreError::Overlong {
-            at: Box::new(locate(&sources, &input_rows, index).column(&config.tokens_column)),
+            at: Box::new(Location {
+                column: Some(config.tokens_column.clone()),
+                ..locate(&sources, &input_rows, index)
+            }),
             index,
             length,
             max_len,

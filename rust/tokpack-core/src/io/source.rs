@@ -13,16 +13,11 @@ use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Format {
-    Parquet,
-    Ipc,
-}
-
-/// An opened input file: its format, Arrow schema and units.
+/// An opened input file: its Arrow schema and units.
 pub struct Source {
     pub path: PathBuf,
-    pub format: Format,
+    /// "row group" (Parquet) or "record batch" (IPC), for messages.
+    pub unit_kind: &'static str,
     pub schema: SchemaRef,
     parquet: Option<ArrowReaderMetadata>,
     /// Row groups (Parquet) or record batches (IPC).
@@ -45,7 +40,7 @@ impl Source {
                 .corrupt(&at, "not a valid Parquet file")?;
             Ok(Self {
                 path: path.to_path_buf(),
-                format: Format::Parquet,
+                unit_kind: "row group",
                 schema: meta.schema().clone(),
                 units: meta.metadata().num_row_groups(),
                 parquet: Some(meta),
@@ -55,7 +50,7 @@ impl Source {
                 .corrupt(&at, "not a valid Arrow IPC file")?;
             Ok(Self {
                 path: path.to_path_buf(),
-                format: Format::Ipc,
+                unit_kind: "record batch",
                 schema: reader.schema(),
                 units: reader.num_batches(),
                 parquet: None,
@@ -66,14 +61,6 @@ impl Source {
                 "not a Parquet or Arrow IPC (Feather v2) file",
                 None,
             ))
-        }
-    }
-
-    /// "row group" or "record batch", for messages.
-    pub fn unit_kind(&self) -> &'static str {
-        match self.format {
-            Format::Parquet => "row group",
-            Format::Ipc => "record batch",
         }
     }
 
@@ -107,7 +94,7 @@ impl Source {
         mut f: impl FnMut(RecordBatch) -> Result<()>,
     ) -> Result<()> {
         let indices = self.column_indices(columns)?;
-        let at = Location::file(&self.path).unit(self.unit_kind(), unit);
+        let at = Location::unit(&self.path, self.unit_kind, unit);
         let file = open_file(&self.path)?;
         match &self.parquet {
             Some(meta) => {
@@ -160,7 +147,7 @@ pub fn read_row_group(path: &Path, unit: usize, columns: &[&str]) -> Result<Reco
         return Err(CoreError::Config(format!(
             "{}: {} {unit} does not exist (the file has {})",
             path.display(),
-            source.unit_kind(),
+            source.unit_kind,
             source.units
         )));
     }
@@ -178,7 +165,7 @@ pub fn read_row_group(path: &Path, unit: usize, columns: &[&str]) -> Result<Reco
             .project(&indices)
             .corrupt(&Location::file(path), "")?,
     );
-    let at = Location::file(path).unit(source.unit_kind(), unit);
+    let at = Location::unit(path, source.unit_kind, unit);
     assemble_batch(&at, projected, batches, columns)
 }
 
