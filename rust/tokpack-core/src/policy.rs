@@ -22,10 +22,10 @@ pub const SIDE_DIR: &str = "__tokpack__";
 pub const OVERLONG_HINT: &str =
     "pass overlong=\"truncate\", \"drop\" or \"split\", or filter it out first";
 
-/// An enum of named choices: the variants' names (in the order the documentation lists them),
+/// Enums of named choices, each with its names (in the order the documentation lists them),
 /// `name()`, and a `FromStr` whose error lists the names.
 macro_rules! named {
-    ($(#[$doc:meta])* $ty:ident, $what:literal, { $($(#[$vdoc:meta])* $v:ident = $name:literal,)+ }) => {
+    ($($(#[$doc:meta])* $ty:ident, $what:literal, { $($(#[$vdoc:meta])* $v:ident = $name:literal,)+ })+) => {$(
         $(#[$doc])*
         #[derive(Clone, Copy, Debug, PartialEq, Eq)]
         pub enum $ty { $($(#[$vdoc])* $v,)+ }
@@ -48,7 +48,7 @@ macro_rules! named {
                 }
             }
         }
-    };
+    )+};
 }
 
 fn unknown(what: &str, got: &str, names: &[&str]) -> CoreError {
@@ -73,9 +73,6 @@ named!(
         /// Shuffle, concatenate, cut every max_len tokens (samples may be split).
         Random = "random",
     }
-);
-
-named!(
     /// What to do with samples longer than max_len.
     Overlong, "overlong policy", {
         Error = "error",
