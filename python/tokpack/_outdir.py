@@ -32,6 +32,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import pyarrow as pa
 
 from . import _tokpack
+from ._contract import SIDE_DIR
 from ._inputs import input_error, shown_path
 from .errors import ConfigError, CorruptOutputError, OutputError, OutputExistsError, TokpackError
 
@@ -51,11 +52,10 @@ __all__ = [
     "cached_run",
 ]
 
-# Side files (manifest, indexes, accounting) live in a subdirectory that Parquet readers skip:
-# pyarrow.dataset ignores names starting with "_", Hugging Face datasets ignores directories
+# Side files (manifest, indexes, accounting) live in SIDE_DIR, a subdirectory Parquet readers
+# skip: pyarrow.dataset ignores names starting with "_", Hugging Face datasets ignores directories
 # starting with "__". So `pyarrow.dataset.dataset(OUT_DIR)` and
 # `datasets.load_dataset("parquet", data_dir=OUT_DIR)` both see only the data files.
-SIDE_DIR = "__tokpack__"
 MANIFEST_NAME = f"{SIDE_DIR}/_manifest.json"
 _TMP_TAG = ".tmp-"
 _OLD_TAG = ".old-"

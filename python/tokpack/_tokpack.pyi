@@ -6,6 +6,14 @@ import numpy as np
 import numpy.typing as npt
 
 __version__: str
+MAX_THREADS: int
+IGNORE_INDEX: int
+FORMAT: str
+FORMAT_VERSION: int
+SIDE_DIR: str
+OVERLONG_HINT: str
+STRATEGIES: Tuple[str, ...]
+OVERLONG_POLICIES: Tuple[str, ...]
 
 PlanParts = Tuple[
     npt.NDArray[np.int64],  # bin_offsets
@@ -44,7 +52,6 @@ def pack_flat(
     npt.NDArray[np.int32],
     Optional[npt.NDArray[np.int32]],
     npt.NDArray[np.int64],
-    Optional[npt.NDArray[np.int32]],
 ]: ...
 def default_threads() -> int: ...
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from . import _tokpack
 from ._arrays import is_torch_tensor, to_numpy_1d
+from ._contract import IGNORE_INDEX
 from .errors import DataError, OverlongError
 from .planning import checked_args
 
@@ -126,7 +127,7 @@ def concatenate_and_pack(
     attention_masks: Sequence[Any],
     max_length: int,
     pad_token_id: int = 0,
-    label_pad_id: int = -100,
+    label_pad_id: int = IGNORE_INDEX,
 ):
     """Pack inputs, labels and attention masks together (same layout as :func:`pack_sequences`).
 

@@ -61,6 +61,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ._arrays import list_array
+from ._contract import FORMAT, IGNORE_INDEX
 from ._inputs import input_error, shown_path
 from ._outdir import MANIFEST_NAME, read_manifest
 from .errors import (
@@ -83,8 +84,6 @@ MEGATRON_DTYPES = {"uint16": (np.uint16, 8), "int32": (np.int32, 4)}
 # DType.optimal_dtype: uint16 when the vocabulary size is < 65,500.
 _UINT16_VOCAB_LIMIT = 65500
 DOCUMENT_MODES = ("sample", "row")
-# tokpack.torch.collate's IGNORE_INDEX, not imported from there: that would import torch.
-IGNORE_INDEX = -100
 _TMP_TAG = ".tmp-"
 
 
@@ -127,7 +126,7 @@ def _packed_shards(packed_dir: PathLike) -> Tuple[List[Path], bool]:
         raise InputNotFoundError(
             f"{shown_path(out)}: no {MANIFEST_NAME} (not a tokpack output directory)"
         )
-    if manifest.get("format") != "tokpack-packed":
+    if manifest.get("format") != FORMAT:
         raise CorruptOutputError(
             f"{shown_path(out)}: not a packed directory (format {manifest.get('format')})"
         )

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import _tokpack
+from ._contract import FORMAT, FORMAT_VERSION, OVERLONG_POLICIES, STRATEGIES
 from ._inputs import (
     RAW_SUFFIXES,
     TOKEN_SUFFIXES,
@@ -37,8 +38,6 @@ from ._progress import run_with_progress
 from .errors import ConfigError
 from .planning import (
     MAX_ROWS,
-    OVERLONG_POLICIES,
-    STRATEGIES,
     check_int,
     checked_args,
     checked_threads,
@@ -50,8 +49,6 @@ from .tokenize.writer import REJECTED_NAME, stream_into
 
 __all__ = ["pack_files", "read_lengths", "FORMAT", "FORMAT_VERSION"]
 
-FORMAT = "tokpack-packed"
-FORMAT_VERSION = 2
 # Arrow IPC, not Parquet: HF ``datasets`` reads every ``*.parquet`` under data_dir, ``_`` or not.
 DROPPED_NAME = f"{SIDE_DIR}/_dropped.arrow"
 # Rows decoded at a time inside a row group: bounds reading memory to a few tens of MB per thread.

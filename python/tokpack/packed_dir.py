@@ -26,14 +26,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import _tokpack
+from ._contract import FORMAT, FORMAT_VERSION
 from ._outdir import MANIFEST_NAME
 from .errors import CorruptOutputError, InputNotFoundError, TokpackError
 
 __all__ = ["PackedDir", "decode_row_group", "ROW_COLUMNS"]
 
-FORMAT = "tokpack-packed"
-# 2: shards record their size and the checksums of each row group's bytes and of the footer.
-FORMAT_VERSION = 2
 ROW_COLUMNS = ("input_ids", "labels", "seq_lengths", "sample_ids")
 
 Column = Union[Tuple[np.ndarray, np.ndarray], np.ndarray]

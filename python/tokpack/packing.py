@@ -56,7 +56,7 @@ def pack_tokens(
             raise DataError(
                 f"labels have {len(label_offsets) - 1} rows but input_ids have {len(offsets) - 1}"
             )
-    plan_parts, tokens, out_labels, row_offsets, _ = _tokpack.pack_flat(
+    plan_parts, tokens, out_labels, row_offsets = _tokpack.pack_flat(
         values, offsets, label_values, label_offsets, max_len, strategy, overlong, seed, threads
     )
     plan = Plan._from_rust(plan_parts, strategy)

@@ -10,12 +10,10 @@ import numpy as np
 
 from . import _tokpack
 from ._arrays import as_lengths
+from ._contract import OVERLONG_POLICIES, STRATEGIES
 from .errors import ConfigError
 
 __all__ = ["Plan", "plan", "STRATEGIES", "OVERLONG_POLICIES"]
-
-STRATEGIES = ("bfd", "ffd", "next_fit", "padding", "random")
-OVERLONG_POLICIES = ("error", "truncate", "drop", "split")
 
 
 @dataclass(frozen=True, repr=False, eq=False)

@@ -16,13 +16,11 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ._contract import IGNORE_INDEX
 from .integrity import _read_index
 from .packed_dir import PackedDir
 
 __all__ = ["RowCounts", "row_counts"]
-
-# The collators' IGNORE_INDEX (tokpack.torch.collate would import torch).
-IGNORE_INDEX = -100
 
 
 class RowCounts(NamedTuple):

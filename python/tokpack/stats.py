@@ -10,8 +10,9 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ._arrays import as_lengths
+from ._contract import STRATEGIES
 from .errors import ConfigError, DataError
-from .planning import STRATEGIES, checked_args, plan
+from .planning import checked_args, plan
 
 __all__ = [
     "packing_stats",

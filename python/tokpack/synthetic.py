@@ -9,6 +9,8 @@ from typing import Iterable, Optional
 
 import numpy as np
 
+from ._contract import IGNORE_INDEX
+
 __all__ = ["sft_lengths", "write_token_shards", "train_chat_tokenizer", "CHAT_SPECIAL_TOKENS"]
 
 CHAT_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -76,7 +78,8 @@ def write_token_shards(
                     # The first ~30% of each sample is the prompt: not trained on.
                     prompt = (lens * 0.3).astype(np.int64)
                     pos = np.arange(int(offsets[-1])) - np.repeat(offsets[:-1], lens)
-                    lab = np.where(pos < np.repeat(prompt, lens), -100, tokens).astype(np.int32)
+                    untrained = pos < np.repeat(prompt, lens)
+                    lab = np.where(untrained, IGNORE_INDEX, tokens).astype(np.int32)
                     cols["labels"] = pa.ListArray.from_arrays(offsets, lab)
                 writer.write_table(pa.table(cols, schema=schema), row_group_size=row_group_rows)
         files.append(path)

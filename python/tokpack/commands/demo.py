@@ -10,8 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .._contract import STRATEGIES
 from ..files import pack_files, read_lengths
-from ..planning import STRATEGIES, plan
+from ..planning import plan
 from ..report import table
 from ..synthetic import write_token_shards
 from .pack import summary

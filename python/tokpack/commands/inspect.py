@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from .._contract import FORMAT
 from .._outdir import MANIFEST_NAME, read_manifest
 from ..errors import CorruptOutputError, InputNotFoundError
 from ..integrity import cache_problem
@@ -24,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
     manifest = read_manifest(out)
     if manifest is None:
         raise InputNotFoundError(f"{out}: no {MANIFEST_NAME} (not a tokpack output directory)")
-    if manifest.get("format") != "tokpack-packed":
+    if manifest.get("format") != FORMAT:
         raise CorruptOutputError(f"{out}: not a packed directory (format {manifest.get('format')})")
     problem = cache_problem(out, manifest)
     if problem is not None:

@@ -6,8 +6,8 @@ import argparse
 import sys
 from typing import Any, Dict
 
+from .._contract import OVERLONG_POLICIES, STRATEGIES
 from ..files import pack_files
-from ..planning import OVERLONG_POLICIES, STRATEGIES
 from ..report import table
 from .tokenize import add_inputs_and_output, add_tokenizer_arguments, tokenize_options
 

@@ -9,9 +9,10 @@ import json
 import sys
 from typing import List, Optional
 
+from .._contract import STRATEGIES
 from ..errors import ConfigError
 from ..files import read_lengths
-from ..planning import STRATEGIES, checked_args
+from ..planning import checked_args
 from ..report import table
 from ..stats import STATS_OVERLONG, PackingStats, check_options, checked_max_lens, packing_stats
 

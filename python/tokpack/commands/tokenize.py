@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Any, Dict, List, Optional
 
+from .._contract import OVERLONG_POLICIES
 from ..errors import ConfigError
-from ..planning import OVERLONG_POLICIES
 from ..tokenize.formats import DEFAULT_COLUMNS, FORMATS
 from ..tokenize.options import TokenizeOptions
 from ..tokenize.template import TRAIN_ON

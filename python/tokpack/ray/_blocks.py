@@ -17,9 +17,9 @@ import pyarrow as pa
 import ray
 
 from .._arrays import as_flat_column
+from .._contract import IGNORE_INDEX
 from ..errors import ConfigError, DataError, SchemaError, TokpackError
 
-IGNORE_INDEX = -100
 # A dataset made with ``ray.data.read_parquet(..., include_paths=True)`` names each row's file:
 # the dropped-samples list then gives the file and row, as ``tokpack pack`` does.
 PATH_COLUMN = "path"

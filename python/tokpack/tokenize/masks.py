@@ -8,9 +8,9 @@ from typing import Any, Optional, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["IGNORE_INDEX", "labels_from_spans"]
+from .._contract import IGNORE_INDEX
 
-IGNORE_INDEX = -100
+__all__ = ["IGNORE_INDEX", "labels_from_spans"]
 
 
 def _first_token(encoding: Any, start: int, end: int) -> Optional[int]:

@@ -44,6 +44,7 @@ import numpy as np
 import pyarrow as pa
 
 from .. import _tokpack
+from .._contract import OVERLONG_HINT
 from .._inputs import RAW_SUFFIXES, resolve_inputs
 from .._progress import Progress
 from ..errors import ConfigError, InvalidRecordError, OverlongError
@@ -501,7 +502,7 @@ class RecordEncoder:
         stats.overlong += 1
         overlong = self.options.overlong
         if overlong == "error":
-            raise _overlong_error(record, longest, max_len, "'truncate' or 'drop'")
+            raise _overlong_error(record, longest, max_len, 'pass overlong="truncate" or "drop"')
         if overlong == "truncate" and prompt_length < max_len:
             stats.truncated += 1
             return [ids[:max_len] for ids in full]
@@ -518,7 +519,7 @@ class RecordEncoder:
         stats.overlong += 1
         overlong = self.options.overlong
         if overlong == "error":
-            raise _overlong_error(record, n, max_len, "'truncate', 'drop' or 'split'")
+            raise _overlong_error(record, n, max_len, OVERLONG_HINT)
         if overlong == "truncate":
             stats.truncated += 1
             return [(ids[:max_len], labels[:max_len])]
@@ -743,12 +744,9 @@ def _unpack_records(packed: Any) -> List[Record]:
     return packed
 
 
-def _overlong_error(record: Record, n: int, max_len: int, choices: str) -> OverlongError:
+def _overlong_error(record: Record, n: int, max_len: int, hint: str) -> OverlongError:
     where = f"{record.path}:{'row ' if record.is_row else ''}{record.line}"
-    return OverlongError(
-        f"{where}: sample of {n} tokens is longer than max_len {max_len} "
-        f"(choose overlong {choices})"
-    )
+    return OverlongError(f"{where}: sample of {n} tokens, more than max_len={max_len}; {hint}")
 
 
 def _common_prefix(ids: np.ndarray, other: np.ndarray) -> int:

@@ -15,13 +15,13 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 import torch
 
+from .._contract import IGNORE_INDEX
 from ..errors import ConfigError, DataError
 
 __all__ = ["PackedCollator", "FORMATS", "IGNORE_INDEX"]
 
 FORMATS = ("hf", "flash", "padded", "torchtune")
 CP_FORMATS = ("hf", "flash")
-IGNORE_INDEX = -100
 
 
 def _segments(lens: torch.Tensor, total: int) -> "tuple[torch.Tensor, torch.Tensor]":

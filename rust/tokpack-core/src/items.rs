@@ -1,7 +1,7 @@
 //! Turning sample lengths into packable items, applying the overlong policy.
 
 use crate::error::{CoreError, Result};
-use crate::plan::Overlong;
+use crate::policy::Overlong;
 use rayon::prelude::*;
 
 /// One piece of a sample to place in a row: `len` tokens of sample `sample` starting at `start`.
@@ -73,7 +73,7 @@ fn too_many_items<L: Length>(lengths: &[L], max_len: u32, overlong: Overlong) ->
     for (index, &l) in lengths.iter().enumerate() {
         total = total.saturating_add(pieces(l.to_i64(), cap, overlong));
         if total > MAX_ITEMS {
-            return CoreError::Data(format!(
+            return CoreError::data(format!(
                 "sample {index} has {} tokens: with max_len={max_len} the samples up to it make \
                  {total} pieces, more than the {MAX_ITEMS} a plan can hold; raise max_len or \
                  filter out the longest samples",
@@ -86,7 +86,7 @@ fn too_many_items<L: Length>(lengths: &[L], max_len: u32, overlong: Overlong) ->
 
 fn reserve(items: &mut Vec<Item>, n: u64) -> Result<()> {
     items.try_reserve_exact(n as usize).map_err(|_| {
-        CoreError::Data(format!(
+        CoreError::data(format!(
             "planning {n} pieces needs {} GiB of memory, more than is available; raise max_len \
              or filter out the longest samples",
             (n * std::mem::size_of::<Item>() as u64) >> 30
@@ -97,7 +97,7 @@ fn reserve(items: &mut Vec<Item>, n: u64) -> Result<()> {
 fn add_tokens(total: u64, more: u64) -> Result<u64> {
     total
         .checked_add(more)
-        .ok_or_else(|| CoreError::Data("the sample lengths add up to more than 2^64 tokens".into()))
+        .ok_or_else(|| CoreError::data("the sample lengths add up to more than 2^64 tokens"))
 }
 
 pub fn build_items<L: Length>(lengths: &[L], max_len: u32, overlong: Overlong) -> Result<Items> {
@@ -147,7 +147,7 @@ fn build_chunk<L: Length>(
         let sample = index as i64;
         let length = raw.to_i64();
         if length < 0 {
-            return Err(CoreError::Data(format!(
+            return Err(CoreError::data(format!(
                 "sample {index} has a negative length ({length})"
             )));
         }
@@ -167,6 +167,7 @@ fn build_chunk<L: Length>(
         match overlong {
             Overlong::Error => {
                 return Err(CoreError::Overlong {
+                    at: Default::default(),
                     index,
                     length,
                     max_len,

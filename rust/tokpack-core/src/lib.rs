@@ -2,6 +2,14 @@
 //!
 //! [`plan`] turns sample lengths into rows of segments (best-fit / first-fit decreasing,
 //! next-fit, padding, random concatenation); [`materialize`] copies tokens into those rows.
+//!
+//! Unix only: [`io`] reads spill files and checked shards with positioned reads
+//! (`std::os::unix::fs::FileExt`), which keep one file handle shareable between threads.
+
+#[cfg(not(unix))]
+compile_error!(
+    "tokpack-core is Unix-only: io::spill and io::checked use std::os::unix::fs::FileExt"
+);
 
 pub mod bpe;
 mod capacity_index;
@@ -10,10 +18,12 @@ pub mod io;
 pub mod items;
 pub mod materialize;
 pub mod plan;
+pub mod policy;
 pub mod pool;
 mod rng;
 mod strategies;
 
 pub use error::{CoreError, Result};
-pub use materialize::{check_labels_aligned, materialize, FlatColumn, PackedRows, IGNORE_INDEX};
-pub use plan::{plan, Overlong, Plan, PlanConfig, Strategy};
+pub use materialize::{check_labels_aligned, materialize, FlatColumn, PackedRows};
+pub use plan::{plan, Plan, PlanConfig};
+pub use policy::{Overlong, Strategy, IGNORE_INDEX};

@@ -4,9 +4,6 @@ use crate::error::{CoreError, Result};
 use crate::plan::Plan;
 use rayon::prelude::*;
 
-/// Label value that the loss ignores.
-pub const IGNORE_INDEX: i32 = -100;
-
 /// A list column laid out flat: sample `i` is `values[offsets[i]..offsets[i+1]]`.
 #[derive(Clone, Copy)]
 pub struct FlatColumn<'a> {
@@ -26,18 +23,18 @@ impl FlatColumn<'_> {
     /// Checks that the offsets are a valid CSR over `values`; `name` is used in the error.
     pub fn validate(&self, name: &str) -> Result<()> {
         if self.offsets.is_empty() {
-            return Err(CoreError::Data(format!("{name}: offsets array is empty")));
+            return Err(CoreError::data(format!("{name}: offsets array is empty")));
         }
         for (row, w) in self.offsets.windows(2).enumerate() {
             if w[1] < w[0] {
-                return Err(CoreError::Data(format!(
+                return Err(CoreError::data(format!(
                     "{name}: row {row} has decreasing offsets"
                 )));
             }
         }
         let last = *self.offsets.last().unwrap_or(&0);
         if self.offsets[0] < 0 || last as usize > self.values.len() {
-            return Err(CoreError::Data(format!(
+            return Err(CoreError::data(format!(
                 "{name}: offsets run past the {} values",
                 self.values.len()
             )));
@@ -58,7 +55,7 @@ impl FlatColumn<'_> {
 /// Checks that labels have exactly as many entries as tokens in every row.
 pub fn check_labels_aligned(tokens: &FlatColumn, labels: &FlatColumn) -> Result<()> {
     if tokens.len() != labels.len() {
-        return Err(CoreError::Data(format!(
+        return Err(CoreError::data(format!(
             "labels have {} rows but input_ids have {}",
             labels.len(),
             tokens.len()
@@ -68,7 +65,7 @@ pub fn check_labels_aligned(tokens: &FlatColumn, labels: &FlatColumn) -> Result<
         let t = tokens.offsets[row + 1] - tokens.offsets[row];
         let l = labels.offsets[row + 1] - labels.offsets[row];
         if t != l {
-            return Err(CoreError::Data(format!(
+            return Err(CoreError::data(format!(
                 "row {row}: labels have {l} entries but input_ids have {t}"
             )));
         }
@@ -81,8 +78,6 @@ pub struct PackedRows {
     pub tokens: Vec<i32>,
     pub labels: Option<Vec<i32>>,
     pub row_offsets: Vec<i64>,
-    /// Per segment: labels that are not IGNORE_INDEX (only with labels).
-    pub seg_loss_tokens: Option<Vec<i32>>,
 }
 
 /// Copies the planned segments into rows, in parallel over groups of segments.
@@ -101,27 +96,10 @@ pub fn materialize(plan: &Plan, tokens: &FlatColumn, labels: Option<&FlatColumn>
         .map(|&s| seg_offsets[s as usize])
         .collect();
     let out_tokens = gather(plan, &seg_offsets, tokens, total);
-    let (out_labels, seg_loss_tokens) = match labels {
-        Some(col) => {
-            let out = gather(plan, &seg_offsets, col, total);
-            let loss: Vec<i32> = seg_offsets
-                .par_windows(2)
-                .map(|w| {
-                    out[w[0] as usize..w[1] as usize]
-                        .iter()
-                        .filter(|&&v| v != IGNORE_INDEX)
-                        .count() as i32
-                })
-                .collect();
-            (Some(out), Some(loss))
-        }
-        None => (None, None),
-    };
     PackedRows {
         tokens: out_tokens,
-        labels: out_labels,
+        labels: labels.map(|col| gather(plan, &seg_offsets, col, total)),
         row_offsets,
-        seg_loss_tokens,
     }
 }
 

@@ -2,66 +2,8 @@
 
 use crate::error::{CoreError, Result};
 use crate::items::{build_items, Length};
+use crate::policy::{Overlong, Strategy};
 use crate::strategies;
-use std::str::FromStr;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Strategy {
-    /// Best-fit decreasing (the default).
-    Bfd,
-    /// First-fit decreasing.
-    Ffd,
-    /// Input order, a new row when the next sample does not fit.
-    NextFit,
-    /// One sample per row.
-    Padding,
-    /// Shuffle, concatenate, cut every max_len tokens (samples may be split).
-    Random,
-}
-
-impl FromStr for Strategy {
-    type Err = CoreError;
-    fn from_str(s: &str) -> Result<Self> {
-        Ok(match s {
-            "bfd" => Self::Bfd,
-            "ffd" => Self::Ffd,
-            "next_fit" => Self::NextFit,
-            "padding" => Self::Padding,
-            "random" => Self::Random,
-            _ => {
-                return Err(CoreError::Config(format!(
-                    "unknown strategy {s:?}; expected one of \"bfd\", \"ffd\", \"next_fit\", \"padding\", \"random\""
-                )))
-            }
-        })
-    }
-}
-
-/// What to do with samples longer than max_len.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Overlong {
-    Error,
-    Truncate,
-    Drop,
-    Split,
-}
-
-impl FromStr for Overlong {
-    type Err = CoreError;
-    fn from_str(s: &str) -> Result<Self> {
-        Ok(match s {
-            "error" => Self::Error,
-            "truncate" => Self::Truncate,
-            "drop" => Self::Drop,
-            "split" => Self::Split,
-            _ => {
-                return Err(CoreError::Config(format!(
-                    "unknown overlong policy {s:?}; expected one of \"error\", \"truncate\", \"drop\", \"split\""
-                )))
-            }
-        })
-    }
-}
 
 #[derive(Clone, Copy, Debug)]
 pub struct PlanConfig {
@@ -134,14 +76,6 @@ impl Plan {
         } else {
             self.total_tokens() as f64 / capacity
         }
-    }
-
-    /// Tokens in every row, in order.
-    pub fn row_tokens(&self) -> Vec<i64> {
-        self.bin_offsets
-            .windows(2)
-            .map(|w| self.lengths[w[0] as usize..w[1] as usize].iter().sum())
-            .collect()
     }
 }
 

@@ -136,6 +136,24 @@ fn unsupported_configurations_are_named() {
     ));
 }
 
+/// A token id near u32::MAX (in the vocabulary or an added token) once sized a per-id table
+/// of 2^32 entries, 16 GiB: such sparse ids are left to `tokenizers`, which keeps a map.
+#[test]
+fn sparse_token_ids_are_left_to_tokenizers() {
+    let base: serde_json::Value = serde_json::from_str(&tokenizer_json(&[], &["<|x|>"])).unwrap();
+    let mut added = base.clone();
+    added["added_tokens"][0]["id"] = json!(u32::MAX - 1);
+    let mut vocab = base;
+    vocab["model"]["vocab"]["zz"] = json!(u32::MAX);
+    for json in [added, vocab] {
+        match BpeTokenizer::from_json(&json.to_string()) {
+            Err(LoadError::Unsupported(why)) => assert!(why.contains("sparse"), "{why}"),
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("loaded a tokenizer with an id near u32::MAX"),
+        }
+    }
+}
+
 #[test]
 fn nfc_tokenizers_leave_text_not_in_nfc_to_the_caller() {
     let mut value: serde_json::Value =

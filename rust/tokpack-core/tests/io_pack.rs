@@ -124,7 +124,7 @@ fn negative_token_is_located() {
         Err(e) => e,
     };
     let msg = err.to_string();
-    assert!(matches!(err, CoreError::Data(_)), "{msg}");
+    assert!(matches!(err, CoreError::Data { .. }), "{msg}");
     assert!(
         msg.contains("b.parquet, row group 0, row 1, column \"input_ids\""),
         "{msg}"

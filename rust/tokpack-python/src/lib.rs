@@ -8,11 +8,21 @@ mod plan;
 mod shards;
 
 use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+use tokpack_core::policy::{self, Overlong, Strategy};
 
 #[pymodule]
 fn _tokpack(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("MAX_THREADS", tokpack_core::pool::MAX_THREADS)?;
+    // The shared names and constants (re-exported to Python by `tokpack/_contract.py`).
+    m.add("IGNORE_INDEX", policy::IGNORE_INDEX)?;
+    m.add("FORMAT", policy::FORMAT)?;
+    m.add("FORMAT_VERSION", policy::FORMAT_VERSION)?;
+    m.add("SIDE_DIR", policy::SIDE_DIR)?;
+    m.add("OVERLONG_HINT", policy::OVERLONG_HINT)?;
+    m.add("STRATEGIES", PyTuple::new(m.py(), Strategy::NAMES)?)?;
+    m.add("OVERLONG_POLICIES", PyTuple::new(m.py(), Overlong::NAMES)?)?;
     m.add_function(wrap_pyfunction!(plan::plan, m)?)?;
     m.add_function(wrap_pyfunction!(plan::pack_flat, m)?)?;
     m.add_function(wrap_pyfunction!(plan::default_threads, m)?)?;

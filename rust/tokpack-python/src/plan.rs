@@ -54,7 +54,7 @@ pub fn plan<'py>(
 type PackOutput = (Plan, tokpack_core::PackedRows);
 
 /// Plans from the token column's lengths and copies tokens (and labels) into packed rows.
-/// Returns `(plan_tuple, tokens, labels|None, row_offsets, seg_loss_tokens|None)`.
+/// Returns `(plan_tuple, tokens, labels|None, row_offsets)`.
 #[pyfunction]
 #[pyo3(signature = (values, offsets, label_values, label_offsets, max_len, strategy, overlong, seed, threads=None))]
 #[allow(clippy::too_many_arguments)]
@@ -98,14 +98,11 @@ pub fn pack_flat<'py>(
     });
     let (plan, rows) = result.map_err(to_py)?;
     let labels_out: Option<Bound<'py, PyArray1<i32>>> = rows.labels.map(|l| l.into_pyarray(py));
-    let loss_out: Option<Bound<'py, PyArray1<i32>>> =
-        rows.seg_loss_tokens.map(|l| l.into_pyarray(py));
     (
         plan_tuple(py, plan)?,
         rows.tokens.into_pyarray(py),
         labels_out,
         rows.row_offsets.into_pyarray(py),
-        loss_out,
     )
         .into_pyobject(py)
 }

@@ -17,7 +17,11 @@ pub(crate) enum Piece {
 }
 
 impl AddedTokens {
-    pub(crate) fn new(raw: Vec<(String, u32)>, normalized: Vec<(String, u32)>) -> Self {
+    /// Fails when the automaton would exceed aho-corasick's limits (the user's tokens).
+    pub(crate) fn new(
+        raw: Vec<(String, u32)>,
+        normalized: Vec<(String, u32)>,
+    ) -> Result<Self, aho_corasick::BuildError> {
         let passes = [raw, normalized]
             .into_iter()
             .filter(|set| !set.is_empty())
@@ -25,12 +29,11 @@ impl AddedTokens {
                 let (patterns, ids): (Vec<String>, Vec<u32>) = set.into_iter().unzip();
                 let ac = AhoCorasick::builder()
                     .match_kind(MatchKind::LeftmostLongest)
-                    .build(&patterns)
-                    .expect("added-token automaton");
-                (ac, ids)
+                    .build(&patterns)?;
+                Ok((ac, ids))
             })
-            .collect();
-        Self { passes }
+            .collect::<Result<_, _>>()?;
+        Ok(Self { passes })
     }
 
     /// Calls `f` with the pieces of `text`, in order.

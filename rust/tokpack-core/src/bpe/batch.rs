@@ -3,12 +3,10 @@
 
 use super::model::Model;
 use super::BpeTokenizer;
+use crate::policy::IGNORE_INDEX;
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 use std::cell::RefCell;
-
-/// Label of tokens that are not trained on.
-pub const IGNORE_INDEX: i32 = -100;
 
 /// Words cached per thread before the cache is cleared (bounds memory on huge vocabularies
 /// of rare words; common words come back at once).

@@ -201,6 +201,14 @@ impl BpeTokenizer {
                 max_id = max_id.max(id);
             }
         }
+        // Per-id tables are sized by the largest id: ids far above the number of tokens would
+        // make them huge (an id near u32::MAX asks for 16 GiB); `tokenizers` keeps a map.
+        let n_tokens = vocab.len() + added_json.map_or(0, Vec::len);
+        if max_id as usize > 2 * n_tokens {
+            return unsupported(format!(
+                "sparse token ids (up to {max_id} for {n_tokens} tokens)"
+            ));
+        }
 
         let chars = byte_to_char();
         let mut char_byte: FxHashMap<char, u8> = FxHashMap::default();
@@ -299,7 +307,8 @@ impl BpeTokenizer {
                 token_bytes,
             },
             nfc,
-            added: AddedTokens::new(raw, normalized),
+            added: AddedTokens::new(raw, normalized)
+                .map_err(|e| LoadError::Unsupported(format!("added tokens ({e})")))?,
             pattern,
             post_processor_adds_tokens,
             uid: NEXT_UID.fetch_add(1, Ordering::Relaxed),

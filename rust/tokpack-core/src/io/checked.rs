@@ -5,7 +5,7 @@
 
 use super::source::{assemble_batch, open_file};
 use super::writer::{xxh3_hex, ByteRange};
-use crate::error::{CoreError, Result};
+use crate::error::{Context, CoreError, Location, Result};
 use arrow::array::RecordBatch;
 use bytes::{Buf, Bytes};
 use parquet::arrow::arrow_reader::{
@@ -25,10 +25,6 @@ pub struct GroupCheck {
     pub size: u64,
     pub footer: ByteRange,
     pub group: ByteRange,
-}
-
-fn corrupt(path: &Path, what: impl std::fmt::Display) -> CoreError {
-    CoreError::CorruptInput(format!("{}: {what}", path.display()))
 }
 
 /// Checked byte ranges of a file standing in for the file: reads outside them fail.
@@ -75,23 +71,22 @@ impl ChunkReader for CheckedBytes {
     }
 }
 
-/// Reads `range` of `file` and checks its bytes against the recorded checksum.
-fn read_checked(file: &File, path: &Path, range: &ByteRange, what: &str) -> Result<Bytes> {
+/// Reads `range` of `file` (the `part` of the unit at `at`: "footer: " or nothing) and checks
+/// its bytes against the recorded checksum.
+fn read_checked(file: &File, at: &Location, part: &str, range: &ByteRange) -> Result<Bytes> {
     let mut buf = vec![0u8; range.length as usize];
     file.read_exact_at(&mut buf, range.offset)
-        .map_err(|e| corrupt(path, format!("{what}: cannot read ({e})")))?;
+        .corrupt(at, &format!("{part}cannot read"))?;
     let got = xxh3_hex(twox_hash::XxHash3_128::oneshot(&buf));
     if got != range.checksum {
-        return Err(corrupt(
-            path,
-            format!(
-                "{what}: bytes {}..{} do not match their checksum (they hash to {got}, the \
-                 manifest says {})",
-                range.offset,
-                range.offset + range.length,
-                range.checksum
-            ),
-        ));
+        let what = format!(
+            "{part}bytes {}..{} do not match their checksum (they hash to {got}, the manifest \
+             says {})",
+            range.offset,
+            range.offset + range.length,
+            range.checksum
+        );
+        return Err(CoreError::corrupt(at.clone(), what, None));
     }
     Ok(Bytes::from(buf))
 }
@@ -104,44 +99,37 @@ pub fn read_checked_row_group(
     columns: &[&str],
     check: &GroupCheck,
 ) -> Result<RecordBatch> {
-    let what = format!("row group {unit}");
+    let at = Location::unit(path, "row group", unit);
     let file = open_file(path)?;
-    let size = file
-        .metadata()
-        .map_err(|e| corrupt(path, format!("cannot stat ({e})")))?
-        .len();
+    let size = file.metadata().corrupt(&at, "cannot stat")?.len();
     if size != check.size {
-        return Err(corrupt(
-            path,
-            format!(
-                "{what}: the file has {size} bytes, the manifest says {}",
-                check.size
-            ),
-        ));
+        let what = format!(
+            "the file has {size} bytes, the manifest says {}",
+            check.size
+        );
+        return Err(CoreError::corrupt(at, what, None));
     }
-    let footer = read_checked(&file, path, &check.footer, &format!("{what}: footer"))?;
-    let group = read_checked(&file, path, &check.group, &what)?;
+    let footer = read_checked(&file, &at, "footer: ", &check.footer)?;
+    let group = read_checked(&file, &at, "", &check.group)?;
     let data = CheckedBytes {
         size,
         ranges: vec![(check.footer.offset, footer), (check.group.offset, group)],
     };
-    let decode_err =
-        |e: &dyn std::fmt::Display| corrupt(path, format!("{what}: cannot decode ({e})"));
-    let meta =
-        ArrowReaderMetadata::load(&data, ArrowReaderOptions::new()).map_err(|e| decode_err(&e))?;
+    let meta = ArrowReaderMetadata::load(&data, ArrowReaderOptions::new())
+        .corrupt(&at, "cannot decode")?;
     let groups = meta.metadata().row_groups();
     let Some(rows) = groups.get(unit).map(|g| g.num_rows()) else {
-        return Err(corrupt(
-            path,
-            format!("{what} does not exist (the file has {})", groups.len()),
-        ));
+        let what = format!("does not exist (the file has {})", groups.len());
+        return Err(CoreError::corrupt(at, what, None));
     };
     let indices = columns
         .iter()
         .map(|c| {
-            meta.schema()
-                .index_of(c)
-                .map_err(|_| corrupt(path, format!("no column {c:?}")))
+            let column = Location {
+                column: Some(c.to_string()),
+                ..at.clone()
+            };
+            meta.schema().index_of(c).corrupt(&column, "no such column")
         })
         .collect::<Result<Vec<_>>>()?;
     let mask = ProjectionMask::roots(meta.parquet_schema(), indices);
@@ -150,12 +138,12 @@ pub fn read_checked_row_group(
         .with_row_groups(vec![unit])
         .with_batch_size((rows as usize).max(1))
         .build()
-        .map_err(|e| decode_err(&e))?;
+        .corrupt(&at, "cannot decode")?;
     let schema = arrow::array::RecordBatchReader::schema(&reader);
     let batches = reader
         .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|e| decode_err(&e))?;
-    assemble_batch(path, &what, schema, batches, columns)
+        .corrupt(&at, "cannot decode")?;
+    assemble_batch(&at, schema, batches, columns)
 }
 
 /// Size and `xxh3_128:<hex>` checksum of a whole file.
@@ -167,7 +155,7 @@ pub fn file_checksum(path: &Path) -> Result<(u64, String)> {
     loop {
         let n = file
             .read(&mut buf)
-            .map_err(|e| corrupt(path, format!("cannot read ({e})")))?;
+            .corrupt(&Location::file(path), "cannot read")?;
         if n == 0 {
             break;
         }

@@ -1,8 +1,8 @@
 //! Arrow list columns to flat int32 values with offsets, checking every value so bad input is
 //! reported with its file, unit, row and column instead of producing a wrong packing.
 
-use crate::error::{CoreError, Result};
-use crate::materialize::IGNORE_INDEX;
+use crate::error::{CoreError, Location, Result};
+use crate::policy::IGNORE_INDEX;
 use arrow::array::{Array, ArrayRef, AsArray, PrimitiveArray};
 use arrow::datatypes::{
     ArrowNativeType, ArrowPrimitiveType, DataType, Int16Type, Int32Type, Int64Type, Int8Type,
@@ -31,24 +31,26 @@ impl Role {
     }
 }
 
-/// Where a batch came from, for error messages.
-pub struct Location<'a> {
-    pub path: &'a str,
-    pub unit_kind: &'a str,
-    pub unit: usize,
-    /// Row of the batch's first row inside its unit.
+/// Where a batch came from, for error messages: its unit, and the row of its first row there.
+pub struct BatchAt<'a> {
+    pub unit: &'a Location,
     pub row_base: u64,
 }
 
-impl Location<'_> {
-    pub fn at(&self, row: usize, column: &str) -> String {
-        format!(
-            "{}, {} {}, row {}, column {column:?}",
-            self.path,
-            self.unit_kind,
-            self.unit,
-            self.row_base + row as u64
-        )
+impl BatchAt<'_> {
+    fn at(&self, row: usize, column: &str) -> Location {
+        Location {
+            row: Some(self.row_base + row as u64),
+            column: Some(column.to_string()),
+            ..self.unit.clone()
+        }
+    }
+
+    fn data(&self, row: usize, column: &str, what: impl Into<String>) -> CoreError {
+        CoreError::Data {
+            at: Box::new(self.at(row, column)),
+            what: what.into(),
+        }
     }
 }
 
@@ -66,8 +68,8 @@ fn is_integer(t: &DataType) -> bool {
     )
 }
 
-/// Checks a column's type before any data is read; `path` names the file in the error.
-pub fn check_type(path: &str, column: &str, data_type: &DataType, role: Role) -> Result<()> {
+/// Checks a column's type before any data is read; `file` names the file in the error.
+pub fn check_type(file: &Location, column: &str, data_type: &DataType, role: Role) -> Result<()> {
     let child = match data_type {
         DataType::List(f) | DataType::LargeList(f) => Some(f.data_type()),
         _ => None,
@@ -77,10 +79,7 @@ pub fn check_type(path: &str, column: &str, data_type: &DataType, role: Role) ->
     if ok {
         Ok(())
     } else {
-        Err(CoreError::Schema(format!(
-            "{path}: column {column:?} has type {data_type}; expected a {}",
-            role.expected()
-        )))
+        Err(wrong_type(file, column, "type", data_type, role))
     }
 }
 
@@ -91,7 +90,7 @@ pub struct Flat {
 }
 
 /// Flattens and checks one list column of a batch.
-pub fn flatten(array: &ArrayRef, column: &str, role: Role, loc: &Location) -> Result<Flat> {
+pub fn flatten(array: &ArrayRef, column: &str, role: Role, loc: &BatchAt) -> Result<Flat> {
     let (offsets, child): (Vec<i64>, &ArrayRef) = match array.data_type() {
         DataType::List(_) => {
             let l = array.as_list::<i32>();
@@ -104,20 +103,11 @@ pub fn flatten(array: &ArrayRef, column: &str, role: Role, loc: &Location) -> Re
             let l = array.as_list::<i64>();
             (l.value_offsets().to_vec(), l.values())
         }
-        other => {
-            return Err(CoreError::Schema(format!(
-                "{}: column {column:?} has type {other}; expected a {}",
-                loc.path,
-                role.expected()
-            )))
-        }
+        other => return Err(wrong_type(loc.unit, column, "type", other, role)),
     };
     if array.null_count() > 0 {
         let row = (0..array.len()).find(|&i| array.is_null(i)).unwrap_or(0);
-        return Err(CoreError::Data(format!(
-            "{}: the list is null",
-            loc.at(row, column)
-        )));
+        return Err(loc.data(row, column, "the list is null"));
     }
     let (start, end) = (offsets[0] as usize, offsets[offsets.len() - 1] as usize);
     let row_of = |k: usize| -> usize {
@@ -128,10 +118,7 @@ pub fn flatten(array: &ArrayRef, column: &str, role: Role, loc: &Location) -> Re
     };
     if child.null_count() > 0 {
         if let Some(k) = (start..end).position(|i| child.is_null(i)) {
-            return Err(CoreError::Data(format!(
-                "{}: holds a null value",
-                loc.at(row_of(k), column)
-            )));
+            return Err(loc.data(row_of(k), column, "holds a null value"));
         }
     }
     let values = match child.data_type() {
@@ -147,17 +134,16 @@ pub fn flatten(array: &ArrayRef, column: &str, role: Role, loc: &Location) -> Re
         DataType::UInt16 => convert::<UInt16Type>(child, start, end),
         DataType::UInt32 => convert::<UInt32Type>(child, start, end),
         DataType::UInt64 => convert::<UInt64Type>(child, start, end),
-        other => {
-            return Err(CoreError::Schema(format!(
-                "{}: column {column:?} has values of type {other}; expected a {}",
-                loc.path,
-                role.expected()
-            )))
-        }
+        other => return Err(wrong_type(loc.unit, column, "values of type", other, role)),
     }
-    .map_err(|(k, v)| out_of_range(&loc.at(row_of(k), column), role, &v))?;
-    check_values(&values, role)
-        .map_err(|k| out_of_range(&loc.at(row_of(k), column), role, &values[k].to_string()))?;
+    .map_err(|(k, v)| loc.data(row_of(k), column, out_of_range(role, &v)))?;
+    check_values(&values, role).map_err(|k| {
+        loc.data(
+            row_of(k),
+            column,
+            out_of_range(role, &values[k].to_string()),
+        )
+    })?;
     let base = offsets[0];
     let offsets = offsets.iter().map(|&o| o - base).collect();
     Ok(Flat { values, offsets })
@@ -175,21 +161,29 @@ pub fn check_flat(values: &[i32], offsets: &[i64], column: &str, role: Role) -> 
     check_values(used, role).map_err(|k| {
         let at = first + k as i64;
         let row = offsets.partition_point(|&o| o <= at).saturating_sub(1);
-        out_of_range(
-            &format!("column {column:?}, row {row}"),
-            role,
-            &used[k].to_string(),
-        )
+        let what = out_of_range(role, &used[k].to_string());
+        CoreError::data(format!("column {column:?}, row {row}: {what}"))
     })
 }
 
-fn out_of_range(at: &str, role: Role, value: &str) -> CoreError {
-    let what = match role {
-        Role::Tokens => format!("token id {value} is out of range (0..=2147483647)"),
-        Role::Labels => format!("label {value} is neither -100 nor a token id (0..=2147483647)"),
+/// The column (of the file or unit at `at`) has an unsupported type.
+fn wrong_type(at: &Location, column: &str, what: &str, found: &DataType, role: Role) -> CoreError {
+    let expected = role.expected();
+    CoreError::Schema {
+        at: Box::new(at.clone()),
+        what: format!("column {column:?} has {what} {found}; expected a {expected}"),
+    }
+}
+
+fn out_of_range(role: Role, value: &str) -> String {
+    match role {
+        Role::Tokens => format!("token id {value} is out of range (0..={})", i32::MAX),
+        Role::Labels => format!(
+            "label {value} is neither {IGNORE_INDEX} nor a token id (0..={})",
+            i32::MAX
+        ),
         Role::LossMask => format!("loss mask value {value} is not 0 or 1"),
-    };
-    CoreError::Data(format!("{at}: {what}"))
+    }
 }
 
 /// Values as i32; `Err((position, value))` for the first one that does not fit.
@@ -240,15 +234,16 @@ pub fn labels_from_mask(tokens: &[i32], mask: &[i32]) -> Vec<i32> {
 }
 
 /// Checks that a labels / mask column has as many entries as tokens in every row.
-pub fn check_aligned(tokens: &Flat, other: &Flat, column: &str, loc: &Location) -> Result<()> {
+pub fn check_aligned(tokens: &Flat, other: &Flat, column: &str, loc: &BatchAt) -> Result<()> {
     for row in 0..tokens.offsets.len() - 1 {
         let t = tokens.offsets[row + 1] - tokens.offsets[row];
         let o = other.offsets[row + 1] - other.offsets[row];
         if t != o {
-            return Err(CoreError::Data(format!(
-                "{}: has {o} entries but the tokens have {t}",
-                loc.at(row, column)
-            )));
+            return Err(loc.data(
+                row,
+                column,
+                format!("has {o} entries but the tokens have {t}"),
+            ));
         }
     }
     Ok(())

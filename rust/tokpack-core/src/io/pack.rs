@@ -9,12 +9,12 @@
 //! Output bytes depend only on the inputs and the config: the spill layout varies with thread
 //! scheduling but is only ever addressed through the per-sample locations.
 
-use super::columns::{check_aligned, check_type, flatten, labels_from_mask, Location, Role};
+use super::columns::{check_aligned, check_type, flatten, labels_from_mask, BatchAt, Role};
 use super::progress::{Phase, Progress};
 use super::source::Source;
 use super::spill::{Spill, SpillReader};
 use super::writer::{write_shard, SampleSource, ShardContext, ShardInfo};
-use crate::error::{CoreError, Result};
+use crate::error::{CoreError, Location, Result};
 use crate::plan::{Plan, PlanConfig};
 use parquet::basic::Compression;
 use rayon::prelude::*;
@@ -99,14 +99,14 @@ fn resolve_columns(sources: &[Source], tokens: &str, labels: &LabelSource) -> Re
         }
     };
     for s in sources {
-        let shown = s.path.display().to_string();
+        let file = Location::file(&s.path);
         let mut wanted = vec![(tokens, Role::Tokens)];
         if let Some((c, role)) = &labels {
             wanted.push((c.as_str(), *role));
         }
         for (column, role) in wanted {
             let idx = s.column_indices(&[column])?[0];
-            check_type(&shown, column, s.schema.field(idx).data_type(), role)?;
+            check_type(&file, column, s.schema.field(idx).data_type(), role)?;
         }
     }
     Ok(Columns {
@@ -133,7 +133,7 @@ fn read_unit(
     if let Some((c, _)) = &columns.labels {
         names.push(c.as_str());
     }
-    let shown = source.path.display().to_string();
+    let at = Location::unit(&source.path, source.unit_kind, unit);
     let mut out = UnitOut {
         lengths: Vec::new(),
         locations: Vec::new(),
@@ -141,16 +141,15 @@ fn read_unit(
     let worker = rayon::current_thread_index().unwrap_or(0);
     source.read_unit(unit, &names, batch_rows, |batch| {
         progress.check()?;
-        let loc = Location {
-            path: &shown,
-            unit_kind: source.unit_kind(),
-            unit,
+        let loc = BatchAt {
+            unit: &at,
             row_base: out.lengths.len() as u64,
         };
         let column = |name: &str| {
-            batch
-                .column_by_name(name)
-                .ok_or_else(|| CoreError::Schema(format!("{shown}: no column {name:?}")))
+            batch.column_by_name(name).ok_or_else(|| CoreError::Schema {
+                at: Box::new(Location::file(&source.path)),
+                what: format!("no column {name:?}"),
+            })
         };
         let tokens = flatten(
             column(&columns.tokens)?,
@@ -247,19 +246,22 @@ fn open_all(paths: &[PathBuf]) -> Result<Vec<Source>> {
 
 fn no_samples(paths: &[PathBuf]) -> CoreError {
     let names: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
-    CoreError::Data(format!("the inputs hold no samples: {}", names.join(", ")))
+    CoreError::data(format!("the inputs hold no samples: {}", names.join(", ")))
 }
 
-/// Names the file and row of global sample `index`.
-fn locate(sources: &[Source], rows: &[u64], index: usize) -> String {
+/// The file and row of global sample `index`.
+fn locate(sources: &[Source], rows: &[u64], index: usize) -> Location {
     let mut base = 0u64;
     for (s, &n) in sources.iter().zip(rows) {
         if (index as u64) < base + n {
-            return format!("{}, row {}", s.path.display(), index as u64 - base);
+            return Location {
+                row: Some(index as u64 - base),
+                ..Location::file(&s.path)
+            };
         }
         base += n;
     }
-    format!("sample {index}")
+    Location::default()
 }
 
 /// Sample lengths of the token column of every input (for `stats`), and rows per file.
@@ -322,12 +324,16 @@ pub fn pack_files(config: &PackFilesConfig, progress: &Progress) -> Result<PackO
             index,
             length,
             max_len,
-        } => CoreError::OverlongAt(format!(
-            "{}, column {:?}: sample {index} has {length} tokens, more than max_len={max_len}; \
-             pass overlong=\"truncate\", \"drop\" or \"split\", or filter it out first",
-            locate(&sources, &input_rows, index),
-            config.tokens_column
-        )),
+            ..
+        } => CoreError::Overlong {
+            at: Box::new(Location {
+                column: Some(config.tokens_column.clone()),
+                ..locate(&sources, &input_rows, index)
+            }),
+            index,
+            length,
+            max_len,
+        },
         other => other,
     })?;
     drop(lengths);

@@ -24,10 +24,10 @@ impl HeldSamples<'_> {
         let i = self
             .ids
             .binary_search(&sample)
-            .map_err(|_| CoreError::Data(format!("sample {sample} was not sent to this shard")))?;
+            .map_err(|_| CoreError::data(format!("sample {sample} was not sent to this shard")))?;
         let a = (self.offsets[i] + start) as usize;
         if a + len > self.offsets[i + 1] as usize {
-            return Err(CoreError::Data(format!(
+            return Err(CoreError::data(format!(
                 "sample {sample} has fewer tokens than its plan segment"
             )));
         }

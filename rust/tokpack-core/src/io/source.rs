@@ -1,7 +1,7 @@
 //! Input files: Parquet (one unit per row group) and Arrow IPC / Feather v2 (one unit per
 //! record batch), read with only the requested columns.
 
-use crate::error::{CoreError, Result};
+use crate::error::{Context, CoreError, Location, Result};
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use arrow::ipc::reader::FileReader;
@@ -10,19 +10,14 @@ use parquet::arrow::arrow_reader::{
 };
 use parquet::arrow::ProjectionMask;
 use std::fs::File;
-use std::io::{ErrorKind, Read};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Format {
-    Parquet,
-    Ipc,
-}
-
-/// An opened input file: its format, Arrow schema and units.
+/// An opened input file: its Arrow schema and units.
 pub struct Source {
     pub path: PathBuf,
-    pub format: Format,
+    /// "row group" (Parquet) or "record batch" (IPC), for messages.
+    pub unit_kind: &'static str,
     pub schema: SchemaRef,
     parquet: Option<ArrowReaderMetadata>,
     /// Row groups (Parquet) or record batches (IPC).
@@ -30,70 +25,43 @@ pub struct Source {
 }
 
 pub(crate) fn open_file(path: &Path) -> Result<File> {
-    File::open(path).map_err(|e| {
-        let shown = path.display();
-        match e.kind() {
-            ErrorKind::NotFound => CoreError::InputNotFound(format!("{shown}: no such file")),
-            _ => CoreError::InputNotFound(format!("{shown}: cannot read ({e})")),
-        }
-    })
+    File::open(path).map_err(|e| CoreError::unreadable(path, e))
 }
 
 impl Source {
     /// Opens `path` and reads its footer; the format is recognised by its magic bytes.
     pub fn open(path: &Path) -> Result<Self> {
-        let shown = path.display().to_string();
+        let at = Location::file(path);
         let mut file = open_file(path)?;
         let mut magic = [0u8; 6];
-        let n = read_up_to(&mut file, &mut magic)
-            .map_err(|e| CoreError::InputNotFound(format!("{shown}: cannot read ({e})")))?;
+        let n = read_up_to(&mut file, &mut magic).map_err(|e| CoreError::unreadable(path, e))?;
         if n >= 4 && &magic[..4] == b"PAR1" {
-            let meta =
-                ArrowReaderMetadata::load(&file, ArrowReaderOptions::new()).map_err(|e| {
-                    CoreError::CorruptInput(format!("{shown}: not a valid Parquet file ({e})"))
-                })?;
+            let meta = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new())
+                .corrupt(&at, "not a valid Parquet file")?;
             Ok(Self {
                 path: path.to_path_buf(),
-                format: Format::Parquet,
+                unit_kind: "row group",
                 schema: meta.schema().clone(),
                 units: meta.metadata().num_row_groups(),
                 parquet: Some(meta),
             })
         } else if n == 6 && &magic == b"ARROW1" {
-            let reader = FileReader::try_new_buffered(open_file(path)?, None).map_err(|e| {
-                CoreError::CorruptInput(format!("{shown}: not a valid Arrow IPC file ({e})"))
-            })?;
+            let reader = FileReader::try_new_buffered(open_file(path)?, None)
+                .corrupt(&at, "not a valid Arrow IPC file")?;
             Ok(Self {
                 path: path.to_path_buf(),
-                format: Format::Ipc,
+                unit_kind: "record batch",
                 schema: reader.schema(),
                 units: reader.num_batches(),
                 parquet: None,
             })
         } else {
-            Err(CoreError::CorruptInput(format!(
-                "{shown}: not a Parquet or Arrow IPC (Feather v2) file"
-            )))
+            Err(CoreError::corrupt(
+                at,
+                "not a Parquet or Arrow IPC (Feather v2) file",
+                None,
+            ))
         }
-    }
-
-    /// "row group" or "record batch", for messages.
-    pub fn unit_kind(&self) -> &'static str {
-        match self.format {
-            Format::Parquet => "row group",
-            Format::Ipc => "record batch",
-        }
-    }
-
-    /// Rows in each unit when the footer says (Parquet); IPC batches are counted by reading.
-    pub fn unit_rows(&self) -> Option<Vec<u64>> {
-        self.parquet.as_ref().map(|m| {
-            m.metadata()
-                .row_groups()
-                .iter()
-                .map(|g| g.num_rows() as u64)
-                .collect()
-        })
     }
 
     /// Top-level column indices of `names`, or a schema error naming the missing one.
@@ -108,11 +76,10 @@ impl Source {
                         .iter()
                         .map(|f| f.name().as_str())
                         .collect();
-                    CoreError::Schema(format!(
-                        "{}: no column {name:?} (columns: {})",
-                        self.path.display(),
-                        have.join(", ")
-                    ))
+                    CoreError::Schema {
+                        at: Box::new(Location::file(&self.path)),
+                        what: format!("no column {name:?} (columns: {})", have.join(", ")),
+                    }
                 })
             })
             .collect()
@@ -127,13 +94,7 @@ impl Source {
         mut f: impl FnMut(RecordBatch) -> Result<()>,
     ) -> Result<()> {
         let indices = self.column_indices(columns)?;
-        let corrupt = |e: &dyn std::fmt::Display| {
-            CoreError::CorruptInput(format!(
-                "{}, {} {unit}: cannot decode ({e})",
-                self.path.display(),
-                self.unit_kind()
-            ))
-        };
+        let at = Location::unit(&self.path, self.unit_kind, unit);
         let file = open_file(&self.path)?;
         match &self.parquet {
             Some(meta) => {
@@ -143,18 +104,24 @@ impl Source {
                     .with_row_groups(vec![unit])
                     .with_batch_size(batch_rows.max(1))
                     .build()
-                    .map_err(|e| corrupt(&e))?;
+                    .corrupt(&at, "cannot decode")?;
                 for batch in reader {
-                    f(batch.map_err(|e| corrupt(&e))?)?;
+                    f(batch.corrupt(&at, "cannot decode")?)?;
                 }
             }
             None => {
-                let mut reader =
-                    FileReader::try_new_buffered(file, Some(indices)).map_err(|e| corrupt(&e))?;
-                reader.set_index(unit).map_err(|e| corrupt(&e))?;
+                let mut reader = FileReader::try_new_buffered(file, Some(indices))
+                    .corrupt(&at, "cannot decode")?;
+                reader.set_index(unit).corrupt(&at, "cannot decode")?;
                 match reader.next() {
-                    Some(batch) => f(batch.map_err(|e| corrupt(&e))?)?,
-                    None => return Err(corrupt(&"record batch missing")),
+                    Some(batch) => f(batch.corrupt(&at, "cannot decode")?)?,
+                    None => {
+                        return Err(CoreError::corrupt(
+                            at,
+                            "cannot decode (record batch missing)",
+                            None,
+                        ))
+                    }
                 }
             }
         }
@@ -180,7 +147,7 @@ pub fn read_row_group(path: &Path, unit: usize, columns: &[&str]) -> Result<Reco
         return Err(CoreError::Config(format!(
             "{}: {} {unit} does not exist (the file has {})",
             path.display(),
-            source.unit_kind(),
+            source.unit_kind,
             source.units
         )));
     }
@@ -196,30 +163,30 @@ pub fn read_row_group(path: &Path, unit: usize, columns: &[&str]) -> Result<Reco
         source
             .schema
             .project(&indices)
-            .map_err(|e| CoreError::Schema(format!("{}: {e}", path.display())))?,
+            .corrupt(&Location::file(path), "")?,
     );
-    let what = format!("{} {unit}", source.unit_kind());
-    assemble_batch(path, &what, projected, batches, columns)
+    let at = Location::unit(path, source.unit_kind, unit);
+    assemble_batch(&at, projected, batches, columns)
 }
 
-/// One record batch from the decoded batches of a unit (`what`, for messages), with `columns` in
-/// the order asked for, not the file's order. `projected` is the schema when there are no
-/// batches.
+/// One record batch from the decoded batches of the unit at `at`, with `columns` in the order
+/// asked for, not the file's order. `projected` is the schema when there are no batches.
 pub(crate) fn assemble_batch(
-    path: &Path,
-    what: &str,
+    at: &Location,
     projected: SchemaRef,
     batches: Vec<RecordBatch>,
     columns: &[&str],
 ) -> Result<RecordBatch> {
     let schema = batches.first().map_or(projected, |b| b.schema());
-    let batch = arrow::compute::concat_batches(&schema, &batches)
-        .map_err(|e| CoreError::CorruptInput(format!("{}, {what}: {e}", path.display())))?;
+    let batch = arrow::compute::concat_batches(&schema, &batches).corrupt(at, "")?;
     let ordered: Vec<_> = columns
         .iter()
         .map(|c| batch.column_by_name(c).cloned())
         .collect::<Option<Vec<_>>>()
-        .ok_or_else(|| CoreError::Schema(format!("{}: column missing", path.display())))?;
+        .ok_or_else(|| CoreError::Schema {
+            at: Box::new(at.clone()),
+            what: "column missing".into(),
+        })?;
     let fields: Vec<_> = columns
         .iter()
         .filter_map(|c| schema.field_with_name(c).ok().cloned())
@@ -228,5 +195,5 @@ pub(crate) fn assemble_batch(
         std::sync::Arc::new(arrow::datatypes::Schema::new(fields)),
         ordered,
     )
-    .map_err(|e| CoreError::CorruptInput(format!("{}: {e}", path.display())))
+    .corrupt(at, "")
 }

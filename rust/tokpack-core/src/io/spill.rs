@@ -6,7 +6,7 @@
 //! Reads use positioned reads (`pread`), not a memory map: pages of a mapped file count in the
 //! process's resident memory, while `pread` copies only what each row group needs.
 
-use crate::error::{CoreError, Result};
+use crate::error::{Context, Result};
 use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
@@ -33,10 +33,6 @@ pub struct Spill {
     files: Vec<Mutex<Appender>>,
 }
 
-fn io_err(path: &Path, e: std::io::Error) -> CoreError {
-    CoreError::Output(format!("{}: {e}", path.display()))
-}
-
 fn bytes(v: &[i32]) -> &[u8] {
     // SAFETY: i32 has no padding and any byte pattern of u8 is valid; the length is exact.
     unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
@@ -60,7 +56,7 @@ impl Spill {
                     .read(true)
                     .write(true)
                     .open(&path)
-                    .map_err(|e| io_err(&path, e))
+                    .output(&path)
             };
             let tokens = open(format!("tokens-{w}.bin"))?;
             let labels = if with_labels {
@@ -84,11 +80,9 @@ impl Spill {
     pub fn append(&self, worker: usize, tokens: &[i32], labels: Option<&[i32]>) -> Result<u64> {
         let file = worker % self.files.len();
         let mut a = self.files[file].lock().unwrap_or_else(|e| e.into_inner());
-        a.tokens
-            .write_all(bytes(tokens))
-            .map_err(|e| io_err(&self.dir, e))?;
+        a.tokens.write_all(bytes(tokens)).output(&self.dir)?;
         if let (Some(f), Some(l)) = (a.labels.as_mut(), labels) {
-            f.write_all(bytes(l)).map_err(|e| io_err(&self.dir, e))?;
+            f.write_all(bytes(l)).output(&self.dir)?;
         }
         let pos = a.len;
         a.len += tokens.len() as u64;
@@ -131,7 +125,7 @@ impl SpillReader {
         let pos = (loc & ((1 << FILE_SHIFT) - 1)) + start as u64;
         files[file]
             .read_exact_at(bytes_mut(out), pos * 4)
-            .map_err(|e| io_err(&self.dir, e))
+            .output(&self.dir)
     }
 
     /// Tokens `start..start+out.len()` of the sample stored at `loc`.

@@ -8,12 +8,9 @@
 //! [`super::checked`]).
 
 use super::progress::Progress;
-use crate::error::{CoreError, Result};
+use crate::error::{Context, CoreError, Result};
 use crate::plan::Plan;
-use crate::IGNORE_INDEX;
-
-/// Subdirectory of side files (indexes, manifest): Parquet readers skip it (see `_outdir.py`).
-pub const SIDE_DIR: &str = "__tokpack__";
+use crate::policy::{IGNORE_INDEX, SIDE_DIR};
 use arrow::array::{ArrayRef, Int32Array, Int64Array, ListArray, RecordBatch};
 use arrow::buffer::OffsetBuffer;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
@@ -192,10 +189,6 @@ fn list(offsets: Vec<i32>, values: ArrayRef) -> ArrayRef {
     ))
 }
 
-fn out_err(path: &Path, e: impl std::fmt::Display) -> CoreError {
-    CoreError::Output(format!("{}: {e}", path.display()))
-}
-
 /// Writes shard `shard` holding plan rows `rows`.
 pub fn write_shard(ctx: &ShardContext, shard: usize, rows: Range<usize>) -> Result<ShardInfo> {
     let name = format!("part-{shard:05}.parquet");
@@ -207,13 +200,12 @@ pub fn write_shard(ctx: &ShardContext, shard: usize, rows: Range<usize>) -> Resu
         .set_max_row_group_row_count(Some(ctx.row_group_rows))
         .set_created_by(format!("tokpack {}", env!("CARGO_PKG_VERSION")))
         .build();
-    let file = File::create(&path).map_err(|e| out_err(&path, e))?;
+    let file = File::create(&path).output(&path)?;
     let sink = Hashing::new(BufWriter::with_capacity(1 << 20, file));
-    let mut writer =
-        ArrowWriter::try_new(sink, schema.clone(), Some(props)).map_err(|e| out_err(&path, e))?;
+    let mut writer = ArrowWriter::try_new(sink, schema.clone(), Some(props)).output(&path)?;
     // `sync` pushes parquet's buffered bytes into the sink, so each cut ends exactly at the
     // bytes written so far: first the magic, then one range per row group.
-    writer.sync().map_err(|e| out_err(&path, e))?;
+    writer.sync().output(&path)?;
     writer.inner_mut().cut();
     let mut index = IndexColumns::default();
     let mut info = ShardInfo {
@@ -238,9 +230,9 @@ pub fn write_shard(ctx: &ShardContext, shard: usize, rows: Range<usize>) -> Resu
         ctx.progress.check()?;
         let end = (start + ctx.row_group_rows).min(rows.end);
         let batch = row_group(ctx, &schema, start..end, &mut index, &mut info)?;
-        writer.write(&batch).map_err(|e| out_err(&path, e))?;
-        writer.flush().map_err(|e| out_err(&path, e))?;
-        writer.sync().map_err(|e| out_err(&path, e))?;
+        writer.write(&batch).output(&path)?;
+        writer.flush().output(&path)?;
+        writer.sync().output(&path)?;
         let range = writer.inner_mut().cut();
         check_group_range(&path, writer.flushed_row_groups(), info.row_groups, &range)?;
         info.row_group_bytes.push(range);
@@ -248,8 +240,8 @@ pub fn write_shard(ctx: &ShardContext, shard: usize, rows: Range<usize>) -> Resu
         ctx.progress.advance((end - start) as u64);
         start = end;
     }
-    let mut sink = writer.into_inner().map_err(|e| out_err(&path, e))?;
-    sink.flush().map_err(|e| out_err(&path, e))?;
+    let mut sink = writer.into_inner().output(&path)?;
+    sink.flush().output(&path)?;
     info.footer_bytes = sink.cut();
     info.size = sink.pos;
     info.checksum = xxh3_hex(sink.hasher.finish_128());
@@ -274,10 +266,11 @@ fn check_group_range(
     if inside {
         Ok(())
     } else {
-        Err(out_err(
-            path,
-            format!("row group {group} was not written within bytes {range:?}"),
-        ))
+        Err(CoreError::Output {
+            path: path.to_path_buf(),
+            what: format!("row group {group} was not written within bytes {range:?}"),
+            source: None,
+        })
     }
 }
 
@@ -291,7 +284,7 @@ struct IndexColumns {
 
 fn write_index(path: &Path, index: IndexColumns) -> Result<()> {
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| out_err(dir, e))?;
+        std::fs::create_dir_all(dir).output(dir)?;
     }
     let batch = RecordBatch::try_new(
         index_schema(),
@@ -302,12 +295,11 @@ fn write_index(path: &Path, index: IndexColumns) -> Result<()> {
             Arc::new(Int32Array::from(index.num_loss_tokens)),
         ],
     )
-    .map_err(|e| out_err(path, e))?;
-    let file = File::create(path).map_err(|e| out_err(path, e))?;
-    let mut w =
-        FileWriter::try_new_buffered(file, &index_schema()).map_err(|e| out_err(path, e))?;
-    w.write(&batch).map_err(|e| out_err(path, e))?;
-    w.finish().map_err(|e| out_err(path, e))?;
+    .output(path)?;
+    let file = File::create(path).output(path)?;
+    let mut w = FileWriter::try_new_buffered(file, &index_schema()).output(path)?;
+    w.write(&batch).output(path)?;
+    w.finish().output(path)?;
     Ok(())
 }
 
@@ -394,6 +386,5 @@ fn row_group(
         Arc::new(Int32Array::from(num_loss)),
         list(seg_offsets, Arc::new(Int32Array::from(seg_loss))),
     ]);
-    RecordBatch::try_new(schema.clone(), columns)
-        .map_err(|e| CoreError::Output(format!("{}: {e}", ctx.dir.display())))
+    RecordBatch::try_new(schema.clone(), columns).output(ctx.dir)
 }

@@ -1,0 +1,24 @@
+"""The names and constants the Rust core owns (``tokpack-core``'s ``policy`` module), for the
+Python side: every Python use imports them from here, so each has exactly one definition."""
+
+from ._tokpack import (
+    FORMAT,
+    FORMAT_VERSION,
+    IGNORE_INDEX,
+    OVERLONG_HINT,
+    OVERLONG_POLICIES,
+    SIDE_DIR,
+    STRATEGIES,
+    default_threads,
+)
+
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "IGNORE_INDEX",
+    "OVERLONG_HINT",
+    "OVERLONG_POLICIES",
+    "SIDE_DIR",
+    "STRATEGIES",
+    "default_threads",
+]

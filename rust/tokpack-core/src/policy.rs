@@ -1,0 +1,102 @@
+//! The names and constants shared by the core, the binding and the Python package, defined once
+//! here (`_tokpack` exports them, `tokpack/_contract.py` re-exports them to Python). A leaf
+//! module: it imports nothing else of the crate but the error type.
+
+use crate::error::{CoreError, Result};
+use std::str::FromStr;
+
+/// Label value that the loss ignores.
+pub const IGNORE_INDEX: i32 = -100;
+
+/// The `format` field of a packed directory's manifest.
+pub const FORMAT: &str = "tokpack-packed";
+
+/// The `format_version` of the packed directories this version writes and reads. 2: shards
+/// record their size and the checksums of each row group's bytes and of the footer.
+pub const FORMAT_VERSION: u32 = 2;
+
+/// Subdirectory of side files (indexes, manifest): Parquet readers skip it (see `_outdir.py`).
+pub const SIDE_DIR: &str = "__tokpack__";
+
+/// What to do about a sample longer than max_len, said by every overlong error.
+pub const OVERLONG_HINT: &str =
+    "pass overlong=\"truncate\", \"drop\" or \"split\", or filter it out first";
+
+/// Enums of named choices, each with its names (in the order the documentation lists them),
+/// `name()`, and a `FromStr` whose error lists the names.
+macro_rules! named {
+    ($($(#[$doc:meta])* $ty:ident, $what:literal, { $($(#[$vdoc:meta])* $v:ident = $name:literal,)+ })+) => {$(
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum $ty { $($(#[$vdoc])* $v,)+ }
+
+        impl $ty {
+            pub const NAMES: &'static [&'static str] = &[$($name),+];
+            const ALL: &'static [Self] = &[$(Self::$v),+];
+
+            pub fn name(self) -> &'static str {
+                Self::NAMES[self as usize]
+            }
+        }
+
+        impl FromStr for $ty {
+            type Err = CoreError;
+            fn from_str(s: &str) -> Result<Self> {
+                match Self::NAMES.iter().position(|n| *n == s) {
+                    Some(i) => Ok(Self::ALL[i]),
+                    None => Err(unknown($what, s, Self::NAMES)),
+                }
+            }
+        }
+    )+};
+}
+
+fn unknown(what: &str, got: &str, names: &[&str]) -> CoreError {
+    let quoted: Vec<String> = names.iter().map(|n| format!("{n:?}")).collect();
+    CoreError::Config(format!(
+        "unknown {what} {got:?}; expected one of {}",
+        quoted.join(", ")
+    ))
+}
+
+named!(
+    /// Packing strategies.
+    Strategy, "strategy", {
+        /// Best-fit decreasing (the default).
+        Bfd = "bfd",
+        /// First-fit decreasing.
+        Ffd = "ffd",
+        /// Input order, a new row when the next sample does not fit.
+        NextFit = "next_fit",
+        /// One sample per row.
+        Padding = "padding",
+        /// Shuffle, concatenate, cut every max_len tokens (samples may be split).
+        Random = "random",
+    }
+    /// What to do with samples longer than max_len.
+    Overlong, "overlong policy", {
+        Error = "error",
+        Truncate = "truncate",
+        Drop = "drop",
+        Split = "split",
+    }
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for &s in Strategy::ALL {
+            assert_eq!(s.name().parse::<Strategy>().unwrap(), s);
+        }
+        for &o in Overlong::ALL {
+            assert_eq!(o.name().parse::<Overlong>().unwrap(), o);
+        }
+        assert_eq!(
+            "nope".parse::<Overlong>().unwrap_err().to_string(),
+            "unknown overlong policy \"nope\"; expected one of \"error\", \"truncate\", \"drop\", \"split\""
+        );
+    }
+}
