@@ -15,5 +15,5 @@ mod rng;
 mod strategies;
 
 pub use error::{CoreError, Result};
-pub use materialize::{check_labels_aligned, materialize, FlatColumn, PackedRows, IGNORE_INDEX};
+pub use materialize::{materialize, FlatColumn, PackedRows, IGNORE_INDEX};
 pub use plan::{plan, Overlong, Plan, PlanConfig, Strategy};
