@@ -98,16 +98,17 @@ def test_sliced_and_chunked_inputs():
 @pytest.mark.parametrize(
     "ids, labels, match",
     [
-        ([[1, 2], [3]], [[1, 2], [3, 4]], "row 1: labels have 2 entries but input_ids have 1"),
+        ([[1, 2], [3]], [[1, 2], [3, 4]], 'row 1, column "labels": has 2 entries but the tok'),
         ([[1, 2], [3]], [[1, 2]], "labels have 1 rows but input_ids have 2"),
-        ([[1, 2], [-3]], None, r'column "input_ids", row 1: token id -3 is out of range'),
-        ([[1, 2], [2**31]], None, "row 1: value 2147483648 is out of range"),
-        ([[1, 2], [3]], [[1, 2], [-5]], r'column "labels", row 1: label -5 is neither -100 nor'),
-        ([[1, 2], [3]], [[1, 2], [-(2**40)]], "row 1: value -1099511627776 is out of range"),
-        (pa.array([[1], None]), None, "row 1 is null"),
-        (pa.array([[1], [2, None]]), None, "row 1 holds a null value"),
-        (pa.array([1, 2]), None, "must be a list array"),
-        ([[1.0, 2.0]], None, "must be integers"),
+        ([[1, 2], [-3]], None, r'row 1, column "input_ids": token id -3 is out of range'),
+        ([[1, 2], [2**31]], None, 'row 1, column "input_ids": token id 2147483648 is out of'),
+        ([[1, 2], [3]], [[1, 2], [-5]], r'row 1, column "labels": label -5 is neither -100 nor'),
+        ([[1, 2], [3]], [[1, 2], [-(2**40)]], "row 1, .*: label -1099511627776 is neither"),
+        (pa.array([[1], None]), None, 'row 1, column "input_ids": the list is null'),
+        (pa.array([[1], [2, None]]), None, "row 1, .*: holds a null value"),
+        (pa.array([1, 2]), None, 'column "input_ids" has type Int64; expected a list'),
+        ([[1.0, 2.0]], None, "has values of type Float64; expected a list or large_list of int"),
+        (pa.table({"ids": [[1]]}), None, 'the table has no column "input_ids"'),
     ],
 )
 def test_bad_data_raises_data_error(ids, labels, match):
@@ -135,7 +136,7 @@ def test_labels_follow_one_rule_in_every_entry_point(tmp_path, label):
     pa.parquet.write_table(table, tmp_path / "in.parquet")
     with pytest.raises(tokpack.DataError, match=match):
         tokpack.pack_files(tmp_path / "in.parquet", tmp_path / "out", 8)
-    with pytest.raises(tokpack.DataError, match=f'column "labels", row 1: label {label} is'):
+    with pytest.raises(tokpack.DataError, match=match):
         tokpack.pack_tokens(ids, 8, labels=labels)
 
 
@@ -143,3 +144,65 @@ def test_sliced_away_rows_are_not_checked():
     labels = pa.array([[-7], [1, -100], [2]])[1:]
     table = tokpack.pack_tokens(pa.array([[9], [1, 2], [3]])[1:], 8, labels=labels)
     assert table.column("labels").to_pylist() == [[1, -100, 2]]
+
+
+def test_an_empty_python_list_does_not_decide_the_value_type():
+    """``[]`` is a float64 array to numpy; ``[[1, 2], []]`` was refused as not integers."""
+    table = tokpack.pack_tokens([[1, 2], []], 4, return_plan=True)[0]
+    assert table.column("input_ids").to_pylist() == [[1, 2]]
+
+
+IDS = [[1, 2, 3], [4], [5, 6], [7, 8, 9, 10]]
+LABELS = [[1, -100, 3], [4], [-100, 6], [7, 8, -100, 10]]
+
+
+def _polars():
+    return pytest.importorskip("polars")
+
+
+def _nanoarrow():
+    return pytest.importorskip("nanoarrow")
+
+
+ARROW_INPUTS = {
+    "arrays": lambda: (pa.array(IDS), pa.array(LABELS)),
+    "chunked": lambda: (pa.chunked_array([IDS[:1], IDS[1:3], IDS[3:]]), LABELS),
+    "large_list_uint32": lambda: (pa.array(IDS, pa.large_list(pa.uint32())), LABELS),
+    "table": lambda: (pa.table({"text": list("abcd"), "input_ids": IDS, "labels": LABELS}), None),
+    "table_chunks": lambda: (
+        pa.Table.from_batches(pa.table({"input_ids": IDS, "labels": LABELS}).to_batches(3)),
+        None,
+    ),
+    "record_batch": lambda: (pa.record_batch({"input_ids": IDS, "labels": LABELS}), None),
+    "table_and_labels": lambda: (pa.table({"input_ids": IDS}), pa.table({"labels": LABELS})),
+    "nanoarrow": lambda: (_nanoarrow().Array(pa.array(IDS)), _nanoarrow().Array(pa.array(LABELS))),
+    "polars_series": lambda: (_polars().Series("x", IDS), _polars().Series("y", LABELS)),
+    "polars_frame": lambda: (_polars().DataFrame({"input_ids": IDS, "labels": LABELS}), None),
+}
+
+
+@pytest.mark.parametrize("make", ARROW_INPUTS.values(), ids=ARROW_INPUTS.keys())
+def test_any_arrow_c_interface_input_packs_like_lists(make):
+    input_ids, labels = make()
+    expected = tokpack.pack_tokens(IDS, 5, labels=LABELS, strategy="next_fit")
+    assert tokpack.pack_tokens(input_ids, 5, labels=labels, strategy="next_fit").equals(expected)
+
+
+def test_a_table_without_labels_packs_without_labels():
+    table = tokpack.pack_tokens(pa.table({"input_ids": IDS}), 5)
+    assert "labels" not in table.column_names
+
+
+@pytest.mark.parametrize(
+    "empty",
+    [pa.array([], pa.list_(pa.int32())), pa.chunked_array([], pa.list_(pa.int64())), []],
+)
+def test_empty_inputs_give_no_rows(empty):
+    table, plan = tokpack.pack_tokens(empty, 4, labels=empty, return_plan=True)
+    assert table.num_rows == 0 and plan.n_samples == 0
+
+
+def test_rows_are_counted_across_chunks_in_errors():
+    chunked = pa.chunked_array([[[1], [2]], [[3], [-4]]])
+    with pytest.raises(tokpack.DataError, match='row 3, column "input_ids": token id -4'):
+        tokpack.pack_tokens(chunked, 4)

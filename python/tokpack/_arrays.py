@@ -1,9 +1,9 @@
-"""Conversions of user array-likes (lists, numpy, pyarrow, torch) to the flat numpy layout the
-Rust core reads: 1-D integer arrays, and list columns as ``(values, offsets)``."""
+"""Conversions of user array-likes (lists, numpy, pyarrow, torch) to what the Rust core reads:
+1-D integer numpy arrays (lengths), and list columns as Arrow data."""
 
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -48,54 +48,19 @@ def as_lengths(lengths: Any) -> np.ndarray:
     return arr.astype(np.int64)
 
 
-def _int32_values(values: np.ndarray, offsets: np.ndarray, column: str) -> np.ndarray:
-    """The values as int32. Only the int32 range is checked here; which values a column may
-    hold (token ids >= 0, labels -100 or a token id) is checked by the core, with the same rule
-    as for files."""
-    if values.dtype == np.bool_ or values.dtype.kind not in "iu":
-        raise DataError(f"column {column!r}: token values must be integers, got {values.dtype}")
-    if values.size and values.dtype.itemsize * 8 > (32 if values.dtype.kind == "i" else 31):
-        outside = (values > INT32_MAX) | (values < np.iinfo(np.int32).min)
-        if outside.any():
-            bad = int(np.argmax(outside))
-            row = int(np.searchsorted(offsets, bad, side="right")) - 1
-            raise DataError(
-                f"column {column!r}, row {row}: value {int(values[bad])} is out of range "
-                "(not an int32)"
-            )
-    return np.ascontiguousarray(values, dtype=np.int32)
-
-
-def as_flat_column(column: Any, name: str) -> Tuple[np.ndarray, np.ndarray]:
-    """A list column (pyarrow list array, or a sequence of 1-D arrays) as int32 values plus
-    int64 offsets into them."""
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks()
-    if isinstance(column, pa.Array):
-        if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)):
-            raise DataError(f"column {name!r} must be a list array, got {column.type}")
-        if column.null_count:
-            first = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
-            raise DataError(f"column {name!r}, row {first} is null")
-        offsets = column.offsets.to_numpy().astype(np.int64, copy=False)
-        child = column.values
-        if child.null_count:
-            flat = column.flatten()
-            if flat.null_count:
-                first = int(np.flatnonzero(flat.is_null().to_numpy(zero_copy_only=False))[0])
-                row = int(np.searchsorted(offsets - offsets[0], first, side="right")) - 1
-                raise DataError(f"column {name!r}, row {row} holds a null value")
-            child = child.fill_null(0)
-        values = child.to_numpy(zero_copy_only=False)
-        return _int32_values(values, offsets, name), offsets
+def as_arrow_column(column: Any, name: str) -> Any:
+    """Arrow data (anything with ``__arrow_c_stream__`` or ``__arrow_c_array__``) as it is;
+    a sequence of 1-D arrays as a list array over their concatenated values. The core checks
+    the values, by the same rules as for files."""
+    if hasattr(column, "__arrow_c_stream__") or hasattr(column, "__arrow_c_array__"):
+        return column
     parts = [to_numpy_1d(seq, f"{name}[{i}]") for i, seq in enumerate(column)]
     offsets = np.zeros(len(parts) + 1, dtype=np.int64)
     if parts:
         np.cumsum([p.size for p in parts], out=offsets[1:])
-        values = np.concatenate(parts) if offsets[-1] else np.zeros(0, dtype=np.int64)
-    else:
-        values = np.zeros(0, dtype=np.int64)
-    return _int32_values(values, offsets, name), offsets
+    # Empty rows are float64 (np.asarray([])): they must not decide the values' type.
+    values = np.concatenate([p for p in parts if p.size] or [np.zeros(0, dtype=np.int64)])
+    return list_array(offsets, values)
 
 
 def list_array(offsets: np.ndarray, values: np.ndarray, value_type: Optional[pa.DataType] = None):

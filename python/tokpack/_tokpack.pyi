@@ -1,9 +1,34 @@
 """Type stubs of the compiled module. The public API is the Python facade in ``tokpack``."""
 
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union, final
 
 import numpy as np
 import numpy.typing as npt
+
+__all__ = [
+    "__version__",
+    "MAX_THREADS",
+    "IGNORE_INDEX",
+    "FORMAT",
+    "FORMAT_VERSION",
+    "SIDE_DIR",
+    "OVERLONG_HINT",
+    "STRATEGIES",
+    "OVERLONG_POLICIES",
+    "plan",
+    "pack_tokens",
+    "flatten_samples",
+    "PlanParts",
+    "PackedRows",
+    "default_threads",
+    "BpeEncoder",
+    "Progress",
+    "pack_files",
+    "read_lengths",
+    "read_row_group",
+    "file_checksum",
+    "write_held_shard",
+]
 
 __version__: str
 MAX_THREADS: int
@@ -15,46 +40,64 @@ OVERLONG_HINT: str
 STRATEGIES: Tuple[str, ...]
 OVERLONG_POLICIES: Tuple[str, ...]
 
-PlanParts = Tuple[
-    npt.NDArray[np.int64],  # bin_offsets
-    npt.NDArray[np.int64],  # sample_ids
-    npt.NDArray[np.int64],  # starts
-    npt.NDArray[np.int64],  # lengths
-    npt.NDArray[np.int64],  # dropped
-    npt.NDArray[np.int64],  # empty
-    npt.NDArray[np.int64],  # truncated
-    npt.NDArray[np.int64],  # split
-    int,  # n_samples
-    int,  # input_tokens
-    int,  # max_len
-]
+@final
+class PlanParts:
+    """A plan's arrays and figures; ``tokpack.Plan`` is built from them by name."""
+
+    bin_offsets: npt.NDArray[np.int64]
+    sample_ids: npt.NDArray[np.int64]
+    starts: npt.NDArray[np.int64]
+    lengths: npt.NDArray[np.int64]
+    dropped: npt.NDArray[np.int64]
+    empty: npt.NDArray[np.int64]
+    truncated: npt.NDArray[np.int64]
+    split: npt.NDArray[np.int64]
+    n_samples: int
+    input_tokens: int
+    max_len: int
+    strategy: str
+    total_tokens: int
+    lower_bound: int
+    efficiency: float
+
+@final
+class PackedRows:
+    """Packed rows: row ``r`` is ``tokens[row_offsets[r]:row_offsets[r + 1]]``."""
+
+    plan: PlanParts
+    tokens: npt.NDArray[np.int32]
+    labels: Optional[npt.NDArray[np.int32]]
+    row_offsets: npt.NDArray[np.int64]
 
 def plan(
+    *,
     lengths: npt.NDArray[np.int32] | npt.NDArray[np.int64],
     max_len: int,
     strategy: str,
     overlong: str,
     seed: int,
-    threads: Optional[int] = None,
+    threads: Optional[int],
 ) -> PlanParts: ...
-def pack_flat(
-    values: npt.NDArray[np.int32],
-    offsets: npt.NDArray[np.int64],
-    label_values: Optional[npt.NDArray[np.int32]],
-    label_offsets: Optional[npt.NDArray[np.int64]],
+def pack_tokens(
+    *,
+    input_ids: Any,
+    labels: Any,
     max_len: int,
     strategy: str,
     overlong: str,
     seed: int,
-    threads: Optional[int] = None,
-) -> Tuple[
-    PlanParts,
-    npt.NDArray[np.int32],
-    Optional[npt.NDArray[np.int32]],
-    npt.NDArray[np.int64],
-]: ...
+    threads: Optional[int],
+) -> PackedRows: ...
+def flatten_samples(
+    *,
+    table: Any,
+    tokens_column: str,
+    labels_column: Optional[str],
+    mask_column: Optional[str],
+) -> Tuple[npt.NDArray[np.int32], npt.NDArray[np.int64], Optional[npt.NDArray[np.int32]]]: ...
 def default_threads() -> int: ...
 
+@final
 class BpeEncoder:
     """tokpack's exact encoder for byte-level BPE ``tokenizer.json`` files (GPT-2, Llama 3 and
     Qwen2 kinds)."""
@@ -62,8 +105,7 @@ class BpeEncoder:
     @staticmethod
     def load(json: str) -> Tuple[Optional[BpeEncoder], Optional[str]]:
         """``(encoder, None)``, or ``(None, reason)`` for a tokenizer it does not reproduce."""
-    @property
-    def post_processor_adds_tokens(self) -> bool: ...
+    post_processor_adds_tokens: bool
     def encode(self, text: str) -> Optional[List[int]]: ...
     def encode_batch(
         self,
@@ -79,6 +121,7 @@ class BpeEncoder:
         npt.NDArray[np.int64],
     ]: ...
 
+@final
 class Progress:
     """Counters of running file work, polled by the caller; ``cancel()`` stops the work."""
 
@@ -87,6 +130,7 @@ class Progress:
     def cancel(self) -> None: ...
 
 def pack_files(
+    *,
     paths: List[str],
     out_dir: str,
     spill_dir: str,

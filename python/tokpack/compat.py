@@ -26,8 +26,15 @@ class _Layout:
     """Where every token of a next-fit packing lands in a ``[rows, max_length]`` grid."""
 
     def __init__(self, lengths: np.ndarray, max_length: int):
-        parts = _tokpack.plan(lengths, max_length, "next_fit", "error", 0, 1)
-        bin_offsets, sample_ids, _, seg_lengths = parts[:4]
+        parts = _tokpack.plan(
+            lengths=lengths,
+            max_len=max_length,
+            strategy="next_fit",
+            overlong="error",
+            seed=0,
+            threads=1,
+        )
+        bin_offsets, sample_ids, seg_lengths = parts.bin_offsets, parts.sample_ids, parts.lengths
         self.n_rows = len(bin_offsets) - 1
         self.sample_ids = sample_ids
         row_of_seg = np.repeat(np.arange(self.n_rows), np.diff(bin_offsets))

@@ -9,8 +9,7 @@ import numpy as np
 import pyarrow as pa
 
 from . import _tokpack
-from ._arrays import as_flat_column, list_array
-from .errors import DataError
+from ._arrays import as_arrow_column, list_array
 from .planning import Plan, checked_args
 
 __all__ = ["pack_tokens", "packed_table"]
@@ -30,8 +29,11 @@ def pack_tokens(
     """Pack token sequences into rows of at most ``max_len`` tokens.
 
     Args:
-        input_ids: a pyarrow list array (list/large_list of integers, chunked or not) or a
-            sequence of 1-D integer arrays / lists.
+        input_ids: a list column of integers (list or large_list; int32, int64, uint32, ...)
+            as any Arrow array, chunked array or table that exports the Arrow C interface
+            (pyarrow, polars, duckdb, nanoarrow ...), or a sequence of 1-D integer arrays /
+            lists / tensors. From a table (or data frame), its ``input_ids`` column, and its
+            ``labels`` column too when it has one and ``labels`` is not given.
         labels: optional, same shape as ``input_ids``: -100 (not trained on) or a token id,
             the same rule as :func:`tokpack.pack_files`.
         strategy, overlong, seed, threads: as in :func:`tokpack.plan`.
@@ -48,19 +50,17 @@ def pack_tokens(
     [[4], [3, 2]]
     """
     max_len, seed, threads = checked_args(max_len, seed, threads)
-    values, offsets = as_flat_column(input_ids, "input_ids")
-    label_values = label_offsets = None
-    if labels is not None:
-        label_values, label_offsets = as_flat_column(labels, "labels")
-        if len(label_offsets) != len(offsets):
-            raise DataError(
-                f"labels have {len(label_offsets) - 1} rows but input_ids have {len(offsets) - 1}"
-            )
-    plan_parts, tokens, out_labels, row_offsets = _tokpack.pack_flat(
-        values, offsets, label_values, label_offsets, max_len, strategy, overlong, seed, threads
+    rows = _tokpack.pack_tokens(
+        input_ids=as_arrow_column(input_ids, "input_ids"),
+        labels=None if labels is None else as_arrow_column(labels, "labels"),
+        max_len=max_len,
+        strategy=strategy,
+        overlong=overlong,
+        seed=seed,
+        threads=threads,
     )
-    plan = Plan._from_rust(plan_parts, strategy)
-    table = packed_table(plan, tokens, out_labels, row_offsets)
+    plan = Plan._from_rust(rows.plan)
+    table = packed_table(plan, rows.tokens, rows.labels, rows.row_offsets)
     return (table, plan) if return_plan else table
 
 

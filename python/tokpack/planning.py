@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Optional, Tuple
 
 import numpy as np
@@ -26,6 +26,10 @@ class Plan:
     latter also in ``empty``); ``truncated`` and ``split`` list samples packed only in part or in
     pieces. Every input sample is in exactly one of: packed whole, ``truncated``, ``split``,
     ``dropped``.
+
+    ``total_tokens`` counts the tokens placed in rows (after truncation and dropping),
+    ``lower_bound`` is ``ceil(total_tokens / max_len)`` (no packing can use fewer rows) and
+    ``efficiency`` is packed tokens over the capacity of the rows used (1.0 means no padding).
     """
 
     bin_offsets: np.ndarray
@@ -40,10 +44,13 @@ class Plan:
     input_tokens: int
     max_len: int
     strategy: str
+    total_tokens: int
+    lower_bound: int
+    efficiency: float
 
     @classmethod
-    def _from_rust(cls, parts: Tuple[Any, ...], strategy: str) -> "Plan":
-        return cls(*parts, strategy=strategy)
+    def _from_rust(cls, parts: _tokpack.PlanParts) -> "Plan":
+        return cls(**{f.name: getattr(parts, f.name) for f in fields(cls)})
 
     @property
     def n_bins(self) -> int:
@@ -53,22 +60,6 @@ class Plan:
     @property
     def n_segments(self) -> int:
         return len(self.sample_ids)
-
-    @property
-    def total_tokens(self) -> int:
-        """Tokens placed in rows (after truncation and dropping)."""
-        return int(self.lengths.sum())
-
-    @property
-    def lower_bound(self) -> int:
-        """``ceil(total_tokens / max_len)``: no packing can use fewer rows."""
-        return -(-self.total_tokens // self.max_len)
-
-    @property
-    def efficiency(self) -> float:
-        """Packed tokens over the capacity of the rows used (1.0 means no padding)."""
-        capacity = self.n_bins * self.max_len
-        return self.total_tokens / capacity if capacity else 0.0
 
     @property
     def padding_tokens(self) -> int:
@@ -134,9 +125,16 @@ def plan(
     >>> p.n_bins, p.lower_bound
     (2, 2)
     """
-    args = checked_args(max_len, seed, threads)
-    parts = _tokpack.plan(as_lengths(lengths), args[0], strategy, overlong, args[1], args[2])
-    return Plan._from_rust(parts, strategy)
+    max_len, seed, threads = checked_args(max_len, seed, threads)
+    parts = _tokpack.plan(
+        lengths=as_lengths(lengths),
+        max_len=max_len,
+        strategy=strategy,
+        overlong=overlong,
+        seed=seed,
+        threads=threads,
+    )
+    return Plan._from_rust(parts)
 
 
 # Ranges of the numeric arguments. max_len: the core's row capacity (int32 token offsets);

@@ -16,8 +16,7 @@ import numpy as np
 import pyarrow as pa
 import ray
 
-from .._arrays import as_flat_column
-from .._contract import IGNORE_INDEX
+from .. import _tokpack
 from ..errors import ConfigError, DataError, SchemaError, TokpackError
 
 # A dataset made with ``ray.data.read_parquet(..., include_paths=True)`` names each row's file:
@@ -48,56 +47,21 @@ def ordered_blocks(ds: Any) -> List[Any]:
         options.preserve_order = kept
 
 
-def _first_bad(values: np.ndarray, bad: np.ndarray, offsets: np.ndarray) -> Tuple[int, int]:
-    k = int(np.argmax(bad))
-    row = int(np.searchsorted(offsets, offsets[0] + k, side="right")) - 1
-    return row, int(values[k])
-
-
-def _check_values(values: np.ndarray, offsets: np.ndarray, column: str, role: str) -> None:
-    """The rule of the core's column reader: token ids >= 0, labels -100 or a token id, mask
-    0/1 (see ``rust/tokpack-core/src/io/columns.rs``)."""
-    if role == "tokens":
-        bad = values < 0
-        allowed = "a token id must be >= 0"
-    elif role == "labels":
-        bad = (values < 0) & (values != IGNORE_INDEX)
-        allowed = f"a label must be {IGNORE_INDEX} or a token id >= 0"
-    else:
-        bad = (values != 0) & (values != 1)
-        allowed = "a loss mask holds 0 or 1"
-    if values.size and bad.any():
-        row, value = _first_bad(values, bad, offsets)
-        raise DataError(f"row {row}, column {column!r}: value {value} ({allowed})")
-
-
 def sample_arrays(
     table: pa.Table, columns: Columns
 ) -> Tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]:
     """The block's samples as checked flat int32 tokens, int64 offsets from 0 and labels
-    (made from the loss mask when there is one). Raises DataError / SchemaError naming the
-    block-relative row and the column."""
+    (made from the loss mask when there is one), by the core's rules for files. Raises
+    DataError / SchemaError naming the block-relative row and the column."""
     for name in columns.names():
         if name not in table.column_names:
             raise SchemaError(f"no column {name!r} (columns: {', '.join(table.column_names)})")
-    values, offsets = as_flat_column(table.column(columns.tokens), columns.tokens)
-    tokens = values[offsets[0] : offsets[-1]]
-    offsets = offsets - offsets[0]
-    _check_values(tokens, offsets, columns.tokens, "tokens")
-    if columns.labels is None:
-        return tokens, offsets, None
-    lvalues, loffsets = as_flat_column(table.column(columns.labels), columns.labels)
-    labels = lvalues[loffsets[0] : loffsets[-1]]
-    loffsets = loffsets - loffsets[0]
-    if not np.array_equal(np.diff(offsets), np.diff(loffsets)):
-        row = int(np.argmax(np.diff(offsets) != np.diff(loffsets)))
-        raise DataError(
-            f"row {row}, column {columns.labels!r}: not as many values as {columns.tokens!r}"
-        )
-    _check_values(labels, offsets, columns.labels, "mask" if columns.mask else "labels")
-    if columns.mask:
-        labels = np.where(labels == 1, tokens, IGNORE_INDEX).astype(np.int32)
-    return tokens, offsets, labels
+    return _tokpack.flatten_samples(
+        table=table.select(columns.names()),
+        tokens_column=columns.tokens,
+        labels_column=None if columns.mask else columns.labels,
+        mask_column=columns.labels if columns.mask else None,
+    )
 
 
 @dataclass

@@ -24,6 +24,6 @@ mod rng;
 mod strategies;
 
 pub use error::{CoreError, Result};
-pub use materialize::{check_labels_aligned, materialize, FlatColumn, PackedRows};
+pub use materialize::{materialize, FlatColumn, PackedRows};
 pub use plan::{plan, Plan, PlanConfig};
 pub use policy::{Overlong, Strategy, IGNORE_INDEX};

@@ -1,6 +1,5 @@
 //! Materialising a plan: copying each segment's tokens (and labels) into packed rows.
 
-use crate::error::{CoreError, Result};
 use crate::plan::Plan;
 use rayon::prelude::*;
 
@@ -20,28 +19,6 @@ impl FlatColumn<'_> {
         self.len() == 0
     }
 
-    /// Checks that the offsets are a valid CSR over `values`; `name` is used in the error.
-    pub fn validate(&self, name: &str) -> Result<()> {
-        if self.offsets.is_empty() {
-            return Err(CoreError::data(format!("{name}: offsets array is empty")));
-        }
-        for (row, w) in self.offsets.windows(2).enumerate() {
-            if w[1] < w[0] {
-                return Err(CoreError::data(format!(
-                    "{name}: row {row} has decreasing offsets"
-                )));
-            }
-        }
-        let last = *self.offsets.last().unwrap_or(&0);
-        if self.offsets[0] < 0 || last as usize > self.values.len() {
-            return Err(CoreError::data(format!(
-                "{name}: offsets run past the {} values",
-                self.values.len()
-            )));
-        }
-        Ok(())
-    }
-
     pub fn lengths(&self) -> Vec<i64> {
         self.offsets.windows(2).map(|w| w[1] - w[0]).collect()
     }
@@ -50,27 +27,6 @@ impl FlatColumn<'_> {
         let a = (self.offsets[sample as usize] + start) as usize;
         &self.values[a..a + len as usize]
     }
-}
-
-/// Checks that labels have exactly as many entries as tokens in every row.
-pub fn check_labels_aligned(tokens: &FlatColumn, labels: &FlatColumn) -> Result<()> {
-    if tokens.len() != labels.len() {
-        return Err(CoreError::data(format!(
-            "labels have {} rows but input_ids have {}",
-            labels.len(),
-            tokens.len()
-        )));
-    }
-    for row in 0..tokens.len() {
-        let t = tokens.offsets[row + 1] - tokens.offsets[row];
-        let l = labels.offsets[row + 1] - labels.offsets[row];
-        if t != l {
-            return Err(CoreError::data(format!(
-                "row {row}: labels have {l} entries but input_ids have {t}"
-            )));
-        }
-    }
-    Ok(())
 }
 
 /// Packed rows laid out flat: row `r` is `tokens[row_offsets[r]..row_offsets[r+1]]`.

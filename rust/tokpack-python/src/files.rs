@@ -8,6 +8,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::path::PathBuf;
 use std::sync::Arc;
+use tokpack_core::io::columns::list_parts;
 use tokpack_core::io::{self, LabelSource, PackFilesConfig};
 use tokpack_core::{pool, PlanConfig};
 
@@ -41,7 +42,7 @@ fn progress_of(p: Option<&Bound<'_, Progress>>) -> Arc<io::Progress> {
 
 /// Packs token shards into `out_dir`; returns a dict of the outcome.
 #[pyfunction]
-#[pyo3(signature = (paths, out_dir, spill_dir, tokens_column, labels_column, labels_required,
+#[pyo3(signature = (*, paths, out_dir, spill_dir, tokens_column, labels_column, labels_required,
     loss_mask_column, max_len, strategy, overlong, seed, rows_per_shard, row_group_rows,
     compression, batch_rows, threads=None, progress=None))]
 #[allow(clippy::too_many_arguments)]
@@ -236,7 +237,7 @@ pub fn read_row_group<'py>(
     columns: Vec<String>,
     check: Option<(u64, RangeArg, RangeArg)>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    use arrow::array::{Array, AsArray};
+    use arrow::array::Array;
     let names: Vec<&str> = columns.iter().map(String::as_str).collect();
     let check = check.map(|(size, footer, group)| io::GroupCheck {
         size,
@@ -252,28 +253,9 @@ pub fn read_row_group<'py>(
     let out = PyDict::new(py);
     for (name, array) in columns.iter().zip(batch.columns()) {
         let what = format!("{}, row group {row_group}, column {name:?}", path.display());
-        let (offsets, values): (Vec<i64>, arrow::array::ArrayRef) = match array.data_type() {
-            arrow::datatypes::DataType::List(_) => {
-                let l = array.as_list::<i32>();
-                let o = l.value_offsets();
-                let base = i64::from(o[0]);
-                let vals = l
-                    .values()
-                    .slice(o[0] as usize, (o[o.len() - 1] - o[0]) as usize);
-                (o.iter().map(|&x| i64::from(x) - base).collect(), vals)
-            }
-            arrow::datatypes::DataType::LargeList(_) => {
-                let l = array.as_list::<i64>();
-                let o = l.value_offsets();
-                let vals = l
-                    .values()
-                    .slice(o[0] as usize, (o[o.len() - 1] - o[0]) as usize);
-                (o.iter().map(|&x| x - o[0]).collect(), vals)
-            }
-            _ => {
-                out.set_item(name, to_numpy(py, array, &what)?)?;
-                continue;
-            }
+        let Some((offsets, values)) = list_parts(array) else {
+            out.set_item(name, to_numpy(py, array, &what)?)?;
+            continue;
         };
         if array.null_count() > 0 {
             return Err(crate::errors::DataError::new_err(format!(

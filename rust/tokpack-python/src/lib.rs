@@ -1,6 +1,7 @@
 //! The thin pyo3 layer over tokpack-core: conversions, error mapping, GIL release.
 //! The public API, docstrings and defaults live in the Python package (`python/tokpack`).
 
+mod arrow_in;
 mod bpe;
 mod errors;
 mod files;
@@ -24,7 +25,10 @@ fn _tokpack(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("STRATEGIES", PyTuple::new(m.py(), Strategy::NAMES)?)?;
     m.add("OVERLONG_POLICIES", PyTuple::new(m.py(), Overlong::NAMES)?)?;
     m.add_function(wrap_pyfunction!(plan::plan, m)?)?;
-    m.add_function(wrap_pyfunction!(plan::pack_flat, m)?)?;
+    m.add_function(wrap_pyfunction!(plan::pack_tokens, m)?)?;
+    m.add_function(wrap_pyfunction!(plan::flatten_samples, m)?)?;
+    m.add_class::<plan::PlanParts>()?;
+    m.add_class::<plan::PackedRows>()?;
     m.add_function(wrap_pyfunction!(plan::default_threads, m)?)?;
     m.add_class::<bpe::BpeEncoder>()?;
     m.add_class::<files::Progress>()?;

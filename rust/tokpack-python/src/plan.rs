@@ -1,44 +1,67 @@
-//! `plan` and `pack_flat`: numpy arrays in, numpy arrays out, the GIL released while Rust works.
+//! `plan` and `pack_tokens`: arrays in, a `PlanParts` (numpy arrays moved out of Rust without
+//! copying, and the plan's figures) out, the GIL released while Rust works.
 
+use crate::arrow_in::Chunks;
 use crate::errors::to_py;
 use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1};
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
-use tokpack_core::io::columns::{check_flat, Role};
-use tokpack_core::{materialize, pool, FlatColumn, Plan, PlanConfig};
+use tokpack_core::io::columns::{flatten_in_memory, Flat, Role};
+use tokpack_core::{materialize, pool, CoreError, Plan, PlanConfig};
 
-fn plan_tuple<'py>(py: Python<'py>, plan: Plan) -> PyResult<Bound<'py, PyTuple>> {
-    let n_samples = plan.n_samples;
-    let input_tokens = plan.input_tokens;
-    let max_len = plan.max_len;
-    (
-        plan.bin_offsets.into_pyarray(py),
-        plan.sample_ids.into_pyarray(py),
-        plan.starts.into_pyarray(py),
-        plan.lengths.into_pyarray(py),
-        plan.dropped.into_pyarray(py),
-        plan.empty.into_pyarray(py),
-        plan.truncated.into_pyarray(py),
-        plan.split.into_pyarray(py),
-        n_samples,
-        input_tokens,
-        max_len,
-    )
-        .into_pyobject(py)
+/// A plan as the Python `tokpack.Plan` is built from it, by name.
+#[pyclass(frozen, get_all, module = "tokpack._tokpack")]
+pub struct PlanParts {
+    bin_offsets: Py<PyArray1<i64>>,
+    sample_ids: Py<PyArray1<i64>>,
+    starts: Py<PyArray1<i64>>,
+    lengths: Py<PyArray1<i64>>,
+    dropped: Py<PyArray1<i64>>,
+    empty: Py<PyArray1<i64>>,
+    truncated: Py<PyArray1<i64>>,
+    split: Py<PyArray1<i64>>,
+    n_samples: usize,
+    input_tokens: u64,
+    max_len: u32,
+    strategy: String,
+    total_tokens: u64,
+    lower_bound: u64,
+    efficiency: f64,
 }
 
-/// Plans the packing of `lengths` (a contiguous int32 or int64 numpy array).
+impl PlanParts {
+    fn new(py: Python<'_>, plan: Plan, strategy: &str) -> Self {
+        Self {
+            total_tokens: plan.total_tokens(),
+            lower_bound: plan.lower_bound(),
+            efficiency: plan.efficiency(),
+            n_samples: plan.n_samples,
+            input_tokens: plan.input_tokens,
+            max_len: plan.max_len,
+            strategy: strategy.to_owned(),
+            bin_offsets: plan.bin_offsets.into_pyarray(py).unbind(),
+            sample_ids: plan.sample_ids.into_pyarray(py).unbind(),
+            starts: plan.starts.into_pyarray(py).unbind(),
+            lengths: plan.lengths.into_pyarray(py).unbind(),
+            dropped: plan.dropped.into_pyarray(py).unbind(),
+            empty: plan.empty.into_pyarray(py).unbind(),
+            truncated: plan.truncated.into_pyarray(py).unbind(),
+            split: plan.split.into_pyarray(py).unbind(),
+        }
+    }
+}
+
+/// Plans the packing of `lengths` (a contiguous int32 or int64 numpy array, read in place).
 #[pyfunction]
-#[pyo3(signature = (lengths, max_len, strategy, overlong, seed, threads=None))]
-pub fn plan<'py>(
-    py: Python<'py>,
-    lengths: &Bound<'py, PyAny>,
+#[pyo3(signature = (*, lengths, max_len, strategy, overlong, seed, threads))]
+pub fn plan(
+    py: Python<'_>,
+    lengths: &Bound<'_, PyAny>,
     max_len: i64,
     strategy: &str,
     overlong: &str,
     seed: u64,
     threads: Option<usize>,
-) -> PyResult<Bound<'py, PyTuple>> {
+) -> PyResult<PlanParts> {
     let config = PlanConfig::new(max_len, strategy, overlong, seed).map_err(to_py)?;
     let result = if let Ok(arr) = lengths.extract::<PyReadonlyArray1<i64>>() {
         let slice = arr.as_slice()?;
@@ -48,64 +71,101 @@ pub fn plan<'py>(
         let slice = arr.as_slice()?;
         py.detach(|| pool::install(threads, || tokpack_core::plan(slice, &config)))
     };
-    plan_tuple(py, result.map_err(to_py)?)
+    Ok(PlanParts::new(py, result.map_err(to_py)?, strategy))
 }
 
-type PackOutput = (Plan, tokpack_core::PackedRows);
+/// Packed rows: row `r` is `tokens[row_offsets[r]:row_offsets[r + 1]]` (and of `labels`).
+#[pyclass(frozen, get_all, module = "tokpack._tokpack")]
+pub struct PackedRows {
+    plan: Py<PlanParts>,
+    tokens: Py<PyArray1<i32>>,
+    labels: Option<Py<PyArray1<i32>>>,
+    row_offsets: Py<PyArray1<i64>>,
+}
 
-/// Plans from the token column's lengths and copies tokens (and labels) into packed rows.
-/// Returns `(plan_tuple, tokens, labels|None, row_offsets)`.
+/// Packs in-memory Arrow data: `input_ids` (and `labels`) are list columns, or tables whose
+/// `input_ids` (and `labels`, when present) columns are used. Both are checked by the rules of
+/// `pack_files`, then planned from the tokens' lengths and copied into packed rows.
 #[pyfunction]
-#[pyo3(signature = (values, offsets, label_values, label_offsets, max_len, strategy, overlong, seed, threads=None))]
+#[pyo3(signature = (*, input_ids, labels, max_len, strategy, overlong, seed, threads))]
 #[allow(clippy::too_many_arguments)]
-pub fn pack_flat<'py>(
-    py: Python<'py>,
-    values: PyReadonlyArray1<'py, i32>,
-    offsets: PyReadonlyArray1<'py, i64>,
-    label_values: Option<PyReadonlyArray1<'py, i32>>,
-    label_offsets: Option<PyReadonlyArray1<'py, i64>>,
+pub fn pack_tokens(
+    py: Python<'_>,
+    input_ids: &Bound<'_, PyAny>,
+    labels: Option<&Bound<'_, PyAny>>,
     max_len: i64,
     strategy: &str,
     overlong: &str,
     seed: u64,
     threads: Option<usize>,
-) -> PyResult<Bound<'py, PyTuple>> {
+) -> PyResult<PackedRows> {
     let config = PlanConfig::new(max_len, strategy, overlong, seed).map_err(to_py)?;
-    let tokens = FlatColumn {
-        values: values.as_slice()?,
-        offsets: offsets.as_slice()?,
+    let input = Chunks::import(input_ids)?;
+    let tokens = input.column("input_ids")?;
+    let labels = match labels {
+        Some(labels) => Some(Chunks::import(labels)?.column("labels")?),
+        None => input.field("labels")?,
     };
-    let labels = match (&label_values, &label_offsets) {
-        (Some(v), Some(o)) => Some(FlatColumn {
-            values: v.as_slice()?,
-            offsets: o.as_slice()?,
-        }),
-        _ => None,
-    };
-    let result: tokpack_core::Result<PackOutput> = py.detach(|| {
+    let result = py.detach(|| {
         pool::install(threads, || {
-            tokens.validate("input_ids")?;
-            check_flat(tokens.values, tokens.offsets, "input_ids", Role::Tokens)?;
-            if let Some(l) = &labels {
-                l.validate("labels")?;
-                tokpack_core::check_labels_aligned(&tokens, l)?;
-                check_flat(l.values, l.offsets, "labels", Role::Labels)?;
-            }
-            let plan = tokpack_core::plan(&tokens.lengths(), &config)?;
-            let rows = materialize(&plan, &tokens, labels.as_ref());
-            Ok((plan, rows))
+            let labels = labels.as_ref().map(|l| (l, "labels", Role::Labels));
+            let (tokens, labels) = flatten_in_memory((&tokens, "input_ids"), labels)?;
+            let labels = labels.as_ref().map(Flat::column);
+            let plan = tokpack_core::plan(&tokens.column().lengths(), &config)?;
+            let rows = materialize(&plan, &tokens.column(), labels.as_ref());
+            Ok::<_, tokpack_core::CoreError>((plan, rows))
         })
     });
     let (plan, rows) = result.map_err(to_py)?;
-    let labels_out: Option<Bound<'py, PyArray1<i32>>> = rows.labels.map(|l| l.into_pyarray(py));
-    (
-        plan_tuple(py, plan)?,
-        rows.tokens.into_pyarray(py),
-        labels_out,
-        rows.row_offsets.into_pyarray(py),
-    )
-        .into_pyobject(py)
+    Ok(PackedRows {
+        plan: Py::new(py, PlanParts::new(py, plan, strategy))?,
+        tokens: rows.tokens.into_pyarray(py).unbind(),
+        labels: rows.labels.map(|l| l.into_pyarray(py).unbind()),
+        row_offsets: rows.row_offsets.into_pyarray(py).unbind(),
+    })
 }
+
+/// The samples of in-memory Arrow data (a table's `tokens_column`, and `labels_column` or
+/// `mask_column`), checked by the rules of `pack_files`: flat int32 tokens, int64 offsets from
+/// 0, and int32 labels (from the loss mask when given one) or None.
+#[pyfunction]
+#[pyo3(signature = (*, table, tokens_column, labels_column, mask_column))]
+pub fn flatten_samples<'py>(
+    py: Python<'py>,
+    table: &Bound<'py, PyAny>,
+    tokens_column: &str,
+    labels_column: Option<&str>,
+    mask_column: Option<&str>,
+) -> PyResult<FlatSamples<'py>> {
+    let input = Chunks::import(table)?;
+    let tokens = input.column(tokens_column)?;
+    let labels = match (labels_column, mask_column) {
+        (Some(name), None) => Some((input.column(name)?, name, Role::Labels)),
+        (None, Some(name)) => Some((input.column(name)?, name, Role::LossMask)),
+        (None, None) => None,
+        (Some(_), Some(_)) => {
+            return Err(to_py(CoreError::Config(
+                "give labels_column or mask_column, not both".into(),
+            )))
+        }
+    };
+    let result = py.detach(|| {
+        let labels = labels.as_ref().map(|(a, name, role)| (a, *name, *role));
+        flatten_in_memory((&tokens, tokens_column), labels)
+    });
+    let (tokens, labels) = result.map_err(to_py)?;
+    Ok((
+        tokens.values.to_vec().into_pyarray(py),
+        tokens.offsets.into_pyarray(py),
+        labels.map(|l| l.values.to_vec().into_pyarray(py)),
+    ))
+}
+
+type FlatSamples<'py> = (
+    Bound<'py, PyArray1<i32>>,
+    Bound<'py, PyArray1<i64>>,
+    Option<Bound<'py, PyArray1<i32>>>,
+);
 
 /// Threads used when `threads=None`: `TOKPACK_NUM_THREADS`, else all cores.
 #[pyfunction]

@@ -2,8 +2,10 @@
 //! reported with its file, unit, row and column instead of producing a wrong packing.
 
 use crate::error::{CoreError, Location, Result};
+use crate::materialize::FlatColumn;
 use crate::policy::IGNORE_INDEX;
 use arrow::array::{Array, ArrayRef, AsArray, PrimitiveArray};
+use arrow::buffer::ScalarBuffer;
 use arrow::datatypes::{
     ArrowNativeType, ArrowPrimitiveType, DataType, Int16Type, Int32Type, Int64Type, Int8Type,
     UInt16Type, UInt32Type, UInt64Type, UInt8Type,
@@ -84,56 +86,79 @@ pub fn check_type(file: &Location, column: &str, data_type: &DataType, role: Rol
 }
 
 /// A list column of one batch, flattened: row `i` is `values[offsets[i]..offsets[i+1]]`.
+/// int32 values are the batch's own buffer, not a copy.
 pub struct Flat {
-    pub values: Vec<i32>,
+    pub values: ScalarBuffer<i32>,
     pub offsets: Vec<i64>,
 }
 
-/// Flattens and checks one list column of a batch.
-pub fn flatten(array: &ArrayRef, column: &str, role: Role, loc: &BatchAt) -> Result<Flat> {
+impl Flat {
+    pub fn column(&self) -> FlatColumn<'_> {
+        FlatColumn {
+            values: &self.values,
+            offsets: &self.offsets,
+        }
+    }
+}
+
+/// A list array as offsets from 0 and the values they index (the child sliced to the rows'
+/// span, so a sliced array's outside values are never looked at); None for other types.
+pub fn list_parts(array: &ArrayRef) -> Option<(Vec<i64>, ArrayRef)> {
     let (offsets, child): (Vec<i64>, &ArrayRef) = match array.data_type() {
         DataType::List(_) => {
             let l = array.as_list::<i32>();
-            (
-                l.value_offsets().iter().map(|&o| i64::from(o)).collect(),
-                l.values(),
-            )
+            let offsets = l.value_offsets().iter().map(|&o| i64::from(o)).collect();
+            (offsets, l.values())
         }
         DataType::LargeList(_) => {
             let l = array.as_list::<i64>();
             (l.value_offsets().to_vec(), l.values())
         }
-        other => return Err(wrong_type(loc.unit, column, "type", other, role)),
+        _ => return None,
+    };
+    let (start, end) = (offsets[0], offsets[offsets.len() - 1]);
+    let values = child.slice(start as usize, (end - start) as usize);
+    Some((offsets.iter().map(|&o| o - start).collect(), values))
+}
+
+/// Flattens and checks one list column of a batch.
+pub fn flatten(array: &ArrayRef, column: &str, role: Role, loc: &BatchAt) -> Result<Flat> {
+    let Some((offsets, child)) = list_parts(array) else {
+        return Err(wrong_type(
+            loc.unit,
+            column,
+            "type",
+            array.data_type(),
+            role,
+        ));
     };
     if array.null_count() > 0 {
         let row = (0..array.len()).find(|&i| array.is_null(i)).unwrap_or(0);
         return Err(loc.data(row, column, "the list is null"));
     }
-    let (start, end) = (offsets[0] as usize, offsets[offsets.len() - 1] as usize);
-    let row_of = |k: usize| -> usize {
-        // First row whose end is past flat position `start + k`.
+    // The row holding flat position `k`: the last one starting at or before it.
+    let row_of = |k: usize| {
         offsets
-            .partition_point(|&o| o as usize <= start + k)
+            .partition_point(|&o| o as usize <= k)
             .saturating_sub(1)
     };
     if child.null_count() > 0 {
-        if let Some(k) = (start..end).position(|i| child.is_null(i)) {
+        if let Some(k) = (0..child.len()).position(|i| child.is_null(i)) {
             return Err(loc.data(row_of(k), column, "holds a null value"));
         }
     }
     let values = match child.data_type() {
         DataType::Boolean if role == Role::LossMask => {
-            let b = child.as_boolean();
-            Ok((start..end).map(|i| i32::from(b.value(i))).collect())
+            Ok(child.as_boolean().values().iter().map(i32::from).collect())
         }
-        DataType::Int8 => convert::<Int8Type>(child, start, end),
-        DataType::Int16 => convert::<Int16Type>(child, start, end),
-        DataType::Int32 => Ok(child.as_primitive::<Int32Type>().values()[start..end].to_vec()),
-        DataType::Int64 => convert::<Int64Type>(child, start, end),
-        DataType::UInt8 => convert::<UInt8Type>(child, start, end),
-        DataType::UInt16 => convert::<UInt16Type>(child, start, end),
-        DataType::UInt32 => convert::<UInt32Type>(child, start, end),
-        DataType::UInt64 => convert::<UInt64Type>(child, start, end),
+        DataType::Int8 => convert::<Int8Type>(&child),
+        DataType::Int16 => convert::<Int16Type>(&child),
+        DataType::Int32 => Ok(child.as_primitive::<Int32Type>().values().clone()),
+        DataType::Int64 => convert::<Int64Type>(&child),
+        DataType::UInt8 => convert::<UInt8Type>(&child),
+        DataType::UInt16 => convert::<UInt16Type>(&child),
+        DataType::UInt32 => convert::<UInt32Type>(&child),
+        DataType::UInt64 => convert::<UInt64Type>(&child),
         other => return Err(wrong_type(loc.unit, column, "values of type", other, role)),
     }
     .map_err(|(k, v)| loc.data(row_of(k), column, out_of_range(role, &v)))?;
@@ -144,26 +169,7 @@ pub fn flatten(array: &ArrayRef, column: &str, role: Role, loc: &BatchAt) -> Res
             out_of_range(role, &values[k].to_string()),
         )
     })?;
-    let base = offsets[0];
-    let offsets = offsets.iter().map(|&o| o - base).collect();
     Ok(Flat { values, offsets })
-}
-
-/// Checks the values of an in-memory column (`pack_tokens`) with the same rule as files: the
-/// error names the column and row of the first bad value.
-/// `offsets` must be valid over `values` (values outside them, e.g. of a sliced array, are
-/// not looked at).
-pub fn check_flat(values: &[i32], offsets: &[i64], column: &str, role: Role) -> Result<()> {
-    let (Some(&first), Some(&last)) = (offsets.first(), offsets.last()) else {
-        return Ok(());
-    };
-    let used = &values[first as usize..last as usize];
-    check_values(used, role).map_err(|k| {
-        let at = first + k as i64;
-        let row = offsets.partition_point(|&o| o <= at).saturating_sub(1);
-        let what = out_of_range(role, &used[k].to_string());
-        CoreError::data(format!("column {column:?}, row {row}: {what}"))
-    })
 }
 
 /// The column (of the file or unit at `at`) has an unsupported type.
@@ -189,11 +195,9 @@ fn out_of_range(role: Role, value: &str) -> String {
 /// Values as i32; `Err((position, value))` for the first one that does not fit.
 fn convert<T: ArrowPrimitiveType>(
     child: &ArrayRef,
-    start: usize,
-    end: usize,
-) -> std::result::Result<Vec<i32>, (usize, String)> {
+) -> std::result::Result<ScalarBuffer<i32>, (usize, String)> {
     let a: &PrimitiveArray<T> = child.as_primitive::<T>();
-    let raw = &a.values()[start..end];
+    let raw = a.values();
     let mut out = Vec::with_capacity(raw.len());
     for (k, &v) in raw.iter().enumerate() {
         match v.to_i64().and_then(|x| i32::try_from(x).ok()) {
@@ -201,7 +205,7 @@ fn convert<T: ArrowPrimitiveType>(
             None => return Err((k, format!("{v:?}"))),
         }
     }
-    Ok(out)
+    Ok(out.into())
 }
 
 /// Position of the first value not allowed for `role`.
@@ -225,7 +229,7 @@ fn check_values(values: &[i32], role: Role) -> std::result::Result<(), usize> {
 }
 
 /// Labels from a 0/1 loss mask: the token where the mask is 1, -100 elsewhere.
-pub fn labels_from_mask(tokens: &[i32], mask: &[i32]) -> Vec<i32> {
+pub fn labels_from_mask(tokens: &[i32], mask: &[i32]) -> ScalarBuffer<i32> {
     tokens
         .iter()
         .zip(mask)
@@ -247,4 +251,37 @@ pub fn check_aligned(tokens: &Flat, other: &Flat, column: &str, loc: &BatchAt) -
         }
     }
     Ok(())
+}
+
+/// Tokens and labels of in-memory data (`pack_tokens`, the blocks of `tokpack.ray`), flattened
+/// and checked by the same rules as a file's batches (errors name the row and column: there is
+/// no file or unit). `labels` is `(array, column name, Role::Labels or Role::LossMask)`; a loss
+/// mask becomes labels.
+pub fn flatten_in_memory(
+    tokens: (&ArrayRef, &str),
+    labels: Option<(&ArrayRef, &str, Role)>,
+) -> Result<(Flat, Option<Flat>)> {
+    let unit = Location::default();
+    let loc = BatchAt {
+        unit: &unit,
+        row_base: 0,
+    };
+    let flat = flatten(tokens.0, tokens.1, Role::Tokens, &loc)?;
+    let Some((labels, name, role)) = labels else {
+        return Ok((flat, None));
+    };
+    if labels.len() != tokens.0.len() {
+        return Err(CoreError::data(format!(
+            "{name} have {} rows but {} have {}",
+            labels.len(),
+            tokens.1,
+            tokens.0.len()
+        )));
+    }
+    let mut other = flatten(labels, name, role, &loc)?;
+    check_aligned(&flat, &other, name, &loc)?;
+    if role == Role::LossMask {
+        other.values = labels_from_mask(&flat.values, &other.values);
+    }
+    Ok((flat, Some(other)))
 }
