@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader
 
 import tokpack
 from tokpack.torch import PackedCollator, PackedDataset, PackedIterableDataset
-from tokpack.torch.order import EpochOrder
+from tokpack._order import EpochOrder
 
 from .packed_corpus import random_samples, write_packed_dir
 

@@ -25,7 +25,7 @@ class PackedIterableDataset(RowStream):
     ``world_size * batch_rows`` rows, and DataLoader worker ``w`` of ``n`` produces that rank's
     batches ``w, w + n, ...``, which the DataLoader hands out in order: the sequence of batches a
     rank sees does not depend on ``num_workers``. Every rank yields the same number of batches
-    (``len(ds)``); see :mod:`tokpack.torch.order` for the ``tail`` policies (``"even"``: every row
+    (``len(ds)``); see :mod:`tokpack._order` for the ``tail`` policies (``"even"``: every row
     exactly once, the last batch may be smaller; ``"drop"``: full batches only).
 
     Each batch is ``collate_fn(rows)`` (for example a :class:`PackedCollator`), or without one a
