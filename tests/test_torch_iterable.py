@@ -9,8 +9,8 @@ import pytest
 from torch.utils.data import DataLoader
 
 import tokpack
-from tokpack.torch import PackedCollator, PackedDataset, PackedIterableDataset
 from tokpack._order import EpochOrder
+from tokpack.torch import PackedCollator, PackedDataset, PackedIterableDataset
 
 from .packed_corpus import random_samples, write_packed_dir
 

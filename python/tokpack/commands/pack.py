@@ -104,20 +104,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def packing_options(args: argparse.Namespace) -> Dict[str, Any]:
+    """The packing keywords of ``pack`` (here and ``--ray``) from its flags."""
+    names = ("strategy", "overlong", "seed", "tokens_column", "labels_column")
+    names += ("loss_mask_column", "rows_per_shard", "row_group_rows", "compression")
+    return {name: getattr(args, name) for name in names}
+
+
 def _pack_here(args: argparse.Namespace) -> Dict[str, Any]:
     return pack_files(
         args.inputs,
         args.output,
         args.max_len,
-        strategy=args.strategy,
-        overlong=args.overlong,
-        seed=args.seed,
-        tokens_column=args.tokens_column,
-        labels_column=args.labels_column,
-        loss_mask_column=args.loss_mask_column,
-        rows_per_shard=args.rows_per_shard,
-        row_group_rows=args.row_group_rows,
-        compression=args.compression,
+        **packing_options(args),
         threads=args.threads,
         force=args.force,
         progress=not args.quiet,

@@ -13,6 +13,7 @@ import ray.data
 
 from .._inputs import TOKEN_SUFFIXES, is_parquet, resolve_inputs
 from .._outdir import output_target
+from ..commands.pack import packing_options
 from ..errors import ConfigError
 from ._pack import pack
 
@@ -38,15 +39,7 @@ def pack_command(args: argparse.Namespace) -> Dict[str, Any]:
         ds,
         args.output,
         args.max_len,
-        strategy=args.strategy,
-        overlong=args.overlong,
-        seed=args.seed,
         mode=args.ray_mode,
-        tokens_column=args.tokens_column,
-        labels_column=args.labels_column,
-        loss_mask_column=args.loss_mask_column,
-        rows_per_shard=args.rows_per_shard,
-        row_group_rows=args.row_group_rows,
-        compression=args.compression,
+        **packing_options(args),
     )
     return {**manifest, "cache_hit": False, "rebuilt_because": None}

@@ -2,6 +2,7 @@
 //! Rust work runs with the GIL released; progress is polled through a `Progress` object.
 
 use crate::errors::to_py;
+use crate::shards::shard_dict;
 use numpy::{IntoPyArray, PyArray1};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
@@ -108,33 +109,10 @@ pub fn pack_files<'py>(
     out.set_item("split", plan.split.clone().into_pyarray(py))?;
     let shards = pyo3::types::PyList::empty(py);
     for s in &outcome.shards {
-        let d = PyDict::new(py);
-        d.set_item("file", &s.file)?;
-        d.set_item("index", &s.index)?;
-        d.set_item("rows", s.rows)?;
-        d.set_item("row_groups", s.row_groups)?;
-        d.set_item("tokens", s.tokens)?;
-        d.set_item("loss_tokens", s.loss_tokens)?;
-        d.set_item("size", s.size)?;
-        d.set_item("checksum", &s.checksum)?;
-        let groups = pyo3::types::PyList::empty(py);
-        for r in &s.row_group_bytes {
-            groups.append(byte_range_dict(py, r)?)?;
-        }
-        d.set_item("row_group_bytes", groups)?;
-        d.set_item("footer_bytes", byte_range_dict(py, &s.footer_bytes)?)?;
-        shards.append(d)?;
+        shards.append(shard_dict(py, s)?)?;
     }
     out.set_item("shards", shards)?;
     Ok(out)
-}
-
-fn byte_range_dict<'py>(py: Python<'py>, r: &io::ByteRange) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("offset", r.offset)?;
-    d.set_item("length", r.length)?;
-    d.set_item("checksum", &r.checksum)?;
-    Ok(d)
 }
 
 /// `(offset, length, checksum)` of a byte range, as Python passes it.

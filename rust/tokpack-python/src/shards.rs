@@ -18,7 +18,7 @@ fn byte_range_dict<'py>(py: Python<'py>, r: &io::ByteRange) -> PyResult<Bound<'p
 }
 
 /// A shard's manifest entry, as `pack_files` reports it.
-fn shard_dict<'py>(py: Python<'py>, s: &ShardInfo) -> PyResult<Bound<'py, PyDict>> {
+pub fn shard_dict<'py>(py: Python<'py>, s: &ShardInfo) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("file", &s.file)?;
     d.set_item("index", &s.index)?;
