@@ -10,6 +10,7 @@ single-directory :class:`PackedIterableDataset` and the mixture alike.
 from __future__ import annotations
 
 import warnings
+from abc import abstractmethod
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -84,20 +85,21 @@ class RowStream(torch.utils.data.IterableDataset):
 
     # -- what a subclass provides ----------------------------------------------------------
 
+    @abstractmethod
     def _stream_rows(self) -> Optional[int]:
         """Rows of one epoch's stream (None: endless)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _fingerprint(self) -> Dict[str, Any]:
         """What a resumption state must match."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _locate(self, a: int, b: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(source, row group, row in group) of stream rows ``[a, b)`` of this epoch."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _row_counts(self) -> List[RowCounts]:
-        raise NotImplementedError
+        """Per-row counts of each source, for the global normalisers."""
 
     # -- order and state -------------------------------------------------------------------
 
