@@ -143,7 +143,9 @@ def encoders_only(jsonl: Path, tok_dir: Path, sample: int):
     no_spans = np.zeros(len(texts) + 1, dtype=np.int64)
     empty = np.zeros(0, dtype=np.int64)
     start = time.perf_counter()
-    ids, _, _, _ = fast.encode_batch(texts, no_spans, empty, empty, None)
+    ids, _, _, _ = fast.encode_batch(
+        texts=texts, span_offsets=no_spans, span_starts=empty, span_ends=empty
+    )
     fast_seconds = time.perf_counter() - start
     assert len(ids) == n_tokens
     return n_tokens / hf_seconds, n_tokens / fast_seconds

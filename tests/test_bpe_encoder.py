@@ -125,11 +125,11 @@ def _span_arrays(spans_per_text):
     counts = [0] + [len(s) for s in spans_per_text]
     starts = [a for spans in spans_per_text for a, _ in spans]
     ends = [b for spans in spans_per_text for _, b in spans]
-    return (
-        np.cumsum(counts).astype(np.int64),
-        np.array(starts, dtype=np.int64),
-        np.array(ends, dtype=np.int64),
-    )
+    return {
+        "span_offsets": np.cumsum(counts).astype(np.int64),
+        "span_starts": np.array(starts, dtype=np.int64),
+        "span_ends": np.array(ends, dtype=np.int64),
+    }
 
 
 @st.composite
@@ -147,7 +147,9 @@ def texts_with_spans(draw):
 def test_labels_follow_the_offsets_rule(pair, case):
     fast, ref = pair
     texts, spans = case
-    ids, labels, offsets, fallback = fast.encode_batch(texts, *_span_arrays(spans), 1)
+    ids, labels, offsets, fallback = fast.encode_batch(
+        texts=texts, **_span_arrays(spans), threads=1
+    )
     assert offsets[0] == 0 and len(offsets) == len(texts) + 1
     for i, text in enumerate(texts):
         enc = ref.encode(text, add_special_tokens=False)
@@ -166,17 +168,16 @@ def test_batches_are_identical_for_any_thread_count(pair):
     spans = [[(0, len(t) // 2)] for t in texts]
     arrays = _span_arrays(spans)
     texts[7] = "cafe\u0301"  # not NFC: in the fallback list for an NFC tokenizer
-    one = fast.encode_batch(texts, *arrays, 1)
-    two = fast.encode_batch(texts, *arrays, 2)
+    one = fast.encode_batch(texts=texts, **arrays, threads=1)
+    two = fast.encode_batch(texts=texts, **arrays, threads=2)
     for a, b in zip(one, two):
         assert np.array_equal(a, b)
 
 
 def test_bad_span_arrays_are_refused(pair):
     fast, _ = pair
-    offsets, starts, ends = _span_arrays([[(0, 1)]])
     with pytest.raises(ValueError):
-        fast.encode_batch(["a", "b"], offsets, starts, ends, 1)
+        fast.encode_batch(texts=["a", "b"], **_span_arrays([[(0, 1)]]), threads=1)
 
 
 @pytest.mark.parametrize(

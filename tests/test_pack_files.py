@@ -236,7 +236,7 @@ def test_without_labels(tmp_path):
 
 
 def test_read_row_group(corpus):
-    got = _tokpack.read_row_group(str(corpus[1]), 1, ["labels", "input_ids"])
+    got = _tokpack.read_row_group(path=str(corpus[1]), row_group=1, columns=["labels", "input_ids"])
     want = pq.ParquetFile(corpus[1]).read_row_group(1)
     values, offsets = got["input_ids"]
     assert values.dtype == np.int32 and offsets.dtype == np.int64
@@ -246,15 +246,15 @@ def test_read_row_group(corpus):
     assert np.array_equal(offsets, flat.offsets.to_numpy())
     assert list(got) == ["labels", "input_ids"]
     with pytest.raises(ConfigError, match="row group 99"):
-        _tokpack.read_row_group(str(corpus[1]), 99, ["input_ids"])
+        _tokpack.read_row_group(path=str(corpus[1]), row_group=99, columns=["input_ids"])
     with pytest.raises(SchemaError, match='no column "nope"'):
-        _tokpack.read_row_group(str(corpus[1]), 0, ["nope"])
+        _tokpack.read_row_group(path=str(corpus[1]), row_group=0, columns=["nope"])
 
 
 def test_read_row_group_primitive_and_ipc(tmp_path):
     path = tmp_path / "x.arrow"
     feather.write_feather(pa.table({"n": pa.array([3, 1, 2], pa.int32())}), path)
-    got = _tokpack.read_row_group(str(path), 0, ["n"])
+    got = _tokpack.read_row_group(path=str(path), row_group=0, columns=["n"])
     assert got["n"].tolist() == [3, 1, 2]
 
 

@@ -109,6 +109,7 @@ class BpeEncoder:
     def encode(self, text: str) -> Optional[List[int]]: ...
     def encode_batch(
         self,
+        *,
         texts: List[str],
         span_offsets: npt.NDArray[np.int64],
         span_starts: npt.NDArray[np.int64],
@@ -150,6 +151,7 @@ def pack_files(
     progress: Optional[Progress] = None,
 ) -> Dict[str, Any]: ...
 def read_lengths(
+    *,
     paths: List[str],
     tokens_column: str,
     batch_rows: int,
@@ -157,6 +159,7 @@ def read_lengths(
     progress: Optional[Progress] = None,
 ) -> Tuple[npt.NDArray[np.int64], List[int]]: ...
 def read_row_group(
+    *,
     path: str,
     row_group: int,
     columns: List[str],

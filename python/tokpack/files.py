@@ -67,7 +67,11 @@ def read_lengths(
     paths = resolve_inputs(inputs, TOKEN_SUFFIXES)
     lengths, _ = run_with_progress(
         lambda p: _tokpack.read_lengths(
-            [str(x) for x in paths], tokens_column, BATCH_ROWS, threads, p
+            paths=[str(x) for x in paths],
+            tokens_column=tokens_column,
+            batch_rows=BATCH_ROWS,
+            threads=threads,
+            progress=p,
         ),
         progress,
     )

@@ -55,7 +55,9 @@ def decode_row_group(
     parquet) with the GIL released, on the calling thread.
     """
     try:
-        return _tokpack.read_row_group(str(path), int(row_group), list(columns), check)
+        return _tokpack.read_row_group(
+            path=str(path), row_group=int(row_group), columns=list(columns), check=check
+        )
     except (TokpackError, OSError) as exc:
         raise CorruptOutputError(
             f"{path}: cannot decode row group {row_group} (columns {list(columns)}): {exc}"

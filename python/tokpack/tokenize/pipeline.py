@@ -369,11 +369,11 @@ class RecordEncoder:
                 ends.append(b)
         # One thread: tokpack's worker processes are the parallelism.
         ids, labels, offsets, fallback = self._fast.encode_batch(
-            [p.text for p in items],
-            np.cumsum(counts),
-            np.array(starts, dtype=np.int64),
-            np.array(ends, dtype=np.int64),
-            1,
+            texts=[p.text for p in items],
+            span_offsets=np.cumsum(counts),
+            span_starts=np.array(starts, dtype=np.int64),
+            span_ends=np.array(ends, dtype=np.int64),
+            threads=1,
         )
         flat = _Tokens(offsets, ids, labels)
         if len(items) == len(chunk) and not len(fallback):

@@ -47,7 +47,7 @@ impl BpeEncoder {
     /// `zip(span_starts, span_ends)[span_offsets[i]:span_offsets[i + 1]]`.
     /// Returns `(ids, labels, offsets, fallback)` flat numpy arrays; the texts listed in
     /// `fallback` have no tokens (encode them with `tokenizers`).
-    #[pyo3(signature = (texts, span_offsets, span_starts, span_ends, threads=None))]
+    #[pyo3(signature = (*, texts, span_offsets, span_starts, span_ends, threads=None))]
     fn encode_batch<'py>(
         &self,
         py: Python<'py>,

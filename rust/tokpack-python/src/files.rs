@@ -134,7 +134,7 @@ pub fn file_checksum(py: Python<'_>, path: PathBuf) -> PyResult<(u64, String)> {
 
 /// Lengths (int64) of the token column across `paths`, and the rows of each file.
 #[pyfunction]
-#[pyo3(signature = (paths, tokens_column, batch_rows, threads=None, progress=None))]
+#[pyo3(signature = (*, paths, tokens_column, batch_rows, threads=None, progress=None))]
 pub fn read_lengths<'py>(
     py: Python<'py>,
     paths: Vec<PathBuf>,
@@ -207,7 +207,7 @@ fn to_numpy<'py>(
 /// With `check = (file size, footer range, row group range)`, ranges as `(offset, length,
 /// checksum)` from the manifest, the bytes are checked before they are decoded (packed shards).
 #[pyfunction]
-#[pyo3(signature = (path, row_group, columns, check=None))]
+#[pyo3(signature = (*, path, row_group, columns, check=None))]
 pub fn read_row_group<'py>(
     py: Python<'py>,
     path: PathBuf,
