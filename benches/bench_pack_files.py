@@ -97,7 +97,8 @@ def main() -> None:
     from tokpack.synthetic import write_token_shards
 
     work = Path(args.work)
-    corpus = work / "corpus"
+    # Keyed by size: a corpus left by a run of another --samples / --files is not reused.
+    corpus = work / f"corpus-{args.samples}x{args.files}"
     if not corpus.exists():
         t = time.perf_counter()
         write_token_shards(corpus, args.samples, n_files=args.files, row_group_rows=8192)
