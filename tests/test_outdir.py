@@ -279,3 +279,23 @@ def test_concurrent_runs_into_one_output_end_cleanly(shards, tmp_path):
         reference = reference or shards_now
         assert shards_now == reference
         assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_an_interrupt_while_the_spill_is_removed_leaves_nothing(tmp_path, monkeypatch):
+    """A Ctrl-C / SIGTERM landing while `pack` removes its spill files (CI found one left
+    next to OUT after a SIGTERM): the spill lives in the run's temporary, removed with it."""
+    (path,) = write_token_shards(tmp_path / "in", 500, n_files=1, max_length=300, seed=1)
+    real = shutil.rmtree
+    calls = []
+
+    def interrupted_once(target, *args, **kwargs):
+        calls.append(str(target))
+        if len(calls) == 1:
+            raise KeyboardInterrupt  # before removing anything
+        real(target, *args, **kwargs)
+
+    monkeypatch.setattr(shutil, "rmtree", interrupted_once)
+    with pytest.raises(KeyboardInterrupt):
+        tokpack.pack_files([path], tmp_path / "out", max_len=512)
+    assert "spill" in calls[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]

@@ -301,11 +301,11 @@ def atomic_output_dir(out_dir: os.PathLike) -> Iterator[Path]:
         _clean_stale(out_dir)
         tag = f"{os.getpid()}-{secrets.token_hex(4)}"
         tmp = out_dir.parent / f".{out_dir.name}{_TMP_TAG}{tag}"
-        try:
-            tmp.mkdir()
-        except OSError as exc:
-            raise OutputError(f"{tmp}: cannot create ({exc.strerror})") from None
-        try:
+        try:  # one try from the mkdir on: an interrupt right after it leaves no temporary
+            try:
+                tmp.mkdir()
+            except OSError as exc:
+                raise OutputError(f"{tmp}: cannot create ({exc.strerror})") from None
             yield tmp
             _fsync_dir(tmp)
             check_replaceable(out_dir)  # files added to OUT_DIR during the run are not lost

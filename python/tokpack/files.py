@@ -2,17 +2,16 @@
 into packed Parquet shards with a boundary index and a manifest.
 
 The heavy lifting is in Rust (``tokpack_core::io``): units are read in parallel with only the
-needed columns, tokens are spilled to flat files next to OUT_DIR, the plan is made from lengths
-alone and shards are written in parallel, so memory grows with the number of samples and the
-row-group size, not with the number of tokens. This module resolves the inputs (``_inputs``),
-runs the cached-output skeleton (``_outdir.cached_run``) and writes the manifest and the
-dropped-samples list.
+needed columns, tokens are spilled to flat files in the run's temporary directory (next to
+OUT_DIR), the plan is made from lengths alone and shards are written in parallel, so memory
+grows with the number of samples and the row-group size, not with the number of tokens. This
+module resolves the inputs (``_inputs``), runs the cached-output skeleton
+(``_outdir.cached_run``) and writes the manifest and the dropped-samples list.
 """
 
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
 import time
 from dataclasses import replace
@@ -181,7 +180,8 @@ def pack_files(
         config["tokenize"] = encoding.config()
 
     def build(tmp: Path, described: List[Dict[str, Any]]) -> Dict[str, Any]:
-        spill = out.parent / f".{out.name}.tmp-{os.getpid()}-spill-{secrets.token_hex(4)}"
+        # Inside the run's temporary: an interrupt while it is removed leaves nothing behind.
+        spill = tmp / ".spill"
         spill.mkdir()
         try:
             sources, staged, tokenized = paths, None, None
