@@ -12,7 +12,14 @@ import numpy as np
 import pytest
 import torch
 
-from tokpack.torch import PackedCollator, PackedIterableDataset, PackedMixture
+import tokpack
+from tokpack.torch import (
+    PackedBatchSampler,
+    PackedCollator,
+    PackedDataset,
+    PackedIterableDataset,
+    PackedMixture,
+)
 
 from .packed_corpus import random_samples, write_packed_dir
 
@@ -101,7 +108,43 @@ def test_global_normalisers_give_the_global_batch_loss(corpora, kind, world_size
     per_rank = []
     for rank in range(world_size):
         ds = _dataset(kind, corpora, rank=rank, world_size=world_size, grad_accum_steps=grad_accum)
-        per_rank.append(list(ds))
+        per_rank.append([(_rows(b), _counts(b)) for b in ds])
+    _check_steps(per_rank, world_size, grad_accum, cp)
+
+
+@pytest.mark.parametrize(
+    "world_size, grad_accum, cp, drop_last",
+    [(1, 1, 1, False), (3, 2, 1, False), (2, 3, 2, True), (2, 2, 4, False)],
+)
+def test_map_style_batch_sampler_gives_the_global_batch_loss(
+    corpora, world_size, grad_accum, cp, drop_last
+):
+    ds = PackedDataset(corpora["sft"])
+    per_rank = []
+    for rank in range(world_size):
+        bs = PackedBatchSampler(
+            ds,
+            2,
+            grad_accum_steps=grad_accum,
+            rank=rank,
+            world_size=world_size,
+            seed=5,
+            drop_last=drop_last,
+        )
+        bs.set_epoch(1)
+        batches = list(bs)
+        assert len(batches) == len(bs)
+        per_rank.append([(ds.__getitems__(b), b.step_counts) for b in batches])
+    _check_steps(per_rank, world_size, grad_accum, cp)
+
+
+def _counts(batch):
+    return batch["global_num_loss_tokens"], batch["global_num_samples"]
+
+
+def _check_steps(per_rank, world_size, grad_accum, cp):
+    """``per_rank``: each rank's batches as (rows, step counts). Every step's counts are those of
+    the collator over the whole global batch, and the DDP-scaled losses give its loss."""
     n_batches = len(per_rank[0])
     assert all(len(b) == n_batches for b in per_rank)
     params = _params()
@@ -111,10 +154,10 @@ def test_global_normalisers_give_the_global_batch_loss(corpora, kind, world_size
     # Counts are checked for every step; the losses for the first two and the last, partial one.
     for m in range(n_steps):
         step = [b[m * grad_accum : (m + 1) * grad_accum] for b in per_rank]
-        fields = {(b["global_num_loss_tokens"], b["global_num_samples"]) for bs in step for b in bs}
+        fields = {counts for bs in step for _, counts in bs}
         assert len(fields) == 1  # every rank and micro-step of the step knows the same counts
         n_tokens, n_samples = fields.pop()
-        rows = [row for bs in step for b in bs for row in _rows(b)]
+        rows = [row for bs in step for b, _ in bs for row in b]
         whole = PackedCollator("flash")(rows)
         assert (n_tokens, n_samples) == (whole["num_loss_tokens"], whole["num_seqs"])
         if 1 < m < n_steps - 1:
@@ -127,15 +170,15 @@ def test_global_normalisers_give_the_global_batch_loss(corpora, kind, world_size
             total = 0.0
             for bs in step:
                 for c in range(cp):
-                    for b in bs:
+                    for b, _ in bs:
                         collate = PackedCollator(
                             "flash", return_loss_weights=True, cp_size=cp, cp_rank=c
                         )
-                        ce, weights, _ = _token_loss(collate(_rows(b)), params)
+                        ce, weights, _ = _token_loss(collate(b), params)
                         if convention == "token":
-                            loss = ce.sum() / b["global_num_loss_tokens"] * averaged
+                            loss = ce.sum() / n_tokens * averaged
                         else:
-                            loss = (ce * weights).sum() / b["global_num_samples"] * averaged
+                            loss = (ce * weights).sum() / n_samples * averaged
                         for acc, g in zip(grads, torch.autograd.grad(loss, params)):
                             acc += g
                         total += float(loss.detach())
@@ -143,6 +186,48 @@ def test_global_normalisers_give_the_global_batch_loss(corpora, kind, world_size
             assert abs(total / averaged - float(reference.detach())) < 1e-12
             for acc, w in zip(grads, want):
                 assert torch.allclose(acc / averaged, w, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_batch_sampler_counts_reach_the_collated_batches(corpora, num_workers):
+    """Through a DataLoader (workers too) with PackedCollator; a custom sampler factory giving
+    the ranks uneven rows: a step counts what every rank has for it."""
+    ds = PackedDataset(corpora["sft"])
+    world_size, grad_accum = 3, 2
+
+    def strided(rank):
+        return range(rank, len(ds) // (2 if rank == 2 else 1), world_size)  # rank 2: fewer
+
+    samplers = [
+        PackedBatchSampler(
+            ds, 3, grad_accum_steps=grad_accum, sampler=strided, rank=r, world_size=world_size
+        )
+        for r in range(world_size)
+    ]
+    batches = [list(s) for s in samplers]
+    assert len(batches[2]) < len(batches[0])
+    for m in range(-(-len(batches[0]) // grad_accum)):
+        rows = [
+            ds[i] for bs in batches for b in bs[m * grad_accum : (m + 1) * grad_accum] for i in b
+        ]
+        whole = PackedCollator()(rows)
+        for bs in batches:
+            for b in bs[m * grad_accum : (m + 1) * grad_accum]:
+                assert b.step_counts == (whole["num_loss_tokens"], whole["num_seqs"])
+    loader = torch.utils.data.DataLoader(
+        ds, batch_sampler=samplers[1], collate_fn=PackedCollator("padded"), num_workers=num_workers
+    )
+    got = [_counts(b) for b in loader]
+    assert got == [b.step_counts for b in batches[1]]
+    plain = torch.utils.data.DataLoader(ds, batch_size=4, collate_fn=PackedCollator())
+    assert "global_num_loss_tokens" not in next(iter(plain))
+
+
+def test_batch_sampler_refuses_rows_out_of_range(corpora):
+    ds = PackedDataset(corpora["sft"])
+    bs = PackedBatchSampler(ds, 2, sampler=lambda r: [0, len(ds)], rank=0, world_size=1)
+    with pytest.raises(tokpack.ConfigError, match=f"gave row {len(ds)} of a packed directory"):
+        list(bs)
 
 
 def test_counts_match_the_collated_batches_and_need_grad_accum(corpora):

@@ -47,6 +47,7 @@ _LAZY = {
     "PackedDataset": "torch",
     "PackedIterableDataset": "torch",
     "PackedMixture": "torch",
+    "PackedBatchSampler": "torch",
     "PackedCollator": "torch",
     "DeviceLoader": "torch",
 }

@@ -10,6 +10,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch in
     raise ImportError("tokpack.torch needs PyTorch: pip install 'tokpack[torch]'") from exc
 
 from .attention import document_ids, flex_block_mask, sdpa_block_causal_mask
+from .batch_sampler import PackedBatchSampler
 from .collate import FORMATS, IGNORE_INDEX, PackedCollator
 from .dataset import PackedDataset
 from .device import DeviceLoader
@@ -20,6 +21,7 @@ __all__ = [
     "PackedDataset",
     "PackedIterableDataset",
     "PackedMixture",
+    "PackedBatchSampler",
     "PackedCollator",
     "DeviceLoader",
     "FORMATS",

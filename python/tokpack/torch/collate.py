@@ -113,10 +113,16 @@ class PackedCollator:
             raise DataError("PackedCollator got an empty batch")
         ids, labels, seg_lens = self._rows(rows)
         if self.cp_size > 1:
-            return self._context_parallel(ids, labels, seg_lens)
-        if self.format in ("hf", "flash"):
-            return self._flat(ids, labels, seg_lens)
-        return self._padded(ids, labels, seg_lens)
+            batch = self._context_parallel(ids, labels, seg_lens)
+        elif self.format in ("hf", "flash"):
+            batch = self._flat(ids, labels, seg_lens)
+        else:
+            batch = self._padded(ids, labels, seg_lens)
+        # The optimizer step's global counts, from a PackedBatchSampler batch.
+        counts = getattr(rows, "step_counts", None)
+        if counts is not None:
+            batch["global_num_loss_tokens"], batch["global_num_samples"] = counts
+        return batch
 
     def _rows(self, rows: Sequence[Mapping[str, Any]]):
         ids: List[torch.Tensor] = []

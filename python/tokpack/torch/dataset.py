@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import operator
 import os
-from typing import Dict, Optional, Union
+from typing import Dict, Iterable, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -14,7 +14,16 @@ from ..packed_dir import PackedDir
 from ._rows import GroupCache
 from ._workers import worker_slot
 
-__all__ = ["PackedDataset"]
+__all__ = ["PackedDataset", "StepBatch"]
+
+
+class StepBatch(list):
+    """A list (of row indices, then of rows) carrying ``step_counts``: the (loss terms, samples)
+    of its batch's whole optimizer step over every rank (see :class:`PackedBatchSampler`)."""
+
+    def __init__(self, items: Iterable, step_counts: Tuple[int, int]) -> None:
+        super().__init__(items)
+        self.step_counts = step_counts
 
 
 def _row_index(index: object) -> int:
@@ -99,6 +108,13 @@ class PackedDataset(torch.utils.data.Dataset):
         worker_slot()  # in a DataLoader worker: one decoding thread (set once per process)
         group, r = self.packed.locate(i)
         return self._cache.get(group).row(r)
+
+    def __getitems__(self, indices: List[int]) -> List[Dict[str, torch.Tensor]]:
+        """A batch's rows (what a DataLoader asks for), keeping the step counts a
+        :class:`PackedBatchSampler` batch carries for :class:`PackedCollator`."""
+        rows = [self[i] for i in indices]
+        counts = getattr(indices, "step_counts", None)
+        return rows if counts is None else StepBatch(rows, counts)
 
     def _load_flat(self) -> None:
         """Decode every row group once into flat device tensors and host row offsets."""

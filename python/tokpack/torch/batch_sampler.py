@@ -1,0 +1,128 @@
+"""``PackedBatchSampler``: one rank's batches of a map-style :class:`PackedDataset`, each carrying
+the exact global normalisers of its optimizer step.
+
+A rank's DataLoader only sees its own rows, yet a per-token (or per-sample) mean over the global
+batch needs every rank's. The sampler therefore builds the index sequence of *every* rank (the
+samplers are deterministic given the epoch: ``DistributedSampler`` by default, or any factory
+``rank -> sampler``), cuts each into batches, and sums the per-row counts of the index side files
+(:func:`tokpack.row_counts.row_counts`) over the local batches ``[m G, (m + 1) G)`` of all ranks:
+the step ``m`` of a batch ``k`` being ``k // G``. Each batch it yields is a list of row indices
+with those counts attached; :meth:`PackedDataset.__getitems__` passes them on and
+:class:`PackedCollator` puts them in the batch, so no collective is needed.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable, Iterator, List, Optional
+
+import numpy as np
+import torch
+
+from ..errors import ConfigError
+from ..row_counts import row_counts
+from ._stream import non_negative_int
+from ._workers import resolve_rank
+from .dataset import PackedDataset, StepBatch
+
+__all__ = ["PackedBatchSampler"]
+
+
+class PackedBatchSampler(torch.utils.data.Sampler):
+    """Batches of ``batch_rows`` rows of rank ``rank`` for ``DataLoader(ds, batch_sampler=...,
+    collate_fn=PackedCollator(...))``, each batch with ``global_num_loss_tokens`` and
+    ``global_num_samples``: the loss terms and samples of its optimizer step, i.e. local
+    batches ``[m G, (m + 1) G)`` of every data-parallel rank (``G = grad_accum_steps``), as
+    :class:`PackedIterableDataset` gives them.
+
+    ``sampler``: a function ``rank -> sampler`` giving each rank's row order (it must return the
+    same order for a rank wherever it is called: ``set_epoch`` is passed on to every rank's
+    sampler). Default: ``DistributedSampler(dataset, num_replicas=world_size, rank=r,
+    shuffle=shuffle, seed=seed)``, which pads the ranks to equal length by repeating rows (those
+    repeats are trained, so they are counted). ``drop_last`` drops each rank's last short batch.
+    ``rank`` / ``world_size`` default as for the streaming datasets (``torch.distributed``, else
+    ``RANK`` / ``WORLD_SIZE``). Every rank computes the counts of all ranks: one pass over each
+    rank's sampler per epoch (a ``randperm`` of the rows per rank for ``DistributedSampler``).
+    """
+
+    def __init__(
+        self,
+        dataset: PackedDataset,
+        batch_rows: int,
+        *,
+        grad_accum_steps: int = 1,
+        sampler: Optional[Callable[[int], Iterable[int]]] = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+    ) -> None:
+        if not isinstance(dataset, PackedDataset):
+            raise ConfigError(
+                f"PackedBatchSampler needs a tokpack PackedDataset, got {type(dataset).__name__}"
+            )
+        self.batch_rows = non_negative_int("batch_rows", batch_rows, 1)
+        self.grad_accum_steps = non_negative_int("grad_accum_steps", grad_accum_steps, 1)
+        self.drop_last = bool(drop_last)
+        self.rank, self.world_size = resolve_rank(rank, world_size)
+        if sampler is None:
+            seed = non_negative_int("seed", seed)
+
+            def sampler(r: int) -> Iterable[int]:
+                return torch.utils.data.DistributedSampler(
+                    dataset, num_replicas=self.world_size, rank=r, shuffle=shuffle, seed=seed
+                )
+
+        self._samplers = [sampler(r) for r in range(self.world_size)]
+        counts = row_counts(dataset.packed)
+        self._terms, self._samples = counts.loss_terms, counts.samples
+        self._num_rows = len(dataset)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Passed on to every rank's sampler that has ``set_epoch``."""
+        for s in self._samplers:
+            if hasattr(s, "set_epoch"):
+                s.set_epoch(epoch)
+
+    def _rank_rows(self, r: int) -> np.ndarray:
+        rows = np.fromiter((int(i) for i in self._samplers[r]), dtype=np.int64)
+        if rows.size and (rows.min() < 0 or rows.max() >= self._num_rows):
+            bad = int(rows[(rows < 0) | (rows >= self._num_rows)][0])
+            raise ConfigError(
+                f"the sampler of rank {r} gave row {bad} of a packed directory of"
+                f" {self._num_rows} rows"
+            )
+        if self.drop_last:
+            rows = rows[: len(rows) - len(rows) % self.batch_rows]
+        return rows
+
+    def _batches(self, n_rows: int) -> int:
+        return -(-n_rows // self.batch_rows)
+
+    def __len__(self) -> int:
+        return self._batches(len(self._rank_rows(self.rank)))
+
+    def __iter__(self) -> Iterator[List[int]]:
+        per_rank = [self._rank_rows(r) for r in range(self.world_size)]
+        step_rows = self.batch_rows * self.grad_accum_steps
+        n_steps = max((-(-len(rows) // step_rows) for rows in per_rank), default=0)
+        terms = np.zeros(n_steps, np.int64)
+        samples = np.zeros(n_steps, np.int64)
+        for rows in per_rank:
+            # Each rank's rows, cut at its step boundaries: a rank with fewer batches adds less.
+            ends = np.minimum(np.arange(1, n_steps + 1) * step_rows, len(rows))
+            for total, per_row in ((terms, self._terms), (samples, self._samples)):
+                cum = np.concatenate([[0], np.cumsum(per_row[rows])])
+                total += np.diff(cum[np.concatenate([[0], ends])])
+        own = per_rank[self.rank]
+        for k in range(self._batches(len(own))):
+            m = k // self.grad_accum_steps
+            rows = own[k * self.batch_rows : (k + 1) * self.batch_rows].tolist()
+            yield StepBatch(rows, (int(terms[m]), int(samples[m])))
+
+    def __repr__(self) -> str:
+        return (
+            f"PackedBatchSampler(batch_rows={self.batch_rows},"
+            f" grad_accum_steps={self.grad_accum_steps}, rank={self.rank},"
+            f" world_size={self.world_size}, drop_last={self.drop_last})"
+        )
