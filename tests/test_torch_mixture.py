@@ -75,6 +75,44 @@ def test_schedule_keeps_every_prefix_within_one_row_of_the_shares(weights):
             assert np.all(np.abs(diff) < T)
 
 
+def _window_balanced_sequence_exists(weights, length):
+    """Whether some sequence of ``length`` rows keeps every window strictly within one row of
+    its shares (exhaustive depth-first search, checking the windows ending at each new row)."""
+    T = sum(weights)
+    seq = []
+
+    def windows_ok():
+        counts = [0] * len(weights)
+        for a in range(len(seq) - 1, -1, -1):
+            counts[seq[a]] += 1
+            n = len(seq) - a
+            if any(abs(c * T - n * w) >= T for c, w in zip(counts, weights)):
+                return False
+        return True
+
+    def extend():
+        if len(seq) == length:
+            return True
+        for s in range(len(weights)):
+            seq.append(s)
+            if windows_ok() and extend():
+                return True
+            seq.pop()
+        return False
+
+    return extend()
+
+
+def test_one_row_for_every_window_is_impossible_with_three_sources():
+    """Why the schedule promises two rows for windows: with weights 1:2:3 (or the 3:5:2 of these
+    tests) not even 10 rows can keep every window within one row of its shares, while two
+    sources can (the schedule does, above) and so can some three-source weights."""
+    assert not _window_balanced_sequence_exists([1, 2, 3], 10)
+    assert not _window_balanced_sequence_exists([3, 5, 2], 10)
+    assert _window_balanced_sequence_exists([1, 1, 2], 10)
+    assert _window_balanced_sequence_exists([2, 5], 10)
+
+
 def test_integer_weights_are_exact_for_decimal_weights_and_reduced():
     names = ["a", "b", "c"]
     assert integer_weights(names, [Fraction("0.3"), Fraction("0.7"), Fraction("0.5")]) == [3, 7, 5]
