@@ -24,6 +24,7 @@ import tokpack  # noqa: E402
 import tokpack.ray  # noqa: E402
 from tokpack._outdir import read_manifest  # noqa: E402
 from tokpack.ray._local import groups_of  # noqa: E402
+from tokpack.ray._runner import RayRunner  # noqa: E402
 
 from .packed_corpus import random_samples  # noqa: E402
 
@@ -304,6 +305,65 @@ def test_cli_pack_ray_writes_tokpack_packs_bytes(cluster, corpus, tmp_path):
     args += ["--rows-per-shard", "40", "--row-group-rows", "16", "--overlong", "drop"]
     assert main(["pack", *args, "--ray", c_address(cluster), "--quiet"]) == 0
     assert_same_shards(tmp_path / "out", root / "reference", reference)
+
+
+def test_cli_tokenize_ray_writes_tokpack_tokenizes_bytes(cluster, tmp_path):
+    """Chunks encoded by Ray tasks (on two nodes; a worker killed): shards, rejected records
+    (file and line), counts and cache key are those of ``tokpack tokenize``; the local command
+    then finds the output current."""
+    from tokpack.cli import main
+
+    from ._tokenizer_factory import build_tokenizer, conversations, write_jsonl
+
+    _, faults = cluster
+    tok = build_tokenizer(tmp_path / "tok")
+    records = [{"messages": m} for m in conversations(300, seed=4)]
+    records[7] = {"messages": [{"role": "user"}]}  # no content: rejected
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    write_jsonl(raw / "a.jsonl", records[:170])
+    write_jsonl(raw / "b.jsonl", records[170:])
+    common = [str(raw), "--tokenizer", str(tok), "--skip-invalid", "--shard-rows", "100", "--quiet"]
+    assert main(["tokenize", *common, "-o", str(tmp_path / "ref"), "--threads", "1"]) == 0
+    node = cluster[0].add_node(num_cpus=1)
+    try:
+        args = ["tokenize", *common, "-o", str(tmp_path / "out"), "--ray", c_address(cluster)]
+        assert main(args) == 0
+    finally:
+        cluster[0].remove_node(node)
+    # Many chunks (the CLI's chunks of 2048 records make one here), on a node whose first task
+    # kills its worker once it has encoded its chunk: Ray runs the chunk again.
+    (faults / "armed-encode").touch()
+    faulty = cluster[0].add_node(num_cpus=1, resources={"faulty": 2})
+    try:
+        runner = RayRunner(ray_remote_args={"resources": {"faulty": 1}})
+        small = {"skip_invalid": True, "shard_rows": 100, "batch_size": 16}
+        for name, extra in (("ref16", {"threads": 1}), ("out16", {"runner": runner})):
+            tokpack.tokenize_files([raw], tmp_path / name, tok, **small, **extra)
+    finally:
+        (faults / "armed-encode").unlink()
+        cluster[0].remove_node(faulty)
+    assert (faults / "fired-encode").exists()
+    for ref, out in (
+        (tmp_path / "ref", tmp_path / "out"),
+        (tmp_path / "ref16", tmp_path / "out16"),
+    ):
+        _assert_same_tokenize_output(ref, out)
+    # Same key: the local command finds the Ray output current.
+    out = tmp_path / "out"
+    assert tokpack.tokenize_files([raw], out, tok, skip_invalid=True, shard_rows=100)["cache_hit"]
+
+
+def _assert_same_tokenize_output(ref, out):
+    names = sorted(p.name for p in ref.glob("part-*.parquet"))
+    assert len(names) == 3 and names == sorted(p.name for p in out.glob("part-*.parquet"))
+    assert all(filecmp.cmp(ref / n, out / n, shallow=False) for n in names)
+    rejected = "__tokpack__/_rejected.jsonl"
+    assert (out / rejected).read_bytes() == (ref / rejected).read_bytes()
+    assert '"line": 8' in (out / rejected).read_text()
+    want, got = read_manifest(ref), read_manifest(out)
+    assert got["cache_key"] == want["cache_key"] and got["counts"] == want["counts"]
+    assert got["shards"] == want["shards"]
 
 
 def c_address(cluster) -> str:

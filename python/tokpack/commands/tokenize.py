@@ -36,6 +36,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
     parser.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    parser.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="ADDRESS",
+        help="render and encode on a Ray cluster (one actor per CPU; the same output): 'auto' "
+        "joins the running one, no ADDRESS starts a local one",
+    )
 
 
 def add_inputs_and_output(parser: argparse.ArgumentParser, inputs: str, output: str) -> None:
@@ -133,6 +142,13 @@ def _columns(items: List[str]) -> Optional[Dict[str, str]]:
 def run(args: argparse.Namespace) -> int:
     from ..tokenize import tokenize_files
 
+    runner = None
+    if args.ray is not None:
+        from ..ray._cli import connect
+        from ..ray._runner import RayRunner
+
+        connect(args.ray, args.quiet)
+        runner = RayRunner()
     manifest = tokenize_files(
         args.inputs,
         args.output,
@@ -142,6 +158,7 @@ def run(args: argparse.Namespace) -> int:
         force=args.force,
         shard_rows=args.shard_rows,
         progress=not args.quiet,
+        runner=runner,
     )
     if args.quiet:
         return 0

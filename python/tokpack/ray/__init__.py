@@ -7,6 +7,8 @@ format that ``PackedDataset``, ``inspect`` and ``verify`` read.
 - :func:`pack` (``mode="local"``): runs of blocks of at least ``min_block_samples`` samples are
   packed on their own (for corpora whose lengths do not fit the driver), at a small row cost.
 - :func:`tokenize`: a ``map_batches`` stage with ``tokpack tokenize``'s ids and labels.
+- :class:`RayRunner`: ``tokpack tokenize``'s own run (``tokenize_files(..., runner=...)``,
+  ``tokpack tokenize --ray``) with its chunks encoded by Ray tasks: the same output.
 - :func:`read_packed`: a packed directory as a ``ray.data.Dataset`` (one row per packed row);
   :func:`rows_collate` adapts ``PackedCollator`` to ``iter_torch_batches``.
 
@@ -24,6 +26,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without ray inst
     raise ImportError("tokpack.ray needs Ray Data: pip install 'tokpack[ray]'") from exc
 
 from ._pack import pack, read_packed, rows_collate
+from ._runner import RayRunner
 from ._tokenize import tokenize
 
-__all__ = ["pack", "read_packed", "rows_collate", "tokenize"]
+__all__ = ["pack", "read_packed", "rows_collate", "tokenize", "RayRunner"]

@@ -27,7 +27,8 @@ def connect(address: str, quiet: bool) -> None:
 def pack_command(args: argparse.Namespace) -> Dict[str, Any]:
     if args.tokenizer:
         raise ConfigError(
-            "--ray packs token shards; tokenize first (tokpack.ray.tokenize), then pack them"
+            "--ray packs token shards; tokenize first (tokpack tokenize --ray, or "
+            "tokpack.ray.tokenize), then pack them"
         )
     paths = resolve_inputs(args.inputs, TOKEN_SUFFIXES, output_dir=output_target(args.output))
     others = [str(p) for p in paths if not is_parquet(p)]

@@ -29,12 +29,14 @@ from dataclasses import asdict, dataclass, field
 from typing import (
     Any,
     Callable,
+    ContextManager,
     Deque,
     Dict,
     Iterator,
     List,
     Mapping,
     Optional,
+    Protocol,
     Sequence,
     Tuple,
     Union,
@@ -551,9 +553,11 @@ class TokenStream:
         progress: Optional[Progress] = None,
         sources: bool = False,
         options: Optional[Union[TokenizeOptions, Mapping[str, Any]]] = None,
+        runner: Optional["ChunkRunner"] = None,
         **option_values: Any,
     ) -> None:
         self.inputs = resolve_inputs(inputs, RAW_SUFFIXES)
+        self.runner = runner
         threads = checked_threads(threads)
         self.threads = threads if threads is not None else _tokpack.default_threads()
         if isinstance(tokenizer, RecordEncoder):
@@ -596,9 +600,17 @@ class TokenStream:
         if self._used:
             raise ConfigError("a TokenStream can be iterated only once")
         self._used = True
+        if self.runner is not None:
+            return self._iter_runner(self.runner)
         if self.threads > 1:
             return self._iter_processes()
         return self._iter_in_process()
+
+    def _iter_runner(self, runner: "ChunkRunner") -> Iterator[pa.RecordBatch]:
+        """Chunks encoded wherever ``runner`` sends them (Ray actors), taken back in order."""
+        with runner.session(self.encoding) as (submit, ahead):
+            chunks = self._record_chunks(decode=False)
+            yield from self._in_order(chunks, lambda records: submit(_pack_records(records)), ahead)
 
     def _iter_in_process(self) -> Iterator[pa.RecordBatch]:
         """One process: parse and render here, encode on a worker thread meanwhile."""
@@ -670,6 +682,22 @@ class TokenStream:
             yield tokens.to_batch(self.sources)
 
 
+class ChunkRunner(Protocol):
+    """Encodes chunks of records outside this process's own workers (``tokpack.ray``): a
+    ``session`` for an encoder yields ``(submit, ahead)``; ``submit(packed)`` starts one chunk
+    (records as :func:`_pack_records` packs them, to be run by :func:`run_packed`) and returns
+    the call that waits for its result; ``ahead`` chunks may be under way at once."""
+
+    def session(
+        self, encoding: RecordEncoder
+    ) -> ContextManager[Tuple[Callable[[Any], Callable[[], _ChunkResult]], int]]: ...
+
+
+def run_packed(encoding: RecordEncoder, packed: Any) -> _ChunkResult:
+    """One chunk of packed records, wherever it runs (a worker process, a Ray actor)."""
+    return encoding.run(_unpack_records(packed))
+
+
 # How worker processes start: fork where it is the platform's way (Linux: no re-import, the
 # tokenizer and template are inherited), spawn elsewhere.
 _START_METHOD = "fork" if sys.platform == "linux" else "spawn"
@@ -694,7 +722,7 @@ def _worker_init(encoding: Union[RecordEncoder, Tuple[str, TokenizeOptions]], pa
 def _worker_run(packed: Any) -> _ChunkResult:
     """One chunk in a worker process (its counts leave ``records`` to the reader)."""
     assert _ENCODER is not None, "worker not initialised"
-    return _ENCODER.run(_unpack_records(packed))
+    return run_packed(_ENCODER, packed)
 
 
 # prctl(2) option: the signal the kernel sends this process when its parent dies.

@@ -21,7 +21,7 @@ from .._outdir import SIDE_DIR, cached_run, open_for_writing, output_target, wri
 from .._progress import Progress
 from ..planning import MAX_ROWS, check_int, checked_threads
 from .options import TokenizeOptions
-from .pipeline import PathLike, RecordEncoder, TokenStream
+from .pipeline import ChunkRunner, PathLike, RecordEncoder, TokenStream
 from .schema import describe
 from .tokenizer import LoadedTokenizer
 
@@ -180,6 +180,7 @@ def tokenize_files(
     shard_rows: int = DEFAULT_SHARD_ROWS,
     progress: bool = False,
     options: Optional[TokenizeOptions] = None,
+    runner: Optional[ChunkRunner] = None,
     **option_values: Any,
 ) -> Dict[str, Any]:
     """Tokenize chat / instruction / text files into Parquet token shards in ``output_dir``.
@@ -187,7 +188,8 @@ def tokenize_files(
     Options are those of :func:`tokpack.tokenize.tokenize_to_batches` (the fields of
     :class:`TokenizeOptions`, ``threads``), plus ``force`` (rebuild even when the output is
     current), ``shard_rows`` (samples per shard) and ``progress`` (a progress bar on stderr
-    when it is a terminal).
+    when it is a terminal). ``runner``: where chunks are encoded instead of local worker
+    processes (``tokpack.ray.RayRunner``, ``tokpack tokenize --ray``); the output is the same.
 
     Returns:
         The manifest (also in ``output_dir/__tokpack__/_manifest.json``), with
@@ -203,7 +205,9 @@ def tokenize_files(
 
     def build(tmp: Path, described: List[Dict[str, Any]]) -> Dict[str, Any]:
         shards = _ShardWriter(tmp, shard_rows, encoding.schema())
-        with stream_into(tmp, inputs, described, encoding, progress, threads=threads) as stream:
+        with stream_into(
+            tmp, inputs, described, encoding, progress, threads=threads, runner=runner
+        ) as stream:
             try:
                 for batch in stream:
                     shards.write(batch)
