@@ -388,3 +388,59 @@ def test_an_overlong_sample_is_named_by_its_index_in_the_dataset(cluster, tmp_pa
     with pytest.raises(tokpack.OverlongError, match="sample 2 has 9 tokens"):
         tokpack.ray.pack(blocks(table, (2,)), tmp_path / "out", 8, mode=mode, min_block_samples=1)
     assert not (tmp_path / "out").exists()
+
+
+# -- object storage: the manifest as the commit marker --------------------------------------
+
+
+def _store(root: Path):
+    """An object store stand-in every node sees: a pyarrow file system rooted at ``root`` and
+    given explicitly, which tokpack must treat as object storage (no directory renames)."""
+    import pyarrow.fs as pafs
+
+    root.mkdir(exist_ok=True)
+    return pafs.SubTreeFileSystem(str(root), pafs.LocalFileSystem())
+
+
+@pytest.mark.parametrize("mode", ["global", "local"])
+def test_object_storage_output_is_committed_by_the_manifest(cluster, corpus, tmp_path, mode):
+    root, _, table, reference = corpus
+    fs = _store(tmp_path / "bucket")
+    ds = blocks(table, (120, 200))
+    manifest = tokpack.ray.pack(ds, "packed", MAX_LEN, mode=mode, filesystem=fs, **LAYOUT)
+    out = tmp_path / "bucket" / "packed"
+    if mode == "global":
+        assert_same_shards(out, root / "reference", reference)
+    else:
+        accounted(out, table.num_rows)
+    assert read_manifest(out) == manifest
+    rows = tokpack.ray.read_packed("packed", filesystem=fs).count()
+    assert rows == manifest["figures"]["rows"]
+    # A rebuild over it replaces it (a stale group folder of a killed run is ours: removed).
+    (out / ".group-7").mkdir()
+    (out / ".group-7" / "part-00000.parquet").write_bytes(b"half")
+    tokpack.ray.pack(ds, "packed", MAX_LEN, mode=mode, filesystem=fs, **LAYOUT)
+    assert not (out / ".group-7").exists()
+    assert read_manifest(out)["shards"] == manifest["shards"]
+
+
+def test_object_storage_refuses_foreign_objects_and_a_failed_run_leaves_no_output(
+    cluster, corpus, tmp_path
+):
+    _, _, table, _ = corpus
+    fs = _store(tmp_path / "bucket")
+    out = tmp_path / "bucket" / "packed"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(tokpack.OutputExistsError, match="notes.txt"):
+        tokpack.ray.pack(blocks(table, ()), "packed", MAX_LEN, filesystem=fs, **LAYOUT)
+    assert os.listdir(out) == ["notes.txt"]
+    (out / "notes.txt").unlink()
+    tokpack.ray.pack(blocks(table, ()), "packed", MAX_LEN, filesystem=fs, **LAYOUT)
+    bad = pa.table({"input_ids": pa.array([[1, 2], [-3]], pa.list_(pa.int32()))})
+    with pytest.raises(tokpack.DataError):
+        tokpack.ray.pack(ray.data.from_arrow(bad), "packed", 8, filesystem=fs)
+    # The old output was un-committed first (its manifest removed), then this run's objects.
+    assert [p for p in out.rglob("*") if p.is_file()] == []
+    with pytest.raises(tokpack.CorruptOutputError, match="not a complete tokpack output"):
+        tokpack.ray.read_packed("packed", filesystem=fs)

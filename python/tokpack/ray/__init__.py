@@ -14,7 +14,8 @@ format that ``PackedDataset``, ``inspect`` and ``verify`` read.
 
 OUT is committed atomically as by ``tokpack pack``: written into a temporary directory next to
 it and renamed into place when complete, so every node must see it at the same path (a local
-file system for a one-machine cluster, else a shared one such as NFS).
+file system for a one-machine cluster, else a shared one such as NFS). On object storage
+(``s3://...``, or ``filesystem=``) the manifest, written last, is the commit marker.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``tokpack pack ... --ray [ADDRESS]``: the command's inputs read by Ray Data and packed with
 :func:`tokpack.ray.pack` on the cluster at ADDRESS (``auto``: the running one; none: a new local
-one)."""
+one), into a directory or an object-store URI (``-o s3://bucket/packed``)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from .._outdir import output_target
 from ..commands.pack import packing_options
 from ..errors import ConfigError
 from ._pack import pack
+from ._store import store_of
 
 
 def connect(address: str, quiet: bool) -> None:
@@ -30,7 +31,9 @@ def pack_command(args: argparse.Namespace) -> Dict[str, Any]:
             "--ray packs token shards; tokenize first (tokpack tokenize --ray, or "
             "tokpack.ray.tokenize), then pack them"
         )
-    paths = resolve_inputs(args.inputs, TOKEN_SUFFIXES, output_dir=output_target(args.output))
+    # An object-store OUT (s3://...) cannot overlap local inputs; a local one is checked.
+    out = None if store_of(args.output) is not None else output_target(args.output)
+    paths = resolve_inputs(args.inputs, TOKEN_SUFFIXES, output_dir=out)
     others = [str(p) for p in paths if not is_parquet(p)]
     if others:
         raise ConfigError(f"--ray reads Parquet token shards only, not {others[0]}")

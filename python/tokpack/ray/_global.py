@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Dict, List
 
 import numpy as np
@@ -20,6 +19,7 @@ import ray
 from ..planning import Plan
 from ._blocks import Columns, sample_arrays
 from ._shards import Layout, Rows, concat, shard_ranges, take, write_shard
+from ._store import Out
 
 
 @ray.remote
@@ -36,9 +36,9 @@ def _scatter(table: Any, columns: Columns, base: int, rows: np.ndarray, cuts: np
 
 @ray.remote
 def _gather_write(
-    out_tmp: str, shard: int, rows: Rows, layout: Layout, has_labels: bool, *pieces: Any
+    out: Out, shard: int, rows: Rows, layout: Layout, has_labels: bool, *pieces: Any
 ) -> Dict[str, Any]:
-    return write_shard(out_tmp, shard, rows, concat(pieces, has_labels), layout, has_labels)
+    return write_shard(out, shard, rows, concat(pieces, has_labels), layout, has_labels)
 
 
 def write_global(
@@ -46,11 +46,11 @@ def write_global(
     bases: np.ndarray,
     plan: Plan,
     columns: Columns,
-    out_tmp: Path,
+    target: Out,
     layout: Layout,
     rows_per_shard: int,
 ) -> List[Dict[str, Any]]:
-    """Writes every shard of ``plan`` into ``out_tmp``; returns their manifest entries in
+    """Writes every shard of ``plan`` into ``target``; returns their manifest entries in
     order. On failure or interrupt, the tasks still running are cancelled."""
     ranges = shard_ranges(plan.n_bins, rows_per_shard)
     n_shards = len(ranges)
@@ -87,7 +87,7 @@ def write_global(
                 pieces[int(shards[f])].append(piece)
         writes = [
             _gather_write.remote(
-                str(out_tmp), s, Rows.of(plan, a, b), layout, columns.labels is not None, *p
+                target, s, Rows.of(plan, a, b), layout, columns.labels is not None, *p
             )
             for s, ((a, b), p) in enumerate(zip(ranges, pieces))
         ]

@@ -5,16 +5,13 @@ holds one number per block, never a number per sample, so corpora of any size fi
 Each group's last row may be partly empty where a global plan would have filled it, so local
 mode costs rows against the global plan; README gives the measured cost by group size.
 Shards are numbered in group order once every group is done (a group's shard count is known only
-after it planned): a task writes ``.group-<g>/part-<k>.parquet`` and the driver renames them.
+after it planned): a task publishes ``.group-<g>/part-<k>.parquet`` and the driver renames them
+(on object storage, a server-side copy).
 """
 
 from __future__ import annotations
 
-import os
-import secrets
-import shutil
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
 import numpy as np
@@ -25,7 +22,8 @@ from .._outdir import SIDE_DIR
 from ..errors import DataError, OverlongError, TokpackError
 from ..planning import plan as make_plan
 from ._blocks import Columns, block_error, sample_arrays
-from ._shards import ATTEMPT_PREFIX, Layout, Rows, shard_ranges, write_shard
+from ._shards import Layout, Rows, shard_ranges, write_shard
+from ._store import Out
 
 GROUP_PREFIX = ".group-"
 
@@ -48,7 +46,7 @@ def _rows(table: pa.Table) -> int:
 
 @ray.remote
 def _pack_group(
-    out_tmp: str,
+    out: Out,
     group: int,
     base: int,
     columns: Columns,
@@ -56,7 +54,7 @@ def _pack_group(
     layout: Layout,
     *tables: pa.Table,
 ) -> Any:
-    """Plans and writes one group's shards under ``out_tmp/.group-<group>``; returns the
+    """Plans and writes one group's shards under ``.group-<group>/`` of ``out``; returns the
     group's accounting (ids global), or the TokpackError its data raised."""
     try:
         tokens, offsets, labels = sample_arrays(pa.concat_tables(tables), columns)
@@ -81,20 +79,14 @@ def _pack_group(
         )
     except TokpackError as exc:
         return exc
-    # An attempt directory renamed whole into place: a retried group replaces nothing.
-    attempt = Path(out_tmp) / f"{ATTEMPT_PREFIX}{secrets.token_hex(8)}"
-    os.mkdir(attempt)
-    (attempt / SIDE_DIR).mkdir()
+    # Each file is published whole: a retried or duplicated group puts the same bytes in place.
     ids = np.arange(len(offsets) - 1, dtype=np.int64) + base
     held = (ids, offsets, tokens, labels)
+    dest = f"{GROUP_PREFIX}{group}"
     shards = [
-        write_shard(str(attempt), k, Rows.of(plan, a, b, base), held, layout, labels is not None)
+        write_shard(out, k, Rows.of(plan, a, b, base), held, layout, labels is not None, dest)
         for k, (a, b) in enumerate(shard_ranges(plan.n_bins, planning.rows_per_shard))
     ]
-    try:
-        os.rename(attempt, Path(out_tmp) / f"{GROUP_PREFIX}{group}")
-    except OSError:
-        shutil.rmtree(attempt, ignore_errors=True)  # a duplicate of this task got there first
     return {
         "shards": shards,
         "n_samples": plan.n_samples,
@@ -129,10 +121,10 @@ def pack_local(
     columns: Columns,
     planning: Planning,
     layout: Layout,
-    out_tmp: Path,
+    out: Out,
     min_block_samples: int,
 ) -> Dict[str, Any]:
-    """Packs group by group into ``out_tmp``; returns the merged accounting with the shards
+    """Packs group by group into ``out``; returns the merged accounting with the shards
     renamed ``part-NNNNN`` in group order."""
     sizes = ray.get([_rows.remote(ref) for ref in refs])
     if sum(sizes) == 0:
@@ -141,7 +133,7 @@ def pack_local(
     bases = np.zeros(len(sizes) + 1, dtype=np.int64)
     np.cumsum(sizes, out=bases[1:])
     tasks = [
-        _pack_group.remote(str(out_tmp), g, int(bases[a]), columns, planning, layout, *refs[a:b])
+        _pack_group.remote(out, g, int(bases[a]), columns, planning, layout, *refs[a:b])
         for g, (a, b) in enumerate(groups)
     ]
     try:
@@ -153,10 +145,10 @@ def pack_local(
     for (a, _), result in zip(groups, results):
         if isinstance(result, TokpackError):
             raise block_error(result, a, int(bases[a]))
-    return _merge(results, out_tmp)
+    return _merge(results, out)
 
 
-def _merge(results: List[Dict[str, Any]], out_tmp: Path) -> Dict[str, Any]:
+def _merge(results: List[Dict[str, Any]], out: Out) -> Dict[str, Any]:
     """Renames the groups' shards ``part-NNNNN`` in order. A group whose samples were all
     dropped wrote one empty shard: it is kept only when every group is empty (as ``pack_files``
     writes one empty shard then, to carry the schema)."""
@@ -170,10 +162,10 @@ def _merge(results: List[Dict[str, Any]], out_tmp: Path) -> Dict[str, Any]:
             "index": f"{SIDE_DIR}/_index-part-{s:05d}.arrow",
         }
         for key in ("file", "index"):
-            os.replace(out_tmp / f"{GROUP_PREFIX}{g}" / info[key], out_tmp / named[key])
+            out.move(f"{GROUP_PREFIX}{g}/{info[key]}", named[key])
         shards.append(named)
     for g in range(len(results)):
-        shutil.rmtree(out_tmp / f"{GROUP_PREFIX}{g}")
+        out.remove(f"{GROUP_PREFIX}{g}")
     merged: Dict[str, Any] = {"shards": shards}
     for key in ("n_samples", "rows", "segments", "tokens", "input_tokens"):
         merged[key] = sum(r[key] for r in results)

@@ -8,14 +8,15 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Union
 
 from .. import _tokpack, files
-from .._outdir import MANIFEST_NAME, atomic_output_dir, read_manifest, write_json_atomic
+from .._outdir import MANIFEST_NAME, write_json_atomic
 from ..errors import ConfigError, CorruptOutputError
 from ..planning import check_int, checked_args
 from ..planning import plan as make_plan
 from ._blocks import Measured, measure, ordered_blocks, resolve_columns
 from ._global import write_global
 from ._local import Planning, pack_local
-from ._shards import Layout, prepare, remove_attempts
+from ._shards import Layout, remove_attempts
+from ._store import LocalOut, committed_output, read_manifest_at
 
 MODES = ("global", "local")
 # The dataset stands for the input file when it does not name its files (no "path" column):
@@ -39,6 +40,7 @@ def pack(
     rows_per_shard: int = 16384,
     row_group_rows: int = 1024,
     compression: str = "zstd",
+    filesystem: Any = None,
 ) -> Dict[str, Any]:
     """Pack a ``ray.data.Dataset`` of token lists into ``output_dir`` on the Ray cluster;
     returns the manifest as a dict.
@@ -48,7 +50,12 @@ def pack(
             :func:`tokpack.ray.tokenize`'s output, ...). Sample ``i`` is its ``i``-th row in
             order. With a ``path`` column (``read_parquet(..., include_paths=True)``) the
             dropped list names each sample's file and row, else its row in the dataset.
-        output_dir: written atomically (absent or complete), on a file system every node sees.
+        output_dir: a directory on a file system every node sees, written atomically (absent
+            or complete); or object storage (``s3://bucket/packed``, or a path on
+            ``filesystem``), committed by writing the manifest last (readers refuse a prefix
+            without one).
+        filesystem: a ``pyarrow.fs.FileSystem`` or fsspec file system ``output_dir`` is on
+            (default: from the URI, else local).
         max_len, strategy, overlong, seed, tokens_column, labels_column, loss_mask_column,
             rows_per_shard, row_group_rows, compression: as in :func:`tokpack.pack_files`.
         mode: ``"global"`` plans the whole corpus on the driver (8 bytes a sample) and writes
@@ -81,8 +88,7 @@ def pack(
         config["ray"] = {"mode": mode, "min_block_samples": min_block_samples}
     layout = Layout(max_len, config["row_group_rows"], compression)
     stages: Dict[str, float] = {}
-    with atomic_output_dir(output_dir) as tmp:
-        prepare(tmp)
+    with committed_output(output_dir, filesystem) as (out, local):
         clock = _Clock(stages)
         refs = ordered_blocks(ds)
         columns = resolve_columns(refs, tokens_column, labels_column, loss_mask_column)
@@ -95,13 +101,13 @@ def pack(
             )
             clock.lap("plan")
             shards = write_global(
-                refs, measured.bases, plan, columns, tmp, layout, config["rows_per_shard"]
+                refs, measured.bases, plan, columns, out, layout, config["rows_per_shard"]
             )
             result = _plan_result(plan, shards)
             sources = _sources(measured)
         else:
             planning = Planning(max_len, strategy, overlong, seed, config["rows_per_shard"])
-            result = pack_local(refs, columns, planning, layout, tmp, min_block_samples)
+            result = pack_local(refs, columns, planning, layout, out, min_block_samples)
             result.update(
                 max_len=max_len,
                 lower_bound=-(-result["tokens"] // max_len),
@@ -109,16 +115,17 @@ def pack(
             )
             sources = ([DATASET_SOURCE], [result["n_samples"]])
         clock.lap("write")
-        remove_attempts(tmp)
+        if isinstance(out, LocalOut):
+            remove_attempts(local)
         paths, result["input_rows"] = [Path(p) for p in sources[0]], sources[1]
         result["has_labels"] = columns.labels is not None
-        files._write_dropped(tmp / files.DROPPED_NAME, result, paths, None)
+        files._write_dropped(local / files.DROPPED_NAME, result, paths, None)
         described: List[Dict[str, Any]] = [{"path": str(p)} for p in paths]
         # Never a cache hit (a Ray dataset has no cheap fingerprint), hence no cache key.
         manifest = {"tokpack_version": _tokpack.__version__, "cache_key": None}
         manifest.update(files._manifest(config, described, result, time.perf_counter() - started))
         manifest["ray"] = {"mode": mode, "blocks": len(refs), "stage_s": stages}
-        write_json_atomic(tmp / MANIFEST_NAME, manifest)
+        write_json_atomic(local / MANIFEST_NAME, manifest)
     return manifest
 
 
@@ -160,26 +167,29 @@ def _sources(measured: Measured) -> Any:
     return [DATASET_SOURCE], [int(measured.bases[-1])]
 
 
-def read_packed(output_dir: Union[str, os.PathLike], **read_parquet_args: Any) -> Any:
-    """A packed directory as a ``ray.data.Dataset``, one row per packed row (``input_ids``,
-    ``labels``, ``seq_lengths``, ``sample_ids``, ...), reading exactly the shards its manifest
-    lists. A directory without a manifest is refused: it is not a complete output.
+def read_packed(
+    output_dir: Union[str, os.PathLike], *, filesystem: Any = None, **read_parquet_args: Any
+) -> Any:
+    """A packed directory (or object-store prefix: ``s3://...``, or a path on ``filesystem``)
+    as a ``ray.data.Dataset``, one row per packed row (``input_ids``, ``labels``,
+    ``seq_lengths``, ``sample_ids``, ...), reading exactly the shards its manifest lists. An
+    output without a manifest is refused: it is not complete (a run under way or that failed).
 
     For training: ``ds.iter_torch_batches(collate_fn=rows_collate(PackedCollator(...)))``,
     after ``ds.streaming_split(n)`` to feed ``n`` trainer workers (README, "Ray").
     """
     import ray.data
 
-    root = Path(output_dir)
-    manifest = read_manifest(root)
+    manifest, fs, root = read_manifest_at(output_dir, filesystem)
     if manifest is None or not isinstance(manifest.get("shards"), list):
         raise CorruptOutputError(
-            f"{root}: no {MANIFEST_NAME}: not a complete tokpack output (a run that did not "
+            f"{output_dir}: no {MANIFEST_NAME}: not a complete tokpack output (a run that did not "
             "finish, or not a packed directory)"
         )
-    paths = [str(root / s["file"]) for s in manifest["shards"] if s.get("rows")]
-    if not paths:
-        paths = [str(root / manifest["shards"][0]["file"])]
+    shards = [s["file"] for s in manifest["shards"] if s.get("rows")]
+    paths = [f"{root}/{name}" for name in shards or [manifest["shards"][0]["file"]]]
+    if fs is not None:
+        read_parquet_args.setdefault("filesystem", fs)
     return ray.data.read_parquet(paths, **read_parquet_args)
 
 

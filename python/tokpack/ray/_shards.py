@@ -1,15 +1,14 @@
 """Writing packed shards from Ray tasks, idempotently.
 
-A shard task writes into a directory of its own (``.attempt-<random>`` inside the run's
-temporary output directory) and then renames the shard and its index into place: a retried or
-duplicated task writes the same bytes and replaces them whole, a task killed half-way leaves only
-its attempt directory, which the driver removes before the commit (:func:`remove_attempts`).
+A shard task writes the shard and its index into a scratch directory of its own, then publishes
+them into the output (:mod:`tokpack.ray._store`: renamed into the run's temporary directory, or
+uploaded to object storage), each file whole: a retried or duplicated task puts the same bytes
+in place, a task killed half-way leaves only its scratch directory, which the driver removes
+before the commit (:func:`remove_attempts`).
 """
 
 from __future__ import annotations
 
-import os
-import secrets
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,9 +17,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .. import _tokpack
-from .._outdir import SIDE_DIR
-
-ATTEMPT_PREFIX = ".attempt-"
+from ._store import ATTEMPT_PREFIX, Out
 
 # A shard's samples: global ids (ascending), offsets from 0, int32 tokens, labels or None.
 Held = Tuple[np.ndarray, np.ndarray, np.ndarray, Optional[np.ndarray]]
@@ -82,16 +79,13 @@ def concat(pieces: Sequence[Held], has_labels: bool) -> Held:
 
 
 def write_shard(
-    out_tmp: str, shard: int, rows: Rows, held: Held, layout: Layout, has_labels: bool
+    out: Out, shard: int, rows: Rows, held: Held, layout: Layout, has_labels: bool, dest: str = ""
 ) -> Dict[str, Any]:
-    """Writes ``part-<shard>.parquet`` and its index into ``out_tmp`` (the run's temporary
-    output directory, which must exist: a task outliving a failed run writes nothing)."""
+    """Writes ``part-<shard>.parquet`` and its index and publishes them at ``dest`` of ``out``."""
     ids, offsets, tokens, labels = held
-    attempt = Path(out_tmp) / f"{ATTEMPT_PREFIX}{secrets.token_hex(8)}"
-    os.mkdir(attempt)
-    try:
+    with out.scratch() as scratch:
         info = _tokpack.write_held_shard(
-            out_dir=str(attempt),
+            out_dir=str(scratch),
             shard=shard,
             max_len=layout.max_len,
             bin_offsets=np.ascontiguousarray(rows.bin_offsets, dtype=np.int64),
@@ -105,10 +99,7 @@ def write_shard(
             row_group_rows=layout.row_group_rows,
             compression=layout.compression,
         )
-        for name in (info["index"], info["file"]):
-            os.replace(attempt / name, Path(out_tmp) / name)
-    finally:
-        shutil.rmtree(attempt, ignore_errors=True)
+        out.publish(scratch, [info["index"], info["file"]], dest)
     return info
 
 
@@ -117,11 +108,6 @@ def remove_attempts(out_tmp: Path) -> None:
     for entry in out_tmp.iterdir():
         if entry.name.startswith(ATTEMPT_PREFIX):
             shutil.rmtree(entry, ignore_errors=True)
-
-
-def prepare(out_tmp: Path) -> None:
-    """The side folder shard tasks rename their indexes into."""
-    (out_tmp / SIDE_DIR).mkdir(exist_ok=True)
 
 
 def shard_ranges(n_rows: int, rows_per_shard: int) -> List[Tuple[int, int]]:
