@@ -209,7 +209,8 @@ def test_dpo_and_reward_losses_equal_unpacked(model, pairs, layout):
         return -F.logsigmoid(beta * margin).mean()
 
     model.zero_grad()
-    dpo(alone(model, pairs), ref_alone).backward()
+    loss_alone = dpo(alone(model, pairs), ref_alone)
+    loss_alone.backward()
     grads_alone = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
     with torch.no_grad():
@@ -217,36 +218,29 @@ def test_dpo_and_reward_losses_equal_unpacked(model, pairs, layout):
     logits = run(model, batch, attend)
     loss = dpo(sequence_logps(logits, batch), ref_packed)
     loss.backward()
-    with torch.no_grad():
-        assert abs(loss.item() - dpo(alone(model, pairs), ref_alone).item()) < 1e-9
+    assert abs(loss.item() - loss_alone.item()) < 1e-9
     for g, p in zip(grads_alone, model.parameters()):
         assert torch.allclose(p.grad, g, atol=1e-9, rtol=0)
     model.zero_grad()
 
-    # Bradley-Terry: the reward is a scalar of the last token's output (here logit 0).
+    # Bradley-Terry: the reward is a scalar of the last token's output (here logit 0), read at
+    # the last token of each chosen and rejected segment.
     last = batch["seq_spans"][batch["seq_roles"] != 3, 1].view(-1, 2) - 1
     rewards = logits.detach().reshape(-1, VOCAB)[last, 0]
-    packed_bt = -F.logsigmoid(rewards[:, 0] - rewards[:, 1]).mean()
+
+    def reward_alone(ids):
+        ids = torch.tensor(ids).view(1, -1)
+        return model(ids, torch.arange(ids.shape[1]).view(1, -1), causal)[0, -1, 0]
+
     with torch.no_grad():
-        single = torch.tensor(
-            [
-                [
-                    run(
-                        model,
-                        {
-                            "input_ids": torch.tensor(p + s).view(1, -1),
-                            "position_ids": torch.arange(len(p + s)).view(1, -1),
-                        },
-                        causal,
-                    )[0, -1, 0]
-                    for s in (c, r)
-                ]
-                for p, c, r in pairs
-            ],
-            dtype=torch.float64,
+        single = torch.stack(
+            [torch.stack([reward_alone(p + c), reward_alone(p + r)]) for p, c, r in pairs]
         )
-    alone_bt = -F.logsigmoid(single[:, 0] - single[:, 1]).mean()
-    assert abs(packed_bt.item() - alone_bt.item()) < 1e-9
+
+    def bradley_terry(r):
+        return -F.logsigmoid(r[:, 0] - r[:, 1]).mean()
+
+    assert abs(bradley_terry(rewards).item() - bradley_terry(single).item()) < 1e-9
 
 
 @pytest.mark.parametrize("fmt", ["hf", "flash", "padded"])

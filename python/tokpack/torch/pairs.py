@@ -110,12 +110,11 @@ def add_pair_fields(
     seg_lens: List[torch.Tensor],
     format: str,
 ) -> None:
-    """Add the pair fields to a collated batch ``out`` (see ``PackedCollator``), fix the
-    positions of shared-prompt completions and, for that layout, the boundary fields."""
+    """Add the pair fields to a collated batch ``out`` (see ``PackedCollator``), and for the
+    shared-prompt layout fix the completions' positions and the boundary fields."""
     device = labels[0].device
     n_segs = [s.numel() for s in seg_lens]
     lens = np.concatenate([s.cpu().numpy() for s in seg_lens]).astype(np.int64)
-    row_lens = np.array([y.shape[0] for y in labels], dtype=np.int64)
     seg_row = np.repeat(np.arange(len(rows)), n_segs)
     roles = _row_roles(rows, seg_lens)
     pair = _pair_index(roles, seg_row)
@@ -129,54 +128,79 @@ def add_pair_fields(
             " with --pair-layout separate"
         )
 
-    # Stream coordinates: the rows' tokens concatenated. Logits coordinates: the index in
-    # logits.reshape(-1, vocab), which for the padded format skips each row's padding.
-    cu = np.concatenate(([0], np.cumsum(lens)))
-    width = out["input_ids"].shape[-1] if format == "padded" else 0
-    row_start = np.concatenate(([0], np.cumsum(row_lens)))[:-1]
-    shift = (np.arange(len(rows)) * width - row_start)[seg_row] if width else np.zeros_like(lens)
-    # A token is predicted by the token before it in its segment; the first token of a
-    # shared-prompt completion by the prompt's last token.
-    first_pred = np.where(prompt >= 0, cu[prompt + 1] - 1, -1)
-    n_paired = int(pair.max()) + 1 if pair.size and pair.max() >= 0 else 0
-    seq_number = np.where(pair >= 0, 2 * pair + (roles == ROLE_REJECTED), np.arange(lens.size))
-    n_out = 2 * n_paired if n_paired else lens.size
-
     def dev(a: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(device)
+        return _int64(a, device)
 
-    lens_t = dev(lens)
-    total = int(cu[-1])
-    seg = torch.repeat_interleave(torch.arange(lens.size, device=device), lens_t)
-    pred = torch.arange(-1, total - 1, dtype=torch.int64, device=device)
-    pred[dev(cu[:-1])] = dev(first_pred)
-    y = torch.cat(labels).to(torch.int64)
-    take = (y != IGNORE_INDEX) & (pred >= 0) & dev(roles != ROLE_PROMPT).bool()[seg]
-    shift_t = dev(shift)[seg]
-    terms = torch.stack([(pred + shift_t)[take], y[take], dev(seq_number)[seg][take]])
-    counts = torch.bincount(terms[2], minlength=n_out)
+    # Stream coordinates: the rows' tokens concatenated. Logits coordinates: the index in
+    # logits.reshape(-1, vocab), which for the padded format skips each row's padding; `shift`
+    # (per segment) takes the first to the second.
+    cu = np.concatenate(([0], np.cumsum(lens)))
+    shift = np.zeros_like(lens)
+    if format == "padded":
+        row_start = np.concatenate(([0], np.cumsum([y.shape[0] for y in labels])))[:-1]
+        shift = (np.arange(len(rows)) * out["input_ids"].shape[1] - row_start)[seg_row]
+    seg = torch.repeat_interleave(torch.arange(lens.size, device=device), dev(lens))
+    coords = torch.arange(int(cu[-1]), device=device) + dev(shift)[seg]
+    n_pairs = int(pair.max(initial=-1)) + 1
+    terms = _logp_terms(torch.cat(labels), seg, coords, roles, pair, prompt, cu)
+    counts = torch.bincount(terms[2], minlength=2 * n_pairs if n_pairs else lens.size)
 
     out["seq_roles"] = dev(roles).to(torch.int8)
     out["pair_index"] = dev(pair)
-    out["num_pairs"] = n_paired
+    out["num_pairs"] = n_pairs
     out["seq_spans"] = dev(np.stack([cu[:-1] + shift, cu[1:] + shift], axis=1))
     out["logp_terms"] = terms
-    out["completion_lengths"] = counts.view(n_paired, 2) if n_paired else counts
+    out["completion_lengths"] = counts.view(n_pairs, 2) if n_pairs else counts
     for name in ("sample_ids", "label"):
         value = _carried(rows, name, n_segs)
         if value is not None:
             out[name] = value.to(device)
-    if not shared:
-        return
-    position_shift = np.where(prompt >= 0, lens[np.maximum(prompt, 0)], 0)
-    positions = out["position_ids"].view(-1)
-    positions.index_add_(0, torch.arange(total, device=device) + shift_t, dev(position_shift)[seg])
-    if format == "hf":
-        # Varlen boundaries would make each segment attend only to itself: the attention needs
-        # the mask helpers, which read document_ids and the roles.
-        for key in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"):
-            del out[key]
-        out["document_ids"] = seg.to(torch.int32).view(1, -1)
+    if shared:
+        # Completions continue the positions of their prompt.
+        prompt_len = np.where(prompt >= 0, lens[np.maximum(prompt, 0)], 0)
+        out["position_ids"].view(-1).index_add_(0, coords, dev(prompt_len)[seg])
+        if format == "hf":
+            # Varlen boundaries would make each segment attend only to itself: the attention
+            # needs the mask helpers, which read document_ids and the roles.
+            for key in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"):
+                del out[key]
+            out["document_ids"] = seg.to(torch.int32).view(1, -1)
+
+
+def _int64(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(device)
+
+
+def _logp_terms(
+    labels: torch.Tensor,
+    seg: torch.Tensor,
+    coords: torch.Tensor,
+    roles: np.ndarray,
+    pair: np.ndarray,
+    prompt: np.ndarray,
+    cu: np.ndarray,
+) -> torch.Tensor:
+    """``[3, N]`` int64, one column per completion token with a predictor: the logits
+    coordinate of the token predicting it, the token, and its sequence (``2 * pair + 1`` for a
+    rejected completion, ``2 * pair`` for a chosen one, the segment index if unpaired).
+    ``seg`` and ``coords`` are each token's segment and logits coordinate, ``cu`` the segment
+    offsets in the rows' concatenated tokens."""
+    device = coords.device
+
+    def dev(a: np.ndarray) -> torch.Tensor:
+        return _int64(a, device)
+
+    # A token is predicted by the token before it in its segment; the first token of a
+    # shared-prompt completion by the prompt's last token; a segment's first token otherwise
+    # by nothing.
+    pred = torch.arange(-1, coords.numel() - 1, device=device)
+    pred[dev(cu[:-1])] = dev(np.where(prompt >= 0, cu[prompt + 1] - 1, -1))
+    y = labels.to(torch.int64)
+    take = (y != IGNORE_INDEX) & (pred >= 0) & dev(roles != ROLE_PROMPT).bool()[seg]
+    seq = np.where(pair >= 0, 2 * pair + (roles == ROLE_REJECTED), np.arange(roles.size))
+    # The predictor is in the token's row, so the token's shift maps it too.
+    shift = coords - torch.arange(coords.numel(), device=device)
+    return torch.stack([(pred + shift)[take], y[take], dev(seq)[seg][take]])
 
 
 def shared_prompt_ids(batch: Mapping[str, Any], doc: torch.Tensor) -> Optional[torch.Tensor]:
