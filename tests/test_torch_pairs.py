@@ -28,24 +28,27 @@ def causal(q, k, v):
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
-def completion_logp(model, prompt, completion):
-    """Sum of log p(completion token | everything before it), the sequence run alone."""
+def completion_logp(logits_of, prompt, completion):
+    """Sum of log p(completion token | everything before it), the sequence run alone;
+    ``logits_of(ids)`` is the model's ``[1, L, V]`` output for ``[1, L]`` ids."""
     ids = torch.tensor(prompt + completion).view(1, -1)
-    logits = model(ids, torch.arange(ids.shape[1]).view(1, -1), causal)[0]
-    logp = torch.log_softmax(logits[:-1], dim=-1)
-    targets = ids[0, 1:]
-    terms = logp.gather(1, targets.unsqueeze(1)).squeeze(1)
-    return terms[len(prompt) - 1 :].sum()
+    logp = torch.log_softmax(logits_of(ids)[0, :-1], dim=-1)
+    return logp.gather(1, ids[0, 1:, None]).squeeze(1)[len(prompt) - 1 :].sum()
 
 
-def alone(model, pairs):
+def alone(logits_of, pairs):
     """``[num_pairs, 2]`` (chosen, rejected) log-probs of the sequences run one by one."""
     return torch.stack(
         [
-            torch.stack([completion_logp(model, p, c), completion_logp(model, p, r)])
+            torch.stack([completion_logp(logits_of, p, c), completion_logp(logits_of, p, r)])
             for p, c, r in pairs
         ]
     )
+
+
+def toy(model):
+    """The toy model on one sequence (positions from 0, causal attention)."""
+    return lambda ids: model(ids, torch.arange(ids.shape[1]).view(1, -1), causal)
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +64,7 @@ def pairs():
 @pytest.fixture(scope="module")
 def expected(model, pairs):
     with torch.no_grad():
-        return alone(model, pairs)
+        return alone(toy(model), pairs)
 
 
 def packed(layout, pairs, fmt, **kwargs):
@@ -200,7 +203,7 @@ def test_dpo_and_reward_losses_equal_unpacked(model, pairs, layout):
                 0.05
                 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1), dtype=p.dtype)
             )
-        ref_alone = alone(reference, pairs)
+        ref_alone = alone(toy(reference), pairs)
     batch = packed(layout, pairs, "hf")
     attend = sdpa(batch)
 
@@ -209,7 +212,7 @@ def test_dpo_and_reward_losses_equal_unpacked(model, pairs, layout):
         return -F.logsigmoid(beta * margin).mean()
 
     model.zero_grad()
-    loss_alone = dpo(alone(model, pairs), ref_alone)
+    loss_alone = dpo(alone(toy(model), pairs), ref_alone)
     loss_alone.backward()
     grads_alone = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
@@ -229,8 +232,7 @@ def test_dpo_and_reward_losses_equal_unpacked(model, pairs, layout):
     rewards = logits.detach().reshape(-1, VOCAB)[last, 0]
 
     def reward_alone(ids):
-        ids = torch.tensor(ids).view(1, -1)
-        return model(ids, torch.arange(ids.shape[1]).view(1, -1), causal)[0, -1, 0]
+        return toy(model)(torch.tensor(ids).view(1, -1))[0, -1, 0]
 
     with torch.no_grad():
         single = torch.stack(
@@ -254,7 +256,7 @@ def test_kto_label_and_unpaired_logps(model, fmt):
     attend = varlen(batch) if fmt == "flash" else sdpa(batch)
     with torch.no_grad():
         got = sequence_logps(run(model, batch, attend), batch)
-        want = torch.stack([completion_logp(model, p, c) for p, c, _ in records])
+        want = torch.stack([completion_logp(toy(model), p, c) for p, c, _ in records])
     assert got.shape == (len(records),)
     assert torch.allclose(got, want, atol=1e-9, rtol=0)
 
@@ -287,24 +289,25 @@ def test_bad_batches_are_refused(model, pairs):
         sequence_logps(torch.zeros(1, batch["input_ids"].shape[1] - 1, VOCAB), batch)
 
 
-def test_tiny_llama_sequence_logps_packed_equal_unpacked():
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_tiny_llama_sequence_logps_packed_equal_unpacked(layout):
+    """transformers' sdpa path: the separate layout by its own packed-sequence detection
+    (positions restarting at 0, no attention_mask); the shared-prompt layout with
+    ``attention_mask=sdpa_block_causal_mask(batch)`` (a 4-D boolean mask is used as given)."""
     pytest.importorskip("transformers")
     from .test_torch_hf_llama import tiny_llama
 
     llama = tiny_llama()
     pairs = random_pairs(8, seed=3, vocab=128, prompt=(2, 12), completion=(1, 10))
-    batch = PackedCollator("hf", return_pairs=True)(preference_rows(pairs, "separate", 64))
+    batch = PackedCollator("hf", return_pairs=True)(preference_rows(pairs, layout, 64))
+    mask = sdpa_block_causal_mask(batch) if layout == "shared-prompt" else None
     with torch.no_grad():
         logits = llama(
-            input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False
+            input_ids=batch["input_ids"],
+            position_ids=batch["position_ids"],
+            attention_mask=mask,
+            use_cache=False,
         ).logits
         got = sequence_logps(logits, batch)
-        want = []
-        for p, c, r in pairs:
-            side = []
-            for s in (c, r):
-                ids = torch.tensor(p + s).view(1, -1)
-                lp = torch.log_softmax(llama(input_ids=ids, use_cache=False).logits[0, :-1], -1)
-                side.append(lp.gather(1, ids[0, 1:, None])[len(p) - 1 :].sum())
-            want.append(torch.stack(side))
-    assert torch.allclose(got, torch.stack(want), atol=1e-9, rtol=0)
+        want = alone(lambda ids: llama(input_ids=ids, use_cache=False).logits, pairs)
+    assert torch.allclose(got, want, atol=1e-9, rtol=0)
