@@ -57,6 +57,14 @@ def model():
 
 
 @pytest.fixture(scope="module")
+def llama():
+    pytest.importorskip("transformers")
+    from .test_torch_hf_llama import tiny_llama
+
+    return tiny_llama()
+
+
+@pytest.fixture(scope="module")
 def pairs():
     return random_pairs(10, seed=7, vocab=VOCAB, prompt=(1, 9), completion=(1, 8))
 
@@ -290,14 +298,10 @@ def test_bad_batches_are_refused(model, pairs):
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_tiny_llama_sequence_logps_packed_equal_unpacked(layout):
+def test_tiny_llama_sequence_logps_packed_equal_unpacked(llama, layout):
     """transformers' sdpa path: the separate layout by its own packed-sequence detection
     (positions restarting at 0, no attention_mask); the shared-prompt layout with
     ``attention_mask=sdpa_block_causal_mask(batch)`` (a 4-D boolean mask is used as given)."""
-    pytest.importorskip("transformers")
-    from .test_torch_hf_llama import tiny_llama
-
-    llama = tiny_llama()
     pairs = random_pairs(8, seed=3, vocab=128, prompt=(2, 12), completion=(1, 10))
     batch = PackedCollator("hf", return_pairs=True)(preference_rows(pairs, layout, 64))
     mask = sdpa_block_causal_mask(batch) if layout == "shared-prompt" else None
