@@ -44,7 +44,8 @@ def _row_roles(rows: Sequence[Mapping[str, Any]], seg_lens: List[torch.Tensor]) 
     roles = []
     for i, (row, s) in enumerate(zip(rows, seg_lens)):
         r = row.get("seq_roles")
-        r = np.zeros(s.numel(), np.int64) if r is None else np.asarray(r, dtype=np.int64)
+        r = np.zeros(s.numel(), np.int64) if r is None else torch.as_tensor(r).cpu().numpy()
+        r = r.astype(np.int64, copy=False)
         if r.shape != (s.numel(),):
             raise DataError(
                 f"row {i}: seq_roles has {r.size} entries but seq_lengths has {s.numel()}"
@@ -129,78 +130,70 @@ def add_pair_fields(
         )
 
     def dev(a: np.ndarray) -> torch.Tensor:
-        return _int64(a, device)
+        return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(device)
 
-    # Stream coordinates: the rows' tokens concatenated. Logits coordinates: the index in
-    # logits.reshape(-1, vocab), which for the padded format skips each row's padding; `shift`
-    # (per segment) takes the first to the second.
+    # Index arithmetic in NumPy on the host, as the context-parallel slicing does (torch's
+    # per-call cost dominates at batch sizes). Stream coordinates: the rows' tokens
+    # concatenated. Logits coordinates: the index in logits.reshape(-1, vocab), which for the
+    # padded format skips each row's padding; `shift` (per segment) takes the first to the second.
     cu = np.concatenate(([0], np.cumsum(lens)))
     shift = np.zeros_like(lens)
     if format == "padded":
         row_start = np.concatenate(([0], np.cumsum([y.shape[0] for y in labels])))[:-1]
         shift = (np.arange(len(rows)) * out["input_ids"].shape[1] - row_start)[seg_row]
-    seg = torch.repeat_interleave(torch.arange(lens.size, device=device), dev(lens))
-    coords = torch.arange(int(cu[-1]), device=device) + dev(shift)[seg]
+    seg = np.repeat(np.arange(lens.size), lens)
     n_pairs = int(pair.max(initial=-1)) + 1
-    terms = _logp_terms(torch.cat(labels), seg, coords, roles, pair, prompt, cu)
-    counts = torch.bincount(terms[2], minlength=2 * n_pairs if n_pairs else lens.size)
+    terms = _logp_terms(torch.cat(labels).cpu().numpy(), seg, shift, roles, pair, prompt, cu)
+    counts = np.bincount(terms[2], minlength=2 * n_pairs if n_pairs else lens.size)
 
-    out["seq_roles"] = dev(roles).to(torch.int8)
+    out["seq_roles"] = torch.from_numpy(roles.astype(np.int8)).to(device)
     out["pair_index"] = dev(pair)
     out["num_pairs"] = n_pairs
     out["seq_spans"] = dev(np.stack([cu[:-1] + shift, cu[1:] + shift], axis=1))
-    out["logp_terms"] = terms
-    out["completion_lengths"] = counts.view(n_pairs, 2) if n_pairs else counts
+    out["logp_terms"] = dev(terms)
+    out["completion_lengths"] = dev(counts.reshape(n_pairs, 2) if n_pairs else counts)
     for name in ("sample_ids", "label"):
         value = _carried(rows, name, n_segs)
         if value is not None:
             out[name] = value.to(device)
     if shared:
         # Completions continue the positions of their prompt.
-        prompt_len = np.where(prompt >= 0, lens[np.maximum(prompt, 0)], 0)
-        out["position_ids"].view(-1).index_add_(0, coords, dev(prompt_len)[seg])
+        offset = np.repeat(np.where(prompt >= 0, lens[prompt], 0), lens)
+        coords = np.arange(seg.size) + shift[seg]
+        out["position_ids"].view(-1).index_add_(0, dev(coords), dev(offset))
         if format == "hf":
             # Varlen boundaries would make each segment attend only to itself: the attention
             # needs the mask helpers, which read document_ids and the roles.
             for key in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"):
                 del out[key]
-            out["document_ids"] = seg.to(torch.int32).view(1, -1)
-
-
-def _int64(a: np.ndarray, device: torch.device) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(device)
+            out["document_ids"] = torch.from_numpy(seg.astype(np.int32)).to(device).view(1, -1)
 
 
 def _logp_terms(
-    labels: torch.Tensor,
-    seg: torch.Tensor,
-    coords: torch.Tensor,
+    labels: np.ndarray,
+    seg: np.ndarray,
+    shift: np.ndarray,
     roles: np.ndarray,
     pair: np.ndarray,
     prompt: np.ndarray,
     cu: np.ndarray,
-) -> torch.Tensor:
+) -> np.ndarray:
     """``[3, N]`` int64, one column per completion token with a predictor: the logits
     coordinate of the token predicting it, the token, and its sequence (``2 * pair + 1`` for a
     rejected completion, ``2 * pair`` for a chosen one, the segment index if unpaired).
-    ``seg`` and ``coords`` are each token's segment and logits coordinate, ``cu`` the segment
-    offsets in the rows' concatenated tokens."""
-    device = coords.device
-
-    def dev(a: np.ndarray) -> torch.Tensor:
-        return _int64(a, device)
-
+    ``labels`` and ``seg`` (each token's segment) are in stream coordinates, ``cu`` the segment
+    offsets there."""
     # A token is predicted by the token before it in its segment; the first token of a
     # shared-prompt completion by the prompt's last token; a segment's first token otherwise
     # by nothing.
-    pred = torch.arange(-1, coords.numel() - 1, device=device)
-    pred[dev(cu[:-1])] = dev(np.where(prompt >= 0, cu[prompt + 1] - 1, -1))
-    y = labels.to(torch.int64)
-    take = (y != IGNORE_INDEX) & (pred >= 0) & dev(roles != ROLE_PROMPT).bool()[seg]
+    pred = np.arange(-1, labels.size - 1, dtype=np.int64)
+    pred[cu[:-1]] = np.where(prompt >= 0, cu[prompt + 1] - 1, -1)
+    take = (labels != IGNORE_INDEX) & (pred >= 0) & (roles != ROLE_PROMPT)[seg]
+    at = np.flatnonzero(take)
+    seg_at = seg[at]
     seq = np.where(pair >= 0, 2 * pair + (roles == ROLE_REJECTED), np.arange(roles.size))
     # The predictor is in the token's row, so the token's shift maps it too.
-    shift = coords - torch.arange(coords.numel(), device=device)
-    return torch.stack([(pred + shift)[take], y[take], dev(seq)[seg][take]])
+    return np.stack([pred[at] + shift[seg_at], labels[at].astype(np.int64), seq[seg_at]])
 
 
 def shared_prompt_ids(batch: Mapping[str, Any], doc: torch.Tensor) -> Optional[torch.Tensor]:
