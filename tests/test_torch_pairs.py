@@ -13,6 +13,8 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tokpack import ConfigError, DataError
 from tokpack.torch import PackedCollator, flex_block_mask, sdpa_block_causal_mask, sequence_logps
@@ -140,6 +142,23 @@ def test_sequence_logps_equal_sequences_alone(model, pairs, expected, layout, fm
     assert got.shape == (len(pairs), 2) and got.dtype == torch.float64
     assert torch.allclose(got, expected, atol=1e-9, rtol=0)
     assert torch.allclose(mean, expected / lengths, atol=1e-9, rtol=0)
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    layout=st.sampled_from(LAYOUTS),
+    fmt=st.sampled_from(["hf", "padded"]),
+    row_len=st.integers(16, 40),
+)
+def test_sequence_logps_exact_for_random_rows(model, seed, layout, fmt, row_len):
+    """Short prompts and completions (down to one token) in rows of any fill."""
+    pairs = random_pairs(5, seed=seed, vocab=VOCAB, prompt=(1, 4), completion=(1, 4))
+    batch = PackedCollator(fmt, return_pairs=True)(preference_rows(pairs, layout, row_len))
+    with torch.no_grad():
+        got = sequence_logps(run(model, batch, sdpa(batch)), batch)
+        want = alone(toy(model), pairs)
+    assert torch.allclose(got, want, atol=1e-9, rtol=0)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
