@@ -25,9 +25,10 @@ def document_ids(batch: Mapping[str, Any]) -> torch.Tensor:
     """``[B, L]`` int64: the sample index of every token (distinct per sample within a row).
 
     Works for every collator format: ``document_ids`` (padded; padding is ``-1``, its own
-    document), ``cu_seq_lens_q`` (hf, ``[1, T]``), ``cu_seqlens`` (flash, ``[1, T]``) and
-    ``seq_lens`` (torchtune, the padding tail is its own segment); not for a context-parallel
-    slice (``cp_size > 1``), whose boundaries span the whole CP group.
+    document; also hf shared-prompt pair batches), ``cu_seq_lens_q`` (hf, ``[1, T]``),
+    ``cu_seqlens`` (flash, ``[1, T]``) and ``seq_lens`` (torchtune, the padding tail is its own
+    segment); not for a context-parallel slice (``cp_size > 1``), whose boundaries span the
+    whole CP group.
     """
     if "cu_seqlens_padded" in batch:
         raise ConfigError(
