@@ -1,5 +1,6 @@
-"""Packed preference and KTO rows in the layout ``tokpack pack`` writes (the contract in the
-README's "Preference training"), built in pure Python for the torch tests.
+"""Packed preference and KTO rows in the layout ``tokpack pack`` writes for preference and KTO
+token shards (segments, roles and layouts: README, "Preference training"), built in pure Python
+for the torch tests.
 
 A pair is (prompt, chosen completion, rejected completion) token lists; rows are filled in order
 with whole pairs (a pair is never split), as tensors like the readers deliver.
