@@ -17,8 +17,8 @@ from .packed_corpus import random_samples
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.fixture(scope="module")
-def model():
+def tiny_llama():
+    """A random 2-layer Llama on sdpa in float64 (seeded), in eval mode."""
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
         vocab_size=128,
@@ -31,6 +31,11 @@ def model():
     )
     m = transformers.LlamaForCausalLM._from_config(config, attn_implementation="sdpa")
     return m.to(torch.float64).eval()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_llama()
 
 
 def _rows(table):

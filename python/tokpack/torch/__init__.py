@@ -16,6 +16,7 @@ from .dataset import PackedDataset
 from .device import DeviceLoader
 from .iterable import PackedIterableDataset
 from .mixture import PackedMixture
+from .pairs import sequence_logps
 
 __all__ = [
     "PackedDataset",
@@ -29,4 +30,5 @@ __all__ = [
     "document_ids",
     "sdpa_block_causal_mask",
     "flex_block_mask",
+    "sequence_logps",
 ]

@@ -1,5 +1,7 @@
 """Attention structure of a packed batch: each token attends only to earlier tokens of its own
-sample. Built from the boundary information every ``PackedCollator`` format carries.
+sample. Built from the boundary information every ``PackedCollator`` format carries. In the
+shared-prompt layout of preference pairs (``return_pairs=True``), each completion also attends to
+its pair's prompt segment, and the rejected completion not to the chosen one.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from typing import Any, Mapping, Optional
 import torch
 
 from ..errors import ConfigError
+from .pairs import shared_prompt_ids
 
 __all__ = ["document_ids", "sdpa_block_causal_mask", "flex_block_mask"]
 
@@ -22,9 +25,10 @@ def document_ids(batch: Mapping[str, Any]) -> torch.Tensor:
     """``[B, L]`` int64: the sample index of every token (distinct per sample within a row).
 
     Works for every collator format: ``document_ids`` (padded; padding is ``-1``, its own
-    document), ``cu_seq_lens_q`` (hf, ``[1, T]``), ``cu_seqlens`` (flash, ``[1, T]``) and
-    ``seq_lens`` (torchtune, the padding tail is its own segment); not for a context-parallel
-    slice (``cp_size > 1``), whose boundaries span the whole CP group.
+    document; also hf shared-prompt pair batches), ``cu_seq_lens_q`` (hf, ``[1, T]``),
+    ``cu_seqlens`` (flash, ``[1, T]``) and ``seq_lens`` (torchtune, the padding tail is its own
+    segment); not for a context-parallel slice (``cp_size > 1``), whose boundaries span the
+    whole CP group.
     """
     if "cu_seqlens_padded" in batch:
         raise ConfigError(
@@ -54,8 +58,12 @@ def sdpa_block_causal_mask(batch: Mapping[str, Any]) -> torch.Tensor:
     doc = document_ids(batch)
     n = doc.shape[1]
     causal = torch.ones(n, n, dtype=torch.bool, device=doc.device).tril()
-    same = doc.unsqueeze(2) == doc.unsqueeze(1)
-    return (same & causal).unsqueeze(1)
+    mask = (doc.unsqueeze(2) == doc.unsqueeze(1)) & causal
+    prompt = shared_prompt_ids(batch, doc)
+    if prompt is not None:
+        # The prompt precedes its completions: no causal term needed.
+        mask |= (prompt.unsqueeze(2) == doc.unsqueeze(1)) & (prompt >= 0).unsqueeze(2)
+    return mask.unsqueeze(1)
 
 
 def flex_block_mask(
@@ -64,7 +72,7 @@ def flex_block_mask(
     """A FlexAttention ``BlockMask`` (``create_block_mask``) of same-document causal attention.
 
     Blocks with no allowed pair are skipped by ``flex_attention``, so packed rows cost little more
-    than their samples would alone.
+    than their samples would alone. Shared-prompt pairs: a completion also attends to its prompt.
     """
     from torch.nn.attention.flex_attention import create_block_mask
 
@@ -72,10 +80,14 @@ def flex_block_mask(
     if device is not None:
         doc = doc.to(device)
     b, n = doc.shape
+    prompt = shared_prompt_ids(batch, doc)
 
     def same_document_causal(bi, h, q_idx, kv_idx):
         return (doc[bi, q_idx] == doc[bi, kv_idx]) & (q_idx >= kv_idx)
 
-    return create_block_mask(
-        same_document_causal, b, None, n, n, device=doc.device, BLOCK_SIZE=block_size
-    )
+    def with_shared_prompt(bi, h, q_idx, kv_idx):
+        p = prompt[bi, q_idx]
+        return same_document_causal(bi, h, q_idx, kv_idx) | ((p == doc[bi, kv_idx]) & (p >= 0))
+
+    mask_mod = same_document_causal if prompt is None else with_shared_prompt
+    return create_block_mask(mask_mod, b, None, n, n, device=doc.device, BLOCK_SIZE=block_size)

@@ -17,6 +17,7 @@ import torch
 
 from .._contract import IGNORE_INDEX
 from ..errors import ConfigError, DataError
+from .pairs import PAIR_FORMATS, add_pair_fields
 
 __all__ = ["PackedCollator", "FORMATS", "IGNORE_INDEX"]
 
@@ -64,6 +65,11 @@ class PackedCollator:
         return_loss_weights: also return ``loss_weights`` (float32, shaped like ``labels``): ``1 /
             n_s`` on the loss tokens of a sample with ``n_s`` loss tokens, 0 elsewhere, so
             ``(token_loss * loss_weights).sum() / num_seqs`` is the mean of per-sample mean losses.
+        return_pairs: also return what preference and KTO losses need (``seq_roles``,
+            ``pair_index``, ``num_pairs``, ``seq_spans``, ``logp_terms``, ``completion_lengths``,
+            and ``sample_ids`` / ``label`` when the rows have them; see ``tokpack.torch.pairs``),
+            with the positions and boundaries of the shared-prompt layout. Formats hf, flash
+            (separate layout only) and padded.
 
     The collator holds only its options: it is picklable and cheap to copy into workers. Derived
     tensors are built on the device of the rows' ``input_ids`` (CPU in DataLoader workers).
@@ -78,6 +84,7 @@ class PackedCollator:
         return_loss_weights: bool = False,
         cp_size: int = 1,
         cp_rank: int = 0,
+        return_pairs: bool = False,
     ) -> None:
         if format not in FORMATS:
             raise ConfigError(f"format must be one of {FORMATS}, got {format!r}")
@@ -92,6 +99,11 @@ class PackedCollator:
                 f"context parallelism (cp_size={cp_size}) needs format {' or '.join(CP_FORMATS)},"
                 f" got {format!r}"
             )
+        if return_pairs and (format not in PAIR_FORMATS or cp_size > 1):
+            raise ConfigError(
+                f"return_pairs needs format {', '.join(PAIR_FORMATS)} without context"
+                f" parallelism, got format={format!r}, cp_size={cp_size}"
+            )
         self.format = format
         self.pad_to = pad_to
         self.pad_id = int(pad_id)
@@ -99,13 +111,15 @@ class PackedCollator:
         self.return_loss_weights = bool(return_loss_weights)
         self.cp_size = cp_size
         self.cp_rank = cp_rank
+        self.return_pairs = bool(return_pairs)
 
     def __repr__(self) -> str:
         cp = f", cp_size={self.cp_size}, cp_rank={self.cp_rank}" if self.cp_size > 1 else ""
+        pairs = ", return_pairs=True" if self.return_pairs else ""
         return (
             f"PackedCollator(format={self.format!r}, pad_to={self.pad_to!r}, pad_id={self.pad_id},"
             f" return_seq_idx={self.return_seq_idx},"
-            f" return_loss_weights={self.return_loss_weights}{cp})"
+            f" return_loss_weights={self.return_loss_weights}{cp}{pairs})"
         )
 
     def __call__(self, rows: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
@@ -118,6 +132,8 @@ class PackedCollator:
             batch = self._flat(ids, labels, seg_lens)
         else:
             batch = self._padded(ids, labels, seg_lens)
+        if self.return_pairs:
+            add_pair_fields(batch, rows, labels, seg_lens, self.format)
         # The optimizer step's global counts, from a PackedBatchSampler batch.
         counts = getattr(rows, "step_counts", None)
         if counts is not None:
