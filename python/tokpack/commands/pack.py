@@ -9,7 +9,12 @@ from typing import Any, Dict
 from .._contract import OVERLONG_POLICIES, STRATEGIES
 from ..files import pack_files
 from ..report import table
-from .tokenize import add_inputs_and_output, add_tokenizer_arguments, tokenize_options
+from .tokenize import (
+    add_inputs_and_output,
+    add_ray_argument,
+    add_tokenizer_arguments,
+    tokenize_options,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,15 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="before a cache hit, check the shards' checksums (sizes are always checked)",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bars or summary")
-    parser.add_argument(
-        "--ray",
-        nargs="?",
-        const="",
-        default=None,
-        metavar="ADDRESS",
-        help="pack on a Ray cluster (tokpack.ray.pack; Parquet inputs): 'auto' joins the "
-        "running one, no ADDRESS starts a local one",
-    )
+    add_ray_argument(parser, "pack on a Ray cluster (tokpack.ray.pack; Parquet inputs)")
     parser.add_argument(
         "--ray-mode",
         choices=("global", "local"),

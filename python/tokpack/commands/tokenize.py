@@ -36,14 +36,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
     parser.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    add_ray_argument(parser, "render and encode on a Ray cluster (the same output)")
+
+
+def add_ray_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--ray [ADDRESS]`` of ``tokenize`` and ``pack``."""
     parser.add_argument(
         "--ray",
         nargs="?",
         const="",
         default=None,
         metavar="ADDRESS",
-        help="render and encode on a Ray cluster (one actor per CPU; the same output): 'auto' "
-        "joins the running one, no ADDRESS starts a local one",
+        help=f"{what}: 'auto' joins the running one, no ADDRESS starts a local one",
     )
 
 
