@@ -21,10 +21,10 @@ import numpy as np
 import pyarrow as pa
 import ray
 
-from .._outdir import SIDE_DIR
+from .._contract import OVERLONG_HINT, SIDE_DIR
 from ..errors import DataError, OverlongError, TokpackError
 from ..planning import plan as make_plan
-from ._blocks import Columns, block_error, sample_arrays
+from ._blocks import Columns, block_error, cancelling, sample_arrays
 from ._shards import ATTEMPT_PREFIX, Layout, Rows, shard_ranges, write_shard
 
 GROUP_PREFIX = ".group-"
@@ -69,7 +69,7 @@ def _pack_group(
         # The planner would name the sample by its index in the group, not in the dataset.
         return OverlongError(
             f"sample {base + k} has {int(lengths[k])} tokens, more than "
-            f'max_len={planning.max_len}; pass overlong="truncate", "drop" or "split"'
+            f"max_len={planning.max_len}; {OVERLONG_HINT}"
         )
     try:
         plan = make_plan(
@@ -140,16 +140,14 @@ def pack_local(
     groups = groups_of(sizes, min_block_samples)
     bases = np.zeros(len(sizes) + 1, dtype=np.int64)
     np.cumsum(sizes, out=bases[1:])
-    tasks = [
-        _pack_group.remote(str(out_tmp), g, int(bases[a]), columns, planning, layout, *refs[a:b])
-        for g, (a, b) in enumerate(groups)
-    ]
-    try:
+    with cancelling([]) as tasks:
+        tasks += [
+            _pack_group.remote(
+                str(out_tmp), g, int(bases[a]), columns, planning, layout, *refs[a:b]
+            )
+            for g, (a, b) in enumerate(groups)
+        ]
         results = ray.get(tasks)
-    except BaseException:
-        for ref in tasks:
-            ray.cancel(ref, force=True)
-        raise
     for (a, _), result in zip(groups, results):
         if isinstance(result, TokpackError):
             raise block_error(result, a, int(bases[a]))
