@@ -9,21 +9,9 @@ from __future__ import annotations
 
 import importlib
 
+from . import errors
 from ._tokpack import __version__
-from .errors import (
-    ConfigError,
-    CorruptInputError,
-    CorruptOutputError,
-    DataError,
-    InputNotFoundError,
-    InputPermissionError,
-    InvalidRecordError,
-    OutputError,
-    OutputExistsError,
-    OverlongError,
-    SchemaError,
-    TokpackError,
-)
+from .errors import *  # noqa: F403 (the exception classes, listed in errors.__all__)
 
 # The rest is imported on first use: `import tokpack` stays light (no numpy, pyarrow or torch
 # yet), so the `tokpack` command is inside cli.main, where Ctrl-C is handled, within
@@ -72,33 +60,6 @@ def __dir__():
     return sorted(set(globals()) | set(__all__))
 
 
-__all__ = [
-    "__version__",
-    "Plan",
-    "plan",
-    "packing_stats",
-    "pack_tokens",
-    "pack_files",
-    "pack_sequences",
-    "concatenate_and_pack",
-    "streaming_dataset_reader",
-    "tokenize_files",
-    "tokenize_to_batches",
-    "TokenizeOptions",
-    "export_megatron",
-    "export_nemo_packed",
-    "mixture_stats",
-    "verify",
-    "TokpackError",
-    "ConfigError",
-    "DataError",
-    "OverlongError",
-    "InputNotFoundError",
-    "InputPermissionError",
-    "CorruptOutputError",
-    "CorruptInputError",
-    "SchemaError",
-    "OutputError",
-    "OutputExistsError",
-    "InvalidRecordError",
-]
+# The lazy names but torch's (``from tokpack import *`` must not import torch), and the errors.
+__all__ = ["__version__", *(name for name, module in _LAZY.items() if module != "torch")]
+__all__ += errors.__all__

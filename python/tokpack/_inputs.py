@@ -24,16 +24,6 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 from .errors import ConfigError, InputNotFoundError, InputPermissionError, TokpackError
 
-__all__ = [
-    "TOKEN_SUFFIXES",
-    "RAW_SUFFIXES",
-    "resolve_inputs",
-    "require_file",
-    "input_error",
-    "shown_path",
-    "is_parquet",
-]
-
 PARQUET_SUFFIXES = (".parquet", ".pq")
 # Token shards: Parquet and Arrow IPC (the Rust reader recognises the format by its magic bytes).
 TOKEN_SUFFIXES = PARQUET_SUFFIXES + (".arrow", ".feather", ".ipc")

@@ -20,8 +20,6 @@ from typing import Tuple
 
 import numpy as np
 
-__all__ = ["EpochOrder", "RankSplit", "TAILS"]
-
 TAILS = ("even", "drop")
 
 
@@ -38,14 +36,11 @@ class EpochOrder:
         n_groups = len(group_rows)
         groups = _rng(seed, epoch, 0).permutation(n_groups) if shuffle else np.arange(n_groups)
         self.seed, self.epoch, self.shuffle = seed, epoch, shuffle
-        self.groups = groups
-        self.group_rows = group_rows[groups]
-        self.window = window
+        self.group_rows = group_rows
         self.window_groups = [groups[i : i + window] for i in range(0, n_groups, window)]
         sizes = [int(group_rows[w].sum()) for w in self.window_groups]
         self.window_start = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self._cached: Tuple[int, np.ndarray, np.ndarray] = (-1, np.zeros(0), np.zeros(0))
-        self._all_group_rows = group_rows
 
     @property
     def num_rows(self) -> int:
@@ -55,7 +50,7 @@ class EpochOrder:
         """(permutation of the window's rows, cumulative row starts of its groups)."""
         if self._cached[0] != w:
             groups = self.window_groups[w]
-            starts = np.concatenate([[0], np.cumsum(self._all_group_rows[groups])])
+            starts = np.concatenate([[0], np.cumsum(self.group_rows[groups])])
             n = int(starts[-1])
             perm = _rng(self.seed, self.epoch, w + 1).permutation(n) if self.shuffle else None
             self._cached = (w, perm, starts)

@@ -27,30 +27,21 @@ import shutil
 import stat
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import pyarrow as pa
 
 from . import _tokpack
-from ._contract import SIDE_DIR
+from ._contract import FORMAT, SIDE_DIR
 from ._inputs import input_error, shown_path
-from .errors import ConfigError, CorruptOutputError, OutputError, OutputExistsError, TokpackError
-
-__all__ = [
-    "MANIFEST_NAME",
-    "SIDE_DIR",
-    "fingerprint_file",
-    "describe_inputs",
-    "cache_key",
-    "read_manifest",
-    "is_cache_hit",
-    "output_target",
-    "atomic_output_dir",
-    "write_json_atomic",
-    "writing",
-    "open_for_writing",
-    "cached_run",
-]
+from .errors import (
+    ConfigError,
+    CorruptOutputError,
+    InputNotFoundError,
+    OutputError,
+    OutputExistsError,
+    TokpackError,
+)
 
 # Side files (manifest, indexes, accounting) live in SIDE_DIR, a subdirectory Parquet readers
 # skip: pyarrow.dataset ignores names starting with "_", Hugging Face datasets ignores directories
@@ -109,6 +100,18 @@ def read_manifest(out_dir: os.PathLike) -> Optional[Dict[str, Any]]:
         return None
     except (OSError, ValueError) as exc:
         raise CorruptOutputError(f"{path}: unreadable manifest ({exc})") from None
+
+
+def read_packed_manifest(out_dir: os.PathLike) -> Dict[str, Any]:
+    """The manifest of a packed directory (``tokpack pack``'s output)."""
+    shown = shown_path(out_dir)
+    manifest = read_manifest(out_dir)
+    if manifest is None:
+        raise InputNotFoundError(f"{shown}: no {MANIFEST_NAME} (not a tokpack output directory)")
+    if manifest.get("format") != FORMAT:
+        found = manifest.get("format")
+        raise CorruptOutputError(f"{shown}: not a packed directory (format {found})")
+    return manifest
 
 
 def is_cache_hit(out_dir: os.PathLike, key: str) -> Optional[Dict[str, Any]]:
@@ -358,7 +361,7 @@ def write_json_atomic(path: os.PathLike, data: Dict[str, Any]) -> None:
 
 
 @contextlib.contextmanager
-def writing(path: Path) -> Iterator[None]:
+def writing(path: Union[str, os.PathLike]) -> Iterator[None]:
     """Turns an OSError while writing ``path`` (disk full, permissions; pyarrow raises OSError
     too) into an :class:`OutputError` naming it, so the CLI reports one line, not a traceback."""
     try:

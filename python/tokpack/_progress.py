@@ -13,8 +13,6 @@ from typing import Any, Callable, Optional, TextIO
 
 from . import _tokpack
 
-__all__ = ["Progress", "run_with_progress"]
-
 # Phase -> what its counts count ("bytes" are shown in MB).
 _UNITS = {"tokenize": "bytes", "reading": "units", "planning": "", "writing": "rows"}
 _WIDTH = 24

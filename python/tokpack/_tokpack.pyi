@@ -5,6 +5,8 @@ from typing import Any, Dict, List, Optional, Tuple, Union, final
 import numpy as np
 import numpy.typing as npt
 
+from .planning import Plan as _PlanFields
+
 __all__ = [
     "__version__",
     "MAX_THREADS",
@@ -41,24 +43,9 @@ STRATEGIES: Tuple[str, ...]
 OVERLONG_POLICIES: Tuple[str, ...]
 
 @final
-class PlanParts:
-    """A plan's arrays and figures; ``tokpack.Plan`` is built from them by name."""
-
-    bin_offsets: npt.NDArray[np.int64]
-    sample_ids: npt.NDArray[np.int64]
-    starts: npt.NDArray[np.int64]
-    lengths: npt.NDArray[np.int64]
-    dropped: npt.NDArray[np.int64]
-    empty: npt.NDArray[np.int64]
-    truncated: npt.NDArray[np.int64]
-    split: npt.NDArray[np.int64]
-    n_samples: int
-    input_tokens: int
-    max_len: int
-    strategy: str
-    total_tokens: int
-    lower_bound: int
-    efficiency: float
+class PlanParts(_PlanFields):
+    """A plan's arrays and figures: the fields of ``tokpack.Plan``, typed and documented there
+    (``Plan._from_rust`` builds a Plan from them by name); none of its methods."""
 
 @final
 class PackedRows:

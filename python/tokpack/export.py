@@ -61,17 +61,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ._arrays import list_array
-from ._contract import FORMAT, IGNORE_INDEX
+from ._contract import IGNORE_INDEX
 from ._inputs import input_error, shown_path
-from ._outdir import MANIFEST_NAME, read_manifest
-from .errors import (
-    ConfigError,
-    CorruptOutputError,
-    DataError,
-    InputNotFoundError,
-    OutputError,
-    OutputExistsError,
-)
+from ._outdir import read_packed_manifest, writing
+from .errors import ConfigError, CorruptOutputError, DataError, OutputError, OutputExistsError
 
 __all__ = ["export_megatron", "export_nemo_packed", "MEGATRON_DTYPES", "DOCUMENT_MODES"]
 
@@ -120,17 +113,9 @@ def _offsets(array: Union[pa.ListArray, pa.LargeListArray]) -> np.ndarray:
 
 def _packed_shards(packed_dir: PathLike) -> Tuple[List[Path], bool]:
     """The shard files of a packed directory, in order, and whether they hold labels."""
-    out = Path(packed_dir)
-    manifest = read_manifest(out)
-    if manifest is None:
-        raise InputNotFoundError(
-            f"{shown_path(out)}: no {MANIFEST_NAME} (not a tokpack output directory)"
-        )
-    if manifest.get("format") != FORMAT:
-        raise CorruptOutputError(
-            f"{shown_path(out)}: not a packed directory (format {manifest.get('format')})"
-        )
-    return [out / shard["file"] for shard in manifest["shards"]], bool(manifest["has_labels"])
+    manifest = read_packed_manifest(packed_dir)
+    shards = [Path(packed_dir) / shard["file"] for shard in manifest["shards"]]
+    return shards, bool(manifest["has_labels"])
 
 
 def _row_groups(shards: Sequence[Path], with_labels: bool) -> Iterator[_Group]:
@@ -262,7 +247,7 @@ def export_megatron(
     bin_path, idx_path = Path(prefix + ".bin"), Path(prefix + ".idx")
     _refuse_existing([bin_path, idx_path], force)
     _make_parent(bin_path)
-    try:
+    with writing(prefix):
         with _temporary(bin_path) as bin_tmp, _temporary(idx_path) as idx_tmp:
             chosen = dtype or "uint16"
             written = _write_bin(bin_tmp, shards, chosen, auto=dtype is None)
@@ -284,10 +269,6 @@ def export_megatron(
             # The index last: Megatron opens a prefix by its .idx.
             os.replace(bin_tmp, bin_path)
             os.replace(idx_tmp, idx_path)
-    except OSError as exc:
-        if isinstance(exc, OutputError):
-            raise
-        raise OutputError(f"{shown_path(prefix)}: cannot write ({exc.strerror or exc})") from None
     return {
         "bin": str(bin_path),
         "idx": str(idx_path),
@@ -355,7 +336,7 @@ def export_nemo_packed(
     _refuse_existing([dest_path], force)
     _make_parent(dest_path)
     figures = {"file": str(dest_path), "rows": 0, "sequences": 0, "tokens": 0, "loss_tokens": 0}
-    try:
+    with writing(dest_path):
         with _temporary(dest_path) as tmp:
             with pq.ParquetWriter(tmp, _NEMO_SCHEMA, compression=compression) as writer:
                 for group in _row_groups(shards, has_labels):
@@ -367,9 +348,4 @@ def export_nemo_packed(
                     figures["loss_tokens"] += n_loss
             _refuse_existing([dest_path], force)
             os.replace(tmp, dest_path)
-    except OSError as exc:
-        if isinstance(exc, OutputError):
-            raise
-        shown = shown_path(dest_path)
-        raise OutputError(f"{shown}: cannot write ({exc.strerror or exc})") from None
     return figures

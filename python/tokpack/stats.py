@@ -242,7 +242,7 @@ def packing_stats(
 
 
 # What each policy does to an over-long sample.
-_DONE = {"split": "split", "truncate": "truncated", "drop": "dropped"}
+OVERLONG_DONE = {"split": "split", "truncate": "truncated", "drop": "dropped"}
 
 
 def advice(stats: PackingStats) -> List[str]:
@@ -291,7 +291,7 @@ def _trade_off(stats: PackingStats, c: MaxLenFigures) -> str:
     line = (
         f"max_len {c.max_len:,}: {rows}; {_n(c.over_samples, 'sample')} "
         f"({c.over_sample_share:.1%}) holding {c.over_token_share:.1%} of the tokens "
-        f"are {_DONE[stats.overlong]}"
+        f"are {OVERLONG_DONE[stats.overlong]}"
     )
     if stats.overlong == "truncate":
         line += f", losing {c.beyond_token_share:.1%} of the tokens"

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from .errors import ConfigError, OutputError
-from .stats import PackingStats
+from .stats import OVERLONG_DONE, PackingStats
 
 __all__ = ["PLOT_STRATEGIES", "PLOT_FORMATS", "check_plot_path", "stats_figure", "write_plot"]
 
@@ -83,21 +83,15 @@ def stats_figure(stats: PackingStats, lengths: Any) -> Any:
         ys = [stats.steps(r) for r in rows] if stats.batch_size else rows
         ax_rows.plot(cands, ys, "o-", color=_COLORS[s], label=s, gid=f"{what}:{s}")
         if s != "next_fit":  # next_fit's figures sit just above bfd's: they would overlap
-            below = s == "bfd"
+            label = {"textcoords": "offset points", "ha": "center", "fontsize": 8}
+            offset = (0, -14 if s == "bfd" else 7)
             for x, y in zip(cands, ys):
-                ax_rows.annotate(
-                    f"{y:,}",
-                    (x, y),
-                    textcoords="offset points",
-                    xytext=(0, -14 if below else 7),
-                    ha="center",
-                    fontsize=8,
-                    color=_COLORS[s],
-                )
+                ax_rows.annotate(f"{y:,}", (x, y), xytext=offset, color=_COLORS[s], **label)
         effs = [c.efficiency[s] for c in stats.candidates]
         ax_eff.plot(cands, effs, "o-", color=_COLORS[s], label=s, gid=f"efficiency:{s}")
     per_step = f" at batch size {stats.batch_size:,}" if stats.batch_size else ""
-    ax_rows.set_title(f"{what.capitalize()}{per_step} (over-long samples {_done(stats)})")
+    done = OVERLONG_DONE[stats.overlong]
+    ax_rows.set_title(f"{what.capitalize()}{per_step} (over-long samples {done})")
     ax_rows.set_ylabel(f"{what} (log scale)")
     # A log scale shows the ratio between strategies; room below bfd's and above padding's labels.
     low = min(min(line.get_ydata()) for line in ax_rows.get_lines())
@@ -120,10 +114,6 @@ def stats_figure(stats: PackingStats, lengths: Any) -> Any:
         ax.grid(alpha=0.3)
         ax.legend(title="strategy", loc="best")
     return fig
-
-
-def _done(stats: PackingStats) -> str:
-    return {"split": "split", "truncate": "truncated", "drop": "dropped"}[stats.overlong]
 
 
 def _distribution(ax: Any, stats: PackingStats, ordered: np.ndarray) -> None:
@@ -154,22 +144,11 @@ def _distribution(ax: Any, stats: PackingStats, ordered: np.ndarray) -> None:
     upto = np.searchsorted(ordered, xs, side="right")
     cum_tokens = np.concatenate([[0], np.cumsum(ordered)])
     total = max(int(cum_tokens[-1]), 1)
-    share.step(
-        xs,
-        upto / len(ordered),
-        where="post",
-        color=_SAMPLES_COLOR,
-        lw=2,
-        label="cumulative share of samples",
-    )
-    share.step(
-        xs,
-        cum_tokens[upto] / total,
-        where="post",
-        color=_TOKENS_COLOR,
-        lw=2,
-        label="cumulative share of tokens",
-    )
+    for ys, color, what in (
+        (upto / len(ordered), _SAMPLES_COLOR, "samples"),
+        (cum_tokens[upto] / total, _TOKENS_COLOR, "tokens"),
+    ):
+        share.step(xs, ys, where="post", color=color, lw=2, label=f"cumulative share of {what}")
     share.set_ylim(0, 1.02)
     share.set_ylabel("cumulative share (length at most x)")
     share.yaxis.set_major_formatter(FuncFormatter(_percent))

@@ -4,13 +4,14 @@ sample boundaries."""
 from __future__ import annotations
 
 import argparse
+import itertools
 from pathlib import Path
+from typing import Any, Dict, Iterator, List, Tuple
 
 import pyarrow.parquet as pq
 
-from .._contract import FORMAT
-from .._outdir import MANIFEST_NAME, read_manifest
-from ..errors import CorruptOutputError, InputNotFoundError
+from .._outdir import read_packed_manifest
+from ..errors import CorruptOutputError
 from ..integrity import cache_problem
 from ..report import table
 
@@ -22,11 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     out = Path(args.output)
-    manifest = read_manifest(out)
-    if manifest is None:
-        raise InputNotFoundError(f"{out}: no {MANIFEST_NAME} (not a tokpack output directory)")
-    if manifest.get("format") != FORMAT:
-        raise CorruptOutputError(f"{out}: not a packed directory (format {manifest.get('format')})")
+    manifest = read_packed_manifest(out)
     problem = cache_problem(out, manifest)
     if problem is not None:
         raise CorruptOutputError(f"{problem} (run `tokpack verify {out}` for a full check)")
@@ -41,20 +38,7 @@ def run(args: argparse.Namespace) -> int:
             ["figure", "value"], [[k, f"{v:,}" if isinstance(v, int) else v] for k, v in f.items()]
         )
     )
-    shown = []
-    for shard in manifest["shards"]:
-        if len(shown) >= args.rows:
-            break
-        pf = pq.ParquetFile(out / shard["file"])
-        for g in range(pf.num_row_groups):
-            cols = ["input_ids", "seq_lengths", "sample_ids", "num_tokens", "num_loss_tokens"]
-            for row in pf.read_row_group(g, columns=cols).to_pylist():
-                shown.append((shard["file"], row))
-                if len(shown) >= args.rows:
-                    break
-            if len(shown) >= args.rows:
-                break
-    for file, row in shown:
+    for file, row in itertools.islice(_rows(out, manifest["shards"]), max(args.rows, 0)):
         ids = row["input_ids"]
         print(
             f"\n{file}: {row['num_tokens']} tokens ({row['num_loss_tokens']} trained on), "
@@ -66,3 +50,13 @@ def run(args: argparse.Namespace) -> int:
             print(f"  [{pos:>6}:{pos + n:<6}] sample {s}: {head}{' ...' if n > 8 else ''}")
             pos += n
     return 0
+
+
+def _rows(out: Path, shards: List[Dict[str, Any]]) -> Iterator[Tuple[str, Dict[str, Any]]]:
+    """(shard file, row) of every packed row, read one row group at a time."""
+    cols = ["input_ids", "seq_lengths", "sample_ids", "num_tokens", "num_loss_tokens"]
+    for shard in shards:
+        pf = pq.ParquetFile(out / shard["file"])
+        for g in range(pf.num_row_groups):
+            for row in pf.read_row_group(g, columns=cols).to_pylist():
+                yield shard["file"], row

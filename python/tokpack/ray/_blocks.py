@@ -9,8 +9,9 @@ they stay in Ray's object store (spilled to disk when large), the distributed co
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -22,6 +23,9 @@ from ..errors import ConfigError, DataError, SchemaError, TokpackError
 # A dataset made with ``ray.data.read_parquet(..., include_paths=True)`` names each row's file:
 # the dropped-samples list then gives the file and row, as ``tokpack pack`` does.
 PATH_COLUMN = "path"
+# Without it, the dataset stands for the input file: the dropped list and the rejected records
+# then give each sample's row in the dataset.
+DATASET_SOURCE = "<ray.data.Dataset>"
 
 
 @dataclass(frozen=True)
@@ -83,20 +87,18 @@ def _measure(table: pa.Table, columns: Columns) -> Any:
         _, offsets, _ = sample_arrays(table, columns)
     except TokpackError as exc:
         return exc
-    runs: List[Tuple[str, int]] = []
-    if PATH_COLUMN in table.column_names:
-        for value, count in _runs(table.column(PATH_COLUMN).to_pylist()):
-            runs.append((value, count))
-    return np.diff(offsets), runs
+    paths = table.column(PATH_COLUMN).to_pylist() if PATH_COLUMN in table.column_names else []
+    return np.diff(offsets), _runs((path, 1) for path in paths)
 
 
-def _runs(values: Sequence[Any]) -> List[Tuple[Any, int]]:
+def _runs(counted: Iterable[Tuple[Any, int]]) -> List[Tuple[Any, int]]:
+    """``(value, count)`` pairs with the counts of consecutive equal values added up."""
     out: List[Tuple[Any, int]] = []
-    for v in values:
-        if out and out[-1][0] == v:
-            out[-1] = (v, out[-1][1] + 1)
+    for value, count in counted:
+        if out and out[-1][0] == value:
+            out[-1] = (value, out[-1][1] + count)
         else:
-            out.append((v, 1))
+            out.append((value, count))
     return out
 
 
@@ -105,28 +107,29 @@ def block_error(exc: TokpackError, block: int, base: int) -> TokpackError:
     return type(exc)(f"ray dataset block {block} (samples from {base}): {exc}")
 
 
+@contextlib.contextmanager
+def cancelling(tasks: List[Any]) -> Iterator[List[Any]]:
+    """Cancels ``tasks`` (as they stand then) when the block fails or is interrupted."""
+    try:
+        yield tasks
+    except BaseException:
+        for ref in tasks:
+            ray.cancel(ref, force=True)
+        raise
+
+
 def measure(refs: List[Any], columns: Columns) -> Measured:
     """Lengths of every sample in order (8 bytes a sample on the driver)."""
     results = ray.get([_measure.remote(ref, columns) for ref in refs])
-    lengths: List[np.ndarray] = []
-    runs: List[Tuple[str, int]] = []
-    base = 0
+    bases = np.zeros(len(results) + 1, dtype=np.int64)
     for j, result in enumerate(results):
         if isinstance(result, TokpackError):
-            raise block_error(result, j, base)
-        block_lengths, block_runs = result
-        lengths.append(block_lengths)
-        base += len(block_lengths)
-        for value, count in block_runs:
-            if runs and runs[-1][0] == value:
-                runs[-1] = (value, runs[-1][1] + count)
-            else:
-                runs.append((value, count))
-    sizes = [len(x) for x in lengths]
-    bases = np.zeros(len(sizes) + 1, dtype=np.int64)
-    np.cumsum(sizes, out=bases[1:])
+            raise block_error(result, j, int(bases[j]))
+        bases[j + 1] = bases[j] + len(result[0])
+    base = int(bases[-1])
     if base == 0:
         raise DataError("the ray dataset holds no samples")
+    runs = _runs(run for _, block_runs in results for run in block_runs)
     files = [r[0] for r in runs]
     if len(set(files)) != len(files) or (runs and sum(r[1] for r in runs) != base):
         raise ConfigError(
@@ -134,7 +137,7 @@ def measure(refs: List[Any], columns: Columns) -> Measured:
             "read the files with ray.data.read_parquet(..., include_paths=True) and no shuffle"
         )
     return Measured(
-        lengths=np.concatenate(lengths).astype(np.int64, copy=False),
+        lengths=np.concatenate([r[0] for r in results]).astype(np.int64, copy=False),
         bases=bases,
         files=files,
         file_rows=[r[1] for r in runs],

@@ -17,7 +17,7 @@ import numpy as np
 import ray
 
 from ..planning import Plan
-from ._blocks import Columns, sample_arrays
+from ._blocks import Columns, cancelling, sample_arrays
 from ._shards import Layout, Rows, concat, shard_ranges, take, write_shard
 from ._store import Out
 
@@ -68,8 +68,7 @@ def write_global(
     block_of, shard_of = key // n_shards, key % n_shards
 
     pieces: List[List[Any]] = [[] for _ in range(n_shards)]
-    pending: List[Any] = []
-    try:
+    with cancelling([]) as pending:
         block_starts = np.searchsorted(block_of, np.arange(len(refs) + 1))
         for j, ref in enumerate(refs):
             lo, hi = block_starts[j], block_starts[j + 1]
@@ -93,7 +92,3 @@ def write_global(
         ]
         pending.extend(writes)
         return ray.get(writes)
-    except BaseException:
-        for ref in pending:
-            ray.cancel(ref, force=True)
-        raise

@@ -18,10 +18,10 @@ import numpy as np
 import pyarrow as pa
 import ray
 
-from .._outdir import SIDE_DIR
+from .._contract import OVERLONG_HINT, SIDE_DIR
 from ..errors import DataError, OverlongError, TokpackError
 from ..planning import plan as make_plan
-from ._blocks import Columns, block_error, sample_arrays
+from ._blocks import Columns, block_error, cancelling, sample_arrays
 from ._shards import Layout, Rows, shard_ranges, write_shard
 from ._store import Out
 
@@ -67,7 +67,7 @@ def _pack_group(
         # The planner would name the sample by its index in the group, not in the dataset.
         return OverlongError(
             f"sample {base + k} has {int(lengths[k])} tokens, more than "
-            f'max_len={planning.max_len}; pass overlong="truncate", "drop" or "split"'
+            f"max_len={planning.max_len}; {OVERLONG_HINT}"
         )
     try:
         plan = make_plan(
@@ -132,16 +132,12 @@ def pack_local(
     groups = groups_of(sizes, min_block_samples)
     bases = np.zeros(len(sizes) + 1, dtype=np.int64)
     np.cumsum(sizes, out=bases[1:])
-    tasks = [
-        _pack_group.remote(out, g, int(bases[a]), columns, planning, layout, *refs[a:b])
-        for g, (a, b) in enumerate(groups)
-    ]
-    try:
+    with cancelling([]) as tasks:
+        tasks += [
+            _pack_group.remote(out, g, int(bases[a]), columns, planning, layout, *refs[a:b])
+            for g, (a, b) in enumerate(groups)
+        ]
         results = ray.get(tasks)
-    except BaseException:
-        for ref in tasks:
-            ray.cancel(ref, force=True)
-        raise
     for (a, _), result in zip(groups, results):
         if isinstance(result, TokpackError):
             raise block_error(result, a, int(bases[a]))

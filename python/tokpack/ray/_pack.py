@@ -2,26 +2,32 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, List, Union
 
 from .. import _tokpack, files
 from .._outdir import MANIFEST_NAME, write_json_atomic
 from ..errors import ConfigError, CorruptOutputError
 from ..planning import check_int, checked_args
 from ..planning import plan as make_plan
-from ._blocks import Measured, measure, ordered_blocks, resolve_columns
+from ._blocks import DATASET_SOURCE, Measured, measure, ordered_blocks, resolve_columns
 from ._global import write_global
 from ._local import Planning, pack_local
 from ._shards import Layout, remove_attempts
 from ._store import LocalOut, committed_output, read_manifest_at
 
 MODES = ("global", "local")
-# The dataset stands for the input file when it does not name its files (no "path" column):
-# the dropped list then gives each sample's row in the dataset.
-DATASET_SOURCE = "<ray.data.Dataset>"
+# The options of tokpack.pack_files that apply to a dataset, with its defaults (defined there).
+_NAMES = ("strategy", "overlong", "seed", "tokens_column", "labels_column", "loss_mask_column")
+_NAMES += ("rows_per_shard", "row_group_rows", "compression")
+_OPTIONS = {
+    name: p.default
+    for name, p in inspect.signature(files.pack_files).parameters.items()
+    if name in _NAMES
+}
 
 
 def pack(
@@ -29,18 +35,10 @@ def pack(
     output_dir: Union[str, os.PathLike],
     max_len: int,
     *,
-    strategy: str = "bfd",
-    overlong: str = "error",
-    seed: int = 0,
     mode: str = "global",
     min_block_samples: int = 4096,
-    tokens_column: str = "input_ids",
-    labels_column: Optional[str] = "labels",
-    loss_mask_column: Optional[str] = None,
-    rows_per_shard: int = 16384,
-    row_group_rows: int = 1024,
-    compression: str = "zstd",
     filesystem: Any = None,
+    **options: Any,
 ) -> Dict[str, Any]:
     """Pack a ``ray.data.Dataset`` of token lists into ``output_dir`` on the Ray cluster;
     returns the manifest as a dict.
@@ -56,42 +54,39 @@ def pack(
             without one).
         filesystem: a ``pyarrow.fs.FileSystem`` or fsspec file system ``output_dir`` is on
             (default: from the URI, else local).
-        max_len, strategy, overlong, seed, tokens_column, labels_column, loss_mask_column,
-            rows_per_shard, row_group_rows, compression: as in :func:`tokpack.pack_files`.
         mode: ``"global"`` plans the whole corpus on the driver (8 bytes a sample) and writes
             the shards ``tokpack pack`` writes for the same inputs, byte for byte; ``"local"``
             packs runs of consecutive blocks of at least ``min_block_samples`` samples on their
             own (the driver holds one number per block) at a small cost in rows (README).
+        options: ``strategy``, ``overlong``, ``seed``, ``tokens_column``, ``labels_column``,
+            ``loss_mask_column``, ``rows_per_shard``, ``row_group_rows``, ``compression``: as
+            in :func:`tokpack.pack_files`, with its defaults.
 
     Raises:
         ConfigError, DataError, SchemaError, OverlongError: as :func:`tokpack.pack_files`, naming
         the dataset block and sample.
     """
     started = time.perf_counter()
-    max_len, seed, _ = checked_args(max_len, seed, None)
+    unknown = sorted(set(options) - set(_OPTIONS))
+    if unknown:
+        raise TypeError(f"pack() got an unexpected keyword argument {unknown[0]!r}")
+    options = {**_OPTIONS, **options}
+    max_len, seed, _ = checked_args(max_len, options["seed"], None)
     if mode not in MODES:
         raise ConfigError(f"unknown mode {mode!r}; expected one of {MODES}")
     min_block_samples = check_int(min_block_samples, "min_block_samples", 1, 2**62)
-    config = files._config(
-        max_len=max_len,
-        strategy=strategy,
-        overlong=overlong,
-        seed=seed,
-        tokens_column=tokens_column,
-        labels_column=labels_column,
-        loss_mask_column=loss_mask_column,
-        rows_per_shard=rows_per_shard,
-        row_group_rows=row_group_rows,
-        compression=compression,
-    )
+    config = files._config(**{**options, "max_len": max_len, "seed": seed})
+    strategy, overlong = config["strategy"], config["overlong"]
     if mode == "local":
         config["ray"] = {"mode": mode, "min_block_samples": min_block_samples}
-    layout = Layout(max_len, config["row_group_rows"], compression)
+    layout = Layout(max_len, config["row_group_rows"], config["compression"])
     stages: Dict[str, float] = {}
     with committed_output(output_dir, filesystem) as (out, local):
         clock = _Clock(stages)
         refs = ordered_blocks(ds)
-        columns = resolve_columns(refs, tokens_column, labels_column, loss_mask_column)
+        columns = resolve_columns(
+            refs, config["tokens_column"], config["labels_column"], config["loss_mask_column"]
+        )
         clock.lap("blocks")
         if mode == "global":
             measured = measure(refs, columns)

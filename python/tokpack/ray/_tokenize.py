@@ -21,9 +21,7 @@ import pyarrow.parquet as pq
 
 from ..errors import ConfigError
 from ..tokenize import TOKEN_SCHEMA, load_tokenizer, tokenize_to_batches
-
-# The records of a batch have no file of their own: rejections name the dataset instead.
-DATASET_SOURCE = "<ray.data.Dataset>"
+from ._blocks import DATASET_SOURCE
 
 
 class _Tokenize:
@@ -55,7 +53,7 @@ class _Tokenize:
         name = f"rejected-{secrets.token_hex(8)}.jsonl"
         tmp = Path(self.rejected_dir) / f".{name}.tmp"
         with open(tmp, "w", encoding="utf-8") as f:
-            for r in rejected:
+            for r in rejected:  # the records of a batch have no file: the dataset stands in
                 f.write(json.dumps({**r, "file": DATASET_SOURCE}, sort_keys=True) + "\n")
             f.flush()
             os.fsync(f.fileno())
