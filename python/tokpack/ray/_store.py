@@ -164,7 +164,7 @@ class StoreOut(Out):
         for name in sorted(names, key=lambda n: n != MANIFEST_NAME):
             self.fs.delete_file(self.key(name))
         for folder in sorted(self.names(pafs.FileType.Directory), reverse=True):
-            if _OURS.fullmatch(folder + "/x") or folder == SIDE_DIR:  # emptied above
+            if _OURS.fullmatch(f"{folder}/x"):  # a folder of ours, emptied above
                 self.fs.delete_dir(self.key(folder))
 
 
