@@ -168,12 +168,6 @@ def _make_parent(path: Path) -> None:
         raise OutputError(f"{shown_path(path.parent)}: cannot create ({exc.strerror})") from None
 
 
-def _choose_dtype(dtype: Optional[str]) -> Optional[str]:
-    if dtype is not None and dtype not in MEGATRON_DTYPES:
-        raise ConfigError(f"dtype must be one of {', '.join(MEGATRON_DTYPES)}, not {dtype!r}")
-    return dtype
-
-
 def _write_bin(
     bin_tmp: Path, shards: Sequence[Path], dtype: str, auto: bool
 ) -> Optional[Tuple[List[np.ndarray], List[np.ndarray], int]]:
@@ -239,7 +233,8 @@ def export_megatron(
     """
     if document not in DOCUMENT_MODES:
         raise ConfigError(f"document must be one of {', '.join(DOCUMENT_MODES)}, not {document!r}")
-    dtype = _choose_dtype(dtype)
+    if dtype is not None and dtype not in MEGATRON_DTYPES:
+        raise ConfigError(f"dtype must be one of {', '.join(MEGATRON_DTYPES)}, not {dtype!r}")
     shards, _ = _packed_shards(packed_dir)
     prefix = os.fspath(prefix)
     if not os.path.basename(prefix):

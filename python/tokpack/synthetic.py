@@ -50,8 +50,6 @@ def write_token_shards(
 
     Tokens are random ids, generated and written one row group at a time, so a corpus larger
     than memory can be made."""
-    from pathlib import Path
-
     import pyarrow as pa
     import pyarrow.parquet as pq
 

@@ -25,7 +25,7 @@ from .._contract import OVERLONG_HINT, SIDE_DIR
 from ..errors import DataError, OverlongError, TokpackError
 from ..planning import plan as make_plan
 from ._blocks import Columns, block_error, cancelling, sample_arrays
-from ._shards import ATTEMPT_PREFIX, Layout, Rows, shard_ranges, write_shard
+from ._shards import ATTEMPT_PREFIX, Layout, Rows, accounting, shard_ranges, write_shard
 
 GROUP_PREFIX = ".group-"
 
@@ -95,15 +95,7 @@ def _pack_group(
         os.rename(attempt, Path(out_tmp) / f"{GROUP_PREFIX}{group}")
     except OSError:
         shutil.rmtree(attempt, ignore_errors=True)  # a duplicate of this task got there first
-    return {
-        "shards": shards,
-        "n_samples": plan.n_samples,
-        "rows": plan.n_bins,
-        "segments": plan.n_segments,
-        "tokens": plan.total_tokens,
-        "input_tokens": plan.input_tokens,
-        **{k: getattr(plan, k) + base for k in ("dropped", "empty", "truncated", "split")},
-    }
+    return accounting(plan, shards, base)
 
 
 def groups_of(sizes: List[int], min_block_samples: int) -> List[Tuple[int, int]]:

@@ -16,7 +16,7 @@ from ..planning import plan as make_plan
 from ._blocks import DATASET_SOURCE, Measured, measure, ordered_blocks, resolve_columns
 from ._global import write_global
 from ._local import Planning, pack_local
-from ._shards import Layout, prepare, remove_attempts
+from ._shards import Layout, accounting, prepare, remove_attempts
 
 MODES = ("global", "local")
 # The options of tokpack.pack_files that apply to a dataset, with its defaults (defined there).
@@ -92,7 +92,7 @@ def pack(
             shards = write_global(
                 refs, measured.bases, plan, columns, tmp, layout, config["rows_per_shard"]
             )
-            result = _plan_result(plan, shards)
+            result = accounting(plan, shards)
             sources = _sources(measured)
         else:
             planning = Planning(max_len, strategy, overlong, seed, config["rows_per_shard"])
@@ -128,25 +128,6 @@ class _Clock:
         now = time.perf_counter()
         self.stages[name] = round(now - self.last, 3)
         self.last = now
-
-
-def _plan_result(plan: Any, shards: List[Dict[str, Any]]) -> Dict[str, Any]:
-    """The accounting of a global plan, as ``_tokpack.pack_files`` reports it."""
-    return {
-        "n_samples": plan.n_samples,
-        "rows": plan.n_bins,
-        "segments": plan.n_segments,
-        "tokens": plan.total_tokens,
-        "input_tokens": plan.input_tokens,
-        "lower_bound": plan.lower_bound,
-        "efficiency": plan.efficiency,
-        "max_len": plan.max_len,
-        "dropped": plan.dropped,
-        "empty": plan.empty,
-        "truncated": plan.truncated,
-        "split": plan.split,
-        "shards": shards,
-    }
 
 
 def _sources(measured: Measured) -> Any:
