@@ -10,10 +10,11 @@ mod pretokenize;
 mod unicode;
 
 pub use batch::{encode_batch, EncodedBatch};
+pub use model::byte_to_char;
 pub use pretokenize::Pattern;
 
 use added::{AddedTokens, Piece};
-use model::{byte_to_char, Model};
+use model::Model;
 use rustc_hash::FxHashMap;
 use serde_json::Value;
 use std::sync::atomic::{AtomicU64, Ordering};
