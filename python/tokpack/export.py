@@ -204,11 +204,8 @@ def _write_idx(
     np.cumsum(lengths[:-1], dtype=np.int64, out=pointers[1:])
     pointers *= np.dtype(np_dtype).itemsize
     with open(idx_tmp, "wb") as f:
-        f.write(_INDEX_HEADER)
-        f.write(struct.pack("<Q", _INDEX_VERSION))
-        f.write(struct.pack("<B", code))
-        f.write(struct.pack("<Q", lengths.size))
-        f.write(struct.pack("<Q", document_indices.size))
+        counts = struct.pack("<QBQQ", _INDEX_VERSION, code, lengths.size, document_indices.size)
+        f.write(_INDEX_HEADER + counts)
         f.write(lengths.astype("<i4").tobytes())
         f.write(pointers.astype("<i8", copy=False).tobytes())
         f.write(document_indices.astype("<i8", copy=False).tobytes())
