@@ -73,10 +73,9 @@ def pack(
     if mode == "local":
         config["ray"] = {"mode": mode, "min_block_samples": min_block_samples}
     layout = Layout(max_len, config["row_group_rows"], config["compression"])
-    stages: Dict[str, float] = {}
     with atomic_output_dir(output_dir) as tmp:
         prepare(tmp)
-        clock = _Clock(stages)
+        clock = _Clock()
         refs = ordered_blocks(ds)
         columns = resolve_columns(
             refs, config["tokens_column"], config["labels_column"], config["loss_mask_column"]
@@ -112,7 +111,7 @@ def pack(
         # Never a cache hit (a Ray dataset has no cheap fingerprint), hence no cache key.
         manifest = {"tokpack_version": _tokpack.__version__, "cache_key": None}
         manifest.update(files._manifest(config, described, result, time.perf_counter() - started))
-        manifest["ray"] = {"mode": mode, "blocks": len(refs), "stage_s": stages}
+        manifest["ray"] = {"mode": mode, "blocks": len(refs), "stage_s": clock.stages}
         write_json_atomic(tmp / MANIFEST_NAME, manifest)
     return manifest
 
@@ -120,8 +119,8 @@ def pack(
 class _Clock:
     """Wall time of each stage, for the manifest's ``ray.stage_s`` (and the benchmark)."""
 
-    def __init__(self, stages: Dict[str, float]) -> None:
-        self.stages = stages
+    def __init__(self) -> None:
+        self.stages: Dict[str, float] = {}
         self.last = time.perf_counter()
 
     def lap(self, name: str) -> None:
