@@ -57,10 +57,7 @@ def fingerprint_file(path: os.PathLike, chunk: int = 1 << 22) -> str:
     """BLAKE2b-128 of the whole file content (hashlib releases the GIL on large buffers)."""
     h = hashlib.blake2b(digest_size=16)
     with open(path, "rb") as f:
-        while True:
-            block = f.read(chunk)
-            if not block:
-                break
+        for block in iter(lambda: f.read(chunk), b""):
             h.update(block)
     return h.hexdigest()
 
@@ -130,8 +127,8 @@ def _pid_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:  # alive, another user's
+        pass
     return True
 
 

@@ -16,25 +16,17 @@ if TYPE_CHECKING:
     import argparse
     from typing import Any, List, Optional
 
-# name -> (module, one-line help). Modules are imported only when their command runs.
+# name -> one-line help. Command NAME is module tokpack.commands.NAME (with "_" for "-"),
+# imported only when the command runs.
 COMMANDS = {
-    "demo": ("tokpack.commands.demo", "pack a built-in synthetic SFT corpus and print the figures"),
-    "pack": ("tokpack.commands.pack", "pack Parquet / Arrow IPC token shards into packed shards"),
-    "stats": (
-        "tokpack.commands.stats",
-        "which max_len: rows and efficiency per candidate length",
-    ),
-    "inspect": ("tokpack.commands.inspect", "figures and a few rows of a packed directory"),
-    "verify": (
-        "tokpack.commands.verify",
-        "check that a packed directory is intact (exit 2 if not)",
-    ),
-    "tokenize": ("tokpack.commands.tokenize", "chat / instruction / text files to token shards"),
-    "export": ("tokpack.commands.export", "a packed directory to Megatron-LM or NeMo formats"),
-    "mix-stats": (
-        "tokpack.commands.mix_stats",
-        "what one epoch of a weighted mixture of packed directories delivers",
-    ),
+    "demo": "pack a built-in synthetic SFT corpus and print the figures",
+    "pack": "pack Parquet / Arrow IPC token shards into packed shards",
+    "stats": "which max_len: rows and efficiency per candidate length",
+    "inspect": "figures and a few rows of a packed directory",
+    "verify": "check that a packed directory is intact (exit 2 if not)",
+    "tokenize": "chat / instruction / text files to token shards",
+    "export": "a packed directory to Megatron-LM or NeMo formats",
+    "mix-stats": "what one epoch of a weighted mixture of packed directories delivers",
 }
 
 
@@ -47,7 +39,8 @@ def build_parser() -> "argparse.ArgumentParser":
     )
     parser.add_argument("--version", action="version", version=f"tokpack {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, (module, help_text) in COMMANDS.items():
+    for name, help_text in COMMANDS.items():
+        module = f"tokpack.commands.{name.replace('-', '_')}"
         cmd = sub.add_parser(name, help=help_text, description=help_text)
         importlib.import_module(module).add_arguments(cmd)
         cmd.set_defaults(_module=module)

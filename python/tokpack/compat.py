@@ -34,9 +34,10 @@ class _Layout:
             seed=0,
             threads=1,
         )
-        bin_offsets, sample_ids, seg_lengths = parts.bin_offsets, parts.sample_ids, parts.lengths
+        bin_offsets, seg_lengths = parts.bin_offsets, parts.lengths
+        self.sample_ids = parts.sample_ids
+        self.max_length = max_length
         self.n_rows = len(bin_offsets) - 1
-        self.sample_ids = sample_ids
         row_of_seg = np.repeat(np.arange(self.n_rows), np.diff(bin_offsets))
         seg_ends = np.cumsum(seg_lengths)
         seg_starts = seg_ends - seg_lengths
@@ -51,11 +52,13 @@ class _Layout:
         )
         self.dest = np.repeat(dest_start, seg_lengths) + within
 
-    def fill(self, parts: List[np.ndarray], max_length: int, pad: Any, dtype) -> np.ndarray:
-        out = np.full((self.n_rows, max_length), pad, dtype=dtype)
+    def fill(self, parts: List[np.ndarray], pad: Any) -> np.ndarray:
+        """The ``[rows, max_length]`` grid of ``parts`` (in their common dtype), ``pad`` around."""
+        nonempty = [a.dtype for a in parts if a.size]
+        dtype = np.result_type(*nonempty) if nonempty else np.dtype(np.int64)
+        out = np.full((self.n_rows, self.max_length), pad, dtype=dtype)
         if len(self.sample_ids):
-            flat = np.concatenate([parts[i] for i in self.sample_ids])
-            out.reshape(-1)[self.dest] = flat
+            out.reshape(-1)[self.dest] = np.concatenate([parts[i] for i in self.sample_ids])
         return out
 
     def boundaries(self) -> List[List[Tuple[int, int]]]:
@@ -85,11 +88,6 @@ def _lengths(arrays: List[np.ndarray], max_length: int, what: str) -> np.ndarray
             f"truncate first, e.g. [s[:max_length] for s in sequences if len(s) > 0]"
         )
     return lengths
-
-
-def _out_dtype(arrays: List[np.ndarray]):
-    nonempty = [a.dtype for a in arrays if a.size]
-    return np.result_type(*nonempty) if nonempty else np.dtype(np.int64)
 
 
 def _to_output(arr: np.ndarray, torch_in: bool, device: Any):
@@ -122,9 +120,7 @@ def pack_sequences(
     max_length = checked_args(max_length, 0, None)[0]
     arrays, torch_in, device = _as_arrays(sequences, "sequences")
     layout = _Layout(_lengths(arrays, max_length, "sequences"), max_length)
-    packed = _to_output(
-        layout.fill(arrays, max_length, pad_token_id, _out_dtype(arrays)), torch_in, device
-    )
+    packed = _to_output(layout.fill(arrays, pad_token_id), torch_in, device)
     return (packed, layout.boundaries()) if return_boundaries else packed
 
 
@@ -162,12 +158,9 @@ def concatenate_and_pack(
                     f"{what}[{i}] has {b.size} entries but input_sequences[{i}] has {a.size}"
                 )
     layout = _Layout(_lengths(inputs, max_length, "input_sequences"), max_length)
-    return (
-        _to_output(
-            layout.fill(inputs, max_length, pad_token_id, _out_dtype(inputs)), torch_in, device
-        ),
-        _to_output(
-            layout.fill(labels, max_length, label_pad_id, _out_dtype(labels)), torch_in, device
-        ),
-        _to_output(layout.fill(masks, max_length, 0, _out_dtype(masks)), torch_in, device),
+    grids = (
+        layout.fill(inputs, pad_token_id),
+        layout.fill(labels, label_pad_id),
+        layout.fill(masks, 0),
     )
+    return tuple(_to_output(grid, torch_in, device) for grid in grids)

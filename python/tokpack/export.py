@@ -168,12 +168,6 @@ def _make_parent(path: Path) -> None:
         raise OutputError(f"{shown_path(path.parent)}: cannot create ({exc.strerror})") from None
 
 
-def _choose_dtype(dtype: Optional[str]) -> Optional[str]:
-    if dtype is not None and dtype not in MEGATRON_DTYPES:
-        raise ConfigError(f"dtype must be one of {', '.join(MEGATRON_DTYPES)}, not {dtype!r}")
-    return dtype
-
-
 def _write_bin(
     bin_tmp: Path, shards: Sequence[Path], dtype: str, auto: bool
 ) -> Optional[Tuple[List[np.ndarray], List[np.ndarray], int]]:
@@ -210,11 +204,8 @@ def _write_idx(
     np.cumsum(lengths[:-1], dtype=np.int64, out=pointers[1:])
     pointers *= np.dtype(np_dtype).itemsize
     with open(idx_tmp, "wb") as f:
-        f.write(_INDEX_HEADER)
-        f.write(struct.pack("<Q", _INDEX_VERSION))
-        f.write(struct.pack("<B", code))
-        f.write(struct.pack("<Q", lengths.size))
-        f.write(struct.pack("<Q", document_indices.size))
+        counts = struct.pack("<QBQQ", _INDEX_VERSION, code, lengths.size, document_indices.size)
+        f.write(_INDEX_HEADER + counts)
         f.write(lengths.astype("<i4").tobytes())
         f.write(pointers.astype("<i8", copy=False).tobytes())
         f.write(document_indices.astype("<i8", copy=False).tobytes())
@@ -239,7 +230,8 @@ def export_megatron(
     """
     if document not in DOCUMENT_MODES:
         raise ConfigError(f"document must be one of {', '.join(DOCUMENT_MODES)}, not {document!r}")
-    dtype = _choose_dtype(dtype)
+    if dtype is not None and dtype not in MEGATRON_DTYPES:
+        raise ConfigError(f"dtype must be one of {', '.join(MEGATRON_DTYPES)}, not {dtype!r}")
     shards, _ = _packed_shards(packed_dir)
     prefix = os.fspath(prefix)
     if not os.path.basename(prefix):

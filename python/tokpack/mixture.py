@@ -329,19 +329,11 @@ def mixture_stats(
         full, part = divmod(int(c), packed.num_rows)
         g, r = mix.order(s, epoch, full).rows(0, part)
         picked = packed.group_start[g] + r
-        per[name] = {
-            "rows": int(c),
-            **{
-                key: full * int(values.sum()) + int(values[picked].sum())
-                for key, values in (
-                    ("tokens", rc.tokens),
-                    ("loss_terms", rc.loss_terms),
-                    ("samples", rc.samples),
-                )
-            },
-            "epochs": int(c) / packed.num_rows,
-            "weight": mix.shares[name],
-        }
+        per[name] = {"rows": int(c)}
+        for key in ("tokens", "loss_terms", "samples"):  # whole epochs, then the rows picked
+            values = getattr(rc, key)
+            per[name][key] = full * int(values.sum()) + int(values[picked].sum())
+        per[name].update(epochs=int(c) / packed.num_rows, weight=mix.shares[name])
     totals = {
         k: sum(v[k] for v in per.values()) for k in ("rows", "tokens", "loss_terms", "samples")
     }

@@ -73,16 +73,7 @@ def packed_table(
         columns["labels"] = list_array(row_offsets, labels, pa.int32())
     columns["seq_lengths"] = list_array(plan.bin_offsets, plan.lengths.astype(np.int32), pa.int32())
     columns["sample_ids"] = list_array(plan.bin_offsets, plan.sample_ids, pa.int64())
-    figures = {
-        "strategy": plan.strategy,
-        "max_len": plan.max_len,
-        "n_samples": plan.n_samples,
-        "n_bins": plan.n_bins,
-        "total_tokens": plan.total_tokens,
-        "lower_bound": plan.lower_bound,
-        "efficiency": plan.efficiency,
-        "dropped": len(plan.dropped),
-        "truncated": len(plan.truncated),
-        "split": len(plan.split),
-    }
+    scalars = ("strategy", "max_len", "n_samples", "n_bins", "total_tokens", "lower_bound")
+    figures = {name: getattr(plan, name) for name in (*scalars, "efficiency")}
+    figures.update((name, len(getattr(plan, name))) for name in ("dropped", "truncated", "split"))
     return pa.table(columns).replace_schema_metadata({"tokpack": json.dumps(figures)})

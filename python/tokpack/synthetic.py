@@ -24,11 +24,9 @@ _MIXTURE = ((0.62, 160.0, 0.75), (0.28, 560.0, 0.70), (0.10, 2300.0, 0.65))
 def sft_lengths(n: int, seed: int = 0, max_length: int = 8192) -> np.ndarray:
     """``n`` sample lengths (int32) drawn from an SFT-like lognormal mixture."""
     rng = np.random.default_rng(seed)
-    weights = np.array([w for w, _, _ in _MIXTURE])
+    weights, medians, sigmas = map(np.array, zip(*_MIXTURE))
     component = rng.choice(len(_MIXTURE), size=n, p=weights / weights.sum())
-    medians = np.array([m for _, m, _ in _MIXTURE])[component]
-    sigmas = np.array([s for _, _, s in _MIXTURE])[component]
-    lengths = np.exp(np.log(medians) + sigmas * rng.standard_normal(n))
+    lengths = np.exp(np.log(medians[component]) + sigmas[component] * rng.standard_normal(n))
     return np.clip(np.rint(lengths), 1, max_length).astype(np.int32)
 
 
@@ -50,8 +48,6 @@ def write_token_shards(
 
     Tokens are random ids, generated and written one row group at a time, so a corpus larger
     than memory can be made."""
-    from pathlib import Path
-
     import pyarrow as pa
     import pyarrow.parquet as pq
 

@@ -81,27 +81,20 @@ def run(args: argparse.Namespace) -> int:
         f" {stats['loss_terms']:,} loss tokens, {stats['samples']:,} samples"
         f" (schedule period {stats['period']:,} rows)"
     )
-    header = (
-        "source",
-        "weight",
-        "rows",
-        "row share",
-        "tokens",
-        "token share",
-        "loss tokens",
-        "epochs",
-    )
-    print("  ".join(f"{h:>12}" for h in header))
+    print("  ".join(f"{h:>12}" for h in ("source", *(c[0] for c in _COLUMNS))))
     for name, s in stats["sources"].items():
-        cells = (
-            name,
-            f"{s['weight']:.4f}",
-            f"{s['rows']:,}",
-            f"{s['row_share']:.4f}",
-            f"{s['tokens']:,}",
-            f"{s['token_share']:.4f}",
-            f"{s['loss_terms']:,}",
-            f"{s['epochs']:.3f}",
-        )
+        cells = [name] + [format(s[key], spec) for _, key, spec in _COLUMNS]
         print("  ".join(f"{c:>12}" for c in cells))
     return 0
+
+
+# The table's columns after the source name: (header, figure, format).
+_COLUMNS = (
+    ("weight", "weight", ".4f"),
+    ("rows", "rows", ","),
+    ("row share", "row_share", ".4f"),
+    ("tokens", "tokens", ","),
+    ("token share", "token_share", ".4f"),
+    ("loss tokens", "loss_terms", ","),
+    ("epochs", "epochs", ".3f"),
+)

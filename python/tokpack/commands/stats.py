@@ -7,14 +7,21 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 from .._contract import STRATEGIES
 from ..errors import ConfigError
 from ..files import read_lengths
 from ..planning import checked_args
 from ..report import table
-from ..stats import STATS_OVERLONG, PackingStats, check_options, checked_max_lens, packing_stats
+from ..stats import (
+    STATS_OVERLONG,
+    MaxLenFigures,
+    PackingStats,
+    check_options,
+    checked_max_lens,
+    packing_stats,
+)
 
 _DEFAULT_OVERLONG = "split"
 
@@ -114,28 +121,22 @@ def render(stats: PackingStats, overlong_default: bool) -> str:
         ),
         "",
         "Efficiency (tokens / row capacity):",
-        table(
-            ["max_len", *STRATEGIES],
-            [
-                [f"{c.max_len:,}"] + [f"{c.efficiency[s]:.1%}" for s in STRATEGIES]
-                for c in stats.candidates
-            ],
-        ),
+        _per_strategy(stats, lambda c, s: f"{c.efficiency[s]:.1%}"),
     ]
     if stats.batch_size:
         out += [
             "",
             f"Optimizer steps at batch size {stats.batch_size:,} (rows / batch size, rounded up):",
-            table(
-                ["max_len", *STRATEGIES],
-                [
-                    [f"{c.max_len:,}"] + [f"{stats.steps(c.rows[s]):,}" for s in STRATEGIES]
-                    for c in stats.candidates
-                ],
-            ),
+            _per_strategy(stats, lambda c, s: f"{stats.steps(c.rows[s]):,}"),
         ]
     out += ["", "Advice:"] + [f"- {line}" for line in stats.advice()]
     return "\n".join(out)
+
+
+def _per_strategy(stats: PackingStats, cell: Callable[[MaxLenFigures, str], str]) -> str:
+    """A table of one figure per candidate (rows) and strategy (columns)."""
+    rows = [[f"{c.max_len:,}"] + [cell(c, s) for s in STRATEGIES] for c in stats.candidates]
+    return table(["max_len", *STRATEGIES], rows)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -22,7 +22,7 @@ from .._contract import OVERLONG_HINT, SIDE_DIR
 from ..errors import DataError, OverlongError, TokpackError
 from ..planning import plan as make_plan
 from ._blocks import Columns, block_error, cancelling, sample_arrays
-from ._shards import Layout, Rows, shard_ranges, write_shard
+from ._shards import Layout, Rows, accounting, shard_ranges, write_shard
 from ._store import Out
 
 GROUP_PREFIX = ".group-"
@@ -87,15 +87,7 @@ def _pack_group(
         write_shard(out, k, Rows.of(plan, a, b, base), held, layout, labels is not None, dest)
         for k, (a, b) in enumerate(shard_ranges(plan.n_bins, planning.rows_per_shard))
     ]
-    return {
-        "shards": shards,
-        "n_samples": plan.n_samples,
-        "rows": plan.n_bins,
-        "segments": plan.n_segments,
-        "tokens": plan.total_tokens,
-        "input_tokens": plan.input_tokens,
-        **{k: getattr(plan, k) + base for k in ("dropped", "empty", "truncated", "split")},
-    }
+    return accounting(plan, shards, base)
 
 
 def groups_of(sizes: List[int], min_block_samples: int) -> List[Tuple[int, int]]:

@@ -16,7 +16,7 @@ from ..planning import plan as make_plan
 from ._blocks import DATASET_SOURCE, Measured, measure, ordered_blocks, resolve_columns
 from ._global import write_global
 from ._local import Planning, pack_local
-from ._shards import Layout, remove_attempts
+from ._shards import Layout, accounting, remove_attempts
 from ._store import LocalOut, committed_output, read_manifest_at
 
 MODES = ("global", "local")
@@ -80,9 +80,8 @@ def pack(
     if mode == "local":
         config["ray"] = {"mode": mode, "min_block_samples": min_block_samples}
     layout = Layout(max_len, config["row_group_rows"], config["compression"])
-    stages: Dict[str, float] = {}
     with committed_output(output_dir, filesystem) as (out, local):
-        clock = _Clock(stages)
+        clock = _Clock()
         refs = ordered_blocks(ds)
         columns = resolve_columns(
             refs, config["tokens_column"], config["labels_column"], config["loss_mask_column"]
@@ -98,7 +97,7 @@ def pack(
             shards = write_global(
                 refs, measured.bases, plan, columns, out, layout, config["rows_per_shard"]
             )
-            result = _plan_result(plan, shards)
+            result = accounting(plan, shards)
             sources = _sources(measured)
         else:
             planning = Planning(max_len, strategy, overlong, seed, config["rows_per_shard"])
@@ -119,7 +118,7 @@ def pack(
         # Never a cache hit (a Ray dataset has no cheap fingerprint), hence no cache key.
         manifest = {"tokpack_version": _tokpack.__version__, "cache_key": None}
         manifest.update(files._manifest(config, described, result, time.perf_counter() - started))
-        manifest["ray"] = {"mode": mode, "blocks": len(refs), "stage_s": stages}
+        manifest["ray"] = {"mode": mode, "blocks": len(refs), "stage_s": clock.stages}
         write_json_atomic(local / MANIFEST_NAME, manifest)
     return manifest
 
@@ -127,33 +126,14 @@ def pack(
 class _Clock:
     """Wall time of each stage, for the manifest's ``ray.stage_s`` (and the benchmark)."""
 
-    def __init__(self, stages: Dict[str, float]) -> None:
-        self.stages = stages
+    def __init__(self) -> None:
+        self.stages: Dict[str, float] = {}
         self.last = time.perf_counter()
 
     def lap(self, name: str) -> None:
         now = time.perf_counter()
         self.stages[name] = round(now - self.last, 3)
         self.last = now
-
-
-def _plan_result(plan: Any, shards: List[Dict[str, Any]]) -> Dict[str, Any]:
-    """The accounting of a global plan, as ``_tokpack.pack_files`` reports it."""
-    return {
-        "n_samples": plan.n_samples,
-        "rows": plan.n_bins,
-        "segments": plan.n_segments,
-        "tokens": plan.total_tokens,
-        "input_tokens": plan.input_tokens,
-        "lower_bound": plan.lower_bound,
-        "efficiency": plan.efficiency,
-        "max_len": plan.max_len,
-        "dropped": plan.dropped,
-        "empty": plan.empty,
-        "truncated": plan.truncated,
-        "split": plan.split,
-        "shards": shards,
-    }
 
 
 def _sources(measured: Measured) -> Any:

@@ -103,6 +103,20 @@ def write_shard(
     return info
 
 
+def accounting(plan: Any, shards: List[Dict[str, Any]], id_base: int = 0) -> Dict[str, Any]:
+    """A plan's accounting, as ``_tokpack.pack_files`` reports it (sample ids + ``id_base``)."""
+    ids = {k: getattr(plan, k) + id_base for k in ("dropped", "empty", "truncated", "split")}
+    same = ("n_samples", "input_tokens", "max_len", "lower_bound", "efficiency")
+    return {
+        **{k: getattr(plan, k) for k in same},
+        **ids,
+        "rows": plan.n_bins,
+        "segments": plan.n_segments,
+        "tokens": plan.total_tokens,
+        "shards": shards,
+    }
+
+
 def remove_attempts(out_tmp: Path) -> None:
     """Removes what killed shard tasks left, so the output holds only listed files."""
     for entry in out_tmp.iterdir():

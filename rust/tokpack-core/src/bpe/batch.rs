@@ -88,23 +88,17 @@ pub fn encode_batch(
                 let i = first + k;
                 ids.clear();
                 ends.clear();
-                if !tokenizer.can_encode(text) {
+                if tokenizer.can_encode(text) {
+                    tokenizer.encode_into(text, &mut ids, &mut ends);
+                    let base = out.labels.len();
+                    out.ids.extend(ids.iter().map(|&id| id as i32));
+                    out.labels.resize(base + ids.len(), IGNORE_INDEX);
+                    let text_spans = &spans[span_offsets[i] as usize..span_offsets[i + 1] as usize];
+                    let (labels, ids) = (&mut out.labels[base..], &out.ids[base..]);
+                    mark_spans(text, &ends, text_spans, labels, ids);
+                } else {
                     out.fallback.push(i as i64);
-                    out.offsets.push(out.ids.len() as i64);
-                    continue;
                 }
-                tokenizer.encode_into(text, &mut ids, &mut ends);
-                let base = out.labels.len();
-                out.ids.extend(ids.iter().map(|&id| id as i32));
-                out.labels.resize(base + ids.len(), IGNORE_INDEX);
-                let (lo, hi) = (span_offsets[i] as usize, span_offsets[i + 1] as usize);
-                mark_spans(
-                    text,
-                    &ends,
-                    &spans[lo..hi],
-                    &mut out.labels[base..],
-                    &out.ids[base..],
-                );
                 out.offsets.push(out.ids.len() as i64);
             }
             out
@@ -135,20 +129,11 @@ fn mark_spans(text: &str, ends: &[u32], spans: &[(i64, i64)], labels: &mut [i32]
     if spans.is_empty() {
         return;
     }
-    let n_chars = if text.is_ascii() {
-        text.len()
-    } else {
-        text.chars().count()
-    };
     // Byte position of a character index (texts are mostly ASCII: then they are equal).
     let char_starts: Option<Vec<u32>> =
         (!text.is_ascii()).then(|| text.char_indices().map(|(b, _)| b as u32).collect());
-    let byte_of = |c: usize| -> u32 {
-        match &char_starts {
-            None => c as u32,
-            Some(starts) => starts[c],
-        }
-    };
+    let n_chars = char_starts.as_ref().map_or(text.len(), Vec::len);
+    let byte_of = |c: usize| char_starts.as_ref().map_or(c as u32, |starts| starts[c]);
     let token_at = |byte: u32| ends.partition_point(|&e| e <= byte);
     for &(start, end) in spans {
         let start = start.clamp(0, n_chars as i64) as usize;

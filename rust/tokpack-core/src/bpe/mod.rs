@@ -1,6 +1,6 @@
 //! A fast exact encoder for byte-level BPE tokenizers (`tokenizer.json` of the GPT-2, Llama 3
-//! and Qwen2 kinds), with a per-thread word cache and hand-written pre-tokenizers. It gives the ids `tokenizers` gives
-//! for the configurations it accepts; [`BpeTokenizer::from_json`] says
+//! and Qwen2 kinds), with a per-thread word cache and hand-written pre-tokenizers. It gives the
+//! ids `tokenizers` gives for the configurations it accepts; [`BpeTokenizer::from_json`] says
 //! [`LoadError::Unsupported`] for every other one, so callers fall back to `tokenizers`.
 
 mod added;
@@ -10,10 +10,11 @@ mod pretokenize;
 mod unicode;
 
 pub use batch::{encode_batch, EncodedBatch};
+pub use model::byte_to_char;
 pub use pretokenize::Pattern;
 
 use added::{AddedTokens, Piece};
-use model::{byte_to_char, Model};
+use model::Model;
 use rustc_hash::FxHashMap;
 use serde_json::Value;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -49,6 +50,10 @@ fn unsupported<T>(what: impl Into<String>) -> Result<T, LoadError> {
 
 fn is_null_or_false(v: Option<&Value>) -> bool {
     matches!(v, None | Some(Value::Null) | Some(Value::Bool(false)))
+}
+
+fn is_null(v: Option<&Value>) -> bool {
+    matches!(v, None | Some(Value::Null))
 }
 
 /// `Some(uses_regex)` for a ByteLevel pre-tokenizer without a prefix space.
@@ -176,9 +181,8 @@ impl BpeTokenizer {
         if model.get("type").and_then(Value::as_str) != Some("BPE") {
             return unsupported("a model other than BPE");
         }
-        if !model.get("dropout").is_none_or_null()
-            || !model.get("continuing_subword_prefix").is_none_or_null()
-            || !model.get("end_of_word_suffix").is_none_or_null()
+        let affixes = ["dropout", "continuing_subword_prefix", "end_of_word_suffix"];
+        if !affixes.iter().all(|k| is_null(model.get(*k)))
             || !is_null_or_false(model.get("byte_fallback"))
         {
             return unsupported("BPE with dropout, affixes or byte fallback");
@@ -210,13 +214,10 @@ impl BpeTokenizer {
             ));
         }
 
-        let chars = byte_to_char();
         let mut char_byte: FxHashMap<char, u8> = FxHashMap::default();
-        for (b, &c) in chars.iter().enumerate() {
-            char_byte.insert(c, b as u8);
-        }
         let mut byte_ids = [0u32; 256];
-        for (b, &c) in chars.iter().enumerate() {
+        for (b, c) in byte_to_char().into_iter().enumerate() {
+            char_byte.insert(c, b as u8);
             match vocab.get(c.encode_utf8(&mut [0; 4]) as &str) {
                 Some(&id) => byte_ids[b] = id,
                 None => return unsupported(format!("byte {b:#04x} is not in the vocabulary")),
@@ -255,16 +256,8 @@ impl BpeTokenizer {
             // The first occurrence of a pair wins, as in `tokenizers`.
             merges.entry((ia, ib)).or_insert((rank as u32, im));
         }
-        let whole_words = if model.get("ignore_merges").and_then(Value::as_bool) == Some(true) {
-            Some(
-                decoded
-                    .into_iter()
-                    .map(|(id, b)| (b.into_boxed_slice(), id))
-                    .collect(),
-            )
-        } else {
-            None
-        };
+        let whole_words = (model.get("ignore_merges").and_then(Value::as_bool) == Some(true))
+            .then(|| decoded.into_iter().map(|(id, b)| (b.into(), id)).collect());
 
         let mut raw = Vec::new();
         let mut normalized = Vec::new();
@@ -356,15 +349,5 @@ impl BpeTokenizer {
         let (mut ids, mut ends) = (Vec::new(), Vec::new());
         self.encode_into(text, &mut ids, &mut ends);
         Some(ids)
-    }
-}
-
-trait NullExt {
-    fn is_none_or_null(&self) -> bool;
-}
-
-impl NullExt for Option<&Value> {
-    fn is_none_or_null(&self) -> bool {
-        matches!(self, None | Some(Value::Null))
     }
 }

@@ -16,7 +16,7 @@ pub(crate) struct Model {
 }
 
 /// GPT-2's map of bytes to printable characters, used by byte-level vocabularies.
-pub(crate) fn byte_to_char() -> [char; 256] {
+pub fn byte_to_char() -> [char; 256] {
     let mut printable: Vec<u32> = (b'!' as u32..=b'~' as u32).collect();
     printable.extend(0xA1..=0xAC);
     printable.extend(0xAE..=0xFF);

@@ -20,12 +20,11 @@ impl CharClass {
                 .collect(),
             _ => unreachable!("{pattern} is a Unicode class"),
         };
-        let mut ascii = [false; 128];
-        for (i, slot) in ascii.iter_mut().enumerate() {
-            *slot = ranges
+        let ascii = std::array::from_fn(|i| {
+            ranges
                 .iter()
-                .any(|&(lo, hi)| lo <= i as u32 && i as u32 <= hi);
-        }
+                .any(|&(lo, hi)| (lo..=hi).contains(&(i as u32)))
+        });
         Self { ascii, ranges }
     }
 
@@ -35,17 +34,9 @@ impl CharClass {
         if c < 128 {
             return self.ascii[c as usize];
         }
-        self.ranges
-            .binary_search_by(|&(lo, hi)| {
-                if hi < c {
-                    std::cmp::Ordering::Less
-                } else if lo > c {
-                    std::cmp::Ordering::Greater
-                } else {
-                    std::cmp::Ordering::Equal
-                }
-            })
-            .is_ok()
+        // The first range not wholly below `c` holds it, if any does.
+        let i = self.ranges.partition_point(|&(_, hi)| hi < c);
+        self.ranges.get(i).is_some_and(|&(lo, _)| lo <= c)
     }
 }
 
