@@ -103,10 +103,10 @@ def check_cost(path: Path) -> str:
             shard = int(packed.group_shard[g])
             check = (packed.shard_sizes[shard], packed.shard_footers[shard], packed.group_bytes[g])
             _tokpack.read_row_group(
-                packed.shard_paths[shard],
-                int(packed.group_index[g]),
-                list(packed.columns),
-                check if checked else None,
+                path=packed.shard_paths[shard],
+                row_group=int(packed.group_index[g]),
+                columns=list(packed.columns),
+                check=check if checked else None,
             )
         return time.perf_counter() - start
 
