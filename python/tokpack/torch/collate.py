@@ -17,6 +17,7 @@ import torch
 
 from .._contract import IGNORE_INDEX
 from ..errors import ConfigError, DataError
+from ._transport import ship
 
 __all__ = ["PackedCollator", "FORMATS", "IGNORE_INDEX"]
 
@@ -112,11 +113,12 @@ class PackedCollator:
         if len(rows) == 0:
             raise DataError("PackedCollator got an empty batch")
         ids, labels, seg_lens = self._rows(rows)
+        # In a DataLoader worker the batch crosses to the main process in one shared-memory slot.
         if self.cp_size > 1:
-            return self._context_parallel(ids, labels, seg_lens)
+            return ship(self._context_parallel(ids, labels, seg_lens))
         if self.format in ("hf", "flash"):
-            return self._flat(ids, labels, seg_lens)
-        return self._padded(ids, labels, seg_lens)
+            return ship(self._flat(ids, labels, seg_lens))
+        return ship(self._padded(ids, labels, seg_lens))
 
     def _rows(self, rows: Sequence[Mapping[str, Any]]):
         ids: List[torch.Tensor] = []
