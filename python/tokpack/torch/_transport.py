@@ -127,16 +127,17 @@ def _fill(obj: Any, tensors: List[torch.Tensor]) -> Any:
     return obj
 
 
-Spec = Tuple[int, torch.dtype, Tuple[int, ...]]
+Spec = Tuple[int, int, torch.dtype, Tuple[int, ...]]
 
 
 def _layout(tensors: List[torch.Tensor]) -> Tuple[List[Spec], int]:
-    """(offset, dtype, shape) of each tensor in a slot, and the bytes used."""
+    """(offset, bytes, dtype, shape) of each tensor in a slot, and the bytes used."""
     specs = []
     used = 0
     for t in tensors:
-        specs.append((used, t.dtype, tuple(t.shape)))
-        used += -(-t.numel() * t.element_size() // _ALIGN) * _ALIGN
+        n = t.numel() * t.element_size()
+        specs.append((used, n, t.dtype, tuple(t.shape)))
+        used += -(-n // _ALIGN) * _ALIGN
     return specs, used
 
 
@@ -147,11 +148,7 @@ def _write(block: torch.Tensor, tensors: List[torch.Tensor], specs: List[Spec]) 
 
 def _views(block: torch.Tensor, specs: List[Spec]) -> List[torch.Tensor]:
     """The tensors laid out in ``block`` (uint8) by ``specs``."""
-    out = []
-    for offset, dtype, shape in specs:
-        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        out.append(block[offset : offset + n].view(dtype).view(shape))
-    return out
+    return [block[o : o + n].view(dtype).view(shape) for o, n, dtype, shape in specs]
 
 
 def _shared_bytes(n: int) -> torch.Tensor:
@@ -173,10 +170,9 @@ class _Ring:
         self.sent = False
 
     def take(self) -> Optional[int]:
-        free = np.flatnonzero(self.flags == 0)
-        if free.size == 0:
+        slot = self.flags.tobytes().find(0)
+        if slot < 0:
             return None
-        slot = int(free[0])
         self.flags[slot] = 1
         return slot
 
