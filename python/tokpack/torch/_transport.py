@@ -266,8 +266,11 @@ def _received_ring(key: Tuple[int, int], memory: Optional[torch.Tensor]) -> np.n
     return ring
 
 
-def _release(flags: np.ndarray, slot: int) -> None:
-    flags[slot] = 0
+def _release(flags: np.ndarray, slot: int, pid: int) -> None:
+    # Only the process that received the batch hands its slot back: a process forked from it
+    # inherits the batch and may free it too, after the slot has carried another batch.
+    if os.getpid() == pid:
+        flags[slot] = 0
 
 
 def _rebuild_slot(key, memory, slot_bytes, slot, used, specs, skeleton) -> Dict[str, Any]:
@@ -276,7 +279,7 @@ def _rebuild_slot(key, memory, slot_bytes, slot, used, specs, skeleton) -> Dict[
     # A view object of the batch's own: the tensors below keep it alive, and the slot is handed
     # back to the worker when the last of them is freed.
     data = ring[start : start + used]
-    weakref.finalize(data, _release, ring[:_SLOTS], slot)
+    weakref.finalize(data, _release, ring[:_SLOTS], slot, os.getpid())
     return _fill(skeleton, _views(torch.from_numpy(data), specs))
 
 
