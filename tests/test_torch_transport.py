@@ -3,6 +3,8 @@ arrive as plain dicts equal to the batches made in the main process, whatever th
 holds on to, with fork and spawn workers."""
 
 import copy
+import gc
+import os
 import pickle
 from multiprocessing.reduction import ForkingPickler
 
@@ -141,3 +143,17 @@ def test_outside_the_queue_a_worker_batch_is_a_plain_dict():
         assert type(other) is dict
         _assert_same(other, batch)
     assert type(copy.copy(wrapped)) is WorkerBatch
+
+
+def test_a_forked_child_freeing_its_copy_does_not_release_the_slot():
+    # The main process forks new DataLoader workers while it holds batches: a child that frees
+    # its inherited copy must not hand the slot back under the parent's batch.
+    held = _round_trip(WorkerBatch(x=torch.full((1000,), 7, dtype=torch.int64)))
+    pid = os.fork()
+    if pid == 0:
+        del held
+        gc.collect()
+        os._exit(0)
+    os.waitpid(pid, 0)
+    later = [_round_trip(WorkerBatch(x=torch.full((9,), k, dtype=torch.int64))) for k in range(3)]
+    assert bool((held["x"] == 7).all()) and [int(b["x"][0]) for b in later] == [0, 1, 2]
