@@ -147,13 +147,26 @@ def _write(block: torch.Tensor, tensors: List[torch.Tensor], specs: List[Spec]) 
 
 
 def _views(block: torch.Tensor, specs: List[Spec]) -> List[torch.Tensor]:
-    """The tensors laid out in ``block`` (uint8) by ``specs``."""
-    return [block[o : o + n].view(dtype).view(shape) for o, n, dtype, shape in specs]
+    """The tensors laid out in ``block`` (uint8, aligned, a multiple of ``_ALIGN`` bytes long)
+    by ``specs``: one strided view each of the block seen as its dtype."""
+    typed: Dict[torch.dtype, torch.Tensor] = {}
+    out = []
+    for offset, _, dtype, shape in specs:
+        base = typed.get(dtype)
+        if base is None:
+            base = typed[dtype] = block.view(dtype)
+        strides = [1] * len(shape)
+        for d in range(len(shape) - 2, -1, -1):
+            strides[d] = strides[d + 1] * shape[d + 1]
+        start = base.storage_offset() + offset // dtype.itemsize
+        out.append(base.as_strided(shape, strides, start))
+    return out
 
 
 def _shared_bytes(n: int) -> torch.Tensor:
     """A uint8 tensor of ``n`` bytes in shared memory (pages are backed when first written)."""
-    return torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(max(n, 1)))
+    storage = torch.UntypedStorage._new_shared(max(n, 1))  # an empty one cannot be mapped
+    return torch.empty(0, dtype=torch.uint8).set_(storage)[:n]
 
 
 # -- worker side ---------------------------------------------------------------------------------
