@@ -97,6 +97,21 @@ def test_released_worker_batches_equal_main_process_batches(corpus, method):
         _assert_same(b, a)
 
 
+def test_file_system_sharing_strategy(corpus):
+    import torch.multiprocessing as mp
+
+    collate = COLLATORS["hf"]
+    alone = list(DataLoader(_iterable(corpus, collate), batch_size=None, num_workers=0))
+    strategy = mp.get_sharing_strategy()
+    mp.set_sharing_strategy("file_system")
+    try:
+        loader = DataLoader(_iterable(corpus, collate), batch_size=None, num_workers=2)
+        for a, b in zip(alone, loader, strict=True):
+            _assert_same(b, a)
+    finally:
+        mp.set_sharing_strategy(strategy)
+
+
 def _round_trip(batch):
     """What a DataLoader's queue does to a batch, in this process."""
     return ForkingPickler.loads(ForkingPickler.dumps(batch))
