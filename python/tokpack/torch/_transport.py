@@ -36,7 +36,8 @@ _PAGE = 4096
 # Slots per ring. The lowest free slot is taken, so only as many are ever touched (and backed by
 # memory) as the main process holds at once: about prefetch_factor per worker plus the batch in use.
 _SLOTS = 8
-# Bytes of a slot for a batch of `n` bytes: headroom, as batches of a loader differ a little.
+# A ring's slots hold 1.25 times its first batch (batches of a loader differ a little), at least
+# this many bytes; a batch too big for them gets a new ring.
 _MIN_SLOT = 1 << 16
 
 # dtypes whose values a byte copy carries exactly (views of uint8 storage in any of them are legal).
