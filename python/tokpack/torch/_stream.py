@@ -21,6 +21,7 @@ from ..errors import ConfigError
 from ..packed_dir import ROW_COLUMNS, PackedDir
 from ..row_counts import RowCounts
 from ._rows import GroupCache
+from ._transport import ship
 from ._workers import resolve_rank, worker_slot
 
 __all__ = ["RowStream", "non_negative_int"]
@@ -246,7 +247,7 @@ class RowStream(torch.utils.data.IterableDataset):
             consumed = split.round_end(k)
             batch["position"] = {"epoch": self.epoch, "batch": k, "rows_consumed": consumed}
             self._next_batch = k + 1
-            yield batch
+            yield ship(batch)
         # This worker's share of the pass is done; in a worker, `_next_batch` only saw its own
         # batches, so mark the whole pass finished or a persistent worker's next pass would
         # resume mid-epoch instead of replaying it.

@@ -17,6 +17,7 @@ import torch
 
 from .._contract import IGNORE_INDEX
 from ..errors import ConfigError, DataError
+from ._transport import ship
 from .pairs import PAIR_FORMATS, add_pair_fields
 
 __all__ = ["PackedCollator", "FORMATS", "IGNORE_INDEX"]
@@ -126,6 +127,7 @@ class PackedCollator:
         if len(rows) == 0:
             raise DataError("PackedCollator got an empty batch")
         ids, labels, seg_lens = self._rows(rows)
+        # In a DataLoader worker the batch crosses to the main process in one shared-memory slot.
         if self.cp_size > 1:
             batch = self._context_parallel(ids, labels, seg_lens)
         elif self.format in ("hf", "flash"):
@@ -138,7 +140,7 @@ class PackedCollator:
         counts = getattr(rows, "step_counts", None)
         if counts is not None:
             batch["global_num_loss_tokens"], batch["global_num_samples"] = counts
-        return batch
+        return ship(batch)
 
     def _rows(self, rows: Sequence[Mapping[str, Any]]):
         ids: List[torch.Tensor] = []

@@ -101,6 +101,6 @@ class PackedMixture(RowStream):
 
     def _batch(self, src: np.ndarray, groups: np.ndarray, rows: np.ndarray) -> Dict[str, Any]:
         batch = super()._batch(src, groups, rows)
-        # A list, not a tensor: from a DataLoader worker every tensor costs a shared-memory block.
+        # A list of ints, as documented (per-source logging reads it on the host).
         batch["sources"] = src.tolist()
         return batch

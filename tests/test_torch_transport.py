@@ -1,0 +1,174 @@
+"""Batches from DataLoader workers through the shared-memory ring (tokpack.torch._transport): they
+arrive as plain dicts equal to the batches made in the main process, whatever the main process
+holds on to, with fork and spawn workers."""
+
+import copy
+import gc
+import os
+import pickle
+from multiprocessing.reduction import ForkingPickler
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from tokpack.torch import PackedCollator, PackedDataset, PackedIterableDataset, _transport
+from tokpack.torch._transport import WorkerBatch, ship
+
+from .packed_corpus import random_samples, write_packed_dir
+
+COLLATORS = {
+    "none": None,
+    "hf": PackedCollator("hf", return_seq_idx=True, return_loss_weights=True),
+    "flash": PackedCollator("flash"),
+    "padded": PackedCollator("padded", pad_to=48),
+    "torchtune": PackedCollator("torchtune"),
+    "cp": PackedCollator("flash", cp_size=2, cp_rank=1, return_seq_idx=True),
+}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    out = tmp_path_factory.mktemp("packed_transport")
+    samples, labels = random_samples(300, 30, seed=5)
+    write_packed_dir(out, samples, labels, max_len=48, rows_per_shard=40, row_group_rows=8)
+    return out
+
+
+def _assert_same(a, b):
+    """Equal structures: same container types (plain dicts), dtypes, shapes and values."""
+    assert type(a) is type(b)
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert list(a) == list(b)
+        for k in a:
+            _assert_same(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            _assert_same(x, y)
+    else:
+        assert a == b
+
+
+def _iterable(path, collate):
+    return PackedIterableDataset(path, batch_rows=3, rank=0, world_size=1, collate_fn=collate)
+
+
+@pytest.mark.parametrize("name", list(COLLATORS))
+def test_held_worker_batches_equal_main_process_batches(corpus, name):
+    # 34 batches, all held: more than a ring's slots, so later ones take the fallback block.
+    collate = COLLATORS[name]
+    alone = list(DataLoader(_iterable(corpus, collate), batch_size=None, num_workers=0))
+    loader = DataLoader(_iterable(corpus, collate), batch_size=None, num_workers=2)
+    held = list(loader)
+    assert len(held) == len(alone) > 2 * _transport._SLOTS
+    for a, b in zip(alone, held):
+        _assert_same(b, a)
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_released_worker_batches_equal_main_process_batches(corpus, method):
+    # Batches dropped as they arrive (their slots are reused) and every third one kept: the
+    # kept ones are never overwritten by later batches.
+    collate = COLLATORS["hf"]
+    alone = list(DataLoader(_iterable(corpus, collate), batch_size=None, num_workers=0))
+    loader = DataLoader(
+        _iterable(corpus, collate), batch_size=None, num_workers=2, multiprocessing_context=method
+    )
+    kept = {}
+    for k, batch in enumerate(loader):
+        _assert_same(batch, alone[k])
+        if k % 3 == 0:
+            kept[k] = batch
+    assert k == len(alone) - 1
+    for k, batch in kept.items():
+        _assert_same(batch, alone[k])
+    mapped = DataLoader(
+        PackedDataset(corpus),
+        batch_size=4,
+        num_workers=2,
+        collate_fn=PackedCollator("flash"),
+        multiprocessing_context=method,
+    )
+    in_process = DataLoader(PackedDataset(corpus), batch_size=4, collate_fn=PackedCollator("flash"))
+    for a, b in zip(in_process, mapped, strict=True):
+        _assert_same(b, a)
+
+
+def test_file_system_sharing_strategy(corpus):
+    import torch.multiprocessing as mp
+
+    collate = COLLATORS["hf"]
+    alone = list(DataLoader(_iterable(corpus, collate), batch_size=None, num_workers=0))
+    strategy = mp.get_sharing_strategy()
+    mp.set_sharing_strategy("file_system")
+    try:
+        loader = DataLoader(_iterable(corpus, collate), batch_size=None, num_workers=2)
+        for a, b in zip(alone, loader, strict=True):
+            _assert_same(b, a)
+    finally:
+        mp.set_sharing_strategy(strategy)
+
+
+def _round_trip(batch):
+    """What a DataLoader's queue does to a batch, in this process."""
+    return ForkingPickler.loads(ForkingPickler.dumps(batch))
+
+
+def test_round_trip_keeps_structure_identity_and_values():
+    shared = torch.arange(5, dtype=torch.int32)
+    grad = torch.ones(2, requires_grad=True)  # not movable: pickled by torch as usual
+    batch = WorkerBatch(
+        a=shared,
+        b=shared,
+        nested=[torch.zeros(0, dtype=torch.int64), (torch.tensor(2.5), "x"), {"n": 3}],
+        t=torch.arange(12, dtype=torch.int64).view(3, 4).t(),  # not contiguous
+        mask=torch.tensor([True, False, True]),
+        half=torch.tensor([1.5, -2.0], dtype=torch.bfloat16),
+        grad=grad,
+        position={"epoch": 1, "batch": 2},
+    )
+    out = _round_trip(batch)
+    assert type(out) is dict and type(out["nested"]) is list and type(out["position"]) is dict
+    assert out["a"] is out["b"]
+    expected = {k: v for k, v in batch.items() if k != "grad"}
+    _assert_same({k: v for k, v in out.items() if k != "grad"}, expected)
+    assert torch.equal(out["grad"], grad) and out["grad"].requires_grad
+
+
+def test_held_batches_survive_full_rings_and_bigger_rings():
+    # Batches of growing size, all held: the ring fills up (fallback blocks) and is replaced by
+    # bigger ones; every batch keeps its values.
+    made = [WorkerBatch(x=torch.full((3000 * (1 + k),), k, dtype=torch.int64)) for k in range(30)]
+    held = [_round_trip(b) for b in made]
+    for b, out in zip(made, held):
+        _assert_same(out, dict(b))
+    del held
+    for b in made:  # slots released: rounds reuse them
+        _assert_same(_round_trip(b), dict(b))
+
+
+def test_outside_the_queue_a_worker_batch_is_a_plain_dict():
+    batch = {"x": torch.arange(3), "n": 1}
+    assert ship(batch) is batch  # not in a DataLoader worker: unchanged
+    wrapped = WorkerBatch(batch)
+    for other in (pickle.loads(pickle.dumps(wrapped)), copy.deepcopy(wrapped)):
+        assert type(other) is dict
+        _assert_same(other, batch)
+    assert type(copy.copy(wrapped)) is WorkerBatch
+
+
+def test_a_forked_child_freeing_its_copy_does_not_release_the_slot():
+    # The main process forks new DataLoader workers while it holds batches: a child that frees
+    # its inherited copy must not hand the slot back under the parent's batch.
+    held = _round_trip(WorkerBatch(x=torch.full((1000,), 7, dtype=torch.int64)))
+    pid = os.fork()
+    if pid == 0:
+        del held
+        gc.collect()
+        os._exit(0)
+    os.waitpid(pid, 0)
+    later = [_round_trip(WorkerBatch(x=torch.full((9,), k, dtype=torch.int64))) for k in range(3)]
+    assert bool((held["x"] == 7).all()) and [int(b["x"][0]) for b in later] == [0, 1, 2]
