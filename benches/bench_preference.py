@@ -1,209 +1,207 @@
-"""Packing preference pairs: compute and time against TRL's padded pairs, in one run.
+"""Preference packing benchmark (issue 11): rows and tokens per epoch for padded pairs (TRL's
+default), separate-sequence packing and shared-prompt packing, and tokenize + pack time against
+TRL's ``DPOTrainer`` dataset preparation of the same records, in the same run.
 
-1. **Rows and tokens per epoch** on generated UltraFeedback-like token lengths (no data set is
-   at hand here, so the lengths are drawn: prompt, chosen and rejected completions lognormal,
-   medians 120 / 230 / 210 tokens, capped at 2,048; the shapes of UltraFeedback-binarized under
-   a Llama-3 tokenizer). Compared, at the same max_len:
-   - *padded pairs* (TRL's `DPOTrainer` default): batches of `--batch-pairs` pairs in random
-     order, chosen and rejected concatenated into one batch padded to its longest sequence;
-   - *separate packing* (`--pair-layout separate`): each pair a unit of its two sequences;
-   - *shared-prompt packing* (`--pair-layout shared-prompt`): the prompt once per pair.
-   Rows are what a step with `max_len`-token rows runs; "computed tokens" counts padding too.
-2. **Preparation time** on generated text records of those shapes: `tokpack tokenize --format
-   preference` + `tokpack pack` (both layouts) against TRL's own `DPOTrainer` dataset preparation
-   (`_prepare_dataset`: prompt extraction, chat template, tokenizing) of the same records, with
-   the same tokenizer, in the same run.
+The lengths are GENERATED, not read from a data set: UltraFeedback-like log-normal prompt and
+completion lengths (medians ``--prompt-median`` / ``--completion-median`` tokens, chosen and
+rejected drawn independently), keeping the pairs whose two whole sequences fit in one row of
+``--max-len`` together (so every route trains on the same pairs, none truncated). Padded pairs
+are TRL's collator: batches of ``--batch-pairs`` pairs in a shuffled order, chosen and rejected
+stacked and padded to the batch's longest sequence. Packed rows are counted from
+``tokpack.pack_files`` itself.
 
-    python benches/bench_preference.py --pairs 200000 --timed-pairs 20000
+The timing part writes ``--records`` standard preference records (prompt, chosen, rejected
+strings of pseudo-words with those lengths in words), trains a byte-level BPE on them, and times
+``tokpack.pack_files(jsonl, tokenizer=...)`` (tokenize + pack, file to packed shards) against
+``DPOTrainer._prepare_dataset`` (tokenizing only, no packing; ``datasets`` map with
+``--num-proc`` processes, after a warm-up call on 8 records). Run on a release build:
+
+    pip install ".[tokenize]" datasets transformers trl && python benches/bench_preference.py
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
-sys.path.insert(0, str(Path(__file__).parent))
-from bench_tokenize import corpus, train_tokenizer  # noqa: E402
+import tokpack
+from tokpack.report import table
+from tokpack.synthetic import train_chat_tokenizer
+from tokpack.tokenize import PREFERENCE_SCHEMA
 
-MEDIANS = {"prompt": 120, "chosen": 230, "rejected": 210}
-SIGMA = 0.9
-CAP = 2048
-
-
-def pair_lengths(n: int, seed: int = 0) -> dict:
-    rng = np.random.default_rng(seed)
-    return {
-        k: np.minimum(np.maximum(rng.lognormal(np.log(m), SIGMA, n), 1).astype(np.int64), CAP)
-        for k, m in MEDIANS.items()
-    }
+IGNORE = -100
 
 
-def padded_pairs(lengths: dict, batch_pairs: int, seed: int = 0) -> tuple:
-    """(rows, computed tokens) of TRL's padded pairs: per batch, 2 x B sequences padded to the
-    longest of them."""
-    rng = np.random.default_rng(seed)
-    chosen = lengths["prompt"] + lengths["chosen"]
-    rejected = lengths["prompt"] + lengths["rejected"]
-    order = rng.permutation(len(chosen))
-    computed = 0
-    for a in range(0, len(order), batch_pairs):
-        b = order[a : a + batch_pairs]
-        computed += 2 * len(b) * int(max(chosen[b].max(), rejected[b].max()))
-    return 2 * len(chosen), computed
+def pair_lengths(args, rng: np.random.Generator) -> np.ndarray:
+    """(prompt, chosen completion, rejected completion) lengths of the pairs whose two whole
+    sequences fit in one row together (so no route truncates or drops any)."""
+
+    def draw(median: float, sigma: float, n: int) -> np.ndarray:
+        return np.maximum(1, rng.lognormal(np.log(median), sigma, n)).astype(np.int64)
+
+    n = args.pairs * 2  # generous: the long tail is filtered out
+    lengths = np.stack(
+        [
+            draw(args.prompt_median, 0.9, n),
+            draw(args.completion_median, 0.8, n),
+            draw(args.completion_median, 0.8, n),
+        ],
+        axis=1,
+    )
+    fits = 2 * lengths[:, 0] + lengths[:, 1:].sum(axis=1) <= args.max_len
+    return lengths[fits][: args.pairs]
 
 
-def packed(units: np.ndarray, max_len: int) -> tuple:
-    import tokpack
-
-    plan = tokpack.plan(units, max_len, overlong="drop")
-    return plan.n_bins, plan.n_bins * max_len, plan.total_tokens, len(plan.dropped)
-
-
-def token_figures(n: int, max_len: int, batch_pairs: int) -> list:
-    """(layout, rows, computed tokens, real tokens, dropped pairs) of each layout."""
-    lengths = pair_lengths(n)
-    p, c, r = lengths["prompt"], lengths["chosen"], lengths["rejected"]
-    rows_pad, computed_pad = padded_pairs(lengths, batch_pairs)
-    out = [["padded pairs (TRL)", rows_pad, computed_pad, int((2 * p + c + r).sum()), 0]]
-    for name, units in (("separate", 2 * p + c + r), ("shared-prompt", p + c + r)):
-        out.append([f"{name} packing", *packed(units, max_len)])
-    return out
+def padded_pairs(lengths: np.ndarray, batch_pairs: int, rng: np.random.Generator):
+    """Rows and token slots per epoch of TRL's padded batches: 2 rows per pair, each batch
+    padded to its longest sequence."""
+    order = rng.permutation(len(lengths))
+    seqs = lengths[order, 0:1] + lengths[order, 1:]  # chosen and rejected sequence lengths
+    slots = 0
+    for start in range(0, len(seqs), batch_pairs):
+        batch = seqs[start : start + batch_pairs]
+        slots += batch.size * int(batch.max())
+    return 2 * len(lengths), slots
 
 
-def text_records(n: int, seed: int = 1) -> list:
-    """Conversational preference records: a one-turn prompt and two answers, word counts drawn
-    so their token lengths follow the shapes above (about 1.3 tokens a word here)."""
-    lengths = pair_lengths(n, seed)
-    convs = corpus(n, seed)
-    out = []
-    for i, conv in enumerate(convs):
-        words = " ".join(m["content"] for m in conv["messages"]).split()
-        words = (words * (1 + 4000 // max(1, len(words))))[:4000]
+def write_pairs(path: Path, lengths: np.ndarray, rng: np.random.Generator) -> Path:
+    cols = {k: [] for k in PREFERENCE_SCHEMA.names}
+    for p, c, r in lengths.tolist():
+        prompt = rng.integers(0, 32000, p).tolist()
+        for role, n in (("chosen", c), ("rejected", r)):
+            completion = rng.integers(0, 32000, n).tolist()
+            cols[f"{role}_input_ids"].append(prompt + completion)
+            cols[f"{role}_labels"].append([IGNORE] * p + completion)
+        cols["prompt_length"].append(p)
+        cols["length"].append(2 * p + c + r)
+    pq.write_table(pa.table(cols, schema=PREFERENCE_SCHEMA), path)
+    return path
 
-        text = {
-            k: " ".join(words[at : at + max(1, int(lengths[k][i] / 1.3))])
-            for k, at in (("prompt", 0), ("chosen", 1000), ("rejected", 2500))
-        }
+
+def rows_and_tokens(args, tmp: Path) -> None:
+    rng = np.random.default_rng(args.seed)
+    lengths = pair_lengths(args, rng)
+    real = int(2 * lengths[:, 0].sum() + lengths[:, 1:].sum())
+    rows, slots = padded_pairs(lengths, args.batch_pairs, rng)
+    out = [["padded pairs (TRL default)", f"{rows:,}", f"{slots:,}", f"{real:,}", "1.00"]]
+    src = write_pairs(tmp / "pairs.parquet", lengths, rng)
+    for layout in ("separate", "shared-prompt"):
+        m = tokpack.pack_files(src, tmp / layout, args.max_len, pair_layout=layout)
+        f = m["figures"]
+        packed_slots = f["rows"] * args.max_len
         out.append(
-            {
-                "prompt": [{"role": "user", "content": text["prompt"]}],
-                "chosen": [{"role": "assistant", "content": text["chosen"]}],
-                "rejected": [{"role": "assistant", "content": text["rejected"]}],
-            }
+            [
+                f"packed, {layout}",
+                f"{f['rows']:,}",
+                f"{packed_slots:,}",
+                f"{f['tokens']:,}",
+                f"{slots / packed_slots:.2f}",
+            ]
         )
-    return out
+    print(
+        f"{len(lengths):,} pairs (generated lengths: prompt median {args.prompt_median}, completion"
+        f" median {args.completion_median}), max_len {args.max_len}, padded batches of"
+        f" {args.batch_pairs} pairs\n"
+    )
+    headers = ["route", "rows / epoch", "token slots / epoch", "real tokens", "slots saved (x)"]
+    print(table(headers, out))
 
 
-def time_trl(records: list, tok_dir: Path) -> float:
+def words(rng: np.random.Generator, vocab: np.ndarray, n: int) -> str:
+    return " ".join(vocab[rng.integers(0, len(vocab), n)])
+
+
+def tokenize_and_pack_time(args, tmp: Path) -> None:
+    rng = np.random.default_rng(args.seed + 1)
+    syllables = "ka ri to na me su lo pe an de ing er ti on al re co mu ex".split()
+    vocab = np.array(
+        ["".join(rng.choice(syllables, rng.integers(1, 4))) for _ in range(20_000)], dtype=object
+    )
+    args_lengths = SimpleNamespace(**{**vars(args), "pairs": args.records})
+    lengths = pair_lengths(args_lengths, rng) // 2  # words, about 2 tokens each
+    records = [
+        {
+            "prompt": words(rng, vocab, int(p)),
+            # A leading space: the completion's first token does not merge with the prompt's end.
+            "chosen": " " + words(rng, vocab, int(c)),
+            "rejected": " " + words(rng, vocab, int(r)),
+        }
+        for p, c, r in lengths
+    ]
+    jsonl = tmp / "pref.jsonl"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    texts = (r[k] for r in records[:2000] for k in ("prompt", "chosen", "rejected"))
+    tok = train_chat_tokenizer(texts, tmp / "tok", vocab_size=8000, chat_template=None)
+
+    start = time.perf_counter()
+    m = tokpack.pack_files(
+        jsonl, tmp / "one-step", args.max_len, tokenizer=tok, overlong="truncate"
+    )
+    ours = time.perf_counter() - start
+
     import datasets
     import trl
     from transformers import PreTrainedTokenizerFast
 
     datasets.disable_progress_bars()
     hf = PreTrainedTokenizerFast(
-        tokenizer_file=str(tok_dir / "tokenizer.json"),
+        tokenizer_file=str(tok / "tokenizer.json"),
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
     )
-    hf.chat_template = json.loads((tok_dir / "tokenizer_config.json").read_text())["chat_template"]
-    args = SimpleNamespace(dataset_num_proc=None, max_length=None, truncation_mode="keep_start")
     dataset = datasets.Dataset.from_list(records)
-    start = time.perf_counter()
-    trl.DPOTrainer._prepare_dataset(SimpleNamespace(_tokenizer=hf), dataset, hf, args, "train")
-    return time.perf_counter() - start
-
-
-def time_tokpack(jsonl: Path, tok_dir: Path, work: Path, max_len: int, layout: str) -> dict:
-    import tokpack
-
-    start = time.perf_counter()
-    tokens = tokpack.tokenize_files(
-        [jsonl], work / "tokens", tok_dir, format="preference", force=True
+    prepare = SimpleNamespace(
+        dataset_num_proc=args.num_proc, max_length=None, truncation_mode="keep_start"
     )
-    tokenized = time.perf_counter() - start
-    manifest = tokpack.pack_files(
-        [work / "tokens"], work / f"packed-{layout}", max_len, pair_layout=layout, force=True
-    )
-    return {
-        "tokenize_s": tokenized,
-        "total_s": time.perf_counter() - start,
-        "rows": manifest["figures"]["rows"],
-        "pairs": tokens["counts"]["samples_out"],
-    }
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pairs", type=int, default=200_000, help="pairs for the token figures")
-    parser.add_argument("--timed-pairs", type=int, default=20_000, help="pairs for the timing")
-    parser.add_argument("--max-len", type=int, default=4096)
-    parser.add_argument("--batch-pairs", type=int, default=8, help="TRL's per-device batch")
-    parser.add_argument("--vocab", type=int, default=16_000)
-    parser.add_argument("--no-timing", action="store_true", help="token figures only")
-    args = parser.parse_args()
-
-    from tokpack.report import table
-
-    rows = token_figures(args.pairs, args.max_len, args.batch_pairs)
-    base = rows[0][2]
+    trainer = SimpleNamespace(_tokenizer=hf)
+    # Warm-up on a few records: the one-time costs (imports, hashing the tokenizer for the
+    # cache fingerprint) are not counted.
+    trl.DPOTrainer._prepare_dataset(trainer, dataset.select(range(8)), hf, prepare, "train")
+    start = time.perf_counter()
+    trl.DPOTrainer._prepare_dataset(trainer, dataset, hf, prepare, "train")
+    theirs = time.perf_counter() - start
+    n = len(records)
     print(
-        f"\n{args.pairs:,} generated pairs, max_len {args.max_len}, TRL batches of "
-        f"{args.batch_pairs} pairs\n"
+        f"\n{n:,} standard preference records, {m['figures']['input_tokens']:,} tokens;"
+        f" TRL {trl.__version__}, datasets num_proc={args.num_proc}\n"
     )
-    head = ["layout", "rows", "computed tokens", "real tokens", "efficiency", "vs padded"]
-    body = [
-        [name, f"{n:,}", f"{comp:,}", f"{real:,}", f"{real / comp:.1%}", f"{comp / base:.2f}x"]
-        + [f"{dropped:,}"]
-        for name, n, comp, real, dropped in rows
+    rows = [
+        ["tokpack pack --tokenizer (tokenize + pack)", f"{ours:.2f}", f"{n / ours:,.0f}", "1.00"],
+        [
+            "TRL DPOTrainer._prepare_dataset (tokenize)",
+            f"{theirs:.2f}",
+            f"{n / theirs:,.0f}",
+            f"{theirs / ours:.2f}",
+        ],
     ]
-    print(table([*head, "dropped"], body))
-    saved = 1 - rows[2][3] / rows[1][3]
-    print(
-        f"shared prompt: {saved:.1%} fewer real tokens than separate sequences (pairs longer "
-        "than max_len are dropped here; overlong='truncate' would trim their completions)"
-    )
-    if args.no_timing:
-        return 0
+    print(table(["route", "seconds", "records/s", "tokpack speed-up"], rows))
 
-    work = Path(tempfile.mkdtemp(prefix="tokpack-bench-pref-"))
-    try:
-        records = text_records(args.timed_pairs)
-        jsonl = work / "pairs.jsonl"
-        with open(jsonl, "w", encoding="utf-8") as f:
-            for r in records:
-                f.write(json.dumps(r) + "\n")
-        chat = work / "chat.jsonl"
-        with open(chat, "w", encoding="utf-8") as f:
-            for r in corpus(5000, 7):
-                f.write(json.dumps(r) + "\n")
-        tok_dir = train_tokenizer(chat, work / "tok", args.vocab, 5000)
-        trl_s = time_trl(records, tok_dir)
-        timings = [["TRL DPOTrainer._prepare_dataset", f"{trl_s:.1f}", "1.00x", "-", "-"]]
-        for layout in ("separate", "shared-prompt"):
-            t = time_tokpack(jsonl, tok_dir, work, args.max_len, layout)
-            timings.append(
-                [
-                    f"tokpack tokenize + pack ({layout})",
-                    f"{t['total_s']:.1f}",
-                    f"{trl_s / t['total_s']:.2f}x",
-                    f"{t['tokenize_s']:.1f}",
-                    f"{t['rows']:,}",
-                ]
-            )
-        print(f"\n{args.timed_pairs:,} generated text pairs\n")
-        print(table(["run", "time (s)", "speed vs TRL", "of which tokenize (s)", "rows"], timings))
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return 0
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=100_000)
+    parser.add_argument("--records", type=int, default=20_000)
+    parser.add_argument("--max-len", type=int, default=4096)
+    parser.add_argument("--prompt-median", type=float, default=150)
+    parser.add_argument("--completion-median", type=float, default=300)
+    parser.add_argument("--batch-pairs", type=int, default=8)
+    parser.add_argument("--num-proc", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-timing", action="store_true", help="rows and tokens only")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        rows_and_tokens(args, Path(d))
+        if not args.no_timing:
+            tokenize_and_pack_time(args, Path(d))
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main()

@@ -1,6 +1,6 @@
 """Preference (DPO-style) and KTO records: ids, labels and prompt lengths equal TRL's own
 preprocessing for each of TRL's dataset shapes; bad records are named; a run writes one kind of
-token shard, and ``pack`` refuses to pack pairs as SFT sequences.
+token shard, which ``pack`` packs pair by pair (or carrying KTO's label).
 
 The reference is TRL's trainers' dataset preparation itself, ``DPOTrainer._prepare_dataset`` and
 ``KTOTrainer._prepare_dataset`` (TRL 1.16: ``extract_prompt``, EOS text on string completions,
@@ -234,7 +234,7 @@ def _shard_schema(shard):
     return describe(schema), (schema.metadata or {}).get(KIND_KEY)
 
 
-def test_shards_manifest_and_pack_refusal(tmp_path, tok_dir):
+def test_shards_manifest_and_pair_packing(tmp_path, tok_dir):
     path = write_jsonl(tmp_path / "pref.jsonl", preference_records("conversational")[:50])
     out = tmp_path / "tokens"
     manifest = tokpack.tokenize_files(path, out, tok_dir, shard_rows=20, threads=1)
@@ -243,35 +243,23 @@ def test_shards_manifest_and_pack_refusal(tmp_path, tok_dir):
     shards = sorted(out.glob("part-*.parquet"))
     assert [s["rows"] for s in manifest["shards"]] == [20, 20, 10] and len(shards) == 3
     assert _shard_schema(shards[0]) == _shard_schema(PREFERENCE_SCHEMA)
-    with pytest.raises(
-        ConfigError, match="part-00000.parquet: holds preference samples.*pair packing is not avail"
-    ):
-        tokpack.pack_files(out, tmp_path / "packed", 256)
-    assert not (tmp_path / "packed").exists()
-    # Pair columns without tokpack's metadata are refused too.
+    # pack packs pairs as units (tests/test_pack_pairs.py), never as SFT sequences.
+    packed = tokpack.pack_files(out, tmp_path / "packed", 512)
+    assert packed["sample_kind"] == "preference" and packed["figures"]["samples_in"] == 50
+    # Pair columns without tokpack's metadata are pairs too.
     bare = tmp_path / "bare.parquet"
     pq.write_table(pq.read_table(shards[0]).replace_schema_metadata(None), bare)
-    with pytest.raises(
-        ConfigError, match="bare.parquet: .*chosen_input_ids and rejected_input_ids"
-    ):
-        tokpack.pack_files(bare, tmp_path / "packed", 256)
-    # One-step pack from raw preference records too.
-    with pytest.raises(ConfigError, match="pref.jsonl: holds preference samples"):
-        tokpack.pack_files(path, tmp_path / "packed", 256, tokenizer=tok_dir)
+    assert tokpack.pack_files(bare, tmp_path / "bare", 512)["sample_kind"] == "preference"
 
 
-def test_kto_shards_and_cli_pack_refusal(tmp_path, tok_dir, capsys):
+def test_kto_shards_and_cli_pack(tmp_path, tok_dir, capsys):
     path = write_jsonl(tmp_path / "kto.jsonl", kto_records("standard")[:30])
     out = tmp_path / "tokens"
     assert main(["tokenize", str(path), "-o", str(out), "--tokenizer", str(tok_dir)]) == 0
     shard = out / "part-00000.parquet"
     assert _shard_schema(shard) == _shard_schema(KTO_SCHEMA)
-    capsys.readouterr()
-    assert main(["pack", str(out), "-o", str(tmp_path / "packed"), "--max-len", "128"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert (
-        len(err) == 1 and "holds kto samples" in err[0] and "lose their per-sample label" in err[0]
-    )
+    assert main(["pack", str(out), "-o", str(tmp_path / "packed"), "--max-len", "128"]) == 0
+    assert "label" in pq.read_schema(tmp_path / "packed" / "part-00000.parquet").names
 
 
 def test_sft_shards_unchanged(tmp_path, tok_dir):

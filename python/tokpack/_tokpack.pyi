@@ -134,6 +134,8 @@ def pack_files(
     row_group_rows: int,
     compression: str,
     batch_rows: int,
+    pair_layout: Optional[str] = None,
+    carry: List[str] = ...,
     threads: Optional[int] = None,
     progress: Optional[Progress] = None,
 ) -> Dict[str, Any]: ...

@@ -16,10 +16,11 @@ import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from . import _tokpack
@@ -34,7 +35,7 @@ from ._inputs import (
 )
 from ._outdir import SIDE_DIR, cached_run, open_for_writing, output_target, writing
 from ._progress import run_with_progress
-from .errors import ConfigError
+from .errors import ConfigError, OverlongError
 from .planning import (
     MAX_ROWS,
     check_int,
@@ -42,11 +43,14 @@ from .planning import (
     checked_threads,
 )
 from .tokenize.options import TokenizeOptions
-from .tokenize.pipeline import SOURCE_SCHEMA, RecordEncoder
-from .tokenize.schema import kind_of_schema
+from .tokenize.pipeline import RecordEncoder
+from .tokenize.schema import kind_of_schema, token_schema
 from .tokenize.writer import REJECTED_NAME, stream_into
 
-__all__ = ["pack_files", "read_lengths", "FORMAT", "FORMAT_VERSION"]
+__all__ = ["pack_files", "read_lengths", "FORMAT", "FORMAT_VERSION", "PAIR_LAYOUTS"]
+
+# How a preference pair is laid out in its row (see README, "Packing preference and KTO data").
+PAIR_LAYOUTS = ("separate", "shared-prompt")
 
 # Arrow IPC, not Parquet: HF ``datasets`` reads every ``*.parquet`` under data_dir, ``_`` or not.
 DROPPED_NAME = f"{SIDE_DIR}/_dropped.arrow"
@@ -88,7 +92,39 @@ def _config(**kw: Any) -> Dict[str, Any]:
         kw[name] = check_int(kw[name], name, 1, MAX_ROWS)
     if kw["loss_mask_column"] is not None and kw["labels_column"] not in (None, "labels"):
         raise ConfigError("pass either labels_column or loss_mask_column, not both")
+    # Only where they apply, so the cache keys of SFT outputs stay what they were.
+    for key, unset in (("pair_layout", None), ("carry", [])):
+        if kw[key] == unset:
+            del kw[key]
     return {"format_version": FORMAT_VERSION, **kw}
+
+
+def _checked_carry(carry: Optional[Sequence[str]], kind: str) -> List[str]:
+    """The carried columns: KTO's ``label`` first (always), then ``carry`` in order."""
+    if isinstance(carry, (str, bytes)):
+        raise ConfigError(f"carry must be a list of column names, not {carry!r}")
+    names = ["label"] if kind == "kto" else []
+    for name in carry or ():
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"carry: column names must be non-empty strings, got {name!r}")
+        if name not in names:
+            names.append(name)
+    return names
+
+
+def _checked_layout(pair_layout: str, kind: str, where: Path) -> Optional[str]:
+    """The pair layout of a preference run (None for other kinds, where only the default is
+    accepted)."""
+    if pair_layout not in PAIR_LAYOUTS:
+        raise ConfigError(f"unknown pair_layout {pair_layout!r}; expected one of {PAIR_LAYOUTS}")
+    if kind == "preference":
+        return pair_layout
+    if pair_layout != PAIR_LAYOUTS[0]:
+        raise ConfigError(
+            f"pair_layout {pair_layout!r} applies to preference pairs; {shown_path(where)} holds"
+            f" {kind} samples"
+        )
+    return None
 
 
 def pack_files(
@@ -111,6 +147,8 @@ def pack_files(
     tokenizer: Optional[Union[str, os.PathLike]] = None,
     tokenize: Optional[Union[TokenizeOptions, Dict[str, Any]]] = None,
     verify_cache: bool = False,
+    pair_layout: str = "separate",
+    carry: Optional[Sequence[str]] = None,
 ) -> Dict[str, Any]:
     """Pack token shards on disk into ``output_dir``; returns the manifest as a dict.
 
@@ -139,6 +177,16 @@ def pack_files(
             ``tokenize`` holds the tokenizing options: a :class:`tokpack.TokenizeOptions` or a
             dict of its fields (format, chat_template, train_on, add_eos, columns,
             skip_invalid, ...); rejected records go to ``__tokpack__/_rejected.jsonl``.
+        pair_layout: preference inputs (token shards of ``tokenize --format preference``, or
+            raw preference records with ``tokenizer``) are packed pair by pair, both sequences
+            of a pair in the same row: ``"separate"`` (chosen then rejected, each prompt +
+            completion) or ``"shared-prompt"`` (the prompt once, then the two completions).
+            The overlong policy applies to a pair's footprint in its row (``truncate`` cuts
+            the completions, never the prompt; ``split`` is a ConfigError), and the figures
+            count pairs.
+        carry: scalar per-sample columns (bool, integer, float or string, no nulls) written
+            to each packed row as a list with one entry per segment. KTO inputs carry
+            ``label`` always.
 
     Returns:
         The manifest (``format``, ``config``, ``inputs``, ``shards``, ``figures``, ...) plus
@@ -156,14 +204,13 @@ def pack_files(
             # Checked while tokenizing, where the sample's raw file and line are known.
             options = replace(options, max_len=max_len)
         encoding = RecordEncoder(tokenizer, options)
-        if encoding.kind != "sft":
-            raise _not_packable(
-                paths[0], encoding.kind, f"its records are {options.format} records"
-            )
+        kind = encoding.kind
         tokens_column, labels_column, loss_mask_column = "input_ids", "labels", None
     else:
         paths = resolve_inputs(inputs, TOKEN_SUFFIXES, output_dir=out)
-        _refuse_unpackable(paths)
+        kind = _sample_kind(paths)
+    layout = _checked_layout(pair_layout, kind, paths[0])
+    carried = _checked_carry(carry, kind)
     config = _config(
         max_len=max_len,
         strategy=strategy,
@@ -175,6 +222,8 @@ def pack_files(
         rows_per_shard=rows_per_shard,
         row_group_rows=row_group_rows,
         compression=compression,
+        pair_layout=layout,
+        carry=carried,
     )
     if encoding is not None:
         config["tokenize"] = encoding.config()
@@ -187,14 +236,16 @@ def pack_files(
             sources, staged, tokenized = paths, None, None
             if encoding is not None:
                 # Tokenized into one uncompressed Arrow IPC file in the spill directory (removed
-                # with it), with each sample's raw source (SOURCE_SCHEMA): the packer's input.
+                # with it), with each sample's raw source (``token_schema(kind, sources=True)``):
+                # the packer's input.
                 staged = spill / "tokenized.arrow"
                 sources = [staged]
                 stream = stream_into(
                     tmp, paths, described, encoding, progress, threads=threads, sources=True
                 )
+                schema = token_schema(kind, sources=True)
                 with stream as tokens, writing(staged), open_for_writing(staged) as sink:
-                    with pa.ipc.new_file(sink, SOURCE_SCHEMA) as writer:
+                    with pa.ipc.new_file(sink, schema) as writer:
                         for batch in tokens:
                             writer.write_batch(batch)
                 tokenized = {
@@ -203,6 +254,8 @@ def pack_files(
                     "encoder": encoding.encoder_info,
                     "rejected_file": REJECTED_NAME if tokens.stats.rejected else None,
                 }
+                if layout is not None and overlong == "error":
+                    _check_pairs_fit(staged, paths, max_len, layout)
             result = run_with_progress(
                 lambda p: _tokpack.pack_files(
                     paths=[str(x) for x in sources],
@@ -220,6 +273,8 @@ def pack_files(
                     row_group_rows=row_group_rows,
                     compression=compression,
                     batch_rows=BATCH_ROWS,
+                    pair_layout=layout,
+                    carry=carried,
                     threads=threads,
                     progress=p,
                 ),
@@ -229,6 +284,7 @@ def pack_files(
         finally:
             shutil.rmtree(spill, ignore_errors=True)
         manifest = _manifest(config, described, result, time.perf_counter() - started)
+        manifest["sample_kind"] = kind
         if tokenized is not None:
             manifest["inputs"] = described
             manifest["tokenize"] = tokenized
@@ -240,23 +296,10 @@ def pack_files(
     return {**manifest, "cache_hit": hit, "rebuilt_because": rebuilt_because}
 
 
-# What packing preference / KTO samples as SFT sequences would lose, and what is missing.
-_NOT_PACKABLE = {
-    "preference": "separate each pair's sequences, and pair packing is not available yet",
-    "kto": "lose their per-sample label, and carrying it through packing is not available yet",
-}
-
-
-def _not_packable(path: Path, kind: str, why: str) -> ConfigError:
-    return ConfigError(
-        f"{shown_path(path)}: holds {kind} samples ({why}); packing them as SFT sequences would "
-        + _NOT_PACKABLE[kind]
-    )
-
-
-def _refuse_unpackable(paths: List[Path]) -> None:
-    """Preference and KTO token shards are not packed as SFT sequences (their pairs, labels
-    and prompt lengths would be lost)."""
+def _sample_kind(paths: List[Path]) -> str:
+    """The kind of samples the token shards hold (``sft``, ``preference`` or ``kto``), one for
+    all of them."""
+    kinds: Dict[str, Path] = {}
     for path in paths:
         try:
             with pa.OSFile(os.fsencode(path)) as source:
@@ -266,8 +309,32 @@ def _refuse_unpackable(paths: List[Path]) -> None:
         except Exception:  # unreadable or not Arrow: the packer reports it, naming the file
             continue
         found = kind_of_schema(schema)
-        if found is not None:
-            raise _not_packable(path, *found)
+        kinds.setdefault("sft" if found is None else found[0], path)
+    if len(kinds) > 1:
+        shown = ", ".join(f"{shown_path(p)} holds {k} samples" for k, p in kinds.items())
+        raise ConfigError(f"the inputs mix kinds of samples ({shown}); pack each kind apart")
+    return next(iter(kinds), "sft")
+
+
+def _check_pairs_fit(staged: Path, paths: List[Path], max_len: int, layout: str) -> None:
+    """One-step pack of preference records with ``overlong="error"``: the first pair whose row
+    footprint exceeds ``max_len``, named by its raw record (the packer would name the staged
+    file). The tokenizer checked each sequence alone."""
+    with pa.memory_map(os.fsencode(staged)) as source:
+        table = pa.ipc.open_file(source).read_all()
+    lengths = [pc.list_value_length(table.column(f"{r}_input_ids")) for r in ("chosen", "rejected")]
+    footprint = lengths[0].to_numpy().astype(np.int64) + lengths[1].to_numpy()
+    if layout == "shared-prompt":
+        footprint -= table.column("prompt_length").to_numpy()
+    over = np.flatnonzero(footprint > max_len)
+    if len(over):
+        i = int(over[0])
+        path = paths[table.column("source_file")[i].as_py()]
+        where = f"{'row ' if is_parquet(path) else ''}{table.column('source_line')[i].as_py()}"
+        raise OverlongError(
+            f"{shown_path(path)}:{where}: pair of {footprint[i]} tokens in a row ({layout}"
+            f' layout), more than max_len={max_len}; pass overlong="truncate" or "drop"'
+        )
 
 
 def _write_dropped(

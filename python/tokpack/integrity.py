@@ -7,7 +7,9 @@ What a packed directory's manifest vouches for, and how it is checked:
 * every shard is present with the recorded size (quick) and whole-file xxh3-128 checksum (full);
 * every row group's bytes and the footer match their checksums and decode, and the decoded
   ``num_tokens`` / ``num_seqs`` / ``num_loss_tokens`` agree with the list columns and with the
-  shard's index side file (full);
+  shard's index side file; in preference outputs every row holds whole pairs, their segments
+  in the layout's role order with one sample id per pair, and ``num_pairs`` counts them; carried
+  columns have one entry per segment (full);
 * every index side file is readable, has a row per packed row and offsets that add up (quick);
 * the dropped list is readable and has ``samples_dropped`` rows, and the figures add up:
   ``samples_in = packed + truncated + split + dropped``, shard rows and tokens sum to the
@@ -30,7 +32,7 @@ import pyarrow.parquet as pq
 from . import _tokpack
 from ._outdir import read_manifest
 from .errors import CorruptOutputError
-from .packed_dir import PackedDir
+from .packed_dir import PAIR_SEGMENT_ROLES, PackedDir
 
 __all__ = ["verify", "cache_problem"]
 
@@ -163,6 +165,34 @@ def _check_group(packed: PackedDir, group: int, index: Dict[str, np.ndarray], fi
             raise CorruptOutputError(
                 f"{path}: row group {g}, column {name!r} disagrees with the index side file"
             )
+    problem = None if packed.pair_layout is None else pair_problem(cols, packed.pair_layout)
+    for name in packed.carried:
+        if not np.array_equal(cols[name][1], cols["seq_lengths"][1]):
+            problem = f"carried column {name!r} does not have one entry per segment"
+    if problem is not None:
+        raise CorruptOutputError(f"{path}: row group {g}: {problem}")
+
+
+def pair_problem(cols: Dict[str, Any], layout: str) -> Optional[str]:
+    """What is wrong with the pairs of a decoded row group of a preference output, or None:
+    every row holds whole pairs (``seq_roles`` in the layout's order per pair, one sample id per
+    pair) and ``num_pairs`` counts them."""
+    pattern = np.asarray(PAIR_SEGMENT_ROLES[layout], dtype=np.int64)
+    width = len(pattern)
+    roles, offsets = cols["seq_roles"]
+    if not np.array_equal(offsets, cols["seq_lengths"][1]):
+        return "column 'seq_roles' does not have one entry per segment"
+    if np.any(offsets % width):
+        return f"a row does not hold whole pairs ({width} segments each)"
+    by_pair = np.asarray(roles, dtype=np.int64).reshape(-1, width)
+    if not (by_pair == pattern).all():
+        return f"column 'seq_roles' is not {pattern.tolist()} pair after pair"
+    ids = np.asarray(cols["sample_ids"][0]).reshape(-1, width)
+    if not (ids == ids[:, :1]).all():
+        return "the segments of a pair have different sample ids"
+    if not np.array_equal(np.asarray(cols["num_pairs"], dtype=np.int64), np.diff(offsets) // width):
+        return "column 'num_pairs' disagrees with 'seq_roles'"
+    return None
 
 
 def _verify_token_shards(root: Path, manifest: Dict[str, Any], full: bool) -> Dict[str, Any]:

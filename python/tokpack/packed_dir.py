@@ -30,9 +30,13 @@ from ._contract import FORMAT, FORMAT_VERSION
 from ._outdir import MANIFEST_NAME
 from .errors import CorruptOutputError, InputNotFoundError, TokpackError
 
-__all__ = ["PackedDir", "decode_row_group", "ROW_COLUMNS"]
+__all__ = ["PackedDir", "decode_row_group", "ROW_COLUMNS", "PAIR_COLUMNS", "PAIR_SEGMENT_ROLES"]
 
 ROW_COLUMNS = ("input_ids", "labels", "seq_lengths", "sample_ids")
+# The columns preference outputs add, and the ``seq_roles`` of each pair's segments by layout
+# (1 = chosen, 2 = rejected, 3 = shared prompt).
+PAIR_COLUMNS = ("seq_roles", "num_pairs")
+PAIR_SEGMENT_ROLES = {"separate": (1, 2), "shared-prompt": (3, 1, 2)}
 
 Column = Union[Tuple[np.ndarray, np.ndarray], np.ndarray]
 # (offset, length, "xxh3_128:<hex>") of a byte range of a shard.
@@ -133,6 +137,9 @@ class PackedDir:
             )
         try:
             self.max_len = int(m["config"]["max_len"])
+            # Preference outputs: how each pair's segments are laid out; None otherwise.
+            self.pair_layout = m["config"].get("pair_layout")
+            self.carried = [str(c) for c in m["config"].get("carry", ())]
             self.has_labels = bool(m["has_labels"])
             shards = list(m["shards"])
             total = int(m["figures"]["rows"])
@@ -185,6 +192,7 @@ class PackedDir:
                 )
             names = set(meta.schema.to_arrow_schema().names)
             needed = [c for c in ROW_COLUMNS if c != "labels" or self.has_labels]
+            needed += list(PAIR_COLUMNS if self.pair_layout is not None else ()) + self.carried
             missing = [c for c in needed if c not in names]
             if missing:
                 raise CorruptOutputError(f"{path}: missing columns {missing}")

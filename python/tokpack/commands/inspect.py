@@ -15,6 +15,9 @@ from ..errors import CorruptOutputError
 from ..integrity import cache_problem
 from ..report import table
 
+# ``seq_roles`` of preference outputs.
+_ROLE_NAMES = {1: "chosen", 2: "rejected", 3: "prompt"}
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("output", metavar="OUT_DIR")
@@ -40,14 +43,16 @@ def run(args: argparse.Namespace) -> int:
     )
     for file, row in itertools.islice(_rows(out, manifest["shards"]), max(args.rows, 0)):
         ids = row["input_ids"]
+        roles = row.get("seq_roles") or [0] * len(row["seq_lengths"])
         print(
             f"\n{file}: {row['num_tokens']} tokens ({row['num_loss_tokens']} trained on), "
-            f"{len(row['seq_lengths'])} samples"
+            f"{len(row['seq_lengths'])} {'segments' if row.get('seq_roles') else 'samples'}"
         )
         pos = 0
-        for n, s in zip(row["seq_lengths"], row["sample_ids"]):
+        for n, s, role in zip(row["seq_lengths"], row["sample_ids"], roles):
             head = " ".join(map(str, ids[pos : pos + min(n, 8)]))
-            print(f"  [{pos:>6}:{pos + n:<6}] sample {s}: {head}{' ...' if n > 8 else ''}")
+            what = f"pair {s} {_ROLE_NAMES[role]}" if role else f"sample {s}"
+            print(f"  [{pos:>6}:{pos + n:<6}] {what}: {head}{' ...' if n > 8 else ''}")
             pos += n
     return 0
 
@@ -57,6 +62,7 @@ def _rows(out: Path, shards: List[Dict[str, Any]]) -> Iterator[Tuple[str, Dict[s
     cols = ["input_ids", "seq_lengths", "sample_ids", "num_tokens", "num_loss_tokens"]
     for shard in shards:
         pf = pq.ParquetFile(out / shard["file"])
+        roles = ["seq_roles"] if "seq_roles" in pf.schema_arrow.names else []
         for g in range(pf.num_row_groups):
-            for row in pf.read_row_group(g, columns=cols).to_pylist():
+            for row in pf.read_row_group(g, columns=cols + roles).to_pylist():
                 yield shard["file"], row

@@ -7,7 +7,7 @@ import sys
 from typing import Any, Dict
 
 from .._contract import OVERLONG_POLICIES, STRATEGIES
-from ..files import pack_files
+from ..files import PAIR_LAYOUTS, pack_files
 from ..report import table
 from .tokenize import (
     add_inputs_and_output,
@@ -27,6 +27,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--loss-mask-column", default=None, help="0/1 column instead of labels")
     parser.add_argument("--overlong", choices=OVERLONG_POLICIES, default="error")
+    parser.add_argument(
+        "--pair-layout",
+        choices=PAIR_LAYOUTS,
+        default="separate",
+        help="preference pairs: chosen then rejected, each whole (separate, the default), or "
+        "the prompt once then both completions (shared-prompt)",
+    )
+    parser.add_argument(
+        "--carry",
+        nargs="+",
+        default=None,
+        metavar="COLUMN",
+        help="scalar per-sample columns kept as per-segment lists (KTO's label always is)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--rows-per-shard", type=int, default=16384)
@@ -120,4 +134,6 @@ def _pack_here(args: argparse.Namespace) -> Dict[str, Any]:
         tokenizer=args.tokenizer,
         tokenize=tokenize_options(args) if args.tokenizer else None,
         verify_cache=args.verify_cache,
+        pair_layout=args.pair_layout,
+        carry=args.carry,
     )

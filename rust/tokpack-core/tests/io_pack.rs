@@ -43,6 +43,8 @@ fn config(dir: &Path, inputs: Vec<PathBuf>, name: &str) -> PackFilesConfig {
         spill_dir: spill,
         tokens_column: "input_ids".into(),
         labels: LabelSource::None,
+        pairs: None,
+        carry: Vec::new(),
         plan: PlanConfig::new(16, "bfd", "split", 0).unwrap(),
         rows_per_shard: 3,
         row_group_rows: 2,

@@ -41,11 +41,13 @@ fn progress_of(p: Option<&Bound<'_, Progress>>) -> Arc<io::Progress> {
     p.map_or_else(|| Arc::new(io::Progress::new()), |p| Arc::clone(&p.get().0))
 }
 
-/// Packs token shards into `out_dir`; returns a dict of the outcome.
+/// Packs token shards into `out_dir`; returns a dict of the outcome. With `pair_layout`
+/// ("separate" or "shared-prompt") the inputs are preference token shards packed pair by pair;
+/// `carry` names scalar per-sample columns written as per-segment list columns.
 #[pyfunction]
 #[pyo3(signature = (*, paths, out_dir, spill_dir, tokens_column, labels_column, labels_required,
     loss_mask_column, max_len, strategy, overlong, seed, rows_per_shard, row_group_rows,
-    compression, batch_rows, threads=None, progress=None))]
+    compression, batch_rows, pair_layout=None, carry=Vec::new(), threads=None, progress=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn pack_files<'py>(
     py: Python<'py>,
@@ -64,6 +66,8 @@ pub fn pack_files<'py>(
     row_group_rows: usize,
     compression: &str,
     batch_rows: usize,
+    pair_layout: Option<&str>,
+    carry: Vec<String>,
     threads: Option<usize>,
     progress: Option<&Bound<'py, Progress>>,
 ) -> PyResult<Bound<'py, PyDict>> {
@@ -81,6 +85,11 @@ pub fn pack_files<'py>(
         spill_dir,
         tokens_column,
         labels,
+        pairs: pair_layout
+            .map(str::parse::<io::PairLayout>)
+            .transpose()
+            .map_err(to_py)?,
+        carry,
         plan: PlanConfig::new(max_len, strategy, overlong, seed).map_err(to_py)?,
         rows_per_shard,
         row_group_rows,
@@ -170,12 +179,26 @@ macro_rules! primitive_to_numpy {
     };
 }
 
+fn string_objects<'a>(
+    py: Python<'_>,
+    values: impl Iterator<Item = Option<&'a str>>,
+) -> Vec<Py<PyAny>> {
+    values
+        .map(|v| {
+            pyo3::types::PyString::new(py, v.unwrap_or_default())
+                .into_any()
+                .unbind()
+        })
+        .collect()
+}
+
 fn to_numpy<'py>(
     py: Python<'py>,
     array: &arrow::array::ArrayRef,
     what: &str,
 ) -> PyResult<Bound<'py, PyAny>> {
     use arrow::array::{Array, AsArray};
+    use arrow::datatypes::DataType::{LargeUtf8, Utf8};
     if array.null_count() > 0 {
         return Err(crate::errors::DataError::new_err(format!(
             "{what} holds nulls"
@@ -194,6 +217,14 @@ fn to_numpy<'py>(
                 .collect::<Vec<bool>>()
                 .into_pyarray(py)
                 .into_any())
+        }
+        // Strings (carried columns) as an object array of str.
+        None if matches!(array.data_type(), Utf8 | LargeUtf8) => {
+            let strings: Vec<Py<PyAny>> = match array.data_type() {
+                Utf8 => string_objects(py, array.as_string::<i32>().iter()),
+                _ => string_objects(py, array.as_string::<i64>().iter()),
+            };
+            Ok(PyArray1::from_vec(py, strings).into_any())
         }
         None => Err(PyTypeError::new_err(format!(
             "{what} has type {}, which read_row_group does not convert",

@@ -40,7 +40,7 @@ pub struct BatchAt<'a> {
 }
 
 impl BatchAt<'_> {
-    fn at(&self, row: usize, column: &str) -> Location {
+    pub(crate) fn at(&self, row: usize, column: &str) -> Location {
         Location {
             row: Some(self.row_base + row as u64),
             column: Some(column.to_string()),
@@ -48,7 +48,7 @@ impl BatchAt<'_> {
         }
     }
 
-    fn data(&self, row: usize, column: &str, what: impl Into<String>) -> CoreError {
+    pub(crate) fn data(&self, row: usize, column: &str, what: impl Into<String>) -> CoreError {
         CoreError::Data {
             at: Box::new(self.at(row, column)),
             what: what.into(),
@@ -82,6 +82,18 @@ pub fn check_type(file: &Location, column: &str, data_type: &DataType, role: Rol
         Ok(())
     } else {
         Err(wrong_type(file, column, "type", data_type, role))
+    }
+}
+
+/// Checks that a per-sample column (a prompt length) holds integers.
+pub fn check_scalar_int(file: &Location, column: &str, data_type: &DataType) -> Result<()> {
+    if is_integer(data_type) {
+        Ok(())
+    } else {
+        Err(CoreError::Schema {
+            at: Box::new(file.clone()),
+            what: format!("column {column:?} has type {data_type}; expected an integer"),
+        })
     }
 }
 

@@ -5,11 +5,14 @@
 //! into checked int32 tokens; [`spill`] keeps the tokens in flat files so packing needs memory
 //! for the per-sample bookkeeping only; [`writer`] writes packed shards with their boundary
 //! index; [`checked`] reads them back against their checksums; [`pack`] ties them together;
-//! [`shard`] writes one shard from samples held in memory (the shard tasks of `tokpack.ray`).
+//! [`shard`] writes one shard from samples held in memory (the shard tasks of `tokpack.ray`);
+//! [`pairs`] makes preference pairs packing units and [`carry`] carries per-sample columns.
 
+pub mod carry;
 pub mod checked;
 pub mod columns;
 pub mod pack;
+pub mod pairs;
 pub mod progress;
 pub mod shard;
 pub mod source;
@@ -18,6 +21,7 @@ pub mod writer;
 
 pub use checked::{file_checksum, read_checked_row_group, GroupCheck};
 pub use pack::{pack_files, read_lengths, LabelSource, PackFilesConfig, PackOutcome};
+pub use pairs::PairLayout;
 pub use progress::{Phase, Progress};
 pub use shard::{write_held_shard, HeldSamples};
 pub use source::{read_row_group, Source};

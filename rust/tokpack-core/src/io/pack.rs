@@ -9,13 +9,22 @@
 //! Output bytes depend only on the inputs and the config: the spill layout varies with thread
 //! scheduling but is only ever addressed through the per-sample locations.
 
-use super::columns::{check_aligned, check_type, flatten, labels_from_mask, BatchAt, Role};
+use super::carry::{carried_types, carried_values, concat, Carried};
+use super::columns::{
+    check_aligned, check_scalar_int, check_type, flatten, labels_from_mask, BatchAt, Flat, Role,
+};
+use super::pairs::{
+    check_pair_config, pair_lengths, plan_pairs, PairLayout, PairLengths, SEQ_REJECTED,
+};
 use super::progress::{Phase, Progress};
 use super::source::Source;
 use super::spill::{Spill, SpillReader};
 use super::writer::{write_shard, SampleSource, ShardContext, ShardInfo};
 use crate::error::{CoreError, Location, Result};
 use crate::plan::{Plan, PlanConfig};
+use arrow::array::{ArrayRef, RecordBatch};
+use arrow::buffer::ScalarBuffer;
+use arrow::datatypes::DataType;
 use parquet::basic::Compression;
 use rayon::prelude::*;
 use std::path::PathBuf;
@@ -41,6 +50,11 @@ pub struct PackFilesConfig {
     pub spill_dir: PathBuf,
     pub tokens_column: String,
     pub labels: LabelSource,
+    /// Preference token shards: pairs are read from the [`PAIR_COLUMNS`] (`tokens_column` and
+    /// `labels` are not used) and packed as units in this layout.
+    pub pairs: Option<PairLayout>,
+    /// Scalar per-sample columns written as per-segment list columns.
+    pub carry: Vec<String>,
     pub plan: PlanConfig,
     pub rows_per_shard: usize,
     pub row_group_rows: usize,
@@ -50,27 +64,47 @@ pub struct PackFilesConfig {
 }
 
 pub struct PackOutcome {
-    /// Samples in each input file, in order.
+    /// Samples (pairs for preference shards) in each input file, in order.
     pub input_rows: Vec<u64>,
     pub plan: Plan,
     pub has_labels: bool,
     pub shards: Vec<ShardInfo>,
 }
 
-/// The spilled samples, found through each sample's spill location.
+/// The columns of a preference token shard: chosen tokens and labels, rejected tokens and
+/// labels, prompt length.
+pub const PAIR_COLUMNS: [&str; 5] = [
+    "chosen_input_ids",
+    "chosen_labels",
+    "rejected_input_ids",
+    "rejected_labels",
+    "prompt_length",
+];
+
+/// The spilled samples, found through each sample's spill location (and, for pairs, the
+/// rejected sequence's).
 struct Spilled<'a> {
     locations: &'a [u64],
+    rejected: &'a [u64],
     reader: &'a SpillReader,
 }
 
-impl SampleSource for Spilled<'_> {
-    fn tokens(&self, sample: i64, start: i64, out: &mut [i32]) -> Result<()> {
-        self.reader
-            .tokens(self.locations[sample as usize], start, out)
+impl Spilled<'_> {
+    fn location(&self, sample: i64, seq: u8) -> u64 {
+        if seq == SEQ_REJECTED {
+            self.rejected[sample as usize]
+        } else {
+            self.locations[sample as usize]
+        }
     }
-    fn labels(&self, sample: i64, start: i64, out: &mut [i32]) -> Result<()> {
-        self.reader
-            .labels(self.locations[sample as usize], start, out)
+}
+
+impl SampleSource for Spilled<'_> {
+    fn tokens(&self, sample: i64, seq: u8, start: i64, out: &mut [i32]) -> Result<()> {
+        self.reader.tokens(self.location(sample, seq), start, out)
+    }
+    fn labels(&self, sample: i64, seq: u8, start: i64, out: &mut [i32]) -> Result<()> {
+        self.reader.labels(self.location(sample, seq), start, out)
     }
 }
 
@@ -78,11 +112,35 @@ impl SampleSource for Spilled<'_> {
 struct Columns {
     tokens: String,
     labels: Option<(String, Role)>,
+    pairs: Option<PairLayout>,
+    /// Carried columns and their types.
+    carry: Vec<(String, DataType)>,
 }
 
-fn resolve_columns(sources: &[Source], tokens: &str, labels: &LabelSource) -> Result<Columns> {
+impl Columns {
+    fn names(&self) -> Vec<&str> {
+        let mut names = match self.pairs {
+            Some(_) => PAIR_COLUMNS.to_vec(),
+            None => {
+                let mut names = vec![self.tokens.as_str()];
+                if let Some((c, _)) = &self.labels {
+                    names.push(c.as_str());
+                }
+                names
+            }
+        };
+        names.extend(self.carry.iter().map(|(c, _)| c.as_str()));
+        names
+    }
+
+    fn has_labels(&self) -> bool {
+        self.pairs.is_some() || self.labels.is_some()
+    }
+}
+
+fn resolve_labels(sources: &[Source], labels: &LabelSource) -> Result<Option<(String, Role)>> {
     let has = |s: &Source, c: &str| s.schema.index_of(c).is_ok();
-    let labels = match labels {
+    Ok(match labels {
         LabelSource::None => None,
         LabelSource::LossMask(c) => Some((c.clone(), Role::LossMask)),
         LabelSource::Labels { column, required } => {
@@ -97,28 +155,126 @@ fn resolve_columns(sources: &[Source], tokens: &str, labels: &LabelSource) -> Re
                 None
             }
         }
-    };
-    for s in sources {
-        let file = Location::file(&s.path);
-        let mut wanted = vec![(tokens, Role::Tokens)];
-        if let Some((c, role)) = &labels {
-            wanted.push((c.as_str(), *role));
-        }
-        for (column, role) in wanted {
-            let idx = s.column_indices(&[column])?[0];
-            check_type(&file, column, s.schema.field(idx).data_type(), role)?;
-        }
-    }
-    Ok(Columns {
-        tokens: tokens.to_string(),
-        labels,
     })
 }
 
-/// Lengths and spill locations of one unit's samples.
+fn resolve_columns(
+    sources: &[Source],
+    tokens: &str,
+    labels: &LabelSource,
+    pairs: Option<PairLayout>,
+    carry: &[String],
+) -> Result<Columns> {
+    let labels = match pairs {
+        Some(_) => None,
+        None => resolve_labels(sources, labels)?,
+    };
+    let mut wanted: Vec<(&str, Role)> = match pairs {
+        Some(_) => {
+            let [ci, cl, ri, rl, _] = PAIR_COLUMNS;
+            vec![
+                (ci, Role::Tokens),
+                (cl, Role::Labels),
+                (ri, Role::Tokens),
+                (rl, Role::Labels),
+            ]
+        }
+        None => vec![(tokens, Role::Tokens)],
+    };
+    if let Some((c, role)) = &labels {
+        wanted.push((c.as_str(), *role));
+    }
+    for s in sources {
+        let file = Location::file(&s.path);
+        for &(column, role) in &wanted {
+            let idx = s.column_indices(&[column])?[0];
+            check_type(&file, column, s.schema.field(idx).data_type(), role)?;
+        }
+        if pairs.is_some() {
+            let column = PAIR_COLUMNS[4];
+            let idx = s.column_indices(&[column])?[0];
+            check_scalar_int(&file, column, s.schema.field(idx).data_type())?;
+        }
+    }
+    let types = carried_types(sources, carry)?;
+    Ok(Columns {
+        tokens: tokens.to_string(),
+        labels,
+        pairs,
+        carry: carry.iter().cloned().zip(types).collect(),
+    })
+}
+
+/// What was read of one unit (or, concatenated, of all of them): per sample its length (plain
+/// samples) or its pair's lengths, its spill locations, and the chunks of the carried columns.
+#[derive(Default)]
 struct UnitOut {
+    rows: u64,
     lengths: Vec<i64>,
+    pairs: Vec<PairLengths>,
     locations: Vec<u64>,
+    rejected: Vec<u64>,
+    carried: Vec<Vec<ArrayRef>>,
+}
+
+impl UnitOut {
+    fn append(&mut self, other: UnitOut) {
+        self.rows += other.rows;
+        self.lengths.extend_from_slice(&other.lengths);
+        self.pairs.extend_from_slice(&other.pairs);
+        self.locations.extend_from_slice(&other.locations);
+        self.rejected.extend_from_slice(&other.rejected);
+        self.carried.resize_with(other.carried.len(), Vec::new);
+        for (all, chunks) in self.carried.iter_mut().zip(other.carried) {
+            all.extend(chunks);
+        }
+    }
+}
+
+/// Flattens a sequence's token and label columns of a batch (labels aligned to the tokens).
+fn read_sequence(
+    batch: &RecordBatch,
+    tokens: &str,
+    labels: Option<(&str, Role)>,
+    loc: &BatchAt,
+    path: &std::path::Path,
+) -> Result<(Flat, Option<ScalarBuffer<i32>>)> {
+    let column = |name: &str| {
+        batch.column_by_name(name).ok_or_else(|| CoreError::Schema {
+            at: Box::new(Location::file(path)),
+            what: format!("no column {name:?}"),
+        })
+    };
+    let flat = flatten(column(tokens)?, tokens, Role::Tokens, loc)?;
+    let labels = match labels {
+        Some((name, role)) => {
+            let other = flatten(column(name)?, name, role, loc)?;
+            check_aligned(&flat, &other, name, loc)?;
+            Some(match role {
+                Role::LossMask => labels_from_mask(&flat.values, &other.values),
+                _ => other.values,
+            })
+        }
+        None => None,
+    };
+    Ok((flat, labels))
+}
+
+/// Spills the sequences of a batch; returns the location of each row's first value.
+fn spill_rows(
+    spill: Option<&Spill>,
+    worker: usize,
+    flat: &Flat,
+    labels: Option<&[i32]>,
+) -> Result<Vec<u64>> {
+    let Some(spill) = spill else {
+        return Ok(Vec::new());
+    };
+    let base = spill.append(worker, &flat.values, labels)?;
+    Ok(flat.offsets[..flat.offsets.len() - 1]
+        .iter()
+        .map(|&o| base + o as u64)
+        .collect())
 }
 
 fn read_unit(
@@ -129,55 +285,50 @@ fn read_unit(
     spill: Option<&Spill>,
     progress: &Progress,
 ) -> Result<UnitOut> {
-    let mut names = vec![columns.tokens.as_str()];
-    if let Some((c, _)) = &columns.labels {
-        names.push(c.as_str());
-    }
+    let names = columns.names();
     let at = Location::unit(&source.path, source.unit_kind, unit);
     let mut out = UnitOut {
-        lengths: Vec::new(),
-        locations: Vec::new(),
+        carried: vec![Vec::new(); columns.carry.len()],
+        ..UnitOut::default()
     };
     let worker = rayon::current_thread_index().unwrap_or(0);
     source.read_unit(unit, &names, batch_rows, |batch| {
         progress.check()?;
         let loc = BatchAt {
             unit: &at,
-            row_base: out.lengths.len() as u64,
+            row_base: out.rows,
         };
-        let column = |name: &str| {
-            batch.column_by_name(name).ok_or_else(|| CoreError::Schema {
-                at: Box::new(Location::file(&source.path)),
-                what: format!("no column {name:?}"),
-            })
-        };
-        let tokens = flatten(
-            column(&columns.tokens)?,
-            &columns.tokens,
-            Role::Tokens,
-            &loc,
-        )?;
-        let labels = match &columns.labels {
-            Some((name, role)) => {
-                let flat = flatten(column(name)?, name, *role, &loc)?;
-                check_aligned(&tokens, &flat, name, &loc)?;
-                Some(match role {
-                    Role::LossMask => labels_from_mask(&tokens.values, &flat.values),
-                    _ => flat.values,
-                })
+        match columns.pairs {
+            Some(layout) => {
+                let [ci, cl, ri, rl, p] = PAIR_COLUMNS;
+                let labels = |c| Some((c, Role::Labels));
+                let (chosen, chosen_labels) =
+                    read_sequence(&batch, ci, labels(cl), &loc, &source.path)?;
+                let (rejected, rejected_labels) =
+                    read_sequence(&batch, ri, labels(rl), &loc, &source.path)?;
+                let prompts = batch.column_by_name(p).expect("projected column");
+                let lengths = pair_lengths(&chosen, &rejected, prompts, layout, &loc)?;
+                out.pairs.extend(lengths);
+                let c = spill_rows(spill, worker, &chosen, chosen_labels.as_deref())?;
+                let r = spill_rows(spill, worker, &rejected, rejected_labels.as_deref())?;
+                out.locations.extend(c);
+                out.rejected.extend(r);
             }
-            None => None,
-        };
-        let lengths = tokens.offsets.windows(2).map(|w| w[1] - w[0]);
-        out.lengths.extend(lengths);
-        if let Some(spill) = spill {
-            let base = spill.append(worker, &tokens.values, labels.as_deref())?;
-            out.locations.extend(
-                tokens.offsets[..tokens.offsets.len() - 1]
-                    .iter()
-                    .map(|&o| base + o as u64),
-            );
+            None => {
+                let labels = columns.labels.as_ref().map(|(c, r)| (c.as_str(), *r));
+                let (tokens, labels) =
+                    read_sequence(&batch, &columns.tokens, labels, &loc, &source.path)?;
+                out.lengths
+                    .extend(tokens.offsets.windows(2).map(|w| w[1] - w[0]));
+                let locations = spill_rows(spill, worker, &tokens, labels.as_deref())?;
+                out.locations.extend(locations);
+            }
         }
+        for (chunks, (name, _)) in out.carried.iter_mut().zip(&columns.carry) {
+            let array = batch.column_by_name(name).expect("projected column");
+            chunks.push(carried_values(array, name, &loc)?);
+        }
+        out.rows += batch.num_rows() as u64;
         progress.add_samples(batch.num_rows() as u64);
         Ok(())
     })?;
@@ -187,13 +338,14 @@ fn read_unit(
 
 /// Reads all units in parallel; units are concatenated in file order, so sample `i` is the
 /// `i`-th row across the inputs. On failure, the error of the first failing unit is returned.
+/// Returns what was read and the rows of each file.
 fn read_all(
     sources: &[Source],
     columns: &Columns,
     batch_rows: usize,
     spill: Option<&Spill>,
     progress: &Progress,
-) -> Result<(Vec<i64>, Vec<u64>, Vec<u64>)> {
+) -> Result<(UnitOut, Vec<u64>)> {
     let units: Vec<(usize, usize)> = sources
         .iter()
         .enumerate()
@@ -215,26 +367,20 @@ fn read_all(
             Some(r)
         })
         .collect();
-    let n: usize = results
-        .iter()
-        .map(|r| match r {
-            Some(Ok(u)) => u.lengths.len(),
-            _ => 0,
-        })
-        .sum();
-    let mut lengths = Vec::with_capacity(n);
-    let mut locations = Vec::with_capacity(if spill.is_some() { n } else { 0 });
+    let mut all = UnitOut {
+        carried: vec![Vec::new(); columns.carry.len()],
+        ..UnitOut::default()
+    };
     let mut rows = vec![0u64; sources.len()];
     for (r, &(s, _)) in results.into_iter().zip(&units) {
         let unit = match r {
             Some(r) => r?,
             None => continue,
         };
-        rows[s] += unit.lengths.len() as u64;
-        lengths.extend_from_slice(&unit.lengths);
-        locations.extend_from_slice(&unit.locations);
+        rows[s] += unit.rows;
+        all.append(unit);
     }
-    Ok((lengths, locations, rows))
+    Ok((all, rows))
 }
 
 fn open_all(paths: &[PathBuf]) -> Result<Vec<Source>> {
@@ -272,13 +418,13 @@ pub fn read_lengths(
     progress: &Progress,
 ) -> Result<(Vec<i64>, Vec<u64>)> {
     let sources = open_all(paths)?;
-    let columns = resolve_columns(&sources, tokens_column, &LabelSource::None)?;
-    let (lengths, _, rows) = read_all(&sources, &columns, batch_rows, None, progress)?;
-    if lengths.is_empty() {
+    let columns = resolve_columns(&sources, tokens_column, &LabelSource::None, None, &[])?;
+    let (read, rows) = read_all(&sources, &columns, batch_rows, None, progress)?;
+    if read.rows == 0 {
         return Err(no_samples(paths));
     }
     progress.start(Phase::Done, 0);
-    Ok((lengths, rows))
+    Ok((read.lengths, rows))
 }
 
 /// The output layout must be positive and a row group's tokens must fit int32 offsets.
@@ -304,22 +450,31 @@ pub fn pack_files(config: &PackFilesConfig, progress: &Progress) -> Result<PackO
         config.row_group_rows,
         config.plan.max_len,
     )?;
+    if config.pairs.is_some() {
+        check_pair_config(&config.plan)?;
+    }
     let sources = open_all(&config.paths)?;
-    let columns = resolve_columns(&sources, &config.tokens_column, &config.labels)?;
-    let has_labels = columns.labels.is_some();
+    let columns = resolve_columns(
+        &sources,
+        &config.tokens_column,
+        &config.labels,
+        config.pairs,
+        &config.carry,
+    )?;
+    let has_labels = columns.has_labels();
     let spill = Spill::create(&config.spill_dir, rayon::current_num_threads(), has_labels)?;
-    let (lengths, locations, input_rows) = read_all(
+    let (read, input_rows) = read_all(
         &sources,
         &columns,
         config.batch_rows,
         Some(&spill),
         progress,
     )?;
-    if lengths.is_empty() {
+    if read.rows == 0 {
         return Err(no_samples(&config.paths));
     }
     progress.start(Phase::Planning, 1);
-    let plan = crate::plan::plan(&lengths, &config.plan).map_err(|e| match e {
+    let locate_overlong = |e: CoreError, column: Option<&str>| match e {
         CoreError::Overlong {
             index,
             length,
@@ -327,7 +482,7 @@ pub fn pack_files(config: &PackFilesConfig, progress: &Progress) -> Result<PackO
             ..
         } => CoreError::Overlong {
             at: Box::new(Location {
-                column: Some(config.tokens_column.clone()),
+                column: column.map(str::to_string),
                 ..locate(&sources, &input_rows, index)
             }),
             index,
@@ -335,8 +490,30 @@ pub fn pack_files(config: &PackFilesConfig, progress: &Progress) -> Result<PackO
             max_len,
         },
         other => other,
-    })?;
-    drop(lengths);
+    };
+    let (plan, pairs) = match config.pairs {
+        Some(layout) => {
+            let (plan, pairs) = plan_pairs(&read.pairs, layout, &config.plan)
+                .map_err(|e| locate_overlong(e, None))?;
+            (plan, Some(pairs))
+        }
+        None => {
+            let plan = crate::plan::plan(&read.lengths, &config.plan)
+                .map_err(|e| locate_overlong(e, Some(&config.tokens_column)))?;
+            (plan, None)
+        }
+    };
+    let carried = columns
+        .carry
+        .iter()
+        .zip(read.carried)
+        .map(|((name, data_type), chunks)| {
+            Ok(Carried {
+                name: name.clone(),
+                values: concat(&chunks, data_type)?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
     progress.advance(1);
     let reader = spill.into_reader();
     let n_rows = plan.n_bins();
@@ -347,10 +524,13 @@ pub fn pack_files(config: &PackFilesConfig, progress: &Progress) -> Result<PackO
         dir: &config.out_dir,
         plan: &plan,
         source: &Spilled {
-            locations: &locations,
+            locations: &read.locations,
+            rejected: &read.rejected,
             reader: &reader,
         },
         has_labels,
+        pairs: pairs.as_ref(),
+        carried: &carried,
         row_group_rows: config.row_group_rows,
         compression: config.compression,
         progress,

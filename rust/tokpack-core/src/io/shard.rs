@@ -60,13 +60,14 @@ impl HeldSamples<'_> {
     }
 }
 
+// Held samples are plain sequences: `seq` is always 0 (shard tasks write no pairs).
 impl SampleSource for HeldSamples<'_> {
-    fn tokens(&self, sample: i64, start: i64, out: &mut [i32]) -> Result<()> {
+    fn tokens(&self, sample: i64, _seq: u8, start: i64, out: &mut [i32]) -> Result<()> {
         let span = self.span(sample, start, out.len())?;
         out.copy_from_slice(&self.tokens[span]);
         Ok(())
     }
-    fn labels(&self, sample: i64, start: i64, out: &mut [i32]) -> Result<()> {
+    fn labels(&self, sample: i64, _seq: u8, start: i64, out: &mut [i32]) -> Result<()> {
         let span = self.span(sample, start, out.len())?;
         if let Some(labels) = self.labels {
             out.copy_from_slice(&labels[span]);
@@ -93,6 +94,8 @@ pub fn write_held_shard(
         plan: rows,
         source: samples,
         has_labels: samples.labels.is_some(),
+        pairs: None,
+        carried: &[],
         row_group_rows,
         compression,
         progress: &progress,

@@ -7,11 +7,13 @@
 //! indexes and metadata). Readers check exactly the bytes they decode against these (see
 //! [`super::checked`]).
 
+use super::carry::{per_segment, Carried};
+use super::pairs::{Pairs, Part};
 use super::progress::Progress;
 use crate::error::{Context, CoreError, Result};
 use crate::plan::Plan;
 use crate::policy::{IGNORE_INDEX, SIDE_DIR};
-use arrow::array::{ArrayRef, Int32Array, Int64Array, ListArray, RecordBatch};
+use arrow::array::{ArrayRef, Int32Array, Int64Array, Int8Array, ListArray, RecordBatch};
 use arrow::buffer::OffsetBuffer;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow::ipc::writer::FileWriter;
@@ -87,8 +89,9 @@ fn list_field(name: &str, child: DataType) -> Field {
     )
 }
 
-/// The packed-shard schema (see PACKED_FORMAT / README).
-pub fn shard_schema(has_labels: bool) -> SchemaRef {
+/// The packed-shard schema (see PACKED_FORMAT / README): with `pairs`, the preference columns
+/// `seq_roles` and `num_pairs`; then one list column per carried column.
+pub fn shard_schema(has_labels: bool, pairs: bool, carried: &[Carried]) -> SchemaRef {
     let mut fields = vec![list_field("input_ids", DataType::Int32)];
     if has_labels {
         fields.push(list_field("labels", DataType::Int32));
@@ -101,6 +104,17 @@ pub fn shard_schema(has_labels: bool) -> SchemaRef {
         Field::new("num_loss_tokens", DataType::Int32, false),
         list_field("seq_loss_tokens", DataType::Int32),
     ]);
+    if pairs {
+        fields.extend([
+            list_field("seq_roles", DataType::Int8),
+            Field::new("num_pairs", DataType::Int32, false),
+        ]);
+    }
+    fields.extend(
+        carried
+            .iter()
+            .map(|c| list_field(&c.name, c.values.data_type().clone())),
+    );
     Arc::new(Schema::new(fields))
 }
 
@@ -161,11 +175,13 @@ impl<W: Write> Write for Hashing<W> {
 
 /// Where a shard writer gathers the tokens of the plan's segments from: the spill files of
 /// `pack_files`, or the samples a `tokpack.ray` shard task holds in memory ([`super::shard`]).
+/// `seq` is the sequence of the sample (0 for a plain sample; a pair's chosen or rejected one,
+/// see [`super::pairs`]).
 pub trait SampleSource: Sync {
-    /// Tokens `start..start+out.len()` of input sample `sample`.
-    fn tokens(&self, sample: i64, start: i64, out: &mut [i32]) -> Result<()>;
+    /// Tokens `start..start+out.len()` of sequence `seq` of input sample `sample`.
+    fn tokens(&self, sample: i64, seq: u8, start: i64, out: &mut [i32]) -> Result<()>;
     /// Labels of the same span (called only when the shard has labels).
-    fn labels(&self, sample: i64, start: i64, out: &mut [i32]) -> Result<()>;
+    fn labels(&self, sample: i64, seq: u8, start: i64, out: &mut [i32]) -> Result<()>;
 }
 
 /// Everything a shard writer needs besides its row range.
@@ -174,6 +190,9 @@ pub struct ShardContext<'a> {
     pub plan: &'a Plan,
     pub source: &'a dyn SampleSource,
     pub has_labels: bool,
+    /// The plan's units are preference pairs, each written as two or three segments.
+    pub pairs: Option<&'a Pairs>,
+    pub carried: &'a [Carried],
     pub row_group_rows: usize,
     pub compression: Compression,
     pub progress: &'a Progress,
@@ -194,7 +213,7 @@ pub fn write_shard(ctx: &ShardContext, shard: usize, rows: Range<usize>) -> Resu
     let name = format!("part-{shard:05}.parquet");
     let index_name = format!("{SIDE_DIR}/_index-part-{shard:05}.arrow");
     let path = ctx.dir.join(&name);
-    let schema = shard_schema(ctx.has_labels);
+    let schema = shard_schema(ctx.has_labels, ctx.pairs.is_some(), ctx.carried);
     let props = WriterProperties::builder()
         .set_compression(ctx.compression)
         .set_max_row_group_row_count(Some(ctx.row_group_rows))
@@ -303,6 +322,39 @@ fn write_index(path: &Path, index: IndexColumns) -> Result<()> {
     Ok(())
 }
 
+/// The segments of plan rows `rows`: each plan unit is one segment, or a pair's two or three.
+/// Returns `(sample, part)` per segment and each row's end in them.
+fn expand(ctx: &ShardContext, rows: Range<usize>) -> (Vec<(i64, Part)>, Vec<usize>) {
+    let plan = ctx.plan;
+    let units = plan.bin_offsets[rows.start] as usize..plan.bin_offsets[rows.end] as usize;
+    let mut segments = Vec::with_capacity(units.len() * if ctx.pairs.is_some() { 3 } else { 1 });
+    let mut row_ends = Vec::with_capacity(rows.len());
+    let mut parts = Vec::with_capacity(3);
+    for r in rows {
+        for k in plan.bin_offsets[r] as usize..plan.bin_offsets[r + 1] as usize {
+            let sample = plan.sample_ids[k];
+            match ctx.pairs {
+                Some(pairs) => {
+                    parts.clear();
+                    pairs.parts(sample, &mut parts);
+                    segments.extend(parts.iter().map(|&p| (sample, p)));
+                }
+                None => segments.push((
+                    sample,
+                    Part {
+                        seq: 0,
+                        start: plan.starts[k],
+                        len: plan.lengths[k],
+                        role: 0,
+                    },
+                )),
+            }
+        }
+        row_ends.push(segments.len());
+    }
+    (segments, row_ends)
+}
+
 /// Gathers plan rows `rows` from the spill into one record batch.
 fn row_group(
     ctx: &ShardContext,
@@ -312,25 +364,24 @@ fn row_group(
     info: &mut ShardInfo,
 ) -> Result<RecordBatch> {
     let plan = ctx.plan;
-    let segs = plan.bin_offsets[rows.start] as usize..plan.bin_offsets[rows.end] as usize;
-    let total: usize = plan.lengths[segs.clone()].iter().map(|&l| l as usize).sum();
+    let (segments, row_ends) = expand(ctx, rows.clone());
+    let total: usize = segments.iter().map(|(_, p)| p.len as usize).sum();
     let mut tokens = vec![0i32; total];
     let mut labels = if ctx.has_labels {
         vec![0i32; total]
     } else {
         Vec::new()
     };
-    let mut seg_loss = Vec::with_capacity(segs.len());
+    let mut seg_loss = Vec::with_capacity(segments.len());
     let mut pos = 0usize;
-    for k in segs.clone() {
-        let len = plan.lengths[k] as usize;
-        let (sample, start) = (plan.sample_ids[k], plan.starts[k]);
+    for &(sample, part) in &segments {
+        let len = part.len as usize;
         let span = pos..pos + len;
         ctx.source
-            .tokens(sample, start, &mut tokens[span.clone()])?;
+            .tokens(sample, part.seq, part.start, &mut tokens[span.clone()])?;
         if ctx.has_labels {
             ctx.source
-                .labels(sample, start, &mut labels[span.clone()])?;
+                .labels(sample, part.seq, part.start, &mut labels[span.clone()])?;
             seg_loss.push(labels[span].iter().filter(|&&v| v != IGNORE_INDEX).count() as i32);
         } else {
             seg_loss.push(len as i32);
@@ -343,34 +394,29 @@ fn row_group(
     let mut num_tokens = Vec::with_capacity(rows.len());
     let mut num_seqs = Vec::with_capacity(rows.len());
     let mut num_loss = Vec::with_capacity(rows.len());
-    let (mut t, s0) = (0i64, segs.start);
+    let mut t = 0i64;
     tok_offsets.push(0i32);
     seg_offsets.push(0i32);
-    for r in rows.clone() {
-        let (a, b) = (
-            plan.bin_offsets[r] as usize,
-            plan.bin_offsets[r + 1] as usize,
-        );
-        let n: i64 = plan.lengths[a..b].iter().sum();
-        let loss: i32 = seg_loss[a - s0..b - s0].iter().sum();
+    let mut a = 0usize;
+    for &b in &row_ends {
+        let n: i64 = segments[a..b].iter().map(|(_, p)| p.len).sum();
+        let loss: i32 = seg_loss[a..b].iter().sum();
         index.offset.push(info.tokens as i64 + t);
         t += n;
         tok_offsets.push(t as i32);
-        seg_offsets.push((b - s0) as i32);
+        seg_offsets.push(b as i32);
         num_tokens.push(n as i32);
         num_seqs.push((b - a) as i32);
         num_loss.push(loss);
         info.loss_tokens += loss as u64;
+        a = b;
     }
     info.tokens += t as u64;
     index.num_tokens.extend_from_slice(&num_tokens);
     index.num_seqs.extend_from_slice(&num_seqs);
     index.num_loss_tokens.extend_from_slice(&num_loss);
-    let seq_lengths: Vec<i32> = plan.lengths[segs.clone()]
-        .iter()
-        .map(|&l| l as i32)
-        .collect();
-    let sample_ids = plan.sample_ids[segs].to_vec();
+    let seq_lengths: Vec<i32> = segments.iter().map(|(_, p)| p.len as i32).collect();
+    let sample_ids: Vec<i64> = segments.iter().map(|&(s, _)| s).collect();
     let mut columns: Vec<ArrayRef> = vec![list(
         tok_offsets.clone(),
         Arc::new(Int32Array::from(tokens)),
@@ -380,11 +426,28 @@ fn row_group(
     }
     columns.extend([
         list(seg_offsets.clone(), Arc::new(Int32Array::from(seq_lengths))),
-        list(seg_offsets.clone(), Arc::new(Int64Array::from(sample_ids))),
+        list(
+            seg_offsets.clone(),
+            Arc::new(Int64Array::from(sample_ids.clone())),
+        ),
         Arc::new(Int32Array::from(num_tokens)) as ArrayRef,
         Arc::new(Int32Array::from(num_seqs)),
         Arc::new(Int32Array::from(num_loss)),
-        list(seg_offsets, Arc::new(Int32Array::from(seg_loss))),
+        list(seg_offsets.clone(), Arc::new(Int32Array::from(seg_loss))),
     ]);
+    if ctx.pairs.is_some() {
+        let roles: Vec<i8> = segments.iter().map(|(_, p)| p.role).collect();
+        let num_pairs: Vec<i32> = rows
+            .map(|r| (plan.bin_offsets[r + 1] - plan.bin_offsets[r]) as i32)
+            .collect();
+        columns.extend([
+            list(seg_offsets.clone(), Arc::new(Int8Array::from(roles))),
+            Arc::new(Int32Array::from(num_pairs)) as ArrayRef,
+        ]);
+    }
+    for carried in ctx.carried {
+        let values = per_segment(carried, &sample_ids, ctx.dir)?;
+        columns.push(list(seg_offsets.clone(), values));
+    }
     RecordBatch::try_new(schema.clone(), columns).output(ctx.dir)
 }

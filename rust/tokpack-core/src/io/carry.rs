@@ -1,0 +1,96 @@
+//! Carried columns: scalar per-sample input columns (a KTO label, a source name, a weight, a
+//! score) written to the packed rows as list columns with one entry per segment, the sample's
+//! value repeated for each of its segments, in the input's type.
+
+use super::columns::BatchAt;
+use super::source::Source;
+use crate::error::{Context, CoreError, Location, Result};
+use arrow::array::{Array, ArrayRef, UInt64Array};
+use arrow::datatypes::DataType;
+
+/// A carried column: its name and one value per input sample, in sample order.
+pub struct Carried {
+    pub name: String,
+    pub values: ArrayRef,
+}
+
+fn is_scalar(t: &DataType) -> bool {
+    matches!(
+        t,
+        DataType::Boolean
+            | DataType::Int8
+            | DataType::Int16
+            | DataType::Int32
+            | DataType::Int64
+            | DataType::UInt8
+            | DataType::UInt16
+            | DataType::UInt32
+            | DataType::UInt64
+            | DataType::Float32
+            | DataType::Float64
+            | DataType::Utf8
+            | DataType::LargeUtf8
+    )
+}
+
+/// Every input has each carried column, with one scalar type across the files; returns the
+/// types in the order of `columns`.
+pub fn carried_types(sources: &[Source], columns: &[String]) -> Result<Vec<DataType>> {
+    let mut types = Vec::with_capacity(columns.len());
+    for column in columns {
+        let mut first: Option<DataType> = None;
+        for s in sources {
+            let idx = s.column_indices(&[column.as_str()])?[0];
+            let t = s.schema.field(idx).data_type();
+            let schema = |what: String| CoreError::Schema {
+                at: Box::new(Location {
+                    column: Some(column.clone()),
+                    ..Location::file(&s.path)
+                }),
+                what,
+            };
+            if !is_scalar(t) {
+                return Err(schema(format!(
+                    "cannot carry a column of type {t}: carried columns hold one bool, integer, \
+                     float or string per sample"
+                )));
+            }
+            match &first {
+                Some(f) if f != t => {
+                    return Err(schema(format!(
+                        "has type {t}, the first input has {f}: a carried column must have one \
+                         type across the inputs"
+                    )))
+                }
+                Some(_) => {}
+                None => first = Some(t.clone()),
+            }
+        }
+        types.push(first.unwrap_or(DataType::Null));
+    }
+    Ok(types)
+}
+
+/// A batch's values of a carried column, which must hold no null (its row named otherwise).
+pub fn carried_values(array: &ArrayRef, column: &str, loc: &BatchAt) -> Result<ArrayRef> {
+    if array.null_count() > 0 {
+        let row = (0..array.len()).find(|&i| array.is_null(i)).unwrap_or(0);
+        return Err(loc.data(row, column, "is null; carried columns must have a value"));
+    }
+    Ok(array.clone())
+}
+
+/// Chunks of one column in sample order, as one array.
+pub fn concat(chunks: &[ArrayRef], data_type: &DataType) -> Result<ArrayRef> {
+    if chunks.is_empty() {
+        return Ok(arrow::array::new_empty_array(data_type));
+    }
+    let refs: Vec<&dyn Array> = chunks.iter().map(|a| a.as_ref()).collect();
+    arrow::compute::concat(&refs).corrupt(&Location::default(), "cannot gather a carried column")
+}
+
+/// The values of the samples `samples` (one per segment).
+pub fn per_segment(carried: &Carried, samples: &[i64], dir: &std::path::Path) -> Result<ArrayRef> {
+    let indices = UInt64Array::from_iter_values(samples.iter().map(|&s| s as u64));
+    arrow::compute::take(carried.values.as_ref(), &indices, None).output(dir)
+}
