@@ -216,7 +216,10 @@ class PackedDir:
         self.group_index = np.asarray(g_index, dtype=np.int64)
         self.group_rows = np.asarray(g_rows, dtype=np.int64)
         self.group_start = np.concatenate([[0], np.cumsum(self.group_rows)]).astype(np.int64)
+        # What a row is made of: tokens and boundaries, then each segment's role (preference
+        # outputs) and the carried per-sample columns (per segment).
         self.columns = tuple(c for c in ROW_COLUMNS if c != "labels" or self.has_labels)
+        self.columns += ("seq_roles",) * (self.pair_layout is not None) + tuple(self.carried)
 
     @property
     def num_rows(self) -> int:

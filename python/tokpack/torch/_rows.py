@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warnings
 from collections import OrderedDict
-from typing import Dict, Tuple
+from typing import Any, Dict, Tuple, Union
 
 import numpy as np
 import torch
@@ -14,7 +14,11 @@ from ..packed_dir import Column, PackedDir
 __all__ = ["TensorGroup", "GroupCache"]
 
 
-def _tensor(values: np.ndarray) -> torch.Tensor:
+def _tensor(values: np.ndarray) -> Union[torch.Tensor, np.ndarray]:
+    """A numeric column as a tensor; a carried string column stays a numpy object array (its
+    rows are lists of str)."""
+    if values.dtype == object:
+        return values
     # The decoded buffer is private to the cache: rows are copied out of it (`row`), so sharing
     # the numpy memory is safe (torch only warns that writes would be undefined).
     with warnings.catch_warnings():
@@ -28,16 +32,17 @@ class TensorGroup:
     __slots__ = ("columns",)
 
     def __init__(self, cols: Dict[str, Column]) -> None:
-        self.columns: Dict[str, Tuple[torch.Tensor, np.ndarray]] = {
+        self.columns: Dict[str, Tuple[Any, np.ndarray]] = {
             name: (_tensor(values), offsets) for name, (values, offsets) in cols.items()
         }
 
-    def row(self, i: int) -> Dict[str, torch.Tensor]:
+    def row(self, i: int) -> Dict[str, Any]:
         """Row ``i`` as tensors of its own: a caller writing into them must not change what
         later reads of the cached group return (a row is at most a few tens of KB to copy)."""
-        out = {}
+        out: Dict[str, Any] = {}
         for name, (values, offsets) in self.columns.items():
-            out[name] = values[int(offsets[i]) : int(offsets[i + 1])].clone()
+            part = values[int(offsets[i]) : int(offsets[i + 1])]
+            out[name] = part.tolist() if isinstance(part, np.ndarray) else part.clone()
         return out
 
 

@@ -79,6 +79,12 @@ class RowStream(torch.utils.data.IterableDataset):
         self._caches = [GroupCache(p, self.shuffle_window + 1) for p in self.sources]
         # Collated without a collate_fn: rows of an unlabelled source train on every token.
         self._columns = [c for c in ROW_COLUMNS if any(c in p.columns for p in self.sources)]
+        # Roles and carried columns come along when every source has them.
+        self._columns += [
+            c
+            for c in self.sources[0].columns
+            if c not in ROW_COLUMNS and all(c in p.columns for p in self.sources)
+        ]
         # Per-row counts for the global normalisers: read once here, before workers copy it.
         self._counts: Optional[List[RowCounts]] = (
             None if self.grad_accum_steps is None else self._row_counts()

@@ -136,6 +136,7 @@ class PackedCollator:
             batch = self._padded(ids, labels, seg_lens)
         if self.return_pairs:
             add_pair_fields(batch, rows, labels, seg_lens, self.format)
+        _add_carried(batch, rows)
         # The optimizer step's global counts, from a PackedBatchSampler batch.
         counts = getattr(rows, "step_counts", None)
         if counts is not None:
@@ -365,3 +366,23 @@ def _per_sample_weights(trained: torch.Tensor, seq_idx: torch.Tensor, n_seqs: in
     counts.index_add_(0, bucket, flat_trained.to(torch.float32))
     inv = torch.where(counts > 0, 1.0 / counts.clamp(min=1.0), torch.zeros_like(counts))
     return (inv[bucket] * flat_trained).view(trained.shape)
+
+
+# What a packed row holds besides the columns carried per sample (``--carry``, KTO's label).
+_ROW_KEYS = ("input_ids", "labels", "seq_lengths", "sample_ids", "seq_roles")
+
+
+def _add_carried(batch: Dict[str, Any], rows: Sequence[Mapping[str, Any]]) -> None:
+    """The rows' carried columns, one entry per segment across the batch (row by row, as
+    ``seq_roles``): a tensor, or a list for strings. Columns already set are left alone."""
+    for name in rows[0]:
+        if name in _ROW_KEYS or name in batch:
+            continue
+        try:
+            values = [row[name] for row in rows]
+        except KeyError:
+            raise DataError(f"column {name!r} is in some rows of the batch only") from None
+        if isinstance(values[0], list):
+            batch[name] = [v for part in values for v in part]
+        else:
+            batch[name] = torch.cat([torch.as_tensor(v) for v in values])
