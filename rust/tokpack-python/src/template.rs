@@ -1,0 +1,104 @@
+//! `ChatRenderer`: the core's chat template renderer, batch calls with the GIL released.
+
+use numpy::{IntoPyArray, PyArray1};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use tokpack_core::pool;
+use tokpack_core::template::{ChatTemplate, Mode};
+
+/// A chat template compiled for rendering in Rust.
+#[pyclass(frozen, module = "tokpack._tokpack")]
+pub struct ChatRenderer(ChatTemplate);
+
+type Rendered<'py> = (
+    Vec<Option<String>>,
+    Bound<'py, PyArray1<i64>>,
+    Bound<'py, PyArray1<i64>>,
+    Bound<'py, PyArray1<i64>>,
+    Vec<Option<String>>,
+);
+
+#[pymethods]
+impl ChatRenderer {
+    /// `(renderer, None)`, or `(None, reason)` when this renderer cannot take the template.
+    /// `variables`: the special-token variables; `special_tokens`: the tokenizer's special
+    /// token strings, longest first; `utc_offset`: seconds east of UTC (`strftime_now`);
+    /// `tools`: JSON passed as `tools` (default None).
+    #[staticmethod]
+    #[pyo3(signature = (*, source, variables, special_tokens, utc_offset, tools=None))]
+    fn compile(
+        source: &str,
+        variables: Vec<(String, String)>,
+        special_tokens: Vec<String>,
+        utc_offset: i64,
+        tools: Option<&str>,
+    ) -> (Option<Self>, Option<String>) {
+        let compiled =
+            ChatTemplate::new(source, variables, special_tokens, utc_offset).and_then(|mut t| {
+                if let Some(tools) = tools {
+                    t.set_tools(tools)?;
+                }
+                Ok(t)
+            });
+        match compiled {
+            Ok(t) => (Some(Self(t)), None),
+            Err(why) => (None, Some(why)),
+        }
+    }
+
+    /// Whether the template has `{% generation %}` blocks.
+    #[getter]
+    fn has_generation(&self) -> bool {
+        self.0.has_generation()
+    }
+
+    /// Renders each conversation (the JSON list of its messages). `mode`: `"assistant"`,
+    /// `"last"`, `"all"` (texts and trained character spans) or `"plain"` (texts only).
+    /// Returns `(texts, span_offsets, span_starts, span_ends, errors)`: conversation `i` is
+    /// `texts[i]` with spans `[span_offsets[i], span_offsets[i + 1])`, or None with
+    /// `errors[i]` saying why it was not rendered (render it in Python).
+    #[pyo3(signature = (*, conversations, mode, add_generation_prompt=false, threads=None))]
+    fn render_batch<'py>(
+        &self,
+        py: Python<'py>,
+        conversations: Vec<String>,
+        mode: &str,
+        add_generation_prompt: bool,
+        threads: Option<usize>,
+    ) -> PyResult<Rendered<'py>> {
+        let mode = Mode::parse(mode, add_generation_prompt)
+            .ok_or_else(|| PyValueError::new_err(format!("unknown mode {mode:?}")))?;
+        let results = py
+            .detach(|| pool::install(threads, || Ok(self.0.render_batch(&conversations, mode))))
+            .map_err(crate::errors::to_py)?;
+        let mut texts = Vec::with_capacity(results.len());
+        let mut errors = Vec::with_capacity(results.len());
+        let mut offsets = Vec::with_capacity(results.len() + 1);
+        let (mut starts, mut ends) = (Vec::new(), Vec::new());
+        offsets.push(0i64);
+        for result in results {
+            match result {
+                Ok(r) => {
+                    for (a, b) in r.spans {
+                        starts.push(a);
+                        ends.push(b);
+                    }
+                    texts.push(Some(r.text));
+                    errors.push(None);
+                }
+                Err(why) => {
+                    texts.push(None);
+                    errors.push(Some(why));
+                }
+            }
+            offsets.push(starts.len() as i64);
+        }
+        Ok((
+            texts,
+            offsets.into_pyarray(py),
+            starts.into_pyarray(py),
+            ends.into_pyarray(py),
+            errors,
+        ))
+    }
+}
