@@ -134,16 +134,10 @@ def rust(name, tools=None):
         variables=list(SPECIALS.items()),
         special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
         utc_offset=0,
-        tools=None if tools is None else json.dumps(tools, ensure_ascii=False),
+        tools=tools,
     )
     assert renderer is not None, why
     return renderer
-
-
-def to_json(messages):
-    from tokpack.tokenize.template import _to_json
-
-    return _to_json(messages)
 
 
 @pytest.mark.parametrize("name", sorted(FEATURES))
@@ -156,7 +150,7 @@ def test_rendered_text_equals_transformers(name, add_generation_prompt):
     convs = conversations(name, 150)
     for tools in tool_sets:
         texts, *_, errors = rust(name, tools).render_batch(
-            conversations=[to_json(m) for m in convs],
+            conversations=convs,
             mode="plain",
             add_generation_prompt=add_generation_prompt,
             threads=2,
@@ -172,7 +166,7 @@ def test_rendered_text_equals_transformers(name, add_generation_prompt):
 def test_generation_spans_equal_transformers_assistant_indices():
     convs = conversations("chatml_generation", 200, seed=1)
     texts, offsets, starts, ends, _ = rust("chatml_generation").render_batch(
-        conversations=[to_json(m) for m in convs], mode="assistant"
+        conversations=convs, mode="assistant"
     )
     for i, messages in enumerate(convs):
         want_text, want_spans = hf_render("chatml_generation", messages, spans=True)
@@ -294,26 +288,28 @@ def test_template_the_rust_renderer_refuses_falls_back_to_python():
 
 
 def test_conversations_the_rust_renderer_leaves_are_rendered_in_python():
-    """Marker characters in the data, values JSON cannot carry: rendered by Python, same text."""
-    chat = ChatTemplate(source("smollm2"), SPECIALS, ["<|im_end|>"])
+    """Marker characters in the data, values JSON does not hold (a tuple, an int beyond 64
+    bits): rendered by Python, with Python's text (the template prints every field)."""
+    chat = ChatTemplate(source("python_features"), SPECIALS, ["<|im_end|>"], train_on="all")
     assert chat.rust is not None
     record = tokpack.tokenize.formats.Record("x.jsonl", 1, False, None, None)
     odd = [
         [{"role": "user", "content": "a\ue002b"}, {"role": "assistant", "content": "ok"}],
+        [{"role": "user", "content": "hi", "pair": (1, 2)}, {"role": "assistant", "content": "x"}],
+        [{"role": "user", "content": "hi", "n": 2**70}, {"role": "assistant", "content": "x"}],
         [
-            {"role": "user", "content": "hi", "score": float("nan")},
+            {"role": "user", "content": "hi", "f": float("nan")},
             {"role": "assistant", "content": "x"},
         ],
     ]
-    got = chat.trained_spans_many([(m, record) for m in odd], "assistant")
-    assert got == [chat.trained_spans(m, "assistant", record) for m in odd]
+    got = chat.trained_spans_many([(m, record) for m in odd], "all")
+    assert got == [chat.trained_spans(m, "all", record) for m in odd]
+    assert "(1, 2)" in got[1][0] and str(2**70) in got[2][0] and "nan" in got[3][0]
 
 
 def test_probe_conversations_render_in_rust_for_every_template():
     for name in FEATURES:
         renderer = rust(name)
-        texts, *_ = renderer.render_batch(
-            conversations=[to_json(m) for m in PROBE_CONVERSATIONS], mode="plain"
-        )
+        texts, *_ = renderer.render_batch(conversations=list(PROBE_CONVERSATIONS), mode="plain")
         for messages, got in zip(PROBE_CONVERSATIONS, texts):
             assert got == hf_render(name, messages), name

@@ -134,14 +134,14 @@ class ChatRenderer:
         variables: List[Tuple[str, str]],
         special_tokens: List[str],
         utc_offset: int,
-        tools: Optional[str] = None,
+        tools: Optional[List[Dict[str, Any]]] = None,
     ) -> Tuple[Optional[ChatRenderer], Optional[str]]:
         """``(renderer, None)``, or ``(None, reason)`` when it cannot take the template."""
     has_generation: bool
     def render_batch(
         self,
         *,
-        conversations: List[str],
+        conversations: List[List[Dict[str, Any]]],
         mode: str,
         add_generation_prompt: bool = False,
         threads: Optional[int] = None,

@@ -324,11 +324,12 @@ class ChatTemplate:
     ) -> List[Rendered]:
         """:meth:`trained_spans` of each ``(messages, record)``, in order; a conversation that
         fails is returned as its :class:`InvalidRecordError`. One call to the Rust renderer
-        renders the batch (GIL released); what it leaves is rendered here."""
+        renders the batch (GIL released; it reads the messages as plain data and aliases
+        reasoning as :func:`_alias_reasoning` does); what it leaves is rendered here."""
         out: List[Optional[Rendered]] = [None] * len(conversations)
         if self.rust is not None and conversations:
             texts, offsets, starts, ends, _ = self.rust.render_batch(
-                conversations=[_to_json(m) for m, _ in conversations],
+                conversations=[m for m, _ in conversations],
                 mode=train_on,
                 threads=threads,
             )
@@ -361,7 +362,7 @@ class ChatTemplate:
         if rust is None:
             return None, {"name": "python", "reason": why}
         texts, offsets, starts, ends, errors = rust.render_batch(
-            conversations=[_to_json(m) for m in PROBE_CONVERSATIONS], mode=train_on, threads=1
+            conversations=list(PROBE_CONVERSATIONS), mode=train_on, threads=1
         )
         rendered_any = False
         for i, messages in enumerate(PROBE_CONVERSATIONS):
@@ -433,15 +434,6 @@ class ChatTemplate:
             if text.startswith(token, pos):
                 return len(token)
         return 0
-
-
-def _to_json(messages: List[Dict[str, Any]]) -> str:
-    """The messages as the template sees them, as JSON for the Rust renderer (empty when they
-    hold values JSON cannot carry: the conversation is then rendered in Python)."""
-    try:
-        return json.dumps(_alias_reasoning(messages), ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError):
-        return ""
 
 
 def _alias_reasoning(messages: List[Dict[str, Any]]) -> List[Dict[str, Any]]:

@@ -1,76 +1,82 @@
-//! Conversations arrive as JSON text (`json.dumps` of the messages Python parsed) and become
-//! template values with the dict key order kept, as the template sees Python dicts.
+//! Conversations as plain data (what JSON holds: the messages Python parsed, converted by the
+//! binding), turned into template values with the dict key order kept, as the template sees
+//! Python dicts, and with transformers' reasoning aliases.
 
 use indexmap::IndexMap;
 use minijinja::value::Value;
-use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
-use std::fmt;
 
-/// A template value read from JSON.
-pub struct JsonValue(pub Value);
-
-/// Parses JSON text into a template value (None for text that is not JSON, or JSON that
-/// Python's `json.dumps` alone writes: `NaN`, `Infinity`).
-pub fn parse(text: &str) -> Option<Value> {
-    serde_json::from_str::<JsonValue>(text).ok().map(|v| v.0)
+/// A JSON-like value. Maps keep their order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Data {
+    Null,
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Str(String),
+    List(Vec<Data>),
+    Map(Vec<(String, Data)>),
 }
 
-impl<'de> Deserialize<'de> for JsonValue {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(JsonVisitor)
+impl Data {
+    /// Whether any string (key or value) holds `pred`'s characters.
+    pub(crate) fn any_char(&self, pred: &impl Fn(char) -> bool) -> bool {
+        match self {
+            Data::Str(s) => s.chars().any(pred),
+            Data::List(items) => items.iter().any(|d| d.any_char(pred)),
+            Data::Map(pairs) => pairs
+                .iter()
+                .any(|(k, v)| k.chars().any(pred) || v.any_char(pred)),
+            _ => false,
+        }
+    }
+
+    pub(crate) fn to_value(&self) -> Value {
+        match self {
+            Data::Null => Value::from(()),
+            Data::Bool(b) => Value::from(*b),
+            Data::Int(i) => Value::from(*i),
+            Data::Float(f) => Value::from(*f),
+            Data::Str(s) => Value::from(s.as_str()),
+            Data::List(items) => Value::from(items.iter().map(Data::to_value).collect::<Vec<_>>()),
+            Data::Map(pairs) => {
+                let map: IndexMap<Value, Value> = pairs
+                    .iter()
+                    .map(|(k, v)| (Value::from(k.as_str()), v.to_value()))
+                    .collect();
+                Value::from(map)
+            }
+        }
     }
 }
 
-struct JsonVisitor;
+/// Reasoning under any of these names is also passed as `reasoning_content` (the standard
+/// name) and `thinking` (read by gpt-oss templates), as transformers does.
+const REASONING_KEYS: [&str; 3] = ["reasoning_content", "thinking", "reasoning"];
 
-impl<'de> Visitor<'de> for JsonVisitor {
-    type Value = JsonValue;
+/// The messages as the template sees them: each message with its reasoning aliased as
+/// transformers' `{"thinking": r, **message, "reasoning_content": r}`.
+pub(crate) fn messages_value(messages: &[Data]) -> Value {
+    Value::from(messages.iter().map(message_value).collect::<Vec<_>>())
+}
 
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a JSON value")
+fn message_value(message: &Data) -> Value {
+    let Data::Map(pairs) = message else {
+        return message.to_value();
+    };
+    let reasoning = REASONING_KEYS.iter().find_map(|key| {
+        pairs
+            .iter()
+            .find(|(k, v)| k == key && *v != Data::Null)
+            .map(|(_, v)| v.to_value())
+    });
+    let Some(reasoning) = reasoning else {
+        return message.to_value();
+    };
+    let mut map: IndexMap<Value, Value> = IndexMap::with_capacity(pairs.len() + 2);
+    map.insert(Value::from("thinking"), reasoning.clone());
+    for (k, v) in pairs {
+        map.insert(Value::from(k.as_str()), v.to_value());
     }
-
-    fn visit_unit<E>(self) -> Result<JsonValue, E> {
-        Ok(JsonValue(Value::from(())))
-    }
-
-    fn visit_bool<E>(self, v: bool) -> Result<JsonValue, E> {
-        Ok(JsonValue(Value::from(v)))
-    }
-
-    fn visit_i64<E>(self, v: i64) -> Result<JsonValue, E> {
-        Ok(JsonValue(Value::from(v)))
-    }
-
-    fn visit_u64<E>(self, v: u64) -> Result<JsonValue, E> {
-        Ok(JsonValue(Value::from(v)))
-    }
-
-    fn visit_f64<E>(self, v: f64) -> Result<JsonValue, E> {
-        Ok(JsonValue(Value::from(v)))
-    }
-
-    fn visit_str<E>(self, v: &str) -> Result<JsonValue, E> {
-        Ok(JsonValue(Value::from(v)))
-    }
-
-    fn visit_string<E>(self, v: String) -> Result<JsonValue, E> {
-        Ok(JsonValue(Value::from(v)))
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<JsonValue, A::Error> {
-        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0));
-        while let Some(JsonValue(v)) = seq.next_element()? {
-            items.push(v);
-        }
-        Ok(JsonValue(Value::from(items)))
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<JsonValue, A::Error> {
-        let mut out = IndexMap::with_capacity(map.size_hint().unwrap_or(0));
-        while let Some((key, JsonValue(v))) = map.next_entry::<String, JsonValue>()? {
-            out.insert(Value::from(key), v);
-        }
-        Ok(JsonValue(Value::from(out)))
-    }
+    map.insert(Value::from("reasoning_content"), reasoning);
+    Value::from(map)
 }

@@ -12,6 +12,7 @@ mod data;
 mod env;
 mod pyfmt;
 
+pub use data::Data;
 pub use pyfmt::float_repr;
 
 use indexmap::IndexMap;
@@ -104,10 +105,9 @@ impl ChatTemplate {
         })
     }
 
-    /// Passes `tools` (JSON) to the template instead of None.
-    pub fn set_tools(&mut self, tools_json: &str) -> Result<(), String> {
-        self.tools = data::parse(tools_json).ok_or("tools are not valid JSON")?;
-        Ok(())
+    /// Passes `tools` to the template instead of None.
+    pub fn set_tools(&mut self, tools: &Data) {
+        self.tools = tools.to_value();
     }
 
     /// Whether the template has `{% generation %}` blocks.
@@ -131,12 +131,12 @@ impl ChatTemplate {
             .map_err(|e| format!("chat template failed: {e}"))
     }
 
-    /// One conversation (`messages_json`: the JSON list of its messages).
-    pub fn render(&self, messages_json: &str, mode: Mode) -> Result<Rendered, String> {
-        if messages_json.chars().any(is_marker) {
+    /// One conversation: the list of its messages.
+    pub fn render(&self, messages: &[Data], mode: Mode) -> Result<Rendered, String> {
+        if messages.iter().any(|m| m.any_char(&is_marker)) {
             return Err("the conversation holds private-use characters U+E000..U+E003".into());
         }
-        let messages = data::parse(messages_json).ok_or("the messages are not plain JSON")?;
+        let messages = data::messages_value(messages);
         let add_generation_prompt = matches!(
             mode,
             Mode::Plain {
@@ -233,16 +233,19 @@ impl ChatTemplate {
     }
 
     /// Renders `conversations` in parallel on the current rayon pool (results in order, the
-    /// same for any number of threads).
+    /// same for any number of threads). None: a conversation that is not plain data.
     pub fn render_batch(
         &self,
-        conversations: &[String],
+        conversations: &[Option<Vec<Data>>],
         mode: Mode,
     ) -> Vec<Result<Rendered, String>> {
         conversations
             .par_iter()
             .with_min_len(8)
-            .map(|c| self.render(c, mode))
+            .map(|c| match c {
+                Some(messages) => self.render(messages, mode),
+                None => Err("the messages hold values other than JSON's".into()),
+            })
             .collect()
     }
 }
