@@ -18,14 +18,12 @@ pub enum Data {
 }
 
 impl Data {
-    /// Whether any string (key or value) holds `pred`'s characters.
-    pub(crate) fn any_char(&self, pred: &impl Fn(char) -> bool) -> bool {
+    /// Whether any string (key or value) holds one of tokpack's marker characters.
+    pub(crate) fn has_marker(&self) -> bool {
         match self {
-            Data::Str(s) => s.chars().any(pred),
-            Data::List(items) => items.iter().any(|d| d.any_char(pred)),
-            Data::Map(pairs) => pairs
-                .iter()
-                .any(|(k, v)| k.chars().any(pred) || v.any_char(pred)),
+            Data::Str(s) => has_marker(s),
+            Data::List(items) => items.iter().any(Data::has_marker),
+            Data::Map(pairs) => pairs.iter().any(|(k, v)| has_marker(k) || v.has_marker()),
             _ => false,
         }
     }
@@ -47,6 +45,14 @@ impl Data {
             }
         }
     }
+}
+
+/// Whether `s` holds U+E000..U+E003 (UTF-8 `EE 80 80..=83`), scanning bytes.
+pub(crate) fn has_marker(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.iter().enumerate().any(|(i, &x)| {
+        x == 0xEE && b.get(i + 1) == Some(&0x80) && matches!(b.get(i + 2), Some(0x80..=0x83))
+    })
 }
 
 /// Reasoning under any of these names is also passed as `reasoning_content` (the standard

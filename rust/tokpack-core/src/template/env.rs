@@ -25,9 +25,14 @@ pub fn environment(utc_offset: i64) -> Environment<'static> {
     );
     env.set_auto_escape_callback(|_| AutoEscape::None);
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-    env.set_formatter(|out, state, value| match py_str(value) {
-        Some(text) => out.write_str(&text).map_err(Error::from),
-        None => minijinja::escape_formatter(out, state, value),
+    env.set_formatter(|out, state, value| {
+        if let Some(text) = value.as_str() {
+            return out.write_str(text).map_err(Error::from);
+        }
+        match py_str(value) {
+            Some(text) => out.write_str(&text).map_err(Error::from),
+            None => minijinja::escape_formatter(out, state, value),
+        }
     });
     env.add_filter("tojson", tojson);
     env.add_filter(GENERATION_FILTER, |body: String| {

@@ -72,10 +72,6 @@ pub struct ChatTemplate {
     tools: Value,
 }
 
-fn is_marker(c: char) -> bool {
-    ('\u{E000}'..='\u{E003}').contains(&c)
-}
-
 impl ChatTemplate {
     /// Compiles `source`; `utc_offset`: seconds east of UTC for `strftime_now`. An error
     /// says why this renderer cannot take the template (the caller renders in Python).
@@ -85,8 +81,7 @@ impl ChatTemplate {
         specials: Vec<String>,
         utc_offset: i64,
     ) -> Result<Self, String> {
-        if source.chars().any(is_marker) || variables.iter().any(|(_, v)| v.chars().any(is_marker))
-        {
+        if data::has_marker(source) || variables.iter().any(|(_, v)| data::has_marker(v)) {
             return Err("the template holds private-use characters U+E000..U+E003".into());
         }
         let (rewritten, has_generation) = rewrite_generation(source);
@@ -133,7 +128,7 @@ impl ChatTemplate {
 
     /// One conversation: the list of its messages.
     pub fn render(&self, messages: &[Data], mode: Mode) -> Result<Rendered, String> {
-        if messages.iter().any(|m| m.any_char(&is_marker)) {
+        if messages.iter().any(Data::has_marker) {
             return Err("the conversation holds private-use characters U+E000..U+E003".into());
         }
         let messages = data::messages_value(messages);
@@ -258,30 +253,33 @@ fn split_markers(
     (open, close): (char, char),
     strict: bool,
 ) -> Option<(String, Vec<(i64, i64)>)> {
-    if !marked.contains(open) && !marked.contains(close) {
+    if !marked.contains([open, close]) {
         return Some((marked.to_owned(), Vec::new()));
     }
     let mut text = String::with_capacity(marked.len());
     let mut spans = Vec::new();
     let mut start: Option<i64> = None;
     let mut pos = 0i64;
-    for c in marked.chars() {
-        if c == open {
+    let mut last = 0;
+    for (at, marker) in marked.match_indices([open, close]) {
+        let piece = &marked[last..at];
+        text.push_str(piece);
+        pos += piece.chars().count() as i64;
+        last = at + marker.len();
+        if marker.starts_with(open) {
             if start.is_some() && strict {
                 return None;
             }
             start = Some(pos);
-        } else if c == close {
+        } else {
             match start.take() {
                 Some(a) => spans.push((a, pos)),
                 None if strict => return None,
                 None => {}
             }
-        } else {
-            text.push(c);
-            pos += 1;
         }
     }
+    text.push_str(&marked[last..]);
     if start.is_some() && strict {
         return None;
     }
