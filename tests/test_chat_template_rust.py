@@ -257,6 +257,32 @@ def test_tokenize_ids_and_labels_equal_with_either_renderer(tmp_path, tok, name)
     assert any(x != -100 for labels in fast.column("labels").to_pylist() for x in labels)
 
 
+@pytest.mark.parametrize("name", ["qwen3", "mistral", "chatml_generation"])
+def test_preference_conversations_equal_with_either_renderer(tmp_path, tok, name):
+    """Conversational preference records: prompts rendered with the generation prompt and
+    prompt + completion, in Rust, give the Python renderer's samples and rejections."""
+    directory = tokenizer_dir(tok, tmp_path, name)
+    records = []
+    for messages in conversations(name, 60, seed=4):
+        cut = max(i for i, m in enumerate(messages) if m["role"] != "assistant") + 1
+        reply = {"role": "assistant", "content": "yes"}
+        records.append(
+            {"prompt": messages[:cut], "chosen": [reply], "rejected": [{**reply, "content": "no"}]}
+        )
+    data = write_jsonl(tmp_path / "pref.jsonl", records)
+    out = {}
+    for renderer in ("auto", "python"):
+        stream = tokpack.tokenize_to_batches(
+            data, directory, renderer=renderer, skip_invalid=True, batch_size=16
+        )
+        batches = list(stream)
+        out[renderer] = (pa.Table.from_batches(batches), stream)
+    assert out["auto"][1].renderer_info == {"name": "rust"}
+    assert out["auto"][0].equals(out["python"][0])
+    assert out["auto"][0].num_rows >= 10
+    assert out["auto"][1].rejected == out["python"][1].rejected
+
+
 def test_manifest_names_the_renderer_and_cache_key_ignores_it(tmp_path, tok):
     directory = tokenizer_dir(tok, tmp_path, "qwen2_5")
     records = [{"messages": m} for m in conversations("qwen2_5", 20)]

@@ -126,6 +126,16 @@ class _Chat:
 
 
 @dataclass
+class _PairChat:
+    """A conversational preference / KTO record, rendered with the rest of its chunk."""
+
+    record: Record
+    prompt: List[Dict[str, Any]]
+    completions: List[List[Dict[str, Any]]]
+    label: Optional[bool]
+
+
+@dataclass
 class _Tokens:
     """Sequences as flat arrays, the one shape of a chunk's encoding and of its finished batch:
     sequence ``i`` is ``ids[offsets[i]:offsets[i + 1]]`` (``labels`` alike). Once finished, a
@@ -315,8 +325,9 @@ class RecordEncoder:
         """Parse each record, render the chats in one batch, then take the records in order: a
         rejected one is counted and sent to ``reject`` (without ``skip_invalid``, the first
         one in input order raises)."""
-        parsed: List[Union[List[_Prepared], _Chat, InvalidRecordError]] = []
+        parsed: List[Union[List[_Prepared], _Chat, _PairChat, InvalidRecordError]] = []
         chats: List[_Chat] = []
+        pairs: List[_PairChat] = []
         for record in records:
             try:
                 item = self._prepare(record)
@@ -324,15 +335,20 @@ class RecordEncoder:
                 item = exc
             if isinstance(item, _Chat):
                 chats.append(item)
+            elif isinstance(item, _PairChat):
+                pairs.append(item)
             parsed.append(item)
         train_on = self.options.train_on
         rendered = iter(
             self.template.trained_spans_many([(c.messages, c.record) for c in chats], train_on)
         )
+        pair_texts = iter(self._render_pairs(pairs))
         prepared = []
         for record, item in zip(records, parsed):
             if isinstance(item, _Chat):
                 item = self._chat_prepared(item, next(rendered))
+            elif isinstance(item, _PairChat):
+                item = next(pair_texts)
             if isinstance(item, InvalidRecordError):
                 if not self.options.skip_invalid:
                     raise item
@@ -344,7 +360,33 @@ class RecordEncoder:
             stats.formats[fmt] = stats.formats.get(fmt, 0) + 1
         return prepared
 
-    def _prepare(self, record: Record) -> Union[List[_Prepared], "_Chat"]:
+    def _render_pairs(
+        self, pairs: List["_PairChat"]
+    ) -> List[Union[List[_Prepared], InvalidRecordError]]:
+        """Each conversational preference / KTO record's texts (its prompt with the generation
+        prompt, then the prompt with each completion), the chunk's rendered in two batches; a
+        record whose render fails is its first error, in that order."""
+        prompts = self.template.render_many(
+            [(p.prompt, p.record) for p in pairs], add_generation_prompt=True
+        )
+        fulls = iter(
+            self.template.render_many(
+                [(p.prompt + c, p.record) for p in pairs for c in p.completions]
+            )
+        )
+        out: List[Union[List[_Prepared], InvalidRecordError]] = []
+        for pair, prompt in zip(pairs, prompts):
+            texts = [prompt] + [next(fulls) for _ in pair.completions]
+            error = next((t for t in texts if isinstance(t, InvalidRecordError)), None)
+            # A chat text's labels come from the prompt length (finish), hence empty spans.
+            out.append(
+                error
+                if error is not None
+                else [_Prepared(pair.record, t, [], False, pair.label) for t in texts]  # type: ignore[arg-type]
+            )
+        return out
+
+    def _prepare(self, record: Record) -> Union[List[_Prepared], "_Chat", "_PairChat"]:
         """The record's texts: one, or for a preference / KTO record ``1 + roles``; a chat
         to render (with the chunk's others, :meth:`prepare`)."""
         sample = parse_record(record, self.options.format, self.options.columns or {})
@@ -368,23 +410,18 @@ class RecordEncoder:
 
     def _prepare_pair(
         self, record: Record, prompt: Any, completions: List[Any], label: Optional[bool]
-    ) -> List[_Prepared]:
+    ) -> Union[List[_Prepared], "_PairChat"]:
         """As TRL's DPO and KTO trainers prepare them: the prompt alone, then the prompt with
         each completion. Strings (the standard shape) are joined, each completion ending with
         the EOS text unless it already does (or ``add_eos`` is off), and encoded with the
         tokenizer's special tokens; conversations are rendered with the chat template, the
         prompt with the generation prompt, and encoded without them."""
-        if isinstance(prompt, str):
-            eos = self.tokenizer.eos_token if self.options.add_eos is not False else None
-            ends = [eos if eos and not c.endswith(eos) else "" for c in completions]
-            texts = [prompt] + [prompt + c + end for c, end in zip(completions, ends)]
-            spans = None
-        else:
-            render = self.template.render
-            texts = [render(prompt, record, add_generation_prompt=True)]
-            texts += [render(prompt + c, record) for c in completions]
-            spans = []  # a chat text; its labels come from the prompt length (finish)
-        return [_Prepared(record, text, spans, False, label) for text in texts]
+        if not isinstance(prompt, str):
+            return _PairChat(record, prompt, completions, label)  # rendered with the chunk's
+        eos = self.tokenizer.eos_token if self.options.add_eos is not False else None
+        ends = [eos if eos and not c.endswith(eos) else "" for c in completions]
+        texts = [prompt] + [prompt + c + end for c, end in zip(completions, ends)]
+        return [_Prepared(record, text, None, False, label) for text in texts]
 
     def encode(self, chunk: List[_Prepared]) -> _Tokens:
         """Ids and labels of a chunk (chat text without the tokenizer's added special tokens,

@@ -347,6 +347,33 @@ class ChatTemplate:
                     out[i] = exc
         return out  # type: ignore[return-value]
 
+    def render_many(
+        self,
+        conversations: Sequence[Tuple[List[Dict[str, Any]], Record]],
+        add_generation_prompt: bool = False,
+        threads: Optional[int] = 1,
+    ) -> List[Union[str, InvalidRecordError]]:
+        """:meth:`render` of each ``(messages, record)``, in order, as
+        :meth:`trained_spans_many` renders them (Rust, then Python for what it leaves)."""
+        out: List[Union[None, str, InvalidRecordError]] = [None] * len(conversations)
+        if self.rust is not None and conversations:
+            out = list(
+                self.rust.render_batch(
+                    conversations=[m for m, _ in conversations],
+                    mode="plain",
+                    add_generation_prompt=add_generation_prompt,
+                    threads=threads,
+                )[0]
+            )
+        for i, done in enumerate(out):
+            if done is None:
+                messages, record = conversations[i]
+                try:
+                    out[i] = self.render(messages, record, add_generation_prompt)
+                except InvalidRecordError as exc:
+                    out[i] = exc
+        return out  # type: ignore[return-value]
+
     def _rust_renderer(self, train_on: str) -> Tuple[Any, Dict[str, Any]]:
         """The Rust renderer when it compiles this template and renders every probe
         conversation as this module does (text and spans for ``train_on``); else None with
@@ -361,28 +388,40 @@ class ChatTemplate:
         )
         if rust is None:
             return None, {"name": "python", "reason": why}
-        texts, offsets, starts, ends, errors = rust.render_batch(
-            conversations=list(PROBE_CONVERSATIONS), mode=train_on, threads=1
-        )
+        # Each probe conversation with the run's spans, and as plain text with and without the
+        # generation prompt (preference prompts and completions).
         rendered_any = False
-        for i, messages in enumerate(PROBE_CONVERSATIONS):
-            record = Record("<parity probe>", i + 1, False, None, None)
-            try:
-                want: Optional[Tuple[str, Spans]] = self.trained_spans(messages, train_on, record)
-            except InvalidRecordError:
-                want = None
-            if texts[i] is None:
-                continue  # rendered by Python at run time too
-            a, b = int(offsets[i]), int(offsets[i + 1])
-            got = (texts[i], list(zip(starts[a:b].tolist(), ends[a:b].tolist())))
-            if got != want:
-                return None, {
-                    "name": "python",
-                    "reason": f"the Rust renderer differs from Jinja on probe conversation {i}",
-                }
-            rendered_any = True
+        first_error = None
+        for mode, prompt in ((train_on, False), ("plain", False), ("plain", True)):
+            texts, offsets, starts, ends, errors = rust.render_batch(
+                conversations=list(PROBE_CONVERSATIONS),
+                mode=mode,
+                add_generation_prompt=prompt,
+                threads=1,
+            )
+            first_error = first_error or next((e for e in errors if e), None)
+            for i, messages in enumerate(PROBE_CONVERSATIONS):
+                if texts[i] is None:
+                    continue  # rendered by Python at run time too
+                record = Record("<parity probe>", i + 1, False, None, None)
+                a, b = int(offsets[i]), int(offsets[i + 1])
+                got: Any = (texts[i], list(zip(starts[a:b].tolist(), ends[a:b].tolist())))
+                try:
+                    if mode == "plain":
+                        got, want = got[0], self.render(messages, record, prompt)
+                    else:
+                        want = self.trained_spans(messages, train_on, record)
+                except InvalidRecordError:
+                    want = None
+                if got != want:
+                    return None, {
+                        "name": "python",
+                        "reason": f"the Rust renderer differs from Jinja on probe conversation "
+                        f"{i} ({mode}{', generation prompt' if prompt else ''})",
+                    }
+                rendered_any = True
         if not rendered_any:
-            reason = next((e for e in errors if e), "no probe conversation rendered")
+            reason = first_error or "no probe conversation rendered"
             return None, {"name": "python", "reason": f"the Rust renderer failed: {reason}"}
         return rust, {"name": "rust"}
 
