@@ -339,3 +339,14 @@ def test_probe_conversations_render_in_rust_for_every_template():
         texts, *_ = renderer.render_batch(conversations=list(PROBE_CONVERSATIONS), mode="plain")
         for messages, got in zip(PROBE_CONVERSATIONS, texts):
             assert got == hf_render(name, messages), name
+
+
+def test_tools_with_marker_characters_are_refused():
+    renderer, why = _tokpack.ChatRenderer.compile(
+        source=source("qwen2_5"),
+        variables=list(SPECIALS.items()),
+        special_tokens=[],
+        utc_offset=0,
+        tools=[{"type": "function", "function": {"name": "a\ue003"}}],
+    )
+    assert renderer is None and "private-use" in why

@@ -81,12 +81,10 @@ impl ChatRenderer {
         };
         Ok(
             match ChatTemplate::new(source, variables, special_tokens, utc_offset) {
-                Ok(mut t) => {
-                    if let Some(tools) = &tools {
-                        t.set_tools(tools);
-                    }
-                    (Some(Self(t)), None)
-                }
+                Ok(mut t) => match tools.as_ref().map_or(Ok(()), |tools| t.set_tools(tools)) {
+                    Ok(()) => (Some(Self(t)), None),
+                    Err(why) => (None, Some(why)),
+                },
                 Err(why) => (None, Some(why)),
             },
         )

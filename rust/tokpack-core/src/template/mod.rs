@@ -100,9 +100,14 @@ impl ChatTemplate {
         })
     }
 
-    /// Passes `tools` to the template instead of None.
-    pub fn set_tools(&mut self, tools: &Data) {
+    /// Passes `tools` to the template instead of None (refused when they hold marker
+    /// characters, as conversations are).
+    pub fn set_tools(&mut self, tools: &Data) -> Result<(), String> {
+        if tools.has_marker() {
+            return Err("the tools hold private-use characters U+E000..U+E003".into());
+        }
         self.tools = tools.to_value();
+        Ok(())
     }
 
     /// Whether the template has `{% generation %}` blocks.
