@@ -24,6 +24,7 @@ __all__ = [
     "PackedRows",
     "default_threads",
     "BpeEncoder",
+    "ChatRenderer",
     "Progress",
     "pack_files",
     "read_lengths",
@@ -107,6 +108,36 @@ class BpeEncoder:
         npt.NDArray[np.int32],
         npt.NDArray[np.int64],
         npt.NDArray[np.int64],
+    ]: ...
+
+@final
+class ChatRenderer:
+    """A chat template compiled for rendering in Rust (transformers' Jinja semantics)."""
+
+    @staticmethod
+    def compile(
+        *,
+        source: str,
+        variables: List[Tuple[str, str]],
+        special_tokens: List[str],
+        utc_offset: int,
+        tools: Optional[List[Dict[str, Any]]] = None,
+    ) -> Tuple[Optional[ChatRenderer], Optional[str]]:
+        """``(renderer, None)``, or ``(None, reason)`` when it cannot take the template."""
+    has_generation: bool
+    def render_batch(
+        self,
+        *,
+        conversations: List[List[Dict[str, Any]]],
+        mode: str,
+        add_generation_prompt: bool = False,
+        threads: Optional[int] = None,
+    ) -> Tuple[
+        List[Optional[str]],
+        npt.NDArray[np.int64],
+        npt.NDArray[np.int64],
+        npt.NDArray[np.int64],
+        List[Optional[str]],
     ]: ...
 
 @final

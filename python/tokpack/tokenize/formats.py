@@ -392,7 +392,9 @@ def _chat_messages(record: Record, name: str, turns: List[Dict]) -> List[Dict]:
     """The OpenAI-style messages ``turns`` of field ``name``, checked."""
     out = []
     for i, msg in enumerate(turns):
-        role = _one_of(record, msg, f"{name}[{i}]", "role", CHAT_ROLES)
+        role = msg.get("role")
+        if not (role.__class__ is str and role in CHAT_ROLES):  # the usual case costs no f-string
+            role = _one_of(record, msg, f"{name}[{i}]", "role", CHAT_ROLES)
         content = msg.get("content")
         if content is None and not (role == "assistant" and msg.get("tool_calls")):
             raise record.fail(f"{name}[{i}] ({role}) has no 'content'")

@@ -12,7 +12,7 @@ from ..errors import ConfigError
 from ..planning import MAX_LEN, MAX_ROWS, OVERLONG_POLICIES, check_int
 from .formats import FORMATS, first_format, resolve_columns
 from .schema import kind_of_format
-from .template import TRAIN_ON
+from .template import RENDERERS, TRAIN_ON
 from .tokenizer import ENCODERS
 
 __all__ = ["TokenizeOptions"]
@@ -42,6 +42,10 @@ class TokenizeOptions:
             the tokenizer exactly (byte-level BPE of the GPT-2, Llama 3 and Qwen2 kinds),
             otherwise ``tokenizers``; ``"tokenizers"``: always ``tokenizers``. Same ids either
             way.
+        renderer: ``"auto"`` (default): chat templates render in Rust when that renderer
+            passes the parity probe (see :mod:`tokpack.tokenize.template`), otherwise with
+            Jinja in Python; ``"python"``: always Jinja. Same texts either way, so the choice is
+            not part of the recorded config (the manifest's ``renderer`` says which ran).
     """
 
     chat_template: Optional[Union[str, os.PathLike]] = None
@@ -54,6 +58,7 @@ class TokenizeOptions:
     skip_invalid: bool = False
     batch_size: int = 2048
     encoder: str = "auto"
+    renderer: str = "auto"
 
     def __post_init__(self) -> None:
         for name, allowed in (
@@ -61,6 +66,7 @@ class TokenizeOptions:
             ("train_on", TRAIN_ON),
             ("overlong", OVERLONG_POLICIES),
             ("encoder", ENCODERS),
+            ("renderer", RENDERERS),
         ):
             value = getattr(self, name)
             if value not in allowed:
@@ -95,7 +101,9 @@ class TokenizeOptions:
         return replace(self, format=detected)
 
     def config(self) -> Dict[str, Any]:
-        """The options as manifests record them (the template by its hash, elsewhere)."""
+        """The options as manifests record them (the template by its hash, elsewhere; the
+        renderer not at all: it does not change the output)."""
         data = asdict(self)
         del data["chat_template"]
+        del data["renderer"]
         return data

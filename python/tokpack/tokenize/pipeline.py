@@ -120,6 +120,24 @@ class _Prepared:
 
 
 @dataclass
+class _Chat:
+    """An SFT record's conversation, rendered with the rest of its chunk."""
+
+    record: Record
+    messages: List[Dict[str, Any]]
+
+
+@dataclass
+class _PairChat:
+    """A conversational preference / KTO record, rendered with the rest of its chunk."""
+
+    record: Record
+    prompt: List[Dict[str, Any]]
+    completions: List[List[Dict[str, Any]]]
+    label: Optional[bool]
+
+
+@dataclass
 class _Tokens:
     """Sequences as flat arrays, the one shape of a chunk's encoding and of its finished batch:
     sequence ``i`` is ``ids[offsets[i]:offsets[i + 1]]`` (``labels`` alike). Once finished, a
@@ -245,13 +263,19 @@ class RecordEncoder:
         )
         source, info = resolve_template(self.tokenizer.chat_template, options.chat_template)
         self.template = ChatTemplate(
-            source, self.tokenizer.special_tokens, self.tokenizer.special_token_strings
+            source,
+            self.tokenizer.special_tokens,
+            self.tokenizer.special_token_strings,
+            renderer=options.renderer,
+            train_on=options.train_on,
         )
         self.template_info = {
             **info,
             "hash": self.template.hash,
             "generation_markers": self.template.has_generation,
         }
+        # Which renderer runs (not in the cache key: both render the same texts).
+        self.renderer_info = self.template.renderer_info
         self._eos_id = self.tokenizer.eos_id()
         self._fast = self.tokenizer.fast if options.encoder == "auto" else None
         if self._fast is not None:
@@ -300,56 +324,106 @@ class RecordEncoder:
     def prepare(
         self, records: List[Record], stats: TokenizeStats, reject: RejectSink
     ) -> List[_Prepared]:
-        """Parse and render each record; a rejected one is counted and sent to ``reject``."""
-        prepared = []
+        """Parse each record, render the chats in one batch, then take the records in order: a
+        rejected one is counted and sent to ``reject`` (without ``skip_invalid``, the first
+        one in input order raises)."""
+        parsed: List[Union[List[_Prepared], _Chat, _PairChat, InvalidRecordError]] = []
+        chats: List[_Chat] = []
+        pairs: List[_PairChat] = []
         for record in records:
             try:
-                texts = self._prepare(record)
+                item = self._prepare(record)
             except InvalidRecordError as exc:
+                item = exc
+            if isinstance(item, _Chat):
+                chats.append(item)
+            elif isinstance(item, _PairChat):
+                pairs.append(item)
+            parsed.append(item)
+        train_on = self.options.train_on
+        rendered = iter(
+            self.template.trained_spans_many([(c.messages, c.record) for c in chats], train_on)
+        )
+        pair_texts = iter(self._render_pairs(pairs))
+        prepared = []
+        for record, item in zip(records, parsed):
+            if isinstance(item, _Chat):
+                item = self._chat_prepared(item, next(rendered))
+            elif isinstance(item, _PairChat):
+                item = next(pair_texts)
+            if isinstance(item, InvalidRecordError):
                 if not self.options.skip_invalid:
-                    raise
+                    raise item
                 stats.rejected += 1
-                reject(record.to_rejection(exc.reason))
+                reject(record.to_rejection(item.reason))
                 continue
-            prepared.extend(texts)
-            fmt = self.kind if self.kind != "sft" else "text" if texts[0].spans is None else "chat"
+            prepared.extend(item)
+            fmt = self.kind if self.kind != "sft" else "text" if item[0].spans is None else "chat"
             stats.formats[fmt] = stats.formats.get(fmt, 0) + 1
         return prepared
 
-    def _prepare(self, record: Record) -> List[_Prepared]:
-        """The record's texts: one, or for a preference / KTO record ``1 + roles``."""
+    def _render_pairs(
+        self, pairs: List["_PairChat"]
+    ) -> List[Union[List[_Prepared], InvalidRecordError]]:
+        """Each conversational preference / KTO record's texts (its prompt with the generation
+        prompt, then the prompt with each completion), the chunk's rendered in two batches; a
+        record whose render fails is its first error, in that order."""
+        prompts = self.template.render_many(
+            [(p.prompt, p.record) for p in pairs], add_generation_prompt=True
+        )
+        fulls = iter(
+            self.template.render_many(
+                [(p.prompt + c, p.record) for p in pairs for c in p.completions]
+            )
+        )
+        out: List[Union[List[_Prepared], InvalidRecordError]] = []
+        for pair, prompt in zip(pairs, prompts):
+            texts = [prompt] + [next(fulls) for _ in pair.completions]
+            error = next((t for t in texts if isinstance(t, InvalidRecordError)), None)
+            # A chat text's labels come from the prompt length (finish), hence empty spans.
+            out.append(
+                error
+                if error is not None
+                else [_Prepared(pair.record, t, [], False, pair.label) for t in texts]  # type: ignore[arg-type]
+            )
+        return out
+
+    def _prepare(self, record: Record) -> Union[List[_Prepared], "_Chat", "_PairChat"]:
+        """The record's texts: one, or for a preference / KTO record ``1 + roles``; a chat
+        to render (with the chunk's others, :meth:`prepare`)."""
         sample = parse_record(record, self.options.format, self.options.columns or {})
         if sample.completions is not None:
             return self._prepare_pair(record, sample.prompt, sample.completions, sample.label)
         if sample.text is not None:
             return [_Prepared(record, sample.text, None, True)]
-        messages = sample.messages or []
-        train_on = self.options.train_on
-        text, spans = self.template.trained_spans(messages, train_on, record)
+        return _Chat(record, sample.messages or [])
+
+    def _chat_prepared(
+        self, chat: "_Chat", rendered: Union[Tuple[str, List[Tuple[int, int]]], InvalidRecordError]
+    ) -> Union[List[_Prepared], InvalidRecordError]:
+        if isinstance(rendered, InvalidRecordError):
+            return rendered
+        text, spans = rendered
         if not text:
-            raise record.fail("the chat template rendered an empty text")
-        last_trained = train_on == "all" or messages[-1].get("role") == "assistant"
-        return [_Prepared(record, text, spans, last_trained)]
+            return chat.record.fail("the chat template rendered an empty text")
+        train_on = self.options.train_on
+        last_trained = train_on == "all" or chat.messages[-1].get("role") == "assistant"
+        return [_Prepared(chat.record, text, spans, last_trained)]
 
     def _prepare_pair(
         self, record: Record, prompt: Any, completions: List[Any], label: Optional[bool]
-    ) -> List[_Prepared]:
+    ) -> Union[List[_Prepared], "_PairChat"]:
         """As TRL's DPO and KTO trainers prepare them: the prompt alone, then the prompt with
         each completion. Strings (the standard shape) are joined, each completion ending with
         the EOS text unless it already does (or ``add_eos`` is off), and encoded with the
         tokenizer's special tokens; conversations are rendered with the chat template, the
         prompt with the generation prompt, and encoded without them."""
-        if isinstance(prompt, str):
-            eos = self.tokenizer.eos_token if self.options.add_eos is not False else None
-            ends = [eos if eos and not c.endswith(eos) else "" for c in completions]
-            texts = [prompt] + [prompt + c + end for c, end in zip(completions, ends)]
-            spans = None
-        else:
-            render = self.template.render
-            texts = [render(prompt, record, add_generation_prompt=True)]
-            texts += [render(prompt + c, record) for c in completions]
-            spans = []  # a chat text; its labels come from the prompt length (finish)
-        return [_Prepared(record, text, spans, False, label) for text in texts]
+        if not isinstance(prompt, str):
+            return _PairChat(record, prompt, completions, label)  # rendered with the chunk's
+        eos = self.tokenizer.eos_token if self.options.add_eos is not False else None
+        ends = [eos if eos and not c.endswith(eos) else "" for c in completions]
+        texts = [prompt] + [prompt + c + end for c, end in zip(completions, ends)]
+        return [_Prepared(record, text, None, False, label) for text in texts]
 
     def encode(self, chunk: List[_Prepared]) -> _Tokens:
         """Ids and labels of a chunk (chat text without the tokenizer's added special tokens,
@@ -570,6 +644,7 @@ class TokenStream:
         self.tokenizer = self.encoding.tokenizer
         self.template_info = self.encoding.template_info
         self.encoder_info = self.encoding.encoder_info
+        self.renderer_info = self.encoding.renderer_info
         self.progress = progress
         self.sources = sources
         self.stats = TokenizeStats()

@@ -6,6 +6,13 @@ tokens as variables, ``tools`` and ``documents`` set to None, and ``{% generatio
 tracked exactly as transformers tracks them. The template is compiled once per run; each
 conversation is rendered once (twice for templates without generation markers, see
 :meth:`ChatTemplate.trained_spans`).
+
+Batches of conversations (:meth:`ChatTemplate.trained_spans_many`) are rendered in Rust
+(``tokpack-core``'s ``template``, minijinja with transformers' extensions) when the template
+compiles there and renders a fixed set of probe conversations exactly as this module does
+(decided once, when the template is loaded: :attr:`ChatTemplate.renderer_info`); a
+conversation the Rust renderer does not render (an error, ``raise_exception``, data it does
+not take) is rendered here, which gives the same text or the error the user sees.
 """
 
 from __future__ import annotations
@@ -14,16 +21,24 @@ import hashlib
 import json
 import os
 import re
+import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from ..errors import ConfigError, InputNotFoundError
+from ..errors import ConfigError, InputNotFoundError, InvalidRecordError
 from .formats import Record
 
-__all__ = ["CHATML_TEMPLATE", "ChatTemplate", "resolve_template", "TRAIN_ON"]
+__all__ = ["CHATML_TEMPLATE", "ChatTemplate", "resolve_template", "TRAIN_ON", "RENDERERS"]
 
 TRAIN_ON = ("assistant", "all", "last")
+
+# "auto": the Rust renderer when it passes the parity probe; "python": always this module.
+RENDERERS = ("auto", "python")
+
+# A conversation rendered: its text and trained character spans, or why it is invalid.
+Spans = List[Tuple[int, int]]
+Rendered = Union[Tuple[str, Spans], InvalidRecordError]
 
 # The built-in fallback for tokenizers without a chat template: ChatML, with generation markers
 # around each assistant turn's content and its end-of-turn token.
@@ -36,6 +51,53 @@ CHATML_TEMPLATE = (
     "{{ '\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+# Conversations the Rust renderer must render exactly as Jinja (or refuse) before it is used:
+# the shapes chat templates branch on (system prompts, alternation, a final user turn, tool
+# calls with dict and string arguments, tool results, reasoning, <think> blocks, whitespace,
+# quotes and non-ASCII text, numbers and booleans printed from the data).
+_TOOL_CALL = {
+    "type": "function",
+    "function": {"name": "get_weather", "arguments": {"city": "Zürich", "days": 3, "metric": True}},
+}
+PROBE_CONVERSATIONS: Tuple[List[Dict[str, Any]], ...] = (
+    [{"role": "user", "content": "Hello!"}, {"role": "assistant", "content": "Hi, how can I?"}],
+    [
+        {"role": "system", "content": "You are terse.\n"},
+        {"role": "user", "content": "  2+2? "},
+        {"role": "assistant", "content": "4"},
+        {"role": "user", "content": "And 'quoted' \"text\" \\ {braces} <tags>?"},
+        {"role": "assistant", "content": " Sure: 'a' and \"b\".\n\n"},
+    ],
+    [
+        {"role": "user", "content": "Pense à l'été 東京 🙂"},
+        {"role": "assistant", "content": "<think>\nhmm\n</think>\n\nD'accord."},
+        {"role": "user", "content": "Encore"},
+    ],
+    [
+        {"role": "system", "content": "Use tools."},
+        {"role": "user", "content": "Weather in Zürich?"},
+        {"role": "assistant", "content": "", "tool_calls": [_TOOL_CALL]},
+        {"role": "tool", "name": "get_weather", "content": '{"temp": 21.5, "sky": "clear"}'},
+        {"role": "assistant", "content": "21.5 °C and clear."},
+    ],
+    [
+        {"role": "user", "content": "Why?"},
+        {"role": "assistant", "content": "Because.", "reasoning_content": "Short answer."},
+        {"role": "user", "content": "Ok"},
+        {
+            "role": "assistant",
+            "content": "Done",
+            "tool_calls": [
+                {
+                    "type": "function",
+                    "function": {"name": "f", "arguments": '{"x": [1, 2.5, null, false]}'},
+                }
+            ],
+        },
+    ],
+    [{"role": "user", "content": "only a question"}],
 )
 
 _GENERATION_RE = re.compile(r"\{\%-?\s*generation\s*-?\%\}")
@@ -173,6 +235,8 @@ class ChatTemplate:
         source: str,
         variables: Mapping[str, str],
         special_token_strings: Sequence[str] = (),
+        renderer: str = "auto",
+        train_on: str = "assistant",
     ) -> None:
         self.source = source
         self.hash = hashlib.blake2b(source.encode("utf-8"), digest_size=16).hexdigest()
@@ -181,6 +245,13 @@ class ChatTemplate:
         self._specials = tuple(sorted(special_token_strings, key=len, reverse=True))
         self._tracker = _Tracker()
         self._template = _compile(source, self._tracker)
+        # The Rust renderer for ``train_on`` (None: every conversation renders here), and
+        # which renderer runs, with the reason when it is Python (for the manifest).
+        self.rust: Any = None
+        if renderer == "python":
+            self.renderer_info: Dict[str, Any] = {"name": "python", "reason": "requested"}
+        else:
+            self.rust, self.renderer_info = self._rust_renderer(train_on)
 
     def render(
         self, messages: List[Dict[str, Any]], record: Record, add_generation_prompt: bool = False
@@ -244,6 +315,115 @@ class ChatTemplate:
         if train_on == "last":
             spans = spans[-1:]
         return text, spans
+
+    def trained_spans_many(
+        self,
+        conversations: Sequence[Tuple[List[Dict[str, Any]], Record]],
+        train_on: str,
+        threads: Optional[int] = 1,
+    ) -> List[Rendered]:
+        """:meth:`trained_spans` of each ``(messages, record)``, in order; a conversation that
+        fails is returned as its :class:`InvalidRecordError`. One call to the Rust renderer
+        renders the batch (GIL released; it reads the messages as plain data and aliases
+        reasoning as :func:`_alias_reasoning` does); what it leaves is rendered here."""
+        out: List[Optional[Rendered]] = [None] * len(conversations)
+        if self.rust is not None and conversations:
+            texts, offsets, starts, ends, _ = self.rust.render_batch(
+                conversations=[m for m, _ in conversations],
+                mode=train_on,
+                threads=threads,
+            )
+            bounds, starts, ends = offsets.tolist(), starts.tolist(), ends.tolist()
+            for i, text in enumerate(texts):
+                if text is not None:
+                    a, b = bounds[i], bounds[i + 1]
+                    out[i] = (text, list(zip(starts[a:b], ends[a:b])))
+        for i, done in enumerate(out):
+            if done is None:
+                messages, record = conversations[i]
+                try:
+                    out[i] = self.trained_spans(messages, train_on, record)
+                except InvalidRecordError as exc:
+                    out[i] = exc
+        return out  # type: ignore[return-value]
+
+    def render_many(
+        self,
+        conversations: Sequence[Tuple[List[Dict[str, Any]], Record]],
+        add_generation_prompt: bool = False,
+        threads: Optional[int] = 1,
+    ) -> List[Union[str, InvalidRecordError]]:
+        """:meth:`render` of each ``(messages, record)``, in order, as
+        :meth:`trained_spans_many` renders them (Rust, then Python for what it leaves)."""
+        out: List[Union[None, str, InvalidRecordError]] = [None] * len(conversations)
+        if self.rust is not None and conversations:
+            out = list(
+                self.rust.render_batch(
+                    conversations=[m for m, _ in conversations],
+                    mode="plain",
+                    add_generation_prompt=add_generation_prompt,
+                    threads=threads,
+                )[0]
+            )
+        for i, done in enumerate(out):
+            if done is None:
+                messages, record = conversations[i]
+                try:
+                    out[i] = self.render(messages, record, add_generation_prompt)
+                except InvalidRecordError as exc:
+                    out[i] = exc
+        return out  # type: ignore[return-value]
+
+    def _rust_renderer(self, train_on: str) -> Tuple[Any, Dict[str, Any]]:
+        """The Rust renderer when it compiles this template and renders every probe
+        conversation as this module does (text and spans for ``train_on``); else None with
+        the reason."""
+        from .. import _tokpack
+
+        rust, why = _tokpack.ChatRenderer.compile(
+            source=self.source,
+            variables=list(self._variables.items()),
+            special_tokens=list(self._specials),
+            utc_offset=time.localtime().tm_gmtoff,
+        )
+        if rust is None:
+            return None, {"name": "python", "reason": why}
+        # Each probe conversation with the run's spans, and as plain text with and without the
+        # generation prompt (preference prompts and completions).
+        rendered_any = False
+        first_error = None
+        for mode, prompt in ((train_on, False), ("plain", False), ("plain", True)):
+            texts, offsets, starts, ends, errors = rust.render_batch(
+                conversations=list(PROBE_CONVERSATIONS),
+                mode=mode,
+                add_generation_prompt=prompt,
+                threads=1,
+            )
+            first_error = first_error or next((e for e in errors if e), None)
+            for i, messages in enumerate(PROBE_CONVERSATIONS):
+                if texts[i] is None:
+                    continue  # rendered by Python at run time too
+                record = Record("<parity probe>", i + 1, False, None, None)
+                a, b = int(offsets[i]), int(offsets[i + 1])
+                got: Any = (texts[i], list(zip(starts[a:b].tolist(), ends[a:b].tolist())))
+                try:
+                    if mode == "plain":
+                        got, want = got[0], self.render(messages, record, prompt)
+                    else:
+                        want = self.trained_spans(messages, train_on, record)
+                except InvalidRecordError:
+                    want = None
+                if got != want:
+                    return None, {
+                        "name": "python",
+                        "reason": f"the Rust renderer differs from Jinja on probe conversation "
+                        f"{i} ({mode}{', generation prompt' if prompt else ''})",
+                    }
+                rendered_any = True
+        if not rendered_any:
+            reason = first_error or "no probe conversation rendered"
+            return None, {"name": "python", "reason": f"the Rust renderer failed: {reason}"}
+        return rust, {"name": "rust"}
 
     def _content_spans(
         self, messages: List[Dict[str, Any]], text: str, record: Record

@@ -2,6 +2,7 @@
 //!
 //! [`plan`] turns sample lengths into rows of segments (best-fit / first-fit decreasing,
 //! next-fit, padding, random concatenation); [`materialize`] copies tokens into those rows.
+//! [`bpe`] and [`template`] tokenize chat data: byte-level BPE encoding and chat templates.
 //!
 //! Unix only: [`io`] reads spill files and checked shards with positioned reads
 //! (`std::os::unix::fs::FileExt`), which keep one file handle shareable between threads.
@@ -22,6 +23,7 @@ pub mod policy;
 pub mod pool;
 mod rng;
 mod strategies;
+pub mod template;
 
 pub use error::{CoreError, Result};
 pub use materialize::{materialize, FlatColumn, PackedRows};

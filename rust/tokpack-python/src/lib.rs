@@ -7,6 +7,7 @@ mod errors;
 mod files;
 mod plan;
 mod shards;
+mod template;
 
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
@@ -31,6 +32,7 @@ fn _tokpack(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<plan::PackedRows>()?;
     m.add_function(wrap_pyfunction!(plan::default_threads, m)?)?;
     m.add_class::<bpe::BpeEncoder>()?;
+    m.add_class::<template::ChatRenderer>()?;
     m.add_class::<files::Progress>()?;
     m.add_function(wrap_pyfunction!(files::pack_files, m)?)?;
     m.add_function(wrap_pyfunction!(files::read_lengths, m)?)?;
