@@ -116,7 +116,10 @@ fn lengths(n: std::ops::Range<usize>, max_len: i64) -> impl Strategy<Value = Vec
     prop_oneof![
         proptest::collection::vec(0i64..=top, n.clone()),
         proptest::collection::vec(log_uniform, n.clone()),
-        proptest::collection::vec(prop_oneof![Just(1i64), Just(max_len / 3 + 1), Just(max_len)], n),
+        proptest::collection::vec(
+            prop_oneof![Just(1i64), Just(max_len / 3 + 1), Just(max_len)],
+            n
+        ),
     ]
 }
 
