@@ -17,48 +17,32 @@ pub struct Rows {
     pub lengths: Vec<i64>,
 }
 
-/// Segments gathered per output position in parallel chunks: the random reads of `items`
-/// overlap, and the result does not depend on the thread count.
-const GATHER_CHUNK: usize = 1 << 14;
-
 /// A placed item: its length (high 32 bits) and index (low 32 bits), so the common case (item
 /// `i` is all of sample `i`) builds the segment columns without looking the item up.
 type Placed = u64;
 
 impl Rows {
-    /// Rows whose segment `p` is the item `placed[p]` names.
+    /// Rows whose segment `p` is the item `placed[p]` names. Columns are collected in parallel
+    /// (written once, never zeroed first; the random reads of `items` overlap), in order, so
+    /// the result does not depend on the thread count.
     fn gather(offsets: Vec<i64>, items: &[Item], placed: &[Placed], identity: bool) -> Self {
-        let n = placed.len();
-        let (mut sample_ids, mut starts, mut lengths) = (vec![0; n], vec![0; n], vec![0; n]);
-        let columns = sample_ids
-            .par_chunks_mut(GATHER_CHUNK)
-            .zip(lengths.par_chunks_mut(GATHER_CHUNK))
-            .zip(placed.par_chunks(GATHER_CHUNK));
-        if identity {
-            // Starts stay 0: every item is a whole sample.
-            columns.for_each(|((samples, lengths), placed)| {
-                for (k, &p) in placed.iter().enumerate() {
-                    samples[k] = i64::from(p as u32);
-                    lengths[k] = (p >> 32) as i64;
-                }
-            });
+        let index = |p: Placed| p as u32 as usize;
+        let (sample_ids, starts) = if identity {
+            let samples = placed.par_iter().map(|&p| index(p) as i64).collect();
+            (samples, vec![0; placed.len()])
         } else {
-            columns.zip(starts.par_chunks_mut(GATHER_CHUNK)).for_each(
-                |(((samples, lengths), placed), starts)| {
-                    for (k, &p) in placed.iter().enumerate() {
-                        let item = items[p as u32 as usize];
-                        samples[k] = item.sample;
-                        starts[k] = item.start;
-                        lengths[k] = (p >> 32) as i64;
-                    }
-                },
-            );
-        }
+            let item = |&p: &Placed| items[index(p)];
+            placed
+                .par_iter()
+                .map(item)
+                .map(|i| (i.sample, i.start))
+                .unzip()
+        };
         Self {
             offsets,
             sample_ids,
             starts,
-            lengths,
+            lengths: placed.par_iter().map(|&p| (p >> 32) as i64).collect(),
         }
     }
 
