@@ -148,3 +148,16 @@ proptest! {
         check(&lengths, 4096, "bfd", overlong, threads);
     }
 }
+
+proptest! {
+    // Every sample one whole item (no empty, dropped or split sample): the path that builds the
+    // columns without reading the items.
+    #![proptest_config(common::deterministic(4))]
+    #[test]
+    fn large_whole_sample_plans_match_the_reference(
+        lengths in proptest::collection::vec(1i64..=8192, 70_000..140_000),
+        threads in 1usize..=2,
+    ) {
+        check(&lengths, 4096, "bfd", "truncate", threads);
+    }
+}
