@@ -62,8 +62,8 @@ impl Rows {
 /// O(n + max_len)), kept as one run per length so the packing loops never look an item up.
 struct ByLength {
     order: Vec<u32>,
-    /// Items of length `max_len - d` are `order[run_starts[d]..run_starts[d + 1]]`.
-    run_starts: Vec<usize>,
+    /// Items of length `max_len - d` are `order[bounds[d]..bounds[d + 1]]`.
+    bounds: Vec<usize>,
     max_len: u32,
     /// Item `i` is all of sample `i` (nothing split, dropped or empty).
     identity: bool,
@@ -72,25 +72,29 @@ struct ByLength {
 impl ByLength {
     fn new(items: &[Item], max_len: u32) -> Self {
         let max = max_len as usize;
-        let mut run_starts = vec![0usize; max + 2];
+        // Counted at d + 1, so the prefix sums are each run's start, then its cursor.
+        let mut bounds = vec![0usize; max + 2];
         let mut identity = true;
         for (i, item) in items.iter().enumerate() {
-            run_starts[max - item.len as usize + 1] += 1;
+            bounds[max - item.len as usize + 1] += 1;
             identity &= item.sample == i as i64 && item.start == 0;
         }
-        for k in 1..run_starts.len() {
-            run_starts[k] += run_starts[k - 1];
+        for k in 1..bounds.len() {
+            bounds[k] += bounds[k - 1];
         }
-        let mut next = run_starts.clone();
         let mut order = vec![0u32; items.len()];
         for (i, item) in items.iter().enumerate() {
-            let slot = &mut next[max - item.len as usize];
+            let slot = &mut bounds[max - item.len as usize];
             order[*slot] = i as u32;
             *slot += 1;
         }
+        // Each cursor now sits at its run's end, the next run's start: shifted by one they are
+        // the bounds again, without a second O(max_len) array.
+        bounds.rotate_right(1);
+        bounds[0] = 0;
         Self {
             order,
-            run_starts,
+            bounds,
             max_len,
             identity,
         }
@@ -98,7 +102,7 @@ impl ByLength {
 
     /// `(length, positions in length order)` per non-empty run, longest first.
     fn runs(&self) -> impl Iterator<Item = (u32, Range<usize>)> + '_ {
-        self.run_starts
+        self.bounds
             .windows(2)
             .enumerate()
             .filter(|(_, w)| w[1] > w[0])
