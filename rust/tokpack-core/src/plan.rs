@@ -113,13 +113,12 @@ pub fn plan<L: Length>(lengths: &[L], config: &PlanConfig) -> Result<Plan> {
         dropped.extend_from_slice(&items.empty);
         dropped.sort_unstable();
     }
-    let segments = rows.segments;
     Ok(Plan {
         max_len,
         bin_offsets: rows.offsets,
-        sample_ids: segments.iter().map(|s| s.sample).collect(),
-        starts: segments.iter().map(|s| s.start).collect(),
-        lengths: segments.iter().map(|s| i64::from(s.len)).collect(),
+        sample_ids: rows.sample_ids,
+        starts: rows.starts,
+        lengths: rows.lengths,
         dropped,
         empty: items.empty,
         truncated: items.truncated,
