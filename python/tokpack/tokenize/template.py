@@ -338,14 +338,7 @@ class ChatTemplate:
                 if text is not None:
                     a, b = bounds[i], bounds[i + 1]
                     out[i] = (text, list(zip(starts[a:b], ends[a:b])))
-        for i, done in enumerate(out):
-            if done is None:
-                messages, record = conversations[i]
-                try:
-                    out[i] = self.trained_spans(messages, train_on, record)
-                except InvalidRecordError as exc:
-                    out[i] = exc
-        return out  # type: ignore[return-value]
+        return _in_python(out, conversations, lambda m, r: self.trained_spans(m, train_on, r))
 
     def render_many(
         self,
@@ -365,14 +358,7 @@ class ChatTemplate:
                     threads=threads,
                 )[0]
             )
-        for i, done in enumerate(out):
-            if done is None:
-                messages, record = conversations[i]
-                try:
-                    out[i] = self.render(messages, record, add_generation_prompt)
-                except InvalidRecordError as exc:
-                    out[i] = exc
-        return out  # type: ignore[return-value]
+        return _in_python(out, conversations, lambda m, r: self.render(m, r, add_generation_prompt))
 
     def _rust_renderer(self, train_on: str) -> Tuple[Any, Dict[str, Any]]:
         """The Rust renderer when it compiles this template and renders every probe
@@ -487,4 +473,17 @@ def _alias_reasoning(messages: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
                     out = list(messages)
                 out[i] = {"thinking": value, **message, "reasoning_content": value}
                 break
+    return out
+
+
+def _in_python(out: List[Any], conversations: Sequence[Tuple[Any, Record]], render: Any) -> Any:
+    """``out`` with what the Rust renderer left (None) rendered by ``render(messages, record)``
+    in Python; a rejected conversation's InvalidRecordError takes its place."""
+    for i, done in enumerate(out):
+        if done is None:
+            messages, record = conversations[i]
+            try:
+                out[i] = render(messages, record)
+            except InvalidRecordError as exc:
+                out[i] = exc
     return out

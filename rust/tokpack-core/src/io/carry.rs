@@ -2,7 +2,7 @@
 //! score) written to the packed rows as list columns with one entry per segment, the sample's
 //! value repeated for each of its segments, in the input's type.
 
-use super::columns::BatchAt;
+use super::columns::{is_integer, BatchAt};
 use super::source::Source;
 use crate::error::{Context, CoreError, Location, Result};
 use arrow::array::{Array, ArrayRef, UInt64Array};
@@ -15,22 +15,15 @@ pub struct Carried {
 }
 
 fn is_scalar(t: &DataType) -> bool {
-    matches!(
-        t,
-        DataType::Boolean
-            | DataType::Int8
-            | DataType::Int16
-            | DataType::Int32
-            | DataType::Int64
-            | DataType::UInt8
-            | DataType::UInt16
-            | DataType::UInt32
-            | DataType::UInt64
-            | DataType::Float32
-            | DataType::Float64
-            | DataType::Utf8
-            | DataType::LargeUtf8
-    )
+    is_integer(t)
+        || matches!(
+            t,
+            DataType::Boolean
+                | DataType::Float32
+                | DataType::Float64
+                | DataType::Utf8
+                | DataType::LargeUtf8
+        )
 }
 
 /// Every input has each carried column, with one scalar type across the files; returns the

@@ -56,7 +56,7 @@ impl BatchAt<'_> {
     }
 }
 
-fn is_integer(t: &DataType) -> bool {
+pub(super) fn is_integer(t: &DataType) -> bool {
     matches!(
         t,
         DataType::Int8
