@@ -94,8 +94,8 @@ def _config(**kw: Any) -> Dict[str, Any]:
         raise ConfigError("pass either labels_column or loss_mask_column, not both")
     # Only where they apply, so the cache keys of SFT outputs stay what they were.
     for key, unset in (("pair_layout", None), ("carry", [])):
-        if kw[key] == unset:
-            del kw[key]
+        if kw.get(key, unset) == unset:
+            kw.pop(key, None)
     return {"format_version": FORMAT_VERSION, **kw}
 
 
