@@ -368,21 +368,31 @@ def _per_sample_weights(trained: torch.Tensor, seq_idx: torch.Tensor, n_seqs: in
     return (inv[bucket] * flat_trained).view(trained.shape)
 
 
-# What a packed row holds besides the columns carried per sample (``--carry``, KTO's label).
-_ROW_KEYS = ("input_ids", "labels", "seq_lengths", "sample_ids", "seq_roles")
+# The columns of a packed row other than the carried ones (``--carry``, KTO's label).
+_ROW_KEYS = frozenset(
+    ("input_ids", "labels", "seq_lengths", "sample_ids", "seq_roles", "seq_loss_tokens")
+    + ("num_tokens", "num_seqs", "num_loss_tokens", "num_pairs")
+)
 
 
 def _add_carried(batch: Dict[str, Any], rows: Sequence[Mapping[str, Any]]) -> None:
     """The rows' carried columns, one entry per segment across the batch (row by row, as
-    ``seq_roles``): a tensor, or a list for strings. Columns already set are left alone."""
+    ``seq_roles``): a tensor, or a list for strings. Only per-segment values are carried (a
+    mixture's per-row ``source``, say, is not); columns already set are left alone."""
     for name in rows[0]:
         if name in _ROW_KEYS or name in batch:
             continue
-        try:
-            values = [row[name] for row in rows]
-        except KeyError:
-            raise DataError(f"column {name!r} is in some rows of the batch only") from None
+        values = [row.get(name) for row in rows]
+        if not all(_per_segment(v, len(row["seq_lengths"])) for v, row in zip(values, rows)):
+            continue
         if isinstance(values[0], list):
             batch[name] = [v for part in values for v in part]
         else:
             batch[name] = torch.cat([torch.as_tensor(v) for v in values])
+
+
+def _per_segment(value: Any, n_segments: int) -> bool:
+    if isinstance(value, list):
+        return len(value) == n_segments
+    shape = getattr(value, "shape", None)  # a tensor or numpy array
+    return shape is not None and tuple(shape) == (n_segments,)
