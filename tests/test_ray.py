@@ -57,7 +57,10 @@ def cluster(tmp_path_factory):
         logging_level=logging.WARNING,
         log_to_driver=False,
     )
-    ray.data.DataContext.get_current().enable_progress_bars = False
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False
+    # Datasets consumed here keep their order (tokpack.ray.pack sets it for its own reads).
+    context.execution_options.preserve_order = True
     yield c, faults
     ray.shutdown()
     c.shutdown()

@@ -54,6 +54,8 @@ class Terminated(KeyboardInterrupt):
 
 # A Terminated that Python could only report as "Exception ignored" (see _reraise_interrupts).
 _late_terminate = [False]
+# The command has handled an interrupt: a re-raise scheduled by the hook is not sent.
+_handled = [False]
 
 
 def _reraise_interrupts(previous: Any) -> Any:
@@ -74,7 +76,12 @@ def _reraise_interrupts(previous: Any) -> Any:
             # the command has finished.
             main = threading.main_thread().ident
             assert main is not None
-            threading.Timer(0.01, signal.pthread_kill, (main, signal.SIGINT)).start()
+
+            def reraise() -> None:
+                if not _handled[0]:  # the command may have ended on its own interrupt meanwhile
+                    signal.pthread_kill(main, signal.SIGINT)
+
+            threading.Timer(0.01, reraise).start()
             return
         previous(unraisable)
 
@@ -97,7 +104,7 @@ def main(argv: Optional[List[str]] = None, *, _exiting: bool = False) -> int:
     previous = None
     previous_hook = sys.unraisablehook
     sys.unraisablehook = _reraise_interrupts(previous_hook)
-    _late_terminate[0] = False
+    _late_terminate[0] = _handled[0] = False
     try:
         import importlib
         import signal
@@ -117,6 +124,7 @@ def main(argv: Optional[List[str]] = None, *, _exiting: bool = False) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # 128 + SIGPIPE, as a shell reports a command its pipe ended
     except KeyboardInterrupt as exc:
+        _handled[0] = True
         terminated = isinstance(exc, Terminated) or _late_terminate[0]
         print(f"{name}: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
         return 143 if terminated else 130
@@ -139,7 +147,10 @@ def entry() -> None:
     """
     code = 130
     try:
-        code = main(_exiting=True)
+        try:
+            code = main(_exiting=True)
+        finally:
+            _ignore_late_signals()
     except KeyboardInterrupt:  # landed in main()'s last steps: the command is complete
         _ignore_late_signals()
     sys.exit(code)

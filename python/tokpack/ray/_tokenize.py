@@ -70,8 +70,9 @@ def tokenize(
     **options: Any,
 ) -> Any:
     """Tokenize a dataset of raw records (chat ``messages``, sharegpt, alpaca or ``text``
-    columns) into rows ``input_ids``, ``labels``, ``length``, in order, with the ids and labels
-    ``tokpack tokenize`` gives (lazy: a Ray Data ``map_batches`` stage).
+    columns) into rows ``input_ids``, ``labels``, ``length``, in the records' order when the
+    dataset is consumed with ``preserve_order`` (as :func:`tokpack.ray.pack` does), with the
+    ids and labels ``tokpack tokenize`` gives (lazy: a Ray Data ``map_batches`` stage).
 
     Args:
         tokenizer: a ``tokenizer.json`` file or its directory, readable on every node.
