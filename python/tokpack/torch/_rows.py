@@ -10,6 +10,8 @@ import numpy as np
 import torch
 
 from ..packed_dir import Column, PackedDir
+from ._shared import SharedGroups
+from ._workers import worker_slot
 
 __all__ = ["TensorGroup", "GroupCache"]
 
@@ -47,11 +49,14 @@ class TensorGroup:
 
 
 class GroupCache:
-    """A small LRU of decoded row groups, local to the process that fills it."""
+    """A small LRU of decoded row groups, local to the process that fills it. In a DataLoader
+    with several workers, the groups come through :class:`SharedGroups` (twice this capacity),
+    so the workers decode each group once between them instead of once each."""
 
     def __init__(self, packed: PackedDir, capacity: int) -> None:
         self.packed = packed
         self.capacity = max(1, int(capacity))
+        self.shared = SharedGroups(2 * self.capacity)
         self._groups: "OrderedDict[int, TensorGroup]" = OrderedDict()
 
     def get(self, group: int) -> TensorGroup:
@@ -59,17 +64,21 @@ class GroupCache:
         if hit is not None:
             self._groups.move_to_end(group)
             return hit
-        decoded = TensorGroup(self.packed.decode(group))
+        if worker_slot()[1] > 1:
+            decoded = TensorGroup(self.shared.get(group, lambda: self.packed.decode(group)))
+        else:
+            decoded = TensorGroup(self.packed.decode(group))
         self._groups[group] = decoded
         while len(self._groups) > self.capacity:
             self._groups.popitem(last=False)
         return decoded
 
     def __getstate__(self):
-        # Decoded data never travels to worker processes: each one decodes what it reads.
-        return {"packed": self.packed, "capacity": self.capacity}
+        # Decoded data never travels by pickle: workers share groups through `shared` only.
+        return {"packed": self.packed, "capacity": self.capacity, "shared": self.shared}
 
     def __setstate__(self, state) -> None:
         self.packed = state["packed"]
         self.capacity = state["capacity"]
+        self.shared = state["shared"]
         self._groups = OrderedDict()
