@@ -1,0 +1,169 @@
+"""Row groups shared between DataLoader workers (tokpack.torch._shared): each group decoded once
+per pass between the workers, the same bytes whatever the worker count, a rebuilt directory
+still detected, and nothing left in shared memory."""
+
+import gc
+import os
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import tokpack
+from tokpack.packed_dir import PackedDir
+from tokpack.torch import PackedCollator, PackedDataset, PackedIterableDataset
+from tokpack.torch._shared import SharedGroups
+
+from .packed_corpus import random_samples, write_packed_dir
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    out = tmp_path_factory.mktemp("shared_groups")
+    samples, labels = random_samples(400, 30, seed=3)
+    write_packed_dir(out, samples, labels, max_len=48, rows_per_shard=60, row_group_rows=8)
+    return out
+
+
+def _decodes_logged(monkeypatch, log):
+    """Record every row group a (forked) worker decodes, one line per decode, in ``log``."""
+    decode = PackedDir.decode
+
+    def logged(self, group, columns=None):
+        with open(log, "a") as f:
+            f.write(f"{group}\n")
+        return decode(self, group, columns)
+
+    monkeypatch.setattr(PackedDir, "decode", logged)
+
+
+def _bytes(batches):
+    """Each batch's tensors as bytes and its other values (``position`` counts batches from where
+    the iteration started, so it is left out)."""
+    return [
+        {
+            k: v.numpy().tobytes() if isinstance(v, torch.Tensor) else v
+            for k, v in b.items()
+            if k != "position"
+        }
+        for b in batches
+    ]
+
+
+def _iterable(path, **kw):
+    kw.setdefault("collate_fn", PackedCollator())
+    return PackedIterableDataset(path, batch_rows=3, seed=11, **kw)
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_batches_are_the_same_bytes_for_any_worker_count(corpus, world_size):
+    for rank in range(world_size):
+        alone = _bytes(_iterable(corpus, rank=rank, world_size=world_size))
+        for workers in (1, 2, 3):
+            ds = _iterable(corpus, rank=rank, world_size=world_size)
+            assert _bytes(DataLoader(ds, batch_size=None, num_workers=workers)) == alone
+
+
+@pytest.mark.parametrize("reader", ["iterable", "map"])
+def test_workers_decode_each_row_group_once_per_pass(corpus, tmp_path, monkeypatch, reader):
+    log = tmp_path / "decodes"
+    _decodes_logged(monkeypatch, log)
+    if reader == "iterable":
+        ds = _iterable(corpus, rank=0, world_size=1)
+        loader = DataLoader(ds, batch_size=None, num_workers=3, multiprocessing_context="fork")
+    else:
+        loader = DataLoader(
+            PackedDataset(corpus),
+            batch_size=3,
+            num_workers=3,
+            multiprocessing_context="fork",
+            collate_fn=PackedCollator(),
+        )
+    assert sum(1 for _ in loader) == len(loader)
+    decoded = [int(g) for g in log.read_text().split()]
+    # The DataLoader keeps its workers within prefetch_factor * num_workers batches (18 rows) of
+    # each other, far less than the rows of the groups the shared cache holds (2 * 5 groups of
+    # 8 rows after the window in use), so no worker needs a group after it was evicted.
+    assert sorted(decoded) == list(range(PackedDir(corpus).num_groups))
+
+
+def test_resume_mid_epoch_with_other_worker_count_is_exact(corpus):
+    ds = _iterable(corpus, rank=0, world_size=1)
+    full = _bytes(ds)
+    ds = _iterable(corpus, rank=0, world_size=1)
+    head = []
+    for batch in DataLoader(ds, batch_size=None, num_workers=3):
+        head.append(batch)
+        if len(head) == 7:
+            break
+    resumed = _iterable(corpus, rank=0, world_size=1)
+    resumed.load_state_dict(head[-1]["position"])
+    tail = list(DataLoader(resumed, batch_size=None, num_workers=2))
+    assert _bytes(head + tail) == full
+
+
+@pytest.mark.parametrize("after_a_pass", [False, True])
+def test_workers_raise_when_the_directory_is_rebuilt(tmp_path, after_a_pass):
+    samples, labels = random_samples(400, 30, seed=3)
+    out = tmp_path / "packed"
+    write_packed_dir(out, samples, labels, max_len=48, rows_per_shard=60, row_group_rows=4)
+    ds = _iterable(out, rank=0, world_size=1, collate_fn=None)
+    loader = DataLoader(ds, batch_size=None, num_workers=2)
+    if after_a_pass:
+        # The shared cache keeps the last 10 groups published, the next pass starts with the
+        # first window's 4 groups, published first (workers start with new local caches).
+        assert PackedDir(out).num_groups > 2 * 10
+        list(loader)
+    write_packed_dir(out, samples, labels, max_len=40, rows_per_shard=60, row_group_rows=4)
+    with pytest.raises(tokpack.CorruptOutputError, match="changed since the dataset was opened"):
+        list(loader)
+
+
+def test_shared_directory_is_removed_with_the_reader(corpus):
+    ds = _iterable(corpus, rank=0, world_size=1)
+    path = ds._caches[0].shared.path
+    list(DataLoader(ds, batch_size=None, num_workers=2))
+    assert os.path.isdir(path)
+    del ds
+    gc.collect()
+    assert not os.path.exists(path)
+
+
+def test_groups_round_trip_and_the_oldest_are_evicted(tmp_path):
+    shared = SharedGroups(capacity=2)
+    calls = []
+
+    def group(g):
+        def decode():
+            calls.append(g)
+            values = np.arange(10 * g, 10 * g + 7, dtype=np.int32)
+            return {
+                "input_ids": (values, np.array([0, 3, 7], dtype=np.int64)),
+                "num": np.array([g, g + 1], dtype=np.int64),
+            }
+
+        return decode
+
+    for g in range(3):
+        shared.get(g, group(g))
+    got = shared.get(2, group(2))  # published: mapped, not decoded again
+    assert calls == [0, 1, 2]
+    np.testing.assert_array_equal(got["input_ids"][0], np.arange(20, 27, dtype=np.int32))
+    np.testing.assert_array_equal(got["input_ids"][1], [0, 3, 7])
+    np.testing.assert_array_equal(got["num"], [2, 3])
+    shared.get(0, group(0))  # evicted (capacity 2): decoded again
+    assert calls == [0, 1, 2, 0]
+
+
+def test_non_numeric_groups_are_not_published():
+    shared = SharedGroups(capacity=4)
+    calls = []
+
+    def decode():
+        calls.append(1)
+        return {"carried": (np.array(["a", "b"], dtype=object), np.array([0, 1, 2]))}
+
+    for _ in range(2):
+        assert list(shared.get(0, decode)["carried"][0]) == ["a", "b"]
+    assert calls == [1, 1]
