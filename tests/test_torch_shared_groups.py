@@ -83,8 +83,8 @@ def test_workers_decode_each_row_group_once_per_pass(corpus, tmp_path, monkeypat
     assert sum(1 for _ in loader) == len(loader)
     decoded = [int(g) for g in log.read_text().split()]
     # The DataLoader keeps its workers within prefetch_factor * num_workers batches (18 rows) of
-    # each other, far less than the rows of the groups the shared cache holds (2 * 5 groups of
-    # 8 rows after the window in use), so no worker needs a group after it was evicted.
+    # each other, less than the rows of the groups the shared cache holds beyond the window in
+    # use and the one read ahead, so no worker needs a group after it was evicted.
     assert sorted(decoded) == list(range(PackedDir(corpus).num_groups))
 
 
@@ -111,9 +111,9 @@ def test_workers_raise_when_the_directory_is_rebuilt(tmp_path, after_a_pass):
     ds = _iterable(out, rank=0, world_size=1, collate_fn=None)
     loader = DataLoader(ds, batch_size=None, num_workers=2)
     if after_a_pass:
-        # The shared cache keeps the last 10 groups published, the next pass starts with the
-        # first window's 4 groups, published first (workers start with new local caches).
-        assert PackedDir(out).num_groups > 2 * 10
+        # The shared cache keeps the last `capacity` groups published, the next pass starts with
+        # the first window's 4 groups, published first (workers start with new local caches).
+        assert PackedDir(out).num_groups > 2 * ds._caches[0].shared.capacity
         list(loader)
     write_packed_dir(out, samples, labels, max_len=40, rows_per_shard=60, row_group_rows=4)
     with pytest.raises(tokpack.CorruptOutputError, match="changed since the dataset was opened"):

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import warnings
 from collections import OrderedDict
+from functools import partial
 from typing import Any, Dict, Tuple, Union
 
 import numpy as np
 import torch
 
 from ..packed_dir import Column, PackedDir
-from ._shared import SharedGroups
+from ._shared import SharedGroups, readahead
 from ._workers import worker_slot
 
 __all__ = ["TensorGroup", "GroupCache"]
@@ -50,14 +51,16 @@ class TensorGroup:
 
 class GroupCache:
     """A small LRU of decoded row groups, local to the process that fills it. In a DataLoader
-    with several workers, the groups come through :class:`SharedGroups` (twice this capacity),
-    so the workers decode each group once between them instead of once each."""
+    with several workers, the groups come through :class:`SharedGroups` of ``shared_capacity``
+    groups, so the workers decode each group once between them instead of once each."""
 
-    def __init__(self, packed: PackedDir, capacity: int) -> None:
+    def __init__(self, packed: PackedDir, capacity: int, shared_capacity: int) -> None:
         self.packed = packed
         self.capacity = max(1, int(capacity))
-        self.shared = SharedGroups(2 * self.capacity)
+        self.shared = SharedGroups(shared_capacity)
         self._groups: "OrderedDict[int, TensorGroup]" = OrderedDict()
+        # Groups handed to the readahead thread lately (not asked for again).
+        self._ahead: "OrderedDict[int, None]" = OrderedDict()
 
     def get(self, group: int) -> TensorGroup:
         hit = self._groups.get(group)
@@ -65,13 +68,23 @@ class GroupCache:
             self._groups.move_to_end(group)
             return hit
         if worker_slot()[1] > 1:
-            decoded = TensorGroup(self.shared.get(group, lambda: self.packed.decode(group)))
+            decoded = TensorGroup(self.shared.get(group, partial(self.packed.decode, group)))
         else:
             decoded = TensorGroup(self.packed.decode(group))
         self._groups[group] = decoded
         while len(self._groups) > self.capacity:
             self._groups.popitem(last=False)
         return decoded
+
+    def prefetch(self, group: int) -> None:
+        """In a DataLoader with several workers, have group ``group`` decoded and published in
+        the background (a group about to be needed); elsewhere nothing."""
+        if group in self._groups or group in self._ahead or worker_slot()[1] <= 1:
+            return
+        self._ahead[group] = None
+        while len(self._ahead) > self.shared.capacity:
+            self._ahead.popitem(last=False)
+        readahead(self.shared, group, partial(self.packed.decode, group))
 
     def __getstate__(self):
         # Decoded data never travels by pickle: workers share groups through `shared` only.
@@ -82,3 +95,4 @@ class GroupCache:
         self.capacity = state["capacity"]
         self.shared = state["shared"]
         self._groups = OrderedDict()
+        self._ahead = OrderedDict()

@@ -28,8 +28,10 @@ import fcntl
 import json
 import mmap
 import os
+import queue
 import shutil
 import tempfile
+import threading
 import uuid
 import weakref
 from typing import Callable, Dict, List, Optional, Tuple
@@ -38,7 +40,7 @@ import numpy as np
 
 from ..packed_dir import Column
 
-__all__ = ["SharedGroups"]
+__all__ = ["SharedGroups", "readahead"]
 
 # Lock files per directory: decodes of groups with the same number modulo this wait on each other.
 _LOCKS = 16
@@ -119,11 +121,29 @@ class SharedGroups:
         ``decode()`` (then published)."""
         data = os.path.join(self.path, f"{group}{_SUFFIX}")
         cols = _load(data)
-        if cols is not None:
-            return cols
+        if cols is None:
+            cols = self._decode_locked(group, data, decode, wait=True)
+        assert cols is not None
+        return cols
+
+    def prefetch(self, group: int, decode: Callable[[], Dict[str, Column]]) -> None:
+        """Decode and publish group ``group`` unless it is published or being decoded."""
+        data = os.path.join(self.path, f"{group}{_SUFFIX}")
+        if not os.path.exists(data):
+            self._decode_locked(group, data, decode, wait=False)
+
+    def _decode_locked(
+        self, group: int, data: str, decode: Callable[[], Dict[str, Column]], wait: bool
+    ) -> Optional[Dict[str, Column]]:
+        """Under the group's lock: the published columns, else ``decode()`` published. Without
+        ``wait``, None when another decode holds the lock."""
         os.makedirs(self.path, exist_ok=True)
         with open(os.path.join(self.path, f"lock-{group % _LOCKS}"), "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
+            try:
+                # Released when the file is closed.
+                fcntl.flock(lock, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return None
             cols = _load(data)
             if cols is None:
                 cols = decode()
@@ -164,3 +184,32 @@ class SharedGroups:
         for _, _, path in published[: max(0, len(published) - self.capacity)]:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
+
+
+# -- readahead -------------------------------------------------------------------------------------
+
+_queue: "Optional[queue.SimpleQueue]" = None
+_queue_pid = -1
+
+
+def _readahead_loop(requests: "queue.SimpleQueue") -> None:
+    while True:
+        shared, group, decode = requests.get()
+        try:
+            shared.prefetch(group, decode)
+        except Exception:  # noqa: BLE001
+            # A damaged or rebuilt directory: the reader raises it when it reaches the group.
+            pass
+
+
+def readahead(shared: SharedGroups, group: int, decode: Callable[[], Dict[str, Column]]) -> None:
+    """Have this process's readahead thread decode and publish ``group`` while the caller goes
+    on (decoding runs in Rust without the GIL)."""
+    global _queue, _queue_pid
+    if _queue_pid != os.getpid():
+        # One daemon thread per process, started in the worker itself (threads do not survive
+        # a fork): it dies with the worker.
+        _queue, _queue_pid = queue.SimpleQueue(), os.getpid()
+        threading.Thread(target=_readahead_loop, args=(_queue,), daemon=True).start()
+    assert _queue is not None
+    _queue.put((shared, group, decode))

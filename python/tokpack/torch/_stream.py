@@ -29,6 +29,9 @@ __all__ = ["RowStream", "non_negative_int"]
 # Stream rows of an epoch that never ends (the split's arithmetic stays in Python ints).
 ENDLESS = 1 << 62
 
+# A worker looks ahead for groups to prefetch at every this many of its batches.
+_PREFETCH_EVERY = 4
+
 Collate = Callable[[List[Dict[str, torch.Tensor]]], Dict[str, Any]]
 
 
@@ -76,7 +79,10 @@ class RowStream(torch.utils.data.IterableDataset):
         self._start = 0
         # Batches of this rank's sequence (from _start) before the next one this process makes.
         self._next_batch = 0
-        self._caches = [GroupCache(p, self.shuffle_window + 1) for p in self.sources]
+        # Workers share up to three windows of groups: the window the slowest worker reads, the
+        # one the fastest reads and the one being read ahead (see `_prefetch`).
+        window = self.shuffle_window + 1
+        self._caches = [GroupCache(p, window, 3 * window) for p in self.sources]
         # Collated without a collate_fn: rows of an unlabelled source train on every token.
         self._columns = [c for c in ROW_COLUMNS if any(c in p.columns for p in self.sources)]
         # Roles and carried columns come along when every source has them.
@@ -220,6 +226,18 @@ class RowStream(torch.utils.data.IterableDataset):
             for name in self._columns
         }
 
+    def _prefetch(self, a: int, b: int) -> None:
+        """Have the groups of stream rows ``[a, b)`` decoded in the background (with several
+        DataLoader workers: see :func:`GroupCache.prefetch`)."""
+        total = self._stream_rows()
+        if total is not None:
+            b = min(b, total)
+        if a >= b:
+            return
+        src, groups, _ = self._locate(a, b)
+        for s, g in set(zip(src.tolist(), groups.tolist())):
+            self._caches[s].prefetch(g)
+
     def __iter__(self) -> Iterator[Dict[str, Any]]:
         worker, num_workers = worker_slot()
         split = self._split()
@@ -240,8 +258,15 @@ class RowStream(torch.utils.data.IterableDataset):
         first = self._next_batch + (worker - self._next_batch) % num_workers
         steps = self.grad_accum_steps
         step_counts: Tuple[int, Tuple[int, int]] = (-1, (0, 0))
-        for k in range(first, split.num_batches, num_workers):
-            batch = self._batch(*self._locate(*split.batch(self.rank, k)))
+        # With several workers, the groups a window of rows ahead are decoded in the background
+        # (by whichever worker gets there first), so workers seldom wait for a decode; checked
+        # every few batches (shuffled windows spread each window's groups over its rows).
+        ahead = self.shuffle_window * max(int(p.group_rows.max(initial=1)) for p in self.sources)
+        for i, k in enumerate(range(first, split.num_batches, num_workers)):
+            a, b = split.batch(self.rank, k)
+            if num_workers > 1 and i % _PREFETCH_EVERY == 0:
+                self._prefetch(a + ahead, b + ahead)
+            batch = self._batch(*self._locate(a, b))
             if steps is not None:
                 # The optimizer step of local batch k: rounds [m G, (m + 1) G) of every rank.
                 m = k // steps

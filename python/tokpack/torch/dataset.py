@@ -81,7 +81,7 @@ class PackedDataset(torch.utils.data.Dataset):
         self.max_len = self.packed.max_len
         self.has_labels = self.packed.has_labels
         self.device = None if device is None else torch.device(device)
-        self._cache = GroupCache(self.packed, cache_row_groups)
+        self._cache = GroupCache(self.packed, cache_row_groups, 2 * cache_row_groups)
         self._flat: Dict[str, torch.Tensor] = {}
         self._flat_offsets: Dict[str, np.ndarray] = {}
         if self.device is not None:
