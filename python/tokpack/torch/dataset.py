@@ -16,6 +16,9 @@ from ._workers import worker_slot
 
 __all__ = ["PackedDataset", "StepBatch"]
 
+# Rows read at most this far apart, in increasing order, count as reading forward.
+_FORWARD_STEP = 8
+
 
 class StepBatch(list):
     """A list (of row indices, then of rows) carrying ``step_counts``: the (loss terms, samples)
@@ -82,6 +85,7 @@ class PackedDataset(torch.utils.data.Dataset):
         self.has_labels = self.packed.has_labels
         self.device = None if device is None else torch.device(device)
         self._cache = GroupCache(self.packed, cache_row_groups, 2 * cache_row_groups)
+        self._last = -1  # the row read last in this process
         self._flat: Dict[str, torch.Tensor] = {}
         self._flat_offsets: Dict[str, np.ndarray] = {}
         if self.device is not None:
@@ -107,7 +111,18 @@ class PackedDataset(torch.utils.data.Dataset):
             }
         worker_slot()  # in a DataLoader worker: one decoding thread (set once per process)
         group, r = self.packed.locate(i)
-        return self._cache.get(group).row(r)
+        row = self._cache.get(group).row(r)
+        # Reading forward (a sequential or DistributedSampler(shuffle=False)) past the middle of
+        # a group: with several workers, the next group is decoded in the background meanwhile.
+        forward = 0 < i - self._last <= _FORWARD_STEP
+        if (
+            forward
+            and 2 * r >= self.packed.group_rows[group]
+            and group + 1 < self.packed.num_groups
+        ):
+            self._cache.prefetch(group + 1)
+        self._last = i
+        return row
 
     def __getitems__(self, indices: List[int]) -> List[Dict[str, torch.Tensor]]:
         """A batch's rows (what a DataLoader asks for), keeping the step counts a
