@@ -7,10 +7,11 @@ PackedIterableDataset, against a Hugging Face ``datasets`` Dataset of the rows w
 count (0, 1, 2, 4). Every reader goes through a full pass of the corpus in order (no shuffle for
 the map-style readers, the iterable dataset's own windowed shuffle for it); each is timed
 ``--repeats`` times (a new DataLoader each time with persistent workers, warm-up pass then timed
-pass), the readers interleaved, and the best pass of each is kept. ``--before`` adds the worker
-rows of tokpack's readers with torch's own transport of batches (one shared-memory block per
-tensor, as before issue 13), in the same run. Goal (issue 13): at least 5x the baseline's
-tokens/s at every worker count.
+pass), the readers interleaved, and the best pass of each is kept. ``--before`` adds, in the same
+run, the worker rows of tokpack's readers as before issue 13: torch's own transport of batches
+(one shared-memory block per tensor) and every worker decoding every row group it reads (no row
+groups shared between workers). Goal (issue 13): at least 5x the baseline's tokens/s at every
+worker count.
 
 Section ``mixture`` (issue 12): ``PackedMixture`` of two directories (the same samples split in
 two), context-parallel collation (``PackedCollator(cp_size=2)``, rank 0's slice) and the global
@@ -53,6 +54,7 @@ from tokpack.torch import (
     PackedMixture,
     _stream,
 )
+from tokpack.torch import _rows as rows_module
 from tokpack.torch import collate as collate_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -133,15 +135,17 @@ def check_cost(path: Path) -> str:
 
 
 @contextlib.contextmanager
-def torch_transport():
-    """Batches from workers cross as torch moves them (one shared-memory block and descriptor
-    per tensor), as before issue 13: tokpack's worker batches are left plain dicts."""
-    saved = _stream.ship, collate_module.ship
+def before_issue_13():
+    """Workers as before issue 13: batches cross as torch moves them (one shared-memory block
+    and descriptor per tensor; tokpack's worker batches are left plain dicts), and each worker
+    decodes every row group it reads (no shared row groups, no readahead)."""
+    saved = _stream.ship, collate_module.ship, rows_module.worker_slot
     _stream.ship = collate_module.ship = lambda batch: batch
+    rows_module.worker_slot = lambda: (0, 1)  # the caches take workers for the main process
     try:
         yield
     finally:
-        _stream.ship, collate_module.ship = saved
+        _stream.ship, collate_module.ship, rows_module.worker_slot = saved
 
 
 def loaders_section(n_samples: int, batch_rows: int, repeats: int, workers, before: bool) -> bool:
@@ -204,7 +208,7 @@ def loaders_section(n_samples: int, batch_rows: int, repeats: int, workers, befo
             # A different reader goes first each time; one loader's workers alive at a time.
             for case in cases[r % len(cases) :] + cases[: r % len(cases)]:
                 name, w, old = case
-                with torch_transport() if old else contextlib.nullcontext():
+                with before_issue_13() if old else contextlib.nullcontext():
                     it = readers[name](w)
                     seconds, rows, tokens = timed_pass(it)
                     del it
@@ -216,7 +220,7 @@ def loaders_section(n_samples: int, batch_rows: int, repeats: int, workers, befo
         ratio = best[("HF Dataset + DataCollatorWithFlattening", w, False)] / seconds
         if not name.startswith("HF") and not old:
             ok &= ratio >= 5.0
-        label = f"{name}, workers={w}" + (" (torch's transport)" if old else "")
+        label = f"{name}, workers={w}" + (" (before issue 13)" if old else "")
         out.append(
             [
                 label,
@@ -334,7 +338,7 @@ def main() -> int:
     parser.add_argument(
         "--before",
         action="store_true",
-        help="also time tokpack's worker rows with torch's own transport (before issue 13)",
+        help="also time tokpack's worker rows as before issue 13 (torch's transport, no sharing)",
     )
     args = parser.parse_args()
     workers = tuple(int(w) for w in args.workers.split(","))
