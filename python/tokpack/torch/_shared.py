@@ -197,7 +197,7 @@ def _readahead_loop(requests: "queue.SimpleQueue") -> None:
         shared, group, decode = requests.get()
         try:
             shared.prefetch(group, decode)
-        except Exception:  # noqa: BLE001
+        except Exception:
             # A damaged or rebuilt directory: the reader raises it when it reaches the group.
             pass
 
