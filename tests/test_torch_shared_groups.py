@@ -4,6 +4,7 @@ still detected, and nothing left in shared memory."""
 
 import gc
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -128,6 +129,31 @@ def test_shared_directory_is_removed_with_the_reader(corpus):
     del ds
     gc.collect()
     assert not os.path.exists(path)
+
+
+def test_a_killed_readers_directory_is_removed_by_the_next_reader(tmp_path):
+    """kill -9 runs no finalizer: the next reader removes directories whose creator is gone,
+    and leaves a live creator's and foreign names alone."""
+    import subprocess
+    import sys
+
+    child = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    dead = int(child.stdout)
+    root = os.path.dirname(SharedGroups(capacity=1).path)
+    orphan = os.path.join(root, f"tokpack-groups-{dead}-test{os.getpid()}")
+    live = os.path.join(root, f"tokpack-groups-{os.getpid()}-test-live")
+    foreign = os.path.join(root, f"not-tokpack-groups-{dead}")
+    try:
+        for d in (orphan, live, foreign):
+            os.makedirs(os.path.join(d, "sub"))
+        SharedGroups(capacity=1)
+        assert not os.path.exists(orphan)
+        assert os.path.isdir(live) and os.path.isdir(foreign)
+    finally:
+        for d in (orphan, live, foreign):
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def test_groups_round_trip_and_the_oldest_are_evicted(tmp_path):

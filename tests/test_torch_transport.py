@@ -4,6 +4,7 @@ holds on to, with fork and spawn workers."""
 
 import copy
 import gc
+import multiprocessing.util
 import os
 import pickle
 from multiprocessing.reduction import ForkingPickler
@@ -172,3 +173,51 @@ def test_a_forked_child_freeing_its_copy_does_not_release_the_slot():
     os.waitpid(pid, 0)
     later = [_round_trip(WorkerBatch(x=torch.full((9,), k, dtype=torch.int64))) for k in range(3)]
     assert bool((held["x"] == 7).all()) and [int(b["x"][0]) for b in later] == [0, 1, 2]
+
+
+class _Child:
+    """A forked process that sends worker batches over a pipe, each when told to, then exits:
+    a DataLoader worker that finished its share (its ring crosses with its first batch, while
+    it is alive to hand over the descriptor)."""
+
+    def __init__(self, values):
+        self.go_r, go_w = os.pipe()
+        out_r, self.out_w = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:
+            try:
+                # What multiprocessing does in a child it starts (the fd sharer's reset).
+                multiprocessing.util._run_after_forkers()
+                os.close(go_w), os.close(out_r)
+                for v in values:
+                    os.read(self.go_r, 1)
+                    data = bytes(ForkingPickler.dumps(WorkerBatch(x=torch.full((50,), v))))
+                    os.write(self.out_w, len(data).to_bytes(8, "little") + data)
+                os.read(self.go_r, 1)
+            finally:
+                os._exit(0)
+        os.close(self.go_r), os.close(self.out_w)
+        self.go, self.out = go_w, os.fdopen(out_r, "rb")
+
+    def next(self):
+        os.write(self.go, b"x")
+        return self.out.read(int.from_bytes(self.out.read(8), "little"))
+
+    def exit(self):
+        os.write(self.go, b"x")
+        os.waitpid(self.pid, 0)
+
+
+def test_an_exited_workers_batches_still_in_the_queue_arrive():
+    # Worker A exited with a batch still queued; worker B's first batch (a new ring) is read
+    # before it. Found by test_torch_shared_groups: "a batch refers to shared-memory ring ...
+    # that this process never received".
+    a, b = _Child([1, 2]), _Child([3])
+    first = pickle.loads(a.next())
+    queued = a.next()
+    a.exit()
+    del first
+    gc.collect()
+    assert int(pickle.loads(b.next())["x"][0]) == 3
+    assert int(pickle.loads(queued)["x"][0]) == 2
+    b.exit()

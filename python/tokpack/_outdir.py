@@ -122,7 +122,8 @@ def is_cache_hit(out_dir: os.PathLike, key: str) -> Optional[Dict[str, Any]]:
     return None
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -147,7 +148,7 @@ def _clean_stale(out_dir: Path) -> None:
         for tag in (_TMP_TAG, _OLD_TAG):
             if rest.startswith(tag):
                 pid_text = rest[len(tag) :].split("-", 1)[0]
-                if pid_text.isdigit() and not _pid_alive(int(pid_text)):
+                if pid_text.isdigit() and not pid_alive(int(pid_text)):
                     shutil.rmtree(entry, ignore_errors=True)
     _remove_stale_lock(parent / f"{prefix}{_LOCK_SUFFIX}")
 

@@ -14,7 +14,9 @@ Files are written under a temporary name and renamed, so a reader maps complete 
 
 The directory's name is fixed when the reader is created (so forked and spawned workers find the
 same one); the first worker that publishes creates it, and it is removed when the reader that
-named it is garbage-collected in the process that created it (or that process exits). It holds
+named it is garbage-collected in the process that created it (or that process exits); the
+directories of creators that died without that (kill -9) are removed by the next reader created
+on the machine. It is private to the user (mode 0700). It holds
 at most ``capacity`` groups: the oldest are unlinked first (a worker that mapped one keeps its
 mapping; one that needs it again decodes it again). A group with non-numeric columns (carried
 strings), or one that does not fit (no space left in ``/dev/shm``), is not published: it is used
@@ -38,6 +40,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from .._outdir import pid_alive
 from ..packed_dir import Column
 
 __all__ = ["SharedGroups", "readahead"]
@@ -47,10 +50,22 @@ _LOCKS = 16
 # Byte offsets of arrays in a group's file: a multiple of every element size.
 _ALIGN = 64
 _SUFFIX = ".group"
+_PREFIX = "tokpack-groups-"
 
 
 def _root() -> str:
     return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+
+
+def _remove_orphans(root: str) -> None:
+    """Removes this user's group directories whose creator is gone (killed: no finalizer ran)."""
+    with contextlib.suppress(OSError), os.scandir(root) as entries:
+        for e in entries:
+            pid = e.name[len(_PREFIX) :].split("-", 1)[0]
+            if e.name.startswith(_PREFIX) and pid.isdigit() and not pid_alive(int(pid)):
+                with contextlib.suppress(OSError):
+                    if e.stat(follow_symlinks=False).st_uid == os.getuid():
+                        shutil.rmtree(e.path, ignore_errors=True)
 
 
 def _remove(path: str, owner: int) -> None:
@@ -106,7 +121,9 @@ class SharedGroups:
 
     def __init__(self, capacity: int) -> None:
         self.capacity = max(1, int(capacity))
-        self.path = os.path.join(_root(), f"tokpack-groups-{os.getpid()}-{uuid.uuid4().hex}")
+        root = _root()
+        _remove_orphans(root)
+        self.path = os.path.join(root, f"{_PREFIX}{os.getpid()}-{uuid.uuid4().hex}")
         weakref.finalize(self, _remove, self.path, os.getpid())
 
     def __getstate__(self):
@@ -137,7 +154,7 @@ class SharedGroups:
     ) -> Optional[Dict[str, Column]]:
         """Under the group's lock: the published columns, else ``decode()`` published. Without
         ``wait``, None when another decode holds the lock."""
-        os.makedirs(self.path, exist_ok=True)
+        os.makedirs(self.path, mode=0o700, exist_ok=True)
         with open(os.path.join(self.path, f"lock-{group % _LOCKS}"), "a") as lock:
             try:
                 # Released when the file is closed.

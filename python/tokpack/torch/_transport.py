@@ -28,6 +28,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
+from .._outdir import pid_alive
+
 __all__ = ["WorkerBatch", "ship"]
 
 # Offsets of tensors in a slot: a multiple of every element size, so views of any dtype are legal.
@@ -253,22 +255,18 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
+def _done(pid: int, ring: np.ndarray) -> bool:
+    return not ring[:_SLOTS].any() and not pid_alive(pid)
 
 
 def _received_ring(key: Tuple[int, int], memory: Optional[torch.Tensor]) -> np.ndarray:
     with _lock:
         if memory is not None:
-            # A worker's new ring supersedes its older ones, and rings of workers that have
-            # exited are done: their batches already arrived (they keep their own references).
-            for old in [k for k in _rings if k[0] == key[0] or not _alive(k[0])]:
+            # A worker's new ring supersedes its older ones (its messages arrive in order). A
+            # ring of a worker that has exited is done once none of its slots is flagged: a
+            # batch still queued holds its slot's flag (batches already here keep their own
+            # references to the memory).
+            for old in [k for k, r in _rings.items() if k[0] == key[0] or _done(k[0], r)]:
                 del _rings[old]
             _rings[key] = memory.numpy()
         ring = _rings.get(key)
