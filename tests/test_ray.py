@@ -295,6 +295,22 @@ def test_bad_values_name_the_block_and_sample(cluster, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("mode", ["global", "local"])
+def test_preference_pairs_are_refused_as_not_supported(cluster, tmp_path, mode):
+    seqs = pa.array([[1, 2, 3], [4, 5]], pa.list_(pa.int32()))
+    table = pa.table(
+        {
+            "chosen_input_ids": seqs,
+            "chosen_labels": seqs,
+            "rejected_input_ids": seqs,
+            "rejected_labels": seqs,
+        }
+    )
+    with pytest.raises(tokpack.ConfigError, match="pairs are not supported with --ray"):
+        tokpack.ray.pack(ray.data.from_arrow(table), tmp_path / "out", 8, mode=mode)
+    assert not (tmp_path / "out").exists()
+
+
 def test_tokenize_gives_tokpack_tokenizes_ids_and_labels_and_keeps_rejects(cluster, tmp_path):
     from ._tokenizer_factory import build_tokenizer, conversations, write_jsonl
 

@@ -21,6 +21,7 @@ from ray.data.block import BlockAccessor
 
 from .. import _tokpack
 from ..errors import ConfigError, DataError, SchemaError, TokpackError
+from ..tokenize.schema import kind_of_schema
 
 # A dataset made with ``ray.data.read_parquet(..., include_paths=True)`` names each row's file:
 # the dropped-samples list then gives the file and row, as ``tokpack pack`` does.
@@ -108,7 +109,7 @@ def _measure(block: Any, columns: Columns) -> Any:
     then the block's flattened samples, kept in the store for the write (so the samples are
     flattened once). A TokpackError is returned, not raised, so the driver can name the
     block's samples."""
-    table = block if isinstance(block, pa.Table) else BlockAccessor.for_block(block).to_arrow()
+    table = _arrow(block)
     try:
         flat = sample_arrays(table, columns)
     except TokpackError as exc:
@@ -187,17 +188,27 @@ def resolve_columns(
     loss_mask_column: Optional[str],
 ) -> Columns:
     """The columns to read, with ``pack_files``' rule: a loss mask when given; else the labels
-    column when the dataset has it (a name other than ``"labels"`` must exist)."""
+    column when the dataset has it (a name other than ``"labels"`` must exist). Preference
+    pairs (by the first block's schema, as ``tokpack pack`` tells them) are refused."""
+    schema = ray.get(_schema.remote(refs[0])) if refs else pa.schema([])
+    found = kind_of_schema(schema)
+    if found is not None and found[0] == "preference":
+        raise ConfigError(
+            f"the ray dataset holds preference pairs ({found[1]}): pairs are not supported "
+            "with --ray, use tokpack pack"
+        )
     if loss_mask_column is not None:
         return Columns(tokens_column, loss_mask_column, mask=True)
-    if labels_column is None:
-        return Columns(tokens_column, None)
-    names = ray.get(_column_names.remote(refs[0])) if refs else []
-    if labels_column in names or labels_column != "labels":
+    if labels_column in schema.names or labels_column not in (None, "labels"):
         return Columns(tokens_column, labels_column)
     return Columns(tokens_column, None)
 
 
+def _arrow(block: Any) -> pa.Table:
+    """A block as an Arrow table (a dataset's blocks may be pandas frames)."""
+    return block if isinstance(block, pa.Table) else BlockAccessor.for_block(block).to_arrow()
+
+
 @ray.remote
-def _column_names(table: pa.Table) -> List[str]:
-    return table.column_names
+def _schema(block: Any) -> pa.Schema:
+    return _arrow(block).schema
