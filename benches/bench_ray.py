@@ -1,8 +1,9 @@
 """`tokpack.ray.pack` (global and local mode) against `tokpack pack` on the same generated
 SFT-like corpus, in one run, on a one-machine Ray cluster (`ray.init(num_cpus=CPUS)`):
 
-- wall time of each and its ratio to `tokpack pack`; the Ray runs' per-stage times (blocks:
-  reading into the object store; measure; plan; write: scatter + shard tasks) from the manifest;
+- wall time of each and its ratio to `tokpack pack`; the Ray runs' per-stage times from the
+  manifest (global: read+measure, the blocks measured as Ray Data streams them in; plan; write:
+  scatter + shard tasks. local: blocks, reading into the object store; write: group tasks);
 - the driver's peak RSS, and its growth over the RSS after `ray.init` per million samples;
 - local mode's row cost against the global plan for several group sizes, computed with the
   planner alone (the rows local mode writes for groups of that many consecutive samples).

@@ -25,6 +25,7 @@ import tokpack.ray  # noqa: E402
 from tokpack._outdir import read_manifest  # noqa: E402
 from tokpack.ray._local import groups_of  # noqa: E402
 from tokpack.ray._runner import RayRunner  # noqa: E402
+from tokpack.ray._shards import take  # noqa: E402
 
 from .packed_corpus import random_samples  # noqa: E402
 
@@ -203,6 +204,28 @@ def test_local_mode_with_one_group_is_the_global_plan(cluster, corpus, tmp_path)
             assert filecmp.cmp(out / s[key], root / "reference" / s[key], shallow=False)
 
 
+@pytest.mark.parametrize("has_labels", [True, False])
+def test_take_gives_the_samples_at_rows_of_ragged_columns(has_labels):
+    rng = np.random.default_rng(7)
+    for n in (0, 1, 2, 5, 40):
+        # Empty samples are frequent, so runs of consecutive rows start and end on them.
+        sizes = rng.choice([0, 0, 1, 3, 9], size=n)
+        offsets = np.r_[0, np.cumsum(sizes)].astype(np.int64)
+        tokens = rng.integers(0, 1000, offsets[-1], dtype=np.int32)
+        labels = rng.integers(-100, 1000, offsets[-1], dtype=np.int32) if has_labels else None
+        for _ in range(20):
+            rows = np.flatnonzero(rng.random(n) < rng.random()).astype(np.int64)
+            got_tokens, got_offsets, got_labels = take(tokens, offsets, labels, rows)
+            spans = [slice(offsets[r], offsets[r + 1]) for r in rows]
+            assert got_tokens.dtype == np.int32
+            assert got_offsets.tolist() == np.r_[0, np.cumsum(sizes[rows])].tolist()
+            assert got_tokens.tolist() == [int(t) for s in spans for t in tokens[s]]
+            if has_labels:
+                assert got_labels.tolist() == [int(t) for s in spans for t in labels[s]]
+            else:
+                assert got_labels is None
+
+
 def test_a_worker_killed_while_writing_a_shard_changes_nothing(cluster, corpus, tmp_path):
     _, faults = cluster
     root, _, table, reference = corpus
@@ -269,6 +292,22 @@ def test_bad_values_name_the_block_and_sample(cluster, tmp_path):
     ds = ray.data.from_arrow([table.slice(0, 1), table.slice(1)])
     with pytest.raises(tokpack.DataError, match=r"block 1 \(samples from 1\): row 0"):
         tokpack.ray.pack(ds, tmp_path / "out", 8)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("mode", ["global", "local"])
+def test_preference_pairs_are_refused_as_not_supported(cluster, tmp_path, mode):
+    seqs = pa.array([[1, 2, 3], [4, 5]], pa.list_(pa.int32()))
+    table = pa.table(
+        {
+            "chosen_input_ids": seqs,
+            "chosen_labels": seqs,
+            "rejected_input_ids": seqs,
+            "rejected_labels": seqs,
+        }
+    )
+    with pytest.raises(tokpack.ConfigError, match="pairs are not supported with --ray"):
+        tokpack.ray.pack(ray.data.from_arrow(table), tmp_path / "out", 8, mode=mode)
     assert not (tmp_path / "out").exists()
 
 

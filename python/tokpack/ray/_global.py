@@ -1,6 +1,7 @@
 """``mode="global"``: the whole corpus planned at once on the driver, shards written by tasks.
 
-1. One task per block measures its samples (lengths, values checked); the driver keeps the
+1. One task per block, as the dataset streams it in, measures its samples (lengths, values
+   checked) and keeps them flattened in the store in place of the block; the driver keeps the
    lengths only (8 bytes a sample) and plans them with the Rust planner, exactly as
    ``tokpack pack`` does.
 2. One scatter task per block sends each shard the samples of that block its rows use (one
@@ -17,15 +18,15 @@ import numpy as np
 import ray
 
 from ..planning import Plan
-from ._blocks import Columns, cancelling, sample_arrays
+from ._blocks import Measured, cancelling
 from ._shards import Layout, Rows, concat, shard_ranges, take, write_shard
 from ._store import Out
 
 
 @ray.remote
-def _scatter(table: Any, columns: Columns, base: int, rows: np.ndarray, cuts: np.ndarray) -> Any:
+def _scatter(flat: Any, base: int, rows: np.ndarray, cuts: np.ndarray) -> Any:
     """The pieces of one block: piece ``i`` holds block rows ``rows[cuts[i]:cuts[i+1]]``."""
-    tokens, offsets, labels = sample_arrays(table, columns)
+    tokens, offsets, labels = flat
     pieces = []
     for i in range(len(cuts) - 1):
         part = rows[cuts[i] : cuts[i + 1]]
@@ -42,16 +43,14 @@ def _gather_write(
 
 
 def write_global(
-    refs: List[Any],
-    bases: np.ndarray,
-    plan: Plan,
-    columns: Columns,
-    target: Out,
-    layout: Layout,
-    rows_per_shard: int,
+    measured: Measured, plan: Plan, target: Out, layout: Layout, rows_per_shard: int
 ) -> List[Dict[str, Any]]:
     """Writes every shard of ``plan`` into ``target``; returns their manifest entries in
-    order. On failure or interrupt, the tasks still running are cancelled."""
+    order. On failure or interrupt, the tasks still running are cancelled.
+
+    Drops ``measured.flats`` block by block as their scatter tasks are submitted (a task holds
+    its block until it is done), so each block leaves the store once scattered."""
+    flats, bases = measured.flats, measured.bases
     ranges = shard_ranges(plan.n_bins, rows_per_shard)
     n_shards = len(ranges)
     # Segment -> shard, then the distinct (block, shard, sample) triples.
@@ -69,8 +68,9 @@ def write_global(
 
     pieces: List[List[Any]] = [[] for _ in range(n_shards)]
     with cancelling([]) as pending:
-        block_starts = np.searchsorted(block_of, np.arange(len(refs) + 1))
-        for j, ref in enumerate(refs):
+        block_starts = np.searchsorted(block_of, np.arange(len(flats) + 1))
+        for j, flat in enumerate(flats):
+            flats[j] = None
             lo, hi = block_starts[j], block_starts[j + 1]
             if lo == hi:
                 continue
@@ -78,15 +78,16 @@ def write_global(
             firsts = np.flatnonzero(np.r_[True, shards[1:] != shards[:-1]])
             cuts = np.r_[firsts, hi - lo]
             out = _scatter.options(num_returns=len(firsts)).remote(
-                ref, columns, int(bases[j]), ids[lo:hi] - bases[j], cuts
+                flat, int(bases[j]), ids[lo:hi] - bases[j], cuts
             )
+            del flat
             out = [out] if len(firsts) == 1 else out
             pending.extend(out)
             for f, piece in zip(firsts, out):
                 pieces[int(shards[f])].append(piece)
         writes = [
             _gather_write.remote(
-                target, s, Rows.of(plan, a, b), layout, columns.labels is not None, *p
+                target, s, Rows.of(plan, a, b), layout, measured.columns.labels is not None, *p
             )
             for s, ((a, b), p) in enumerate(zip(ranges, pieces))
         ]

@@ -82,24 +82,23 @@ def pack(
     layout = Layout(max_len, config["row_group_rows"], config["compression"])
     with committed_output(output_dir, filesystem) as (out, local):
         clock = _Clock()
-        refs = ordered_blocks(ds)
-        columns = resolve_columns(
-            refs, config["tokens_column"], config["labels_column"], config["loss_mask_column"]
-        )
-        clock.lap("blocks")
+        names = (config["tokens_column"], config["labels_column"], config["loss_mask_column"])
         if mode == "global":
-            measured = measure(refs, columns)
-            clock.lap("measure")
+            measured = measure(ds, names)
+            columns, blocks = measured.columns, len(measured.flats)
+            # Reading and measuring overlap (the blocks are measured as they stream in).
+            clock.lap("read+measure")
             plan = make_plan(
                 measured.lengths, max_len, strategy=strategy, overlong=overlong, seed=seed
             )
             clock.lap("plan")
-            shards = write_global(
-                refs, measured.bases, plan, columns, out, layout, config["rows_per_shard"]
-            )
+            shards = write_global(measured, plan, out, layout, config["rows_per_shard"])
             result = accounting(plan, shards)
             sources = _sources(measured)
         else:
+            refs = ordered_blocks(ds)
+            columns, blocks = resolve_columns(refs, *names), len(refs)
+            clock.lap("blocks")
             planning = Planning(max_len, strategy, overlong, seed, config["rows_per_shard"])
             result = pack_local(refs, columns, planning, layout, out, min_block_samples)
             result.update(
@@ -118,7 +117,7 @@ def pack(
         # Never a cache hit (a Ray dataset has no cheap fingerprint), hence no cache key.
         manifest = {"tokpack_version": _tokpack.__version__, "cache_key": None}
         manifest.update(files._manifest(config, described, result, time.perf_counter() - started))
-        manifest["ray"] = {"mode": mode, "blocks": len(refs), "stage_s": clock.stages}
+        manifest["ray"] = {"mode": mode, "blocks": blocks, "stage_s": clock.stages}
         write_json_atomic(local / MANIFEST_NAME, manifest)
     return manifest
 
