@@ -51,6 +51,9 @@ __all__ = ["pack_files", "read_lengths", "FORMAT", "FORMAT_VERSION", "PAIR_LAYOU
 
 # How a preference pair is laid out in its row (see README, "Packing preference and KTO data").
 PAIR_LAYOUTS = ("separate", "shared-prompt")
+# The options of pack_files that also apply to tokpack.ray.pack (a dataset's packing layout).
+PACKING_OPTIONS = ("strategy", "overlong", "seed", "tokens_column", "labels_column")
+PACKING_OPTIONS += ("loss_mask_column", "rows_per_shard", "row_group_rows", "compression")
 
 # Arrow IPC, not Parquet: HF ``datasets`` reads every ``*.parquet`` under data_dir, ``_`` or not.
 DROPPED_NAME = f"{SIDE_DIR}/_dropped.arrow"
