@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from . import _tokpack
-from ._contract import FORMAT, FORMAT_VERSION, OVERLONG_POLICIES, STRATEGIES
+from ._contract import FORMAT, FORMAT_VERSION, OVERLONG_POLICIES, PAIR_LAYOUTS, STRATEGIES
 from ._inputs import (
     RAW_SUFFIXES,
     TOKEN_SUFFIXES,
@@ -49,8 +49,6 @@ from .tokenize.writer import REJECTED_NAME, stream_into
 
 __all__ = ["pack_files", "read_lengths", "FORMAT", "FORMAT_VERSION", "PAIR_LAYOUTS"]
 
-# How a preference pair is laid out in its row (see README, "Packing preference and KTO data").
-PAIR_LAYOUTS = ("separate", "shared-prompt")
 # The options of pack_files that also apply to tokpack.ray.pack (a dataset's packing layout).
 PACKING_OPTIONS = ("strategy", "overlong", "seed", "tokens_column", "labels_column")
 PACKING_OPTIONS += ("loss_mask_column", "rows_per_shard", "row_group_rows", "compression")
