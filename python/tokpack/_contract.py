@@ -9,6 +9,7 @@ from ._tokpack import (
     OVERLONG_POLICIES,
     PAIR_LAYOUTS,
     SIDE_DIR,
+    SPLIT_REGEXES,
     STRATEGIES,
     default_threads,
 )
@@ -21,6 +22,7 @@ __all__ = [
     "OVERLONG_POLICIES",
     "PAIR_LAYOUTS",
     "SIDE_DIR",
+    "SPLIT_REGEXES",
     "STRATEGIES",
     "default_threads",
 ]

@@ -9,8 +9,7 @@ from typing import Iterable, Optional
 
 import numpy as np
 
-from ._contract import IGNORE_INDEX
-from ._tokpack import SPLIT_REGEXES  # the Split regexes the Rust encoder recognizes
+from ._contract import IGNORE_INDEX, SPLIT_REGEXES  # the Split regexes the encoder recognizes
 
 __all__ = ["sft_lengths", "write_token_shards", "train_chat_tokenizer", "CHAT_SPECIAL_TOKENS"]
 
