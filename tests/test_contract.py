@@ -25,6 +25,7 @@ def test_every_python_use_is_the_cores_value():
     assert masks.IGNORE_INDEX == _tokpack.IGNORE_INDEX == -100
     assert planning.STRATEGIES == _tokpack.STRATEGIES
     assert planning.OVERLONG_POLICIES == _tokpack.OVERLONG_POLICIES
+    assert files.PAIR_LAYOUTS == _tokpack.PAIR_LAYOUTS == ("separate", "shared-prompt")
     assert _contract.default_threads() == _tokpack.default_threads() >= 1
 
 

@@ -7,7 +7,9 @@ from ._tokpack import (
     IGNORE_INDEX,
     OVERLONG_HINT,
     OVERLONG_POLICIES,
+    PAIR_LAYOUTS,
     SIDE_DIR,
+    SPLIT_REGEXES,
     STRATEGIES,
     default_threads,
 )
@@ -18,7 +20,9 @@ __all__ = [
     "IGNORE_INDEX",
     "OVERLONG_HINT",
     "OVERLONG_POLICIES",
+    "PAIR_LAYOUTS",
     "SIDE_DIR",
+    "SPLIT_REGEXES",
     "STRATEGIES",
     "default_threads",
 ]

@@ -294,10 +294,7 @@ def atomic_output_dir(out_dir: os.PathLike) -> Iterator[Path]:
     temporary is removed and ``out_dir`` is left as it was. ``out_dir`` is checked by
     :func:`output_target` first, and must still be replaceable at the swap."""
     out_dir = output_target(out_dir)
-    try:
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise OutputError(f"{out_dir}: cannot create its parent ({exc.strerror})") from None
+    make_parent(out_dir)
     with _output_lock(out_dir):
         _clean_stale(out_dir)
         tag = f"{os.getpid()}-{secrets.token_hex(4)}"
@@ -316,6 +313,13 @@ def atomic_output_dir(out_dir: os.PathLike) -> Iterator[Path]:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+
+
+def make_parent(path: Path) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"{shown_path(path.parent)}: cannot create ({exc.strerror})") from None
 
 
 def _swap(tmp: Path, out_dir: Path, old: Path) -> None:

@@ -17,6 +17,8 @@ __all__ = [
     "OVERLONG_HINT",
     "STRATEGIES",
     "OVERLONG_POLICIES",
+    "PAIR_LAYOUTS",
+    "SPLIT_REGEXES",
     "plan",
     "pack_tokens",
     "flatten_samples",
@@ -42,6 +44,8 @@ SIDE_DIR: str
 OVERLONG_HINT: str
 STRATEGIES: Tuple[str, ...]
 OVERLONG_POLICIES: Tuple[str, ...]
+PAIR_LAYOUTS: Tuple[str, ...]
+SPLIT_REGEXES: Dict[str, str]
 
 @final
 class PlanParts(_PlanFields):

@@ -1,49 +1,15 @@
-"""Export a packed directory (``tokpack pack``'s output) to the formats NVIDIA's trainers read.
+"""Export a packed directory (``tokpack pack``'s output) to the formats NVIDIA's trainers read
+(README, "Export for Megatron-LM and NeMo", has both layouts in full).
 
-**Megatron-LM indexed dataset** (``PREFIX.bin`` + ``PREFIX.idx``), as written by
-``_IndexWriter`` and read by ``_IndexReader`` / ``IndexedDataset`` in Megatron-LM's
-``megatron/core/datasets/indexed_dataset.py``. ``PREFIX.bin`` holds the tokens back to back in
-the index's dtype. ``PREFIX.idx`` is, little-endian: the 9-byte magic ``MMIDIDX\\x00\\x00``, the
-version ``<Q`` 1, the dtype code ``<B`` (``DType``: uint8 1, int8 2, int16 3, int32 4, int64 5,
-float64 6, float32 7, uint16 8), the sequence count ``<Q``, the document count ``<Q``, then the
-sequence lengths (int32), the sequence pointers (int64 byte offsets into ``.bin``) and the
-document indices (int64). The document indices start with 0 and end with the sequence count
-(``IndexedDatasetBuilder`` starts them at ``[0]`` and appends the sequence count at each
-document's end), so the document count is the number of documents + 1. No sequence modes
-(those are for multimodal datasets).
+**Megatron-LM indexed dataset**: ``PREFIX.bin`` + ``PREFIX.idx`` as ``_IndexWriter`` writes
+them (``megatron/core/datasets/indexed_dataset.py``); one sequence per packed sample segment.
+Labels are not exported: Megatron has no convention for them beside a GPT indexed dataset.
 
-Every packed sample segment (one entry of ``seq_lengths``) becomes one Megatron sequence, in
-the packed order, so sample boundaries are kept. ``document`` says what a document is:
-``"sample"`` (default) one document per sequence, as ``preprocess_data.py`` writes a corpus of
-one sequence per document and as ``GPTDataset`` expects; ``"row"`` one document per packed
-row, so document ``d`` spans the sequences ``document_indices[d]:document_indices[d + 1]``,
-whose tokens are the row's, contiguous in ``.bin``. The ``.bin`` is the same in both. A
-sample ``--overlong split`` cut in pieces is one sequence per piece. No end-of-document token
-is added (``preprocess_data.py --append-eod``): samples keep the EOS their tokenization gave.
-The dtype follows Megatron's ``DType.optimal_dtype(vocab_size)``: uint16 when the vocabulary
-is smaller than 65,500, else int32; tokpack does not know the tokenizer, so it takes the
-largest id + 1 as the vocabulary size. Megatron has no convention for storing labels or a
-loss mask next to a GPT indexed dataset (``GPTDataset`` derives its loss mask from the
-tokens), so labels are not exported; use the NeMo export for supervised fine-tuning.
+**Megatron-Bridge / NeMo packed-sequence Parquet** (``GPTSFTPackedParquetDataset``):
+``loss_mask`` is shifted by one as Megatron-Bridge's ``fill_packing_strategy`` stores it and its
+collator reads it: ``loss_mask[j]`` is ``labels[j + 1] != -100``, 0 at each sample's last token.
 
-**Megatron-Bridge / NeMo packed-sequence Parquet**, as read by ``GPTSFTPackedParquetDataset``
-in Megatron-Bridge's ``src/megatron/bridge/data/datasets/packed_parquet.py`` (columns
-``input_ids`` list<int32>, ``seq_start_id`` list<int32>, ``loss_mask`` list<int8>; one Parquet
-row per packed row) and collated by ``GPTSFTPackedDataset`` in
-``src/megatron/bridge/data/datasets/sft.py``. ``seq_start_id`` holds the start offset of every
-sample in the row: it starts with 0 and does not include the row's end (the reader appends
-``len(input_ids)``); its ``validate_row`` requires every start < ``len(input_ids)``, which
-holds as tokpack writes no empty samples. ``loss_mask`` has ``input_ids``' length and is
-shifted by one, as Megatron-Bridge's own writer (``fill_packing_strategy`` in
-``.../datasets/packing_utils.py``: "roll loss mask by 1 to align with labels") stores it and
-its collator reads it: for a sample ``[b, e)`` the model sees the inputs
-``input_ids[b : e - 1]``, the labels ``input_ids[b + 1 : e]`` and the loss mask
-``loss_mask[b : e - 1]``. So ``loss_mask[j]`` says whether token ``j + 1`` is trained on,
-tokpack's ``labels[j + 1] != -100``, and is 0 at the last token of each sample; without labels
-every token but each sample's first is trained on. (Old NeMo 1.x stored it unshifted and read
-``loss_mask[b + 1 : e]``; this export follows Megatron-Bridge.)
-
-Both read the packed shards one row group at a time and write to temporary names renamed when
+Both read the shards one row group at a time and write to temporary names renamed when
 complete; memory grows with the number of samples (the Megatron index), not the tokens.
 """
 
@@ -63,8 +29,8 @@ import pyarrow.parquet as pq
 from ._arrays import list_array
 from ._contract import IGNORE_INDEX
 from ._inputs import input_error, shown_path
-from ._outdir import read_packed_manifest, writing
-from .errors import ConfigError, CorruptOutputError, DataError, OutputError, OutputExistsError
+from ._outdir import make_parent, read_packed_manifest, writing
+from .errors import ConfigError, CorruptOutputError, DataError, OutputExistsError
 
 __all__ = ["export_megatron", "export_nemo_packed", "MEGATRON_DTYPES", "DOCUMENT_MODES"]
 
@@ -161,13 +127,6 @@ def _refuse_existing(paths: Sequence[Path], force: bool) -> None:
             raise OutputExistsError(f"{shown_path(path)}: is a directory")
 
 
-def _make_parent(path: Path) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise OutputError(f"{shown_path(path.parent)}: cannot create ({exc.strerror})") from None
-
-
 def _write_bin(
     bin_tmp: Path, shards: Sequence[Path], dtype: str, auto: bool
 ) -> Optional[Tuple[List[np.ndarray], List[np.ndarray], int]]:
@@ -238,7 +197,7 @@ def export_megatron(
         raise ConfigError(f"{shown_path(prefix)}: the prefix needs a file name (PREFIX.bin)")
     bin_path, idx_path = Path(prefix + ".bin"), Path(prefix + ".idx")
     _refuse_existing([bin_path, idx_path], force)
-    _make_parent(bin_path)
+    make_parent(bin_path)
     with writing(prefix):
         with _temporary(bin_path) as bin_tmp, _temporary(idx_path) as idx_tmp:
             chosen = dtype or "uint16"
@@ -326,7 +285,7 @@ def export_nemo_packed(
         )
     shards, has_labels = _packed_shards(packed_dir)
     _refuse_existing([dest_path], force)
-    _make_parent(dest_path)
+    make_parent(dest_path)
     figures = {"file": str(dest_path), "rows": 0, "sequences": 0, "tokens": 0, "loss_tokens": 0}
     with writing(dest_path):
         with _temporary(dest_path) as tmp:

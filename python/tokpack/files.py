@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from . import _tokpack
-from ._contract import FORMAT, FORMAT_VERSION, OVERLONG_POLICIES, STRATEGIES
+from ._contract import FORMAT, FORMAT_VERSION, OVERLONG_POLICIES, PAIR_LAYOUTS, STRATEGIES
 from ._inputs import (
     RAW_SUFFIXES,
     TOKEN_SUFFIXES,
@@ -49,8 +49,9 @@ from .tokenize.writer import REJECTED_NAME, stream_into
 
 __all__ = ["pack_files", "read_lengths", "FORMAT", "FORMAT_VERSION", "PAIR_LAYOUTS"]
 
-# How a preference pair is laid out in its row (see README, "Packing preference and KTO data").
-PAIR_LAYOUTS = ("separate", "shared-prompt")
+# The options of pack_files that also apply to tokpack.ray.pack (a dataset's packing layout).
+PACKING_OPTIONS = ("strategy", "overlong", "seed", "tokens_column", "labels_column")
+PACKING_OPTIONS += ("loss_mask_column", "rows_per_shard", "row_group_rows", "compression")
 
 # Arrow IPC, not Parquet: HF ``datasets`` reads every ``*.parquet`` under data_dir, ``_`` or not.
 DROPPED_NAME = f"{SIDE_DIR}/_dropped.arrow"
@@ -171,22 +172,15 @@ def pack_files(
         verify_cache: before trusting a cache hit, check every shard's checksum (always checked:
             every listed file is present with its recorded size). A damaged output is rebuilt.
         progress: draw progress bars on stderr (only when it is a terminal).
-        tokenizer: one step from raw data: the inputs are JSONL / ``.jsonl.gz`` / Parquet chat,
-            instruction or text files, tokenized with this tokenizer (``tokenizer.json`` or its
-            directory) and packed in the same run, with no token shards written.
-            ``tokenize`` holds the tokenizing options: a :class:`tokpack.TokenizeOptions` or a
-            dict of its fields (format, chat_template, train_on, add_eos, columns,
-            skip_invalid, ...); rejected records go to ``__tokpack__/_rejected.jsonl``.
-        pair_layout: preference inputs (token shards of ``tokenize --format preference``, or
-            raw preference records with ``tokenizer``) are packed pair by pair, both sequences
-            of a pair in the same row: ``"separate"`` (chosen then rejected, each prompt +
-            completion) or ``"shared-prompt"`` (the prompt once, then the two completions).
-            The overlong policy applies to a pair's footprint in its row (``truncate`` cuts
-            the completions, never the prompt; ``split`` is a ConfigError), and the figures
-            count pairs.
-        carry: scalar per-sample columns (bool, integer, float or string, no nulls) written
-            to each packed row as a list with one entry per segment. KTO inputs carry
-            ``label`` always.
+        tokenizer: one step from raw data: JSONL / ``.jsonl.gz`` / Parquet records tokenized
+            with this tokenizer (``tokenizer.json`` or its directory) and packed in the same
+            run; ``tokenize`` holds the options (a :class:`tokpack.TokenizeOptions` or a dict of
+            its fields); rejected records go to ``__tokpack__/_rejected.jsonl``.
+        pair_layout: preference inputs are packed pair by pair, both sequences in one row:
+            ``"separate"`` or ``"shared-prompt"`` (README, "Packing preference and KTO data");
+            the overlong policy applies to a pair's footprint, and the figures count pairs.
+        carry: scalar per-sample columns written to each packed row as a list with one entry
+            per segment. KTO inputs carry ``label`` always.
 
     Returns:
         The manifest (``format``, ``config``, ``inputs``, ``shards``, ``figures``, ...) plus

@@ -1,21 +1,12 @@
 """Integrity checks of output directories: ``tokpack.verify`` (``tokpack verify OUT``) checks a
-packed directory end to end; ``cache_problem`` is the check a rerun makes before it trusts an
-existing output as a cache hit.
+packed directory end to end (README, "Integrity"); ``cache_problem`` is the check a rerun makes
+before it trusts an existing output as a cache hit.
 
-What a packed directory's manifest vouches for, and how it is checked:
-
-* every shard is present with the recorded size (quick) and whole-file xxh3-128 checksum (full);
-* every row group's bytes and the footer match their checksums and decode, and the decoded
-  ``num_tokens`` / ``num_seqs`` / ``num_loss_tokens`` agree with the list columns and with the
-  shard's index side file; in preference outputs every row holds whole pairs, their segments
-  in the layout's role order with one sample id per pair, and ``num_pairs`` counts them; carried
-  columns have one entry per segment (full);
-* every index side file is readable, has a row per packed row and offsets that add up (quick);
-* the dropped list is readable and has ``samples_dropped`` rows, and the figures add up:
-  ``samples_in = packed + truncated + split + dropped``, shard rows and tokens sum to the
-  figures (quick).
-
-The first problem found raises :class:`CorruptOutputError` naming the file (and row group).
+Quick: shards present with their recorded sizes, index side files consistent, the dropped list
+and the figures adding up. Full, also: whole-file and per-row-group checksums, every row group
+decoded and its counts checked against the index; preference rows hold whole pairs in the
+layout's role order; carried columns have one entry per segment. The first problem found raises
+:class:`CorruptOutputError` naming the file (and row group).
 """
 
 from __future__ import annotations

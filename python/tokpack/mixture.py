@@ -1,30 +1,21 @@
 """Weighted mixtures of packed directories: which source each row of the mixed stream comes from.
 
 Nothing here imports torch: ``tokpack.torch.PackedMixture`` streams a :class:`Mixture`, and
-``tokpack mix-stats`` / :func:`mixture_stats` reports what one epoch of it delivers.
+``tokpack mix-stats`` / :func:`mixture_stats` reports what one epoch of it delivers. README,
+"Mixtures of packed directories", states the schedule's guarantee and the stream's rules; here, how.
 
-**Schedule.** The weights become integer row weights ``W_s`` (exact for int weights and for
-decimal ones such as 0.3 when the reduced period ``T = sum(W)`` is at most 65,536 rows; else the
-largest-remainder apportionment of 65,536 rows). One period of ``T`` rows is scheduled earliest
-deadline first: at stream row ``n`` (from 1), a source ``s`` that has ``c_s`` rows may take the
-next one if ``c_s < n W_s / T`` (it would not exceed its upper quota) and the one whose lower
-quota is due soonest (``ceil((c_s + 1) T / W_s)``, ties to the first source) takes it. A schedule
-keeping every source within its quota exists (Balinski and Young's quota method; Tijdeman's
-chairman assignment theorem), and EDF is optimal for unit jobs with integer release times and
-deadlines, so **after any ``n`` rows from the start of an epoch each source has
-``floor(n p_s)`` or ``ceil(n p_s)`` rows** (``p_s = W_s / T``): less than one row from its share.
-At ``n = T`` every count is exact, so the schedule repeats with period ``T`` and the count of any
-row is closed-form (O(1) to resume anywhere). A window of rows not starting at a period
-boundary is within two rows of its share (two prefixes); no schedule can do better than that
-in general for three sources or more (balanced words exist only for special weights).
+**Schedule.** One period of ``T = sum(W)`` rows (integer row weights ``W_s``) is scheduled
+earliest deadline first: at stream row ``n`` (from 1), a source with ``c_s`` rows may take the
+next one if ``c_s < n W_s / T`` (its upper quota) and the one whose lower quota is due soonest
+(``ceil((c_s + 1) T / W_s)``, ties to the first source) takes it. A schedule within every quota
+exists (Balinski and Young's quota method; Tijdeman's chairman assignment theorem) and EDF is
+optimal for unit jobs with integer release times and deadlines, so every prefix of an epoch is
+within one row of each share; at ``n = T`` every count is exact, so the period repeats and the
+count of any row is closed-form.
 
-**Stream.** Source ``s``'s ``j``-th row in the mixture's epoch ``e`` is row ``j mod N_s`` of that
-source's own epoch ``j div N_s`` (a source that runs out restarts with its next epoch, in a new
-order), in the order :class:`tokpack._order.EpochOrder` gives a single directory, seeded by
-``(seed, e, s)``. One mixture epoch gives each source a budget of ``epochs_per_source x N_s``
-rows; ``stop="first"`` ends the epoch when the first source would exceed its budget,
-``stop="all"`` when the last source has delivered its budget (the others restart as needed),
-``stop="never"`` never ends it.
+**Stream.** Source ``s``'s ``j``-th row in mixture epoch ``e`` is row ``j mod N_s`` of that
+source's own epoch ``j div N_s``, in :class:`tokpack._order.EpochOrder`'s order seeded by
+``(seed, e, s)``; ``stop`` ends the epoch on the sources' budgets (``epochs_per_source x N_s``).
 """
 
 from __future__ import annotations
@@ -172,7 +163,8 @@ class Mixture:
             row weight is then its token weight divided by its mean tokens per row).
         epochs_per_source: a source's budget in one mixture epoch, in its own epochs (a number,
             or name -> number; fractions allowed).
-        stop: "first", "all" or "never" (module docstring).
+        stop: "first" (end the epoch before any source exceeds its budget), "all" (once every
+            source has delivered it) or "never".
         seed, shuffle, shuffle_window: the per-source order, as ``PackedIterableDataset``'s.
     """
 

@@ -9,7 +9,7 @@ from typing import Iterable, Optional
 
 import numpy as np
 
-from ._contract import IGNORE_INDEX
+from ._contract import IGNORE_INDEX, SPLIT_REGEXES  # the Split regexes the encoder recognizes
 
 __all__ = ["sft_lengths", "write_token_shards", "train_chat_tokenizer", "CHAT_SPECIAL_TOKENS"]
 
@@ -80,15 +80,6 @@ def write_token_shards(
                 writer.write_table(pa.table(cols, schema=schema), row_group_size=row_group_rows)
         files.append(path)
     return files
-
-
-# The Split regexes of Llama 3's and Qwen2's tokenizer.json files.
-SPLIT_REGEXES = {
-    "llama3": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
-    r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-    "qwen2": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
-    r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-}
 
 
 def train_chat_tokenizer(

@@ -7,7 +7,7 @@ import sys
 from typing import Any, Dict
 
 from .._contract import OVERLONG_POLICIES, STRATEGIES
-from ..files import PAIR_LAYOUTS, pack_files
+from ..files import PACKING_OPTIONS, PAIR_LAYOUTS, pack_files
 from ..report import table
 from .tokenize import (
     add_inputs_and_output,
@@ -117,9 +117,7 @@ def run(args: argparse.Namespace) -> int:
 
 def packing_options(args: argparse.Namespace) -> Dict[str, Any]:
     """The packing keywords of ``pack`` (here and ``--ray``) from its flags."""
-    names = ("strategy", "overlong", "seed", "tokens_column", "labels_column")
-    names += ("loss_mask_column", "rows_per_shard", "row_group_rows", "compression")
-    return {name: getattr(args, name) for name in names}
+    return {name: getattr(args, name) for name in PACKING_OPTIONS}
 
 
 def _pack_here(args: argparse.Namespace) -> Dict[str, Any]:

@@ -21,8 +21,7 @@ from ._store import LocalOut, committed_output, read_manifest_at
 
 MODES = ("global", "local")
 # The options of tokpack.pack_files that apply to a dataset, with its defaults (defined there).
-_NAMES = ("strategy", "overlong", "seed", "tokens_column", "labels_column", "loss_mask_column")
-_NAMES += ("rows_per_shard", "row_group_rows", "compression")
+_NAMES = files.PACKING_OPTIONS
 _OPTIONS = {
     name: p.default
     for name, p in inspect.signature(files.pack_files).parameters.items()

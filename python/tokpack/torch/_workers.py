@@ -37,19 +37,12 @@ def worker_slot() -> Tuple[int, int]:
 
 def resolve_rank(rank: Optional[int], world_size: Optional[int]) -> Tuple[int, int]:
     """Given rank/world size, else torch.distributed's, else ``RANK``/``WORLD_SIZE``, else 0/1."""
+    dist = torch.distributed
+    live = dist.is_available() and dist.is_initialized()
     if world_size is None:
-        dist = torch.distributed
-        if dist.is_available() and dist.is_initialized():
-            world_size = dist.get_world_size()
-            rank = dist.get_rank() if rank is None else rank
-        else:
-            world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        world_size = dist.get_world_size() if live else int(os.environ.get("WORLD_SIZE", "1"))
     if rank is None:
-        dist = torch.distributed
-        if dist.is_available() and dist.is_initialized():
-            rank = dist.get_rank()
-        else:
-            rank = int(os.environ.get("RANK", "0"))
+        rank = dist.get_rank() if live else int(os.environ.get("RANK", "0"))
     if world_size < 1 or not 0 <= rank < world_size:
         raise ConfigError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
     return int(rank), int(world_size)

@@ -1,14 +1,10 @@
 """``PackedBatchSampler``: one rank's batches of a map-style :class:`PackedDataset`, each carrying
 the exact global normalisers of its optimizer step.
 
-A rank's DataLoader only sees its own rows, yet a per-token (or per-sample) mean over the global
-batch needs every rank's. The sampler therefore builds the index sequence of *every* rank (the
-samplers are deterministic given the epoch: ``DistributedSampler`` by default, or any factory
-``rank -> sampler``), cuts each into batches, and sums the per-row counts of the index side files
-(:func:`tokpack.row_counts.row_counts`) over the local batches ``[m G, (m + 1) G)`` of all ranks:
-the step ``m`` of a batch ``k`` being ``k // G``. Each batch it yields is a list of row indices
-with those counts attached; :meth:`PackedDataset.__getitems__` passes them on and
-:class:`PackedCollator` puts them in the batch, so no collective is needed.
+A rank's DataLoader sees only its own rows, so the sampler replays every rank's deterministic
+sampler and sums the index side files' per-row counts (:func:`tokpack.row_counts.row_counts`)
+over each step's batches of all ranks; :meth:`PackedDataset.__getitems__` passes the counts on
+and :class:`PackedCollator` puts them in the batch, so no collective is needed.
 """
 
 from __future__ import annotations

@@ -22,14 +22,11 @@ class PackedMixture(RowStream):
     ``set_epoch`` and ``grad_accum_steps``).
 
     ``PackedMixture({"code": "packed/code", "chat": "packed/chat"}, {"code": 0.3, "chat": 0.7},
-    batch_rows=8, seed=0)``: which source each row of the mixed stream comes from is a fixed
-    periodic schedule that keeps every source within one row of its share after any number of
-    rows from the epoch's start; a source that runs out restarts with its next epoch (a new
-    order) and the epoch ends as ``stop`` says (``"first"``: when a source would exceed
-    ``epochs_per_source`` of its epochs; ``"all"``: once every source has; ``"never"``). See
-    :mod:`tokpack.mixture` for the schedule and its guarantee, and
-    :func:`tokpack.mixture_stats` for what an epoch delivers. ``weight_unit="tokens"`` takes the
-    weights as shares of tokens (divided by each source's mean tokens per row).
+    batch_rows=8, seed=0)``: a fixed periodic schedule keeps every source within one row of its
+    share after any number of rows from the epoch's start; a source that runs out restarts with
+    its next epoch and the epoch ends as ``stop`` says (``"first"``, ``"all"``, ``"never"``: see
+    :class:`tokpack.mixture.Mixture` and the README). ``weight_unit="tokens"`` takes the weights
+    as shares of tokens.
 
     Every batch also carries ``sources``: the source index of each row (a list of ints, names in
     ``ds.names``), for per-source loss logging.

@@ -84,18 +84,13 @@ impl Plan {
 pub fn plan<L: Length>(lengths: &[L], config: &PlanConfig) -> Result<Plan> {
     let items = build_items(lengths, config.max_len, config.overlong)?;
     let max_len = config.max_len;
+    let units = &items.items;
     let (rows, cut) = match config.strategy {
-        Strategy::Bfd => (
-            strategies::best_fit_decreasing(&items.items, max_len),
-            Vec::new(),
-        ),
-        Strategy::Ffd => (
-            strategies::first_fit_decreasing(&items.items, max_len),
-            Vec::new(),
-        ),
-        Strategy::NextFit => (strategies::next_fit(&items.items, max_len), Vec::new()),
-        Strategy::Padding => (strategies::padding(&items.items), Vec::new()),
-        Strategy::Random => strategies::random_concat(&items.items, max_len, config.seed),
+        Strategy::Bfd => (strategies::best_fit_decreasing(units, max_len), vec![]),
+        Strategy::Ffd => (strategies::first_fit_decreasing(units, max_len), vec![]),
+        Strategy::NextFit => (strategies::next_fit(units, max_len), vec![]),
+        Strategy::Padding => (strategies::padding(units), vec![]),
+        Strategy::Random => strategies::random_concat(units, max_len, config.seed),
     };
     // Every sample is in exactly one class: a truncated sample that `random` also cuts across
     // rows stays "truncated" (it lost tokens), never "split" as well.

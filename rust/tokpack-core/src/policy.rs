@@ -80,6 +80,13 @@ named!(
         Drop = "drop",
         Split = "split",
     }
+    /// How a preference pair is laid out in its row.
+    PairLayout, "pair layout", {
+        /// `[chosen][rejected]`, each prompt + completion.
+        Separate = "separate",
+        /// `[prompt][chosen completion][rejected completion]`.
+        SharedPrompt = "shared-prompt",
+    }
 );
 
 #[cfg(test)]

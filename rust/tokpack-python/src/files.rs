@@ -116,11 +116,8 @@ pub fn pack_files<'py>(
     out.set_item("empty", plan.empty.clone().into_pyarray(py))?;
     out.set_item("truncated", plan.truncated.clone().into_pyarray(py))?;
     out.set_item("split", plan.split.clone().into_pyarray(py))?;
-    let shards = pyo3::types::PyList::empty(py);
-    for s in &outcome.shards {
-        shards.append(shard_dict(py, s)?)?;
-    }
-    out.set_item("shards", shards)?;
+    let shards: PyResult<Vec<_>> = outcome.shards.iter().map(|s| shard_dict(py, s)).collect();
+    out.set_item("shards", shards?)?;
     Ok(out)
 }
 

@@ -10,8 +10,9 @@ mod shards;
 mod template;
 
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
-use tokpack_core::policy::{self, Overlong, Strategy};
+use pyo3::types::{IntoPyDict, PyTuple};
+use tokpack_core::bpe::{LLAMA3_REGEX, QWEN2_REGEX};
+use tokpack_core::policy::{self, Overlong, PairLayout, Strategy};
 
 #[pymodule]
 fn _tokpack(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -25,6 +26,9 @@ fn _tokpack(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("OVERLONG_HINT", policy::OVERLONG_HINT)?;
     m.add("STRATEGIES", PyTuple::new(m.py(), Strategy::NAMES)?)?;
     m.add("OVERLONG_POLICIES", PyTuple::new(m.py(), Overlong::NAMES)?)?;
+    m.add("PAIR_LAYOUTS", PyTuple::new(m.py(), PairLayout::NAMES)?)?;
+    let regexes = [("llama3", LLAMA3_REGEX), ("qwen2", QWEN2_REGEX)];
+    m.add("SPLIT_REGEXES", regexes.into_py_dict(m.py())?)?;
     m.add_function(wrap_pyfunction!(plan::plan, m)?)?;
     m.add_function(wrap_pyfunction!(plan::pack_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(plan::flatten_samples, m)?)?;

@@ -11,7 +11,7 @@ mod unicode;
 
 pub use batch::{encode_batch, EncodedBatch};
 pub use model::byte_to_char;
-pub use pretokenize::Pattern;
+pub use pretokenize::{Pattern, LLAMA3_REGEX, QWEN2_REGEX};
 
 use added::{AddedTokens, Piece};
 use model::Model;

@@ -111,20 +111,25 @@ fn is_newline(c: char) -> bool {
     c == '\r' || c == '\n'
 }
 
+/// `'s|'t|'re|'ve|'m|'ll|'d` at `i` (Llama 3 and Qwen2: `(?i:...)`, any case): its end.
+fn contraction(bytes: &[u8], i: usize, any_case: bool) -> Option<usize> {
+    if bytes[i] != b'\'' {
+        return None;
+    }
+    let fold = |b: &u8| if any_case { b.to_ascii_lowercase() } else { *b };
+    let at = |k: usize| bytes.get(i + k).map(fold);
+    match (at(1), at(2)) {
+        (Some(b'r' | b'v'), Some(b'e')) | (Some(b'l'), Some(b'l')) => Some(i + 3),
+        (Some(b's' | b't' | b'm' | b'd'), _) => Some(i + 2),
+        _ => None,
+    }
+}
+
 fn llama3_piece(classes: &Classes, s: &str, i: usize, max_digits: usize) -> usize {
     let bytes = s.as_bytes();
     let c = char_at(s, i).expect("char boundary");
-    // (?i:'s|'t|'re|'ve|'m|'ll|'d)
-    if c == '\'' {
-        let rest = &bytes[i + 1..];
-        let lower = |k: usize| rest.get(k).map(|b| b.to_ascii_lowercase());
-        match (lower(0), lower(1)) {
-            (Some(b'r'), Some(b'e')) | (Some(b'v'), Some(b'e')) | (Some(b'l'), Some(b'l')) => {
-                return i + 3
-            }
-            (Some(b's' | b't' | b'm' | b'd'), _) => return i + 2,
-            _ => {}
-        }
+    if let Some(end) = contraction(bytes, i, true) {
+        return end;
     }
     let k = kind(classes, c);
     // [^\r\n\p{L}\p{N}]?\p{L}+
@@ -178,16 +183,9 @@ fn llama3_piece(classes: &Classes, s: &str, i: usize, max_digits: usize) -> usiz
 }
 
 fn gpt2_piece(classes: &Classes, s: &str, i: usize) -> usize {
-    let bytes = s.as_bytes();
     let c = char_at(s, i).expect("char boundary");
-    if c == '\'' {
-        let rest = &bytes[i + 1..];
-        if rest.starts_with(b"re") || rest.starts_with(b"ve") || rest.starts_with(b"ll") {
-            return i + 3;
-        }
-        if matches!(rest.first(), Some(b's' | b't' | b'm' | b'd')) {
-            return i + 2;
-        }
+    if let Some(end) = contraction(s.as_bytes(), i, false) {
+        return end;
     }
     // ` ?\p{L}+`, ` ?\p{N}+`, ` ?[^\s\p{L}\p{N}]+`: an optional ASCII space, then a run.
     let (start, first) = if c == ' ' {

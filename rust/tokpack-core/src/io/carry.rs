@@ -2,7 +2,7 @@
 //! score) written to the packed rows as list columns with one entry per segment, the sample's
 //! value repeated for each of its segments, in the input's type.
 
-use super::columns::{is_integer, BatchAt};
+use super::columns::BatchAt;
 use super::source::Source;
 use crate::error::{Context, CoreError, Location, Result};
 use arrow::array::{Array, ArrayRef, UInt64Array};
@@ -15,7 +15,7 @@ pub struct Carried {
 }
 
 fn is_scalar(t: &DataType) -> bool {
-    is_integer(t)
+    t.is_integer()
         || matches!(
             t,
             DataType::Boolean

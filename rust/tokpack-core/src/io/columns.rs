@@ -56,28 +56,14 @@ impl BatchAt<'_> {
     }
 }
 
-pub(super) fn is_integer(t: &DataType) -> bool {
-    matches!(
-        t,
-        DataType::Int8
-            | DataType::Int16
-            | DataType::Int32
-            | DataType::Int64
-            | DataType::UInt8
-            | DataType::UInt16
-            | DataType::UInt32
-            | DataType::UInt64
-    )
-}
-
 /// Checks a column's type before any data is read; `file` names the file in the error.
 pub fn check_type(file: &Location, column: &str, data_type: &DataType, role: Role) -> Result<()> {
     let child = match data_type {
         DataType::List(f) | DataType::LargeList(f) => Some(f.data_type()),
         _ => None,
     };
-    let ok =
-        child.is_some_and(|c| is_integer(c) || (role == Role::LossMask && *c == DataType::Boolean));
+    let ok = child
+        .is_some_and(|c| c.is_integer() || (role == Role::LossMask && *c == DataType::Boolean));
     if ok {
         Ok(())
     } else {
@@ -87,7 +73,7 @@ pub fn check_type(file: &Location, column: &str, data_type: &DataType, role: Rol
 
 /// Checks that a per-sample column (a prompt length) holds integers.
 pub fn check_scalar_int(file: &Location, column: &str, data_type: &DataType) -> Result<()> {
-    if is_integer(data_type) {
+    if data_type.is_integer() {
         Ok(())
     } else {
         Err(CoreError::Schema {

@@ -218,6 +218,13 @@ struct UnitOut {
 }
 
 impl UnitOut {
+    fn new(columns: &Columns) -> Self {
+        Self {
+            carried: vec![Vec::new(); columns.carry.len()],
+            ..Self::default()
+        }
+    }
+
     fn append(&mut self, other: UnitOut) {
         self.rows += other.rows;
         self.lengths.extend_from_slice(&other.lengths);
@@ -287,10 +294,7 @@ fn read_unit(
 ) -> Result<UnitOut> {
     let names = columns.names();
     let at = Location::unit(&source.path, source.unit_kind, unit);
-    let mut out = UnitOut {
-        carried: vec![Vec::new(); columns.carry.len()],
-        ..UnitOut::default()
-    };
+    let mut out = UnitOut::new(columns);
     let worker = rayon::current_thread_index().unwrap_or(0);
     source.read_unit(unit, &names, batch_rows, |batch| {
         progress.check()?;
@@ -367,10 +371,7 @@ fn read_all(
             Some(r)
         })
         .collect();
-    let mut all = UnitOut {
-        carried: vec![Vec::new(); columns.carry.len()],
-        ..UnitOut::default()
-    };
+    let mut all = UnitOut::new(columns);
     let mut rows = vec![0u64; sources.len()];
     for (r, &(s, _)) in results.into_iter().zip(&units) {
         let unit = match r {

@@ -8,10 +8,10 @@
 use super::columns::{BatchAt, Flat};
 use crate::error::{CoreError, Result};
 use crate::plan::{Plan, PlanConfig};
+pub use crate::policy::PairLayout;
 use crate::policy::{Overlong, Strategy};
 use arrow::array::{Array, ArrayRef, AsArray};
 use arrow::datatypes::{DataType, Int64Type};
-use std::str::FromStr;
 
 /// `seq_roles` values (0, "sequence", is reserved for plain samples, which have no roles).
 pub const ROLE_CHOSEN: i8 = 1;
@@ -22,35 +22,12 @@ pub const ROLE_PROMPT: i8 = 3;
 pub const SEQ_CHOSEN: u8 = 0;
 pub const SEQ_REJECTED: u8 = 1;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PairLayout {
-    /// `[chosen][rejected]`, each prompt + completion.
-    Separate,
-    /// `[prompt][chosen completion][rejected completion]`.
-    SharedPrompt,
-}
-
 impl PairLayout {
-    pub const NAMES: &'static [&'static str] = &["separate", "shared-prompt"];
-
     /// Tokens the prompt takes in a row: once per sequence, or once.
     fn prompt_copies(self) -> i64 {
         match self {
             PairLayout::Separate => 2,
             PairLayout::SharedPrompt => 1,
-        }
-    }
-}
-
-impl FromStr for PairLayout {
-    type Err = CoreError;
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "separate" => Ok(PairLayout::Separate),
-            "shared-prompt" => Ok(PairLayout::SharedPrompt),
-            _ => Err(CoreError::Config(format!(
-                "unknown pair layout {s:?}; expected \"separate\" or \"shared-prompt\""
-            ))),
         }
     }
 }

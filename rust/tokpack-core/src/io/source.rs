@@ -32,10 +32,13 @@ impl Source {
     /// Opens `path` and reads its footer; the format is recognised by its magic bytes.
     pub fn open(path: &Path) -> Result<Self> {
         let at = Location::file(path);
-        let mut file = open_file(path)?;
-        let mut magic = [0u8; 6];
-        let n = read_up_to(&mut file, &mut magic).map_err(|e| CoreError::unreadable(path, e))?;
-        if n >= 4 && &magic[..4] == b"PAR1" {
+        let file = open_file(path)?;
+        let mut magic = Vec::with_capacity(6);
+        (&file)
+            .take(6)
+            .read_to_end(&mut magic)
+            .map_err(|e| CoreError::unreadable(path, e))?;
+        if magic.starts_with(b"PAR1") {
             let meta = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new())
                 .corrupt(&at, "not a valid Parquet file")?;
             Ok(Self {
@@ -45,7 +48,7 @@ impl Source {
                 units: meta.metadata().num_row_groups(),
                 parquet: Some(meta),
             })
-        } else if n == 6 && &magic == b"ARROW1" {
+        } else if magic == b"ARROW1" {
             let reader = FileReader::try_new_buffered(open_file(path)?, None)
                 .corrupt(&at, "not a valid Arrow IPC file")?;
             Ok(Self {
@@ -127,17 +130,6 @@ impl Source {
         }
         Ok(())
     }
-}
-
-fn read_up_to(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match file.read(&mut buf[n..])? {
-            0 => break,
-            k => n += k,
-        }
-    }
-    Ok(n)
 }
 
 /// One whole row group (Parquet) or record batch (IPC) of `path`, with only `columns`.

@@ -27,7 +27,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 /// A byte range of a shard file and the checksum of its bytes.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ByteRange {
     pub offset: u64,
     pub length: u64,
@@ -36,7 +36,7 @@ pub struct ByteRange {
 }
 
 /// What was written for one shard (recorded in the manifest).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct ShardInfo {
     pub file: String,
     pub index: String,
@@ -231,17 +231,7 @@ pub fn write_shard(ctx: &ShardContext, shard: usize, rows: Range<usize>) -> Resu
         file: name,
         index: index_name.clone(),
         rows: rows.len() as u64,
-        row_groups: 0,
-        tokens: 0,
-        loss_tokens: 0,
-        size: 0,
-        checksum: String::new(),
-        row_group_bytes: Vec::new(),
-        footer_bytes: ByteRange {
-            offset: 0,
-            length: 0,
-            checksum: String::new(),
-        },
+        ..ShardInfo::default()
     };
     // An empty shard (every sample dropped) has no row group; its footer still holds the schema.
     let mut start = rows.start;
@@ -391,9 +381,7 @@ fn row_group(
     // Row-level offsets into this row group's tokens and segments.
     let mut tok_offsets = Vec::with_capacity(rows.len() + 1);
     let mut seg_offsets = Vec::with_capacity(rows.len() + 1);
-    let mut num_tokens = Vec::with_capacity(rows.len());
-    let mut num_seqs = Vec::with_capacity(rows.len());
-    let mut num_loss = Vec::with_capacity(rows.len());
+    let first = index.offset.len();
     let mut t = 0i64;
     tok_offsets.push(0i32);
     seg_offsets.push(0i32);
@@ -405,16 +393,14 @@ fn row_group(
         t += n;
         tok_offsets.push(t as i32);
         seg_offsets.push(b as i32);
-        num_tokens.push(n as i32);
-        num_seqs.push((b - a) as i32);
-        num_loss.push(loss);
+        index.num_tokens.push(n as i32);
+        index.num_seqs.push((b - a) as i32);
+        index.num_loss_tokens.push(loss);
         info.loss_tokens += loss as u64;
         a = b;
     }
     info.tokens += t as u64;
-    index.num_tokens.extend_from_slice(&num_tokens);
-    index.num_seqs.extend_from_slice(&num_seqs);
-    index.num_loss_tokens.extend_from_slice(&num_loss);
+    let of_rows = |column: &[i32]| Arc::new(Int32Array::from(column[first..].to_vec())) as ArrayRef;
     let seq_lengths: Vec<i32> = segments.iter().map(|(_, p)| p.len as i32).collect();
     let sample_ids: Vec<i64> = segments.iter().map(|&(s, _)| s).collect();
     let mut columns: Vec<ArrayRef> = vec![list(
@@ -430,9 +416,9 @@ fn row_group(
             seg_offsets.clone(),
             Arc::new(Int64Array::from(sample_ids.clone())),
         ),
-        Arc::new(Int32Array::from(num_tokens)) as ArrayRef,
-        Arc::new(Int32Array::from(num_seqs)),
-        Arc::new(Int32Array::from(num_loss)),
+        of_rows(&index.num_tokens),
+        of_rows(&index.num_seqs),
+        of_rows(&index.num_loss_tokens),
         list(seg_offsets.clone(), Arc::new(Int32Array::from(seg_loss))),
     ]);
     if ctx.pairs.is_some() {
