@@ -34,6 +34,16 @@ def test_torch_ignore_index_is_the_cores():
     assert collate.IGNORE_INDEX == _tokpack.IGNORE_INDEX
 
 
+def test_segment_roles_are_the_cores():
+    pairs = pytest.importorskip("tokpack.torch.pairs")
+    roles = _tokpack.SEGMENT_ROLES
+    assert roles == ("sequence", "chosen", "rejected", "prompt")
+    assert [pairs.ROLE_SEQUENCE, pairs.ROLE_CHOSEN, pairs.ROLE_REJECTED, pairs.ROLE_PROMPT] == [
+        roles.index(n) for n in roles
+    ]
+    assert _tokpack.PAIR_SEGMENT_ROLES == {"separate": (1, 2), "shared-prompt": (3, 1, 2)}
+
+
 @pytest.mark.parametrize("strategy", _contract.STRATEGIES)
 @pytest.mark.parametrize("overlong", _contract.OVERLONG_POLICIES)
 def test_the_core_accepts_every_exported_name(strategy, overlong):

@@ -18,6 +18,8 @@ __all__ = [
     "STRATEGIES",
     "OVERLONG_POLICIES",
     "PAIR_LAYOUTS",
+    "PAIR_SEGMENT_ROLES",
+    "SEGMENT_ROLES",
     "SPLIT_REGEXES",
     "plan",
     "pack_tokens",
@@ -45,6 +47,8 @@ OVERLONG_HINT: str
 STRATEGIES: Tuple[str, ...]
 OVERLONG_POLICIES: Tuple[str, ...]
 PAIR_LAYOUTS: Tuple[str, ...]
+PAIR_SEGMENT_ROLES: Dict[str, Tuple[int, ...]]
+SEGMENT_ROLES: Tuple[str, ...]
 SPLIT_REGEXES: Dict[str, str]
 
 @final

@@ -21,9 +21,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from . import _tokpack
+from ._contract import PAIR_SEGMENT_ROLES
 from ._outdir import read_manifest
 from .errors import CorruptOutputError
-from .packed_dir import PAIR_SEGMENT_ROLES, PackedDir
+from .packed_dir import PackedDir
 
 __all__ = ["verify", "cache_problem"]
 

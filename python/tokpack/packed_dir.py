@@ -30,13 +30,11 @@ from ._contract import FORMAT, FORMAT_VERSION
 from ._outdir import MANIFEST_NAME
 from .errors import CorruptOutputError, InputNotFoundError, TokpackError
 
-__all__ = ["PackedDir", "decode_row_group", "ROW_COLUMNS", "PAIR_COLUMNS", "PAIR_SEGMENT_ROLES"]
+__all__ = ["PackedDir", "decode_row_group", "ROW_COLUMNS", "PAIR_COLUMNS"]
 
 ROW_COLUMNS = ("input_ids", "labels", "seq_lengths", "sample_ids")
-# The columns preference outputs add, and the ``seq_roles`` of each pair's segments by layout
-# (1 = chosen, 2 = rejected, 3 = shared prompt).
+# The columns preference outputs add (``seq_roles``: see ``_contract.SEGMENT_ROLES``).
 PAIR_COLUMNS = ("seq_roles", "num_pairs")
-PAIR_SEGMENT_ROLES = {"separate": (1, 2), "shared-prompt": (3, 1, 2)}
 
 Column = Union[Tuple[np.ndarray, np.ndarray], np.ndarray]
 # (offset, length, "xxh3_128:<hex>") of a byte range of a shard.

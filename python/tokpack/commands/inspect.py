@@ -10,13 +10,13 @@ from typing import Any, Dict, Iterator, List, Tuple
 
 import pyarrow.parquet as pq
 
+from .._contract import SEGMENT_ROLES
 from .._outdir import read_packed_manifest
 from ..errors import CorruptOutputError
 from ..integrity import cache_problem
 from ..report import table
 
 # ``seq_roles`` of preference outputs.
-_ROLE_NAMES = {1: "chosen", 2: "rejected", 3: "prompt"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         pos = 0
         for n, s, role in zip(row["seq_lengths"], row["sample_ids"], roles):
             head = " ".join(map(str, ids[pos : pos + min(n, 8)]))
-            what = f"pair {s} {_ROLE_NAMES[role]}" if role else f"sample {s}"
+            what = f"pair {s} {SEGMENT_ROLES[role]}" if role else f"sample {s}"
             print(f"  [{pos:>6}:{pos + n:<6}] {what}: {head}{' ...' if n > 8 else ''}")
             pos += n
     return 0

@@ -21,12 +21,14 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 import torch
 
-from .._contract import IGNORE_INDEX
+from .._contract import IGNORE_INDEX, SEGMENT_ROLES
 from ..errors import ConfigError, DataError
 
 __all__ = ["ROLE_SEQUENCE", "ROLE_CHOSEN", "ROLE_REJECTED", "ROLE_PROMPT", "sequence_logps"]
 
-ROLE_SEQUENCE, ROLE_CHOSEN, ROLE_REJECTED, ROLE_PROMPT = 0, 1, 2, 3
+ROLE_SEQUENCE, ROLE_CHOSEN, ROLE_REJECTED, ROLE_PROMPT = map(
+    SEGMENT_ROLES.index, ("sequence", "chosen", "rejected", "prompt")
+)
 PAIR_FORMATS = ("hf", "flash", "padded")
 
 

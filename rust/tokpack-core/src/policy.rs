@@ -18,6 +18,13 @@ pub const FORMAT_VERSION: u32 = 2;
 /// Subdirectory of side files (indexes, manifest): Parquet readers skip it (see `_outdir.py`).
 pub const SIDE_DIR: &str = "__tokpack__";
 
+/// `seq_roles` of a packed segment, by value: 0 a plain sample (outputs without pairs have no
+/// roles), else which part of a preference pair it is.
+pub const SEGMENT_ROLES: [&str; 4] = ["sequence", "chosen", "rejected", "prompt"];
+pub const ROLE_CHOSEN: i8 = 1;
+pub const ROLE_REJECTED: i8 = 2;
+pub const ROLE_PROMPT: i8 = 3;
+
 /// What to do about a sample longer than max_len, said by every overlong error.
 pub const OVERLONG_HINT: &str =
     "pass overlong=\"truncate\", \"drop\" or \"split\", or filter it out first";
@@ -32,7 +39,7 @@ macro_rules! named {
 
         impl $ty {
             pub const NAMES: &'static [&'static str] = &[$($name),+];
-            const ALL: &'static [Self] = &[$(Self::$v),+];
+            pub const ALL: &'static [Self] = &[$(Self::$v),+];
 
             pub fn name(self) -> &'static str {
                 Self::NAMES[self as usize]
@@ -88,6 +95,16 @@ named!(
         SharedPrompt = "shared-prompt",
     }
 );
+
+impl PairLayout {
+    /// The `seq_roles` of a pair's segments in a row, in order.
+    pub fn roles(self) -> &'static [i8] {
+        match self {
+            PairLayout::Separate => &[ROLE_CHOSEN, ROLE_REJECTED],
+            PairLayout::SharedPrompt => &[ROLE_PROMPT, ROLE_CHOSEN, ROLE_REJECTED],
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests {

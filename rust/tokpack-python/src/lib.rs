@@ -10,7 +10,7 @@ mod shards;
 mod template;
 
 use pyo3::prelude::*;
-use pyo3::types::{IntoPyDict, PyTuple};
+use pyo3::types::{IntoPyDict, PyDict, PyTuple};
 use tokpack_core::bpe::{LLAMA3_REGEX, QWEN2_REGEX};
 use tokpack_core::policy::{self, Overlong, PairLayout, Strategy};
 
@@ -27,6 +27,15 @@ fn _tokpack(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("STRATEGIES", PyTuple::new(m.py(), Strategy::NAMES)?)?;
     m.add("OVERLONG_POLICIES", PyTuple::new(m.py(), Overlong::NAMES)?)?;
     m.add("PAIR_LAYOUTS", PyTuple::new(m.py(), PairLayout::NAMES)?)?;
+    m.add(
+        "SEGMENT_ROLES",
+        PyTuple::new(m.py(), policy::SEGMENT_ROLES)?,
+    )?;
+    let roles = PyDict::new(m.py());
+    for &layout in PairLayout::ALL {
+        roles.set_item(layout.name(), PyTuple::new(m.py(), layout.roles())?)?;
+    }
+    m.add("PAIR_SEGMENT_ROLES", roles)?;
     let regexes = [("llama3", LLAMA3_REGEX), ("qwen2", QWEN2_REGEX)];
     m.add("SPLIT_REGEXES", regexes.into_py_dict(m.py())?)?;
     m.add_function(wrap_pyfunction!(plan::plan, m)?)?;

@@ -10,13 +10,9 @@ use crate::error::{CoreError, Result};
 use crate::plan::{Plan, PlanConfig};
 pub use crate::policy::PairLayout;
 use crate::policy::{Overlong, Strategy};
+pub use crate::policy::{ROLE_CHOSEN, ROLE_PROMPT, ROLE_REJECTED};
 use arrow::array::{Array, ArrayRef, AsArray};
 use arrow::datatypes::{DataType, Int64Type};
-
-/// `seq_roles` values (0, "sequence", is reserved for plain samples, which have no roles).
-pub const ROLE_CHOSEN: i8 = 1;
-pub const ROLE_REJECTED: i8 = 2;
-pub const ROLE_PROMPT: i8 = 3;
 
 /// Which sequence of a pair a segment's tokens are read from.
 pub const SEQ_CHOSEN: u8 = 0;
