@@ -178,13 +178,13 @@ class _Tokens:
     def count(self, stats: TokenizeStats) -> "_Tokens":
         """Adds these finished samples to ``stats`` (a sample is untrained when one of its
         sequences has no trained token)."""
-        trained = self.labels != IGNORE_INDEX
-        running = np.zeros(len(trained) + 1, dtype=np.int64)
-        np.cumsum(trained, out=running[1:])
-        untrained = (np.diff(running[self.offsets]) == 0).reshape(-1, self.roles).any(axis=1)
+        # Trained tokens before each offset, from the trained positions (a running count over
+        # every token costs a fresh int64 array of the batch's size, ten times the time).
+        before = np.searchsorted(np.flatnonzero(self.labels != IGNORE_INDEX), self.offsets)
+        untrained = (np.diff(before) == 0).reshape(-1, self.roles).any(axis=1)
         stats.samples_out += len(untrained)
         stats.tokens += int(self.offsets[-1])
-        stats.trained_tokens += int(running[-1])
+        stats.trained_tokens += int(before[-1])
         stats.untrained_samples += int(np.count_nonzero(untrained))
         return self
 
