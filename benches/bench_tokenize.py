@@ -8,7 +8,9 @@ A byte-level BPE of ~32k tokens is trained on the corpus first (no network). Bot
 same JSONL file; tokpack's time is file -> Parquet shards on disk; the baseline's time is the
 ``map`` alone (loading the JSON into an Arrow dataset is not counted). tokpack runs twice: chat
 templates rendered in Rust (``renderer="auto"``, the default) and with Jinja in Python
-(``renderer="python"``); both outputs must be identical. Goal (issue 13): tokpack with the Rust
+(``renderer="python"``); both outputs must be identical. With the Rust renderer the JSONL records
+are parsed, rendered and encoded in Rust (one call a chunk; the manifest's renderer says
+``records: rust``); with Jinja they go through Python. Goal (issue 13): tokpack with the Rust
 renderer at least 10x the baseline's conversations/s. Run on a release build:
 
     pip install ".[tokenize]" datasets transformers && python benches/bench_tokenize.py
@@ -191,7 +193,7 @@ def main() -> int:
             seconds[renderer] = time.perf_counter() - start
             loads.append(os.getloadavg()[0])
         manifest, tp_s = manifests["auto"], seconds["auto"]
-        assert manifest["renderer"] == {"name": "rust"}, manifest["renderer"]
+        assert manifest["renderer"] == {"name": "rust", "records": "rust"}, manifest["renderer"]
         n_tokens = manifest["counts"]["tokens"]
 
         mapped, hf_s = run_baseline(jsonl, tok_dir, work / "hf-cache", args.num_proc)

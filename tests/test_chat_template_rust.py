@@ -238,7 +238,7 @@ def test_tokenize_ids_and_labels_equal_with_either_renderer(tmp_path, tok, name)
         runs[renderer, threads] = (table(stream), stream)
     fast, fast_stream = runs["auto", 1]
     slow, slow_stream = runs["python", 1]
-    assert fast_stream.renderer_info == {"name": "rust"}
+    assert fast_stream.renderer_info == {"name": "rust", "records": "rust"}
     assert slow_stream.renderer_info == {"name": "python", "reason": "requested"}
     assert runs["auto", 2][0].equals(fast)
     assert slow.equals(fast)
@@ -288,11 +288,11 @@ def test_manifest_names_the_renderer_and_cache_key_ignores_it(tmp_path, tok):
     records = [{"messages": m} for m in conversations("qwen2_5", 20)]
     data = write_jsonl(tmp_path / "chat.jsonl", records)
     first = tokpack.tokenize_files([data], tmp_path / "out", directory, skip_invalid=True)
-    assert first["renderer"] == {"name": "rust"}
+    assert first["renderer"] == {"name": "rust", "records": "rust"}
     again = tokpack.tokenize_files(
         [data], tmp_path / "out", directory, skip_invalid=True, renderer="python"
     )
-    assert again.get("cache_hit") and again["renderer"] == {"name": "rust"}
+    assert again.get("cache_hit") and again["renderer"] == first["renderer"]
 
 
 def test_probe_falls_back_to_python_when_the_rust_text_differs():

@@ -301,9 +301,11 @@ def big_corpus(tmp_path_factory):
 @pytest.mark.parametrize("raw_pack", [False, True], ids=["tokenize", "pack-tokenizer"])
 def test_sigterm_cleans_up_and_stops_the_workers(tmp_path, tok_dir, big_corpus, raw_pack):
     # SIGTERM used to leave the workers alive (under init) and OUT's temporaries behind.
+    # (The tokenizers encoder keeps the worker processes: JSONL chats otherwise go to Rust.)
     pytest.importorskip("psutil")
     out = tmp_path / "out"
     args = ["tokenize", str(big_corpus), "-o", str(out), "--tokenizer", str(tok_dir)]
+    args += ["--encoder", "tokenizers"]
     if raw_pack:
         args[0] = "pack"
         args += ["--max-len", "4096"]
@@ -319,9 +321,23 @@ def test_sigterm_cleans_up_and_stops_the_workers(tmp_path, tok_dir, big_corpus, 
     assert list(tmp_path.iterdir()) == []
 
 
+def test_sigterm_stops_the_rust_records_path_cleanly(tmp_path, tok_dir, big_corpus):
+    """JSONL chats tokenized in Rust (no worker processes): SIGTERM during the run exits 143
+    with one line and leaves nothing behind."""
+    out = tmp_path / "out"
+    args = ["tokenize", str(big_corpus), "-o", str(out), "--tokenizer", str(tok_dir)]
+    returncode, err = interrupt_after_first_shard(
+        args + ["--threads", "2", "--quiet", "--shard-rows", "2048"], out, signal.SIGTERM
+    )
+    assert returncode == 143, err
+    assert "terminated" in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_kill_9_of_the_parent_kills_the_workers(tmp_path, tok_dir, big_corpus):
     pytest.importorskip("psutil")
     args = ["tokenize", str(big_corpus), "-o", str(tmp_path / "out"), "--tokenizer", str(tok_dir)]
+    args += ["--encoder", "tokenizers"]  # worker processes (see above)
     returncode, _, workers = signal_with_workers(
         args + ["--threads", "2", "--quiet"], signal.SIGKILL, 2
     )

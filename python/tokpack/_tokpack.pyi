@@ -147,6 +147,25 @@ class ChatRenderer:
         npt.NDArray[np.int64],
         List[Optional[str]],
     ]: ...
+    def tokenize_jsonl(
+        self,
+        *,
+        encoder: BpeEncoder,
+        lines: List[str],
+        mode: str,
+        messages_key: str,
+        system_key: str,
+        detect_keys: Optional[List[str]] = None,
+        threads: Optional[int] = None,
+    ) -> Tuple[
+        npt.NDArray[np.int32],
+        npt.NDArray[np.int32],
+        npt.NDArray[np.int64],
+        npt.NDArray[np.int64],
+        npt.NDArray[np.bool_],
+    ]:
+        """JSONL ``messages`` records parsed, rendered and encoded: ``(ids, labels, offsets,
+        fallback, last_assistant)``; the lines in ``fallback`` are left to the Python path."""
 
 @final
 class Progress:

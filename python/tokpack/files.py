@@ -246,7 +246,7 @@ def pack_files(
                     "counts": tokens.stats.as_dict(),
                     "template": encoding.template_info,
                     "encoder": encoding.encoder_info,
-                    "renderer": encoding.renderer_info,
+                    "renderer": tokens.renderer_info,
                     "rejected_file": REJECTED_NAME if tokens.stats.rejected else None,
                 }
                 if layout is not None and overlong == "error":

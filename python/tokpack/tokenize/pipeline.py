@@ -47,7 +47,7 @@ import pyarrow as pa
 
 from .. import _tokpack
 from .._contract import OVERLONG_HINT
-from .._inputs import RAW_SUFFIXES, resolve_inputs
+from .._inputs import RAW_SUFFIXES, is_parquet, resolve_inputs
 from .._progress import Progress
 from ..errors import ConfigError, InvalidRecordError, OverlongError
 from ..planning import checked_threads
@@ -178,13 +178,13 @@ class _Tokens:
     def count(self, stats: TokenizeStats) -> "_Tokens":
         """Adds these finished samples to ``stats`` (a sample is untrained when one of its
         sequences has no trained token)."""
-        trained = self.labels != IGNORE_INDEX
-        running = np.zeros(len(trained) + 1, dtype=np.int64)
-        np.cumsum(trained, out=running[1:])
-        untrained = (np.diff(running[self.offsets]) == 0).reshape(-1, self.roles).any(axis=1)
+        # Trained tokens before each offset, from the trained positions (a running count over
+        # every token costs a fresh int64 array of the batch's size, ten times the time).
+        before = np.searchsorted(np.flatnonzero(self.labels != IGNORE_INDEX), self.offsets)
+        untrained = (np.diff(before) == 0).reshape(-1, self.roles).any(axis=1)
         stats.samples_out += len(untrained)
         stats.tokens += int(self.offsets[-1])
-        stats.trained_tokens += int(running[-1])
+        stats.trained_tokens += int(before[-1])
         stats.untrained_samples += int(np.count_nonzero(untrained))
         return self
 
@@ -221,6 +221,13 @@ class _Tokens:
 
 # What a chunk gives back: its samples (None: none left), counts and rejected records.
 _ChunkResult = Tuple[Optional[_Tokens], TokenizeStats, List[Dict[str, Any]]]
+
+# JSONL records encoded in Rust: one sequence per record, the records left to Python
+# (without tokens) and whether each record's last message is an assistant's.
+_JsonlTokens = Tuple[_Tokens, np.ndarray, np.ndarray]
+
+# The columns whose presence makes a record of format "auto" other than a chat (detect_format).
+_DETECTED = ("chosen", "rejected", "prompt", "completion", "label")
 
 
 @contextlib.contextmanager
@@ -425,6 +432,69 @@ class RecordEncoder:
         texts = [prompt] + [prompt + c + end for c, end in zip(completions, ends)]
         return [_Prepared(record, text, None, False, label) for text in texts]
 
+    def jsonl_in_rust(self, inputs: Sequence[PathLike]) -> bool:
+        """Whether chunks of ``inputs`` go through :meth:`encode_jsonl`: JSONL chat records
+        (format ``messages``, or ``auto`` for SFT) rendered and encoded in Rust."""
+        return (
+            self.kind == "sft"
+            and self.options.format in ("auto", "messages")
+            and self.template.rust is not None
+            and self._fast is not None
+            and not any(is_parquet(path) for path in inputs)
+        )
+
+    def encode_jsonl(self, records: List[Record], threads: int) -> _JsonlTokens:
+        """Parses, renders and encodes JSONL ``records`` in Rust (``threads`` threads, the GIL
+        released); what it leaves to Python is listed in ``fallback``."""
+        columns = self.options.columns or {}
+        ids, labels, offsets, fallback, last = self.template.rust.tokenize_jsonl(
+            encoder=self._fast,
+            lines=[r.raw if not r.decoded else "" for r in records],  # "": not JSON, Python's
+            mode=self.options.train_on,
+            messages_key=columns["messages"],
+            system_key=columns["system"],
+            detect_keys=[columns[k] for k in _DETECTED] if self.options.format == "auto" else None,
+            threads=threads,
+        )
+        return _Tokens(offsets, ids, labels), fallback, last
+
+    def finish_jsonl(
+        self,
+        records: List[Record],
+        encoded: _JsonlTokens,
+        stats: TokenizeStats,
+        reject: RejectSink,
+    ) -> Optional[_Tokens]:
+        """The samples of :meth:`encode_jsonl`'s records, those it left to Python prepared and
+        encoded here (rejections counted and sent to ``reject`` as :meth:`prepare` does),
+        then finished as :meth:`finish` does."""
+        flat, fallback, last = encoded
+        n_rust = len(records) - len(fallback)
+        if n_rust:
+            stats.formats["chat"] = stats.formats.get("chat", 0) + n_rust
+        if not len(fallback) and not self.options.add_eos:
+            done = self._flat_samples(flat, records, stats)
+            if done is not None:
+                return done
+        left = fallback.tolist()
+        prepared = self.prepare([records[i] for i in left], stats, reject)
+        by_record = {id(p.record): p for p in prepared}
+        python_pairs = iter(self.encode(prepared).pairs())
+        rust_pairs = flat.pairs()
+        trained_all = self.options.train_on == "all"
+        chunk: List[_Prepared] = []
+        pairs: List[Tuple[np.ndarray, np.ndarray]] = []
+        is_left = np.zeros(len(records), dtype=bool)
+        is_left[left] = True
+        for i, record in enumerate(records):
+            if not is_left[i]:
+                chunk.append(_Prepared(record, "", [], trained_all or bool(last[i])))
+                pairs.append(rust_pairs[i])
+            elif id(record) in by_record:  # else rejected
+                chunk.append(by_record[id(record)])
+                pairs.append(next(python_pairs))
+        return self.finish(chunk, _Tokens.from_pairs(pairs), stats)
+
     def encode(self, chunk: List[_Prepared]) -> _Tokens:
         """Ids and labels of a chunk (chat text without the tokenizer's added special tokens,
         as ``apply_chat_template``; plain text with them)."""
@@ -482,16 +552,22 @@ class RecordEncoder:
     ) -> Optional[_Tokens]:
         """The encoder's flat arrays as they are when no sample needs an EOS or a max_len
         policy (the usual case); None otherwise (then :meth:`_finish_each` handles it)."""
-        lengths = np.diff(flat.offsets)
         add_eos = self.options.add_eos
         if add_eos or (add_eos is None and any(p.spans is None for p in chunk)):
             return None
+        return self._flat_samples(flat, [p.record for p in chunk], stats)
+
+    def _flat_samples(
+        self, flat: _Tokens, records: List[Record], stats: TokenizeStats
+    ) -> Optional[_Tokens]:
+        """``flat`` (one sequence per record, no EOS to add) as the samples of ``records``;
+        None when one is over ``max_len``."""
         max_len = self.options.max_len
-        if max_len is not None and lengths.max() > max_len:
+        if max_len is not None and np.diff(flat.offsets).max() > max_len:
             return None
-        stats.samples_in += len(lengths)
-        flat.files = np.fromiter((p.record.file_index for p in chunk), np.int32, len(chunk))
-        flat.lines = np.fromiter((p.record.line for p in chunk), np.int64, len(chunk))
+        stats.samples_in += len(records)
+        flat.files = np.fromiter((r.file_index for r in records), np.int32, len(records))
+        flat.lines = np.fromiter((r.line for r in records), np.int64, len(records))
         return flat.count(stats)
 
     def _finish_each(
@@ -644,7 +720,13 @@ class TokenStream:
         self.tokenizer = self.encoding.tokenizer
         self.template_info = self.encoding.template_info
         self.encoder_info = self.encoding.encoder_info
-        self.renderer_info = self.encoding.renderer_info
+        self._jsonl_in_rust = runner is None and self.encoding.jsonl_in_rust(self.inputs)
+        # Which renderer runs, and where JSONL records are parsed when it is Rust's (manifest).
+        self.renderer_info = (
+            {**self.encoding.renderer_info, "records": "rust"}
+            if self._jsonl_in_rust
+            else self.encoding.renderer_info
+        )
         self.progress = progress
         self.sources = sources
         self.stats = TokenizeStats()
@@ -677,6 +759,8 @@ class TokenStream:
         self._used = True
         if self.runner is not None:
             return self._iter_runner(self.runner)
+        if self._jsonl_in_rust:
+            return self._iter_jsonl_in_rust()
         if self.threads > 1:
             return self._iter_processes()
         return self._iter_in_process()
@@ -700,6 +784,26 @@ class TokenStream:
                 return lambda: (encoding.finish(prepared, encoded.result(), stats), stats, rejected)
 
             yield from self._in_order(self._record_chunks(decode=True), start, ahead=1)
+
+    def _iter_jsonl_in_rust(self) -> Iterator[pa.RecordBatch]:
+        """JSONL chat records parsed, rendered and encoded in Rust on ``threads`` threads (one
+        call a chunk, from a worker thread, the GIL released) while this thread reads the next
+        chunk and finishes the previous one (records Rust leaves go through the Python stages
+        here)."""
+        encoding = self.encoding
+        with _sequential_tokenizers(), ThreadPoolExecutor(1) as pool:
+
+            def start(records: List[Record]) -> Callable[[], _ChunkResult]:
+                encoded = pool.submit(encoding.encode_jsonl, records, self.threads)
+
+                def result() -> _ChunkResult:
+                    stats, rejected = TokenizeStats(), []
+                    done = encoding.finish_jsonl(records, encoded.result(), stats, rejected.append)
+                    return done, stats, rejected
+
+                return result
+
+            yield from self._in_order(self._record_chunks(decode=False), start, ahead=1)
 
     def _iter_processes(self) -> Iterator[pa.RecordBatch]:
         """``threads`` worker processes decode, render and encode chunks of records (rendering

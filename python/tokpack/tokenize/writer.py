@@ -222,7 +222,7 @@ def tokenize_files(
             "tokenizer": {"path": str(encoding.tokenizer.path.resolve()), **config["tokenizer"]},
             "template": encoding.template_info,
             "encoder": encoding.encoder_info,
-            "renderer": encoding.renderer_info,
+            "renderer": stream.renderer_info,
             "config": config,
             "counts": stream.stats.as_dict(),
             "shards": shards.shards,

@@ -2,7 +2,8 @@
 //!
 //! [`plan`] turns sample lengths into rows of segments (best-fit / first-fit decreasing,
 //! next-fit, padding, random concatenation); [`materialize`] copies tokens into those rows.
-//! [`bpe`] and [`template`] tokenize chat data: byte-level BPE encoding and chat templates.
+//! [`bpe`] and [`template`] tokenize chat data: byte-level BPE encoding and chat templates;
+//! [`records`] takes JSONL chat records through both.
 //!
 //! Unix only: [`io`] reads spill files and checked shards with positioned reads
 //! (`std::os::unix::fs::FileExt`), which keep one file handle shareable between threads.
@@ -21,6 +22,7 @@ pub mod materialize;
 pub mod plan;
 pub mod policy;
 pub mod pool;
+pub mod records;
 mod rng;
 mod strategies;
 pub mod template;

@@ -9,7 +9,7 @@ use tokpack_core::pool;
 
 /// A byte-level BPE tokenizer loaded from `tokenizer.json` text.
 #[pyclass(frozen, module = "tokpack._tokpack")]
-pub struct BpeEncoder(BpeTokenizer);
+pub struct BpeEncoder(pub(crate) BpeTokenizer);
 
 type Batch<'py> = (
     Bound<'py, PyArray1<i32>>,

@@ -1,10 +1,13 @@
 //! `ChatRenderer`: the core's chat template renderer, batch calls with the GIL released.
 
+use crate::bpe::BpeEncoder;
 use numpy::{IntoPyArray, PyArray1};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedStr;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString};
 use tokpack_core::pool;
+use tokpack_core::records::{self, ChatFields};
 use tokpack_core::template::{ChatTemplate, Data, Mode};
 
 /// The plain data of a Python value: exactly None, bool, int (64-bit), float, str, list and
@@ -56,6 +59,14 @@ type Rendered<'py> = (
     Bound<'py, PyArray1<i64>>,
     Bound<'py, PyArray1<i64>>,
     Vec<Option<String>>,
+);
+
+type Tokenized<'py> = (
+    Bound<'py, PyArray1<i32>>,
+    Bound<'py, PyArray1<i32>>,
+    Bound<'py, PyArray1<i64>>,
+    Bound<'py, PyArray1<i64>>,
+    Bound<'py, PyArray1<bool>>,
 );
 
 #[pymethods]
@@ -145,6 +156,54 @@ impl ChatRenderer {
             starts.into_pyarray(py),
             ends.into_pyarray(py),
             errors,
+        ))
+    }
+
+    /// Parses, renders (`mode`: `"assistant"`, `"last"` or `"all"`) and encodes with
+    /// `encoder` JSONL lines holding OpenAI-style `messages` records (keys `messages_key`
+    /// and `system_key`; with `detect_keys`, the chosen, rejected, prompt, completion and
+    /// label keys of format "auto", a record holding them is another format). Returns
+    /// `(ids, labels, offsets, fallback, last_assistant)`: line `i` owns
+    /// `ids[offsets[i]:offsets[i + 1]]`, except the lines listed in `fallback` (left to the
+    /// Python path: they own no tokens); `last_assistant[i]`: its last message is an
+    /// assistant's.
+    #[pyo3(signature = (*, encoder, lines, mode, messages_key, system_key, detect_keys=None, threads=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn tokenize_jsonl<'py>(
+        &self,
+        py: Python<'py>,
+        encoder: &Bound<'py, BpeEncoder>,
+        lines: Vec<PyBackedStr>,
+        mode: &str,
+        messages_key: String,
+        system_key: String,
+        detect_keys: Option<[String; 5]>,
+        threads: Option<usize>,
+    ) -> PyResult<Tokenized<'py>> {
+        let mode = Mode::parse(mode, false)
+            .filter(|m| !matches!(m, Mode::Plain { .. }))
+            .ok_or_else(|| PyValueError::new_err(format!("unknown mode {mode:?}")))?;
+        let fields = ChatFields {
+            messages: messages_key,
+            system: system_key,
+            detect: detect_keys,
+        };
+        let tokenizer = &encoder.get().0;
+        let out = py
+            .detach(|| {
+                pool::install(threads, || {
+                    Ok(records::tokenize_jsonl(
+                        &self.0, tokenizer, &lines, &fields, mode,
+                    ))
+                })
+            })
+            .map_err(crate::errors::to_py)?;
+        Ok((
+            out.batch.ids.into_pyarray(py),
+            out.batch.labels.into_pyarray(py),
+            out.batch.offsets.into_pyarray(py),
+            out.batch.fallback.into_pyarray(py),
+            out.last_assistant.into_pyarray(py),
         ))
     }
 }

@@ -6,6 +6,7 @@ use super::BpeTokenizer;
 use crate::policy::IGNORE_INDEX;
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
+use std::borrow::Cow;
 use std::cell::RefCell;
 
 /// Words cached per thread before the cache is cleared (bounds memory on huge vocabularies
@@ -73,31 +74,46 @@ pub fn encode_batch(
         texts.len() + 1,
         "one span range per text"
     );
-    let per_task = (texts.len() / (rayon::current_num_threads() * 8)).clamp(1, 64);
-    let parts: Vec<EncodedBatch> = texts
-        .par_chunks(per_task)
-        .enumerate()
-        .map(|(chunk, part)| {
-            let first = chunk * per_task;
+    encode_each(tokenizer, texts.len(), |i| {
+        let text_spans = &spans[span_offsets[i] as usize..span_offsets[i + 1] as usize];
+        Some((Cow::Borrowed(texts[i].as_str()), Cow::Borrowed(text_spans)))
+    })
+}
+
+/// A text to encode and its trained character spans.
+pub type Prepared<'a> = (Cow<'a, str>, Cow<'a, [(i64, i64)]>);
+
+/// Encodes items `0..n`, each made into its text and trained spans by `prepare` on the
+/// worker thread that encodes it (as [`encode_batch`]). An item `prepare` gives None for, or
+/// whose text [`BpeTokenizer::can_encode`] refuses, owns no tokens and is listed in
+/// `fallback`.
+pub fn encode_each<'a>(
+    tokenizer: &BpeTokenizer,
+    n: usize,
+    prepare: impl Fn(usize) -> Option<Prepared<'a>> + Sync,
+) -> EncodedBatch {
+    let per_task = (n / (rayon::current_num_threads() * 8)).clamp(1, 64);
+    let parts: Vec<EncodedBatch> = (0..n.div_ceil(per_task))
+        .into_par_iter()
+        .map(|chunk| {
             let mut out = EncodedBatch {
                 offsets: vec![0],
                 ..Default::default()
             };
             let (mut ids, mut ends) = (Vec::new(), Vec::new());
-            for (k, text) in part.iter().enumerate() {
-                let i = first + k;
+            for i in chunk * per_task..((chunk + 1) * per_task).min(n) {
                 ids.clear();
                 ends.clear();
-                if tokenizer.can_encode(text) {
-                    tokenizer.encode_into(text, &mut ids, &mut ends);
-                    let base = out.labels.len();
-                    out.ids.extend(ids.iter().map(|&id| id as i32));
-                    out.labels.resize(base + ids.len(), IGNORE_INDEX);
-                    let text_spans = &spans[span_offsets[i] as usize..span_offsets[i + 1] as usize];
-                    let (labels, ids) = (&mut out.labels[base..], &out.ids[base..]);
-                    mark_spans(text, &ends, text_spans, labels, ids);
-                } else {
-                    out.fallback.push(i as i64);
+                match prepare(i) {
+                    Some((text, text_spans)) if tokenizer.can_encode(&text) => {
+                        tokenizer.encode_into(&text, &mut ids, &mut ends);
+                        let base = out.labels.len();
+                        out.ids.extend(ids.iter().map(|&id| id as i32));
+                        out.labels.resize(base + ids.len(), IGNORE_INDEX);
+                        let (labels, ids) = (&mut out.labels[base..], &out.ids[base..]);
+                        mark_spans(&text, &ends, &text_spans, labels, ids);
+                    }
+                    _ => out.fallback.push(i as i64),
                 }
                 out.offsets.push(out.ids.len() as i64);
             }
@@ -108,7 +124,7 @@ pub fn encode_batch(
     let mut out = EncodedBatch {
         ids: Vec::with_capacity(total),
         labels: Vec::with_capacity(total),
-        offsets: Vec::with_capacity(texts.len() + 1),
+        offsets: Vec::with_capacity(n + 1),
         fallback: Vec::new(),
     };
     out.offsets.push(0);

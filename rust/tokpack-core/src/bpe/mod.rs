@@ -9,7 +9,7 @@ mod model;
 mod pretokenize;
 mod unicode;
 
-pub use batch::{encode_batch, EncodedBatch};
+pub use batch::{encode_batch, encode_each, EncodedBatch, Prepared};
 pub use model::byte_to_char;
 pub use pretokenize::{Pattern, LLAMA3_REGEX, QWEN2_REGEX};
 

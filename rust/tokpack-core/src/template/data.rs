@@ -47,11 +47,18 @@ impl Data {
     }
 }
 
-/// Whether `s` holds U+E000..U+E003 (UTF-8 `EE 80 80..=83`), scanning bytes.
+/// Whether `s` holds U+E000..U+E003.
 pub(crate) fn has_marker(s: &str) -> bool {
+    markers(s).next().is_some()
+}
+
+/// The byte offset of each U+E000..U+E003 in `s` (UTF-8 `EE 80 80..=83`, found with memchr: a
+/// scan of the text per render) and which one it is (0..=3).
+pub(crate) fn markers(s: &str) -> impl Iterator<Item = (usize, u8)> + '_ {
     let b = s.as_bytes();
-    b.iter().enumerate().any(|(i, &x)| {
-        x == 0xEE && b.get(i + 1) == Some(&0x80) && matches!(b.get(i + 2), Some(0x80..=0x83))
+    memchr::memchr_iter(0xEE, b).filter_map(move |i| match (b.get(i + 1), b.get(i + 2)) {
+        (Some(0x80), Some(&x @ 0x80..=0x83)) => Some((i, x - 0x80)),
+        _ => None,
     })
 }
 

@@ -25,6 +25,8 @@ const GEN_OPEN_CLOSE: (char, char) = ('\u{E002}', '\u{E003}');
 /// Brackets of each assistant content in the locating render (the characters Python uses).
 const CONTENT_OPEN_CLOSE: (char, char) = ('\u{E000}', '\u{E001}');
 const TEMPLATE_NAME: &str = "chat";
+/// UTF-8 length of each marker character.
+const MARKER_BYTES: usize = 3;
 
 /// What to render and which spans to report.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -258,7 +260,12 @@ fn split_markers(
     (open, close): (char, char),
     strict: bool,
 ) -> Option<(String, Vec<(i64, i64)>)> {
-    if !marked.contains([open, close]) {
+    let kind = |c: char| (c as u32 - 0xE000) as u8;
+    let (open, close) = (kind(open), kind(close));
+    let mut found = data::markers(marked)
+        .filter(|&(_, k)| k == open || k == close)
+        .peekable();
+    if found.peek().is_none() {
         return Some((marked.to_owned(), Vec::new()));
     }
     let mut text = String::with_capacity(marked.len());
@@ -266,12 +273,12 @@ fn split_markers(
     let mut start: Option<i64> = None;
     let mut pos = 0i64;
     let mut last = 0;
-    for (at, marker) in marked.match_indices([open, close]) {
+    for (at, marker) in found {
         let piece = &marked[last..at];
         text.push_str(piece);
         pos += piece.chars().count() as i64;
-        last = at + marker.len();
-        if marker.starts_with(open) {
+        last = at + MARKER_BYTES;
+        if marker == open {
             if start.is_some() && strict {
                 return None;
             }
@@ -400,5 +407,15 @@ mod tests {
         assert_eq!(text, "éabc");
         assert_eq!(spans, vec![(1, 3), (4, 4)]);
         assert!(split_markers("\u{E002}\u{E002}", GEN_OPEN_CLOSE, true).is_none());
+        // The other pair's markers and lookalike bytes (U+E080, U+E7FF) are text.
+        let (text, spans) = split_markers(
+            "\u{E000}\u{E080}\u{E002}\u{E7FF}\u{E003}",
+            GEN_OPEN_CLOSE,
+            true,
+        )
+        .unwrap();
+        assert_eq!(text, "\u{E000}\u{E080}\u{E7FF}");
+        assert_eq!(spans, vec![(2, 3)]);
+        assert!(data::has_marker("a\u{E003}") && !data::has_marker("\u{E004}\u{E080}é"));
     }
 }
