@@ -296,6 +296,8 @@ def test_overlong_policies(tmp_path, tok_dir):
     "line, reason",
     [
         ('{"messages": [{"role": "user", "content": "hi"}', "invalid JSON"),
+        ('{"messages": [{"role": "user", "content": "a \\ud800 b"}]}', "lone surrogate"),
+        ('{"text": "\\udfff"}', "lone surrogate"),
         ('{"messages": [{"content": "hi"}]}', "has no 'role'"),
         ('{"messages": [{"role": "user"}]}', "has no 'content'"),
         ('{"messages": [{"role": "wizard", "content": "hi"}]}', "unknown role 'wizard'"),

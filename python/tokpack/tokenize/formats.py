@@ -15,6 +15,7 @@ import gzip
 import io
 import json
 import os
+import re
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,6 +83,8 @@ SHAREGPT_ROLES = {
     "observation": "tool",
 }
 
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
 
 @dataclass
 class Record:
@@ -107,6 +110,13 @@ class Record:
             self.value = json.loads(self.raw)  # type: ignore[arg-type]
         except ValueError as exc:
             self.error = f"invalid JSON ({exc})"
+            return
+        # JSON may escape half of a surrogate pair alone ("\ud800"): not text any encoder takes.
+        if _SURROGATE_ESCAPE.search(self.raw):  # type: ignore[arg-type]
+            try:
+                json.dumps(self.value, ensure_ascii=False).encode()
+            except UnicodeEncodeError:
+                self.error = "invalid JSON (a \\uXXXX escape is a lone surrogate, not Unicode text)"
 
     def fail(self, reason: str) -> InvalidRecordError:
         return InvalidRecordError(self.path, self.line, reason, row=self.is_row)
