@@ -116,7 +116,7 @@ class Record:
             try:
                 json.dumps(self.value, ensure_ascii=False).encode()
             except UnicodeEncodeError:
-                self.error = "invalid JSON (a \\uXXXX escape is a lone surrogate, not Unicode text)"
+                self.error = "invalid JSON (a lone surrogate escape, \\ud800-\\udfff: not text)"
 
     def fail(self, reason: str) -> InvalidRecordError:
         return InvalidRecordError(self.path, self.line, reason, row=self.is_row)
