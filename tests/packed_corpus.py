@@ -62,3 +62,16 @@ def write_packed_dir(
         compression=compression,
         force=True,
     )
+
+
+def small_packed_dir(
+    tmp_path_factory, name: str, n: int, *, seed: int, rows_per_shard: int, longest: int = 30
+) -> Path:
+    """A module's packed corpus: ``n`` random samples of at most ``longest`` tokens packed at
+    max_len 48 in row groups of 8 rows (several shards and row groups for small ``n``)."""
+    out = tmp_path_factory.mktemp(name)
+    samples, labels = random_samples(n, longest, seed=seed)
+    write_packed_dir(
+        out, samples, labels, max_len=48, rows_per_shard=rows_per_shard, row_group_rows=8
+    )
+    return out

@@ -8,15 +8,12 @@ import tokpack
 from tokpack.torch import DeviceLoader, PackedCollator, PackedDataset, PackedIterableDataset
 from tokpack.torch.device import to_device
 
-from .packed_corpus import random_samples, write_packed_dir
+from .packed_corpus import small_packed_dir
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    out = tmp_path_factory.mktemp("packed_dev")
-    samples, labels = random_samples(120, 30, seed=4)
-    write_packed_dir(out, samples, labels, max_len=48, rows_per_shard=30, row_group_rows=8)
-    return out
+    return small_packed_dir(tmp_path_factory, "packed_dev", 120, seed=4, rows_per_shard=30)
 
 
 def _same(a, b):

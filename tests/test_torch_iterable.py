@@ -12,17 +12,14 @@ import tokpack
 from tokpack._order import EpochOrder
 from tokpack.torch import PackedCollator, PackedDataset, PackedIterableDataset
 
-from .packed_corpus import random_samples, write_packed_dir
+from .packed_corpus import random_samples, small_packed_dir, write_packed_dir
 
 N_SAMPLES = 400
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    out = tmp_path_factory.mktemp("packed_iter")
-    samples, labels = random_samples(N_SAMPLES, 30, seed=2)
-    write_packed_dir(out, samples, labels, max_len=48, rows_per_shard=60, row_group_rows=8)
-    return out
+    return small_packed_dir(tmp_path_factory, "packed_iter", N_SAMPLES, seed=2, rows_per_shard=60)
 
 
 def _run(path, *, rank, world_size, num_workers, state=None, stop_after=None, **kw):

@@ -16,15 +16,12 @@ from tokpack.packed_dir import PackedDir
 from tokpack.torch import PackedCollator, PackedDataset, PackedIterableDataset
 from tokpack.torch._shared import SharedGroups
 
-from .packed_corpus import random_samples, write_packed_dir
+from .packed_corpus import random_samples, small_packed_dir, write_packed_dir
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    out = tmp_path_factory.mktemp("shared_groups")
-    samples, labels = random_samples(400, 30, seed=3)
-    write_packed_dir(out, samples, labels, max_len=48, rows_per_shard=60, row_group_rows=8)
-    return out
+    return small_packed_dir(tmp_path_factory, "shared_groups", 400, seed=3, rows_per_shard=60)
 
 
 def _decodes_logged(monkeypatch, log):

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 from tokpack.torch import PackedCollator, PackedDataset, PackedIterableDataset, _transport
 from tokpack.torch._transport import WorkerBatch, ship
 
-from .packed_corpus import random_samples, write_packed_dir
+from .packed_corpus import small_packed_dir
 
 COLLATORS = {
     "none": None,
@@ -30,10 +30,7 @@ COLLATORS = {
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    out = tmp_path_factory.mktemp("packed_transport")
-    samples, labels = random_samples(300, 30, seed=5)
-    write_packed_dir(out, samples, labels, max_len=48, rows_per_shard=40, row_group_rows=8)
-    return out
+    return small_packed_dir(tmp_path_factory, "packed_transport", 300, seed=5, rows_per_shard=40)
 
 
 def _assert_same(a, b):

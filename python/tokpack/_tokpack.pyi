@@ -93,6 +93,14 @@ def flatten_samples(
 ) -> Tuple[npt.NDArray[np.int32], npt.NDArray[np.int64], Optional[npt.NDArray[np.int32]]]: ...
 def default_threads() -> int: ...
 
+# An encoded batch: (ids, labels, offsets, fallback).
+_Batch = Tuple[
+    npt.NDArray[np.int32],
+    npt.NDArray[np.int32],
+    npt.NDArray[np.int64],
+    npt.NDArray[np.int64],
+]
+
 @final
 class BpeEncoder:
     """tokpack's exact encoder for byte-level BPE ``tokenizer.json`` files (GPT-2, Llama 3 and
@@ -111,12 +119,7 @@ class BpeEncoder:
         span_starts: npt.NDArray[np.int64],
         span_ends: npt.NDArray[np.int64],
         threads: Optional[int] = None,
-    ) -> Tuple[
-        npt.NDArray[np.int32],
-        npt.NDArray[np.int32],
-        npt.NDArray[np.int64],
-        npt.NDArray[np.int64],
-    ]: ...
+    ) -> _Batch: ...
 
 @final
 class ChatRenderer:
@@ -157,15 +160,9 @@ class ChatRenderer:
         system_key: str,
         detect_keys: Optional[List[str]] = None,
         threads: Optional[int] = None,
-    ) -> Tuple[
-        npt.NDArray[np.int32],
-        npt.NDArray[np.int32],
-        npt.NDArray[np.int64],
-        npt.NDArray[np.int64],
-        npt.NDArray[np.bool_],
-    ]:
-        """JSONL ``messages`` records parsed, rendered and encoded: ``(ids, labels, offsets,
-        fallback, last_assistant)``; the lines in ``fallback`` are left to the Python path."""
+    ) -> Tuple[_Batch, npt.NDArray[np.bool_]]:
+        """JSONL ``messages`` records parsed, rendered and encoded: ``((ids, labels, offsets,
+        fallback), last_assistant)``; the lines in ``fallback`` are left to the Python path."""
 
 @final
 class Progress:

@@ -447,7 +447,7 @@ class RecordEncoder:
         """Parses, renders and encodes JSONL ``records`` in Rust (``threads`` threads, the GIL
         released); what it leaves to Python is listed in ``fallback``."""
         columns = self.options.columns or {}
-        ids, labels, offsets, fallback, last = self.template.rust.tokenize_jsonl(
+        (ids, labels, offsets, fallback), last = self.template.rust.tokenize_jsonl(
             encoder=self._fast,
             lines=[r.raw if not r.decoded else "" for r in records],  # "": not JSON, Python's
             mode=self.options.train_on,

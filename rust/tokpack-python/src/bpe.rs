@@ -4,19 +4,30 @@ use crate::errors::ConfigError;
 use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use tokpack_core::bpe::{self, BpeTokenizer, LoadError};
+use tokpack_core::bpe::{self, BpeTokenizer, EncodedBatch, LoadError};
 use tokpack_core::pool;
 
 /// A byte-level BPE tokenizer loaded from `tokenizer.json` text.
 #[pyclass(frozen, module = "tokpack._tokpack")]
 pub struct BpeEncoder(pub(crate) BpeTokenizer);
 
-type Batch<'py> = (
+/// An encoded batch as numpy arrays: `(ids, labels, offsets, fallback)` (see
+/// [`BpeEncoder::encode_batch`]).
+pub(crate) type Batch<'py> = (
     Bound<'py, PyArray1<i32>>,
     Bound<'py, PyArray1<i32>>,
     Bound<'py, PyArray1<i64>>,
     Bound<'py, PyArray1<i64>>,
 );
+
+pub(crate) fn batch_to_py(py: Python<'_>, out: EncodedBatch) -> Batch<'_> {
+    (
+        out.ids.into_pyarray(py),
+        out.labels.into_pyarray(py),
+        out.offsets.into_pyarray(py),
+        out.fallback.into_pyarray(py),
+    )
+}
 
 #[pymethods]
 impl BpeEncoder {
@@ -79,11 +90,6 @@ impl BpeEncoder {
                 })
             })
             .map_err(crate::errors::to_py)?;
-        Ok((
-            out.ids.into_pyarray(py),
-            out.labels.into_pyarray(py),
-            out.offsets.into_pyarray(py),
-            out.fallback.into_pyarray(py),
-        ))
+        Ok(batch_to_py(py, out))
     }
 }

@@ -1,6 +1,6 @@
 //! `ChatRenderer`: the core's chat template renderer, batch calls with the GIL released.
 
-use crate::bpe::BpeEncoder;
+use crate::bpe::{batch_to_py, Batch, BpeEncoder};
 use numpy::{IntoPyArray, PyArray1};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -59,14 +59,6 @@ type Rendered<'py> = (
     Bound<'py, PyArray1<i64>>,
     Bound<'py, PyArray1<i64>>,
     Vec<Option<String>>,
-);
-
-type Tokenized<'py> = (
-    Bound<'py, PyArray1<i32>>,
-    Bound<'py, PyArray1<i32>>,
-    Bound<'py, PyArray1<i64>>,
-    Bound<'py, PyArray1<i64>>,
-    Bound<'py, PyArray1<bool>>,
 );
 
 #[pymethods]
@@ -163,7 +155,7 @@ impl ChatRenderer {
     /// `encoder` JSONL lines holding OpenAI-style `messages` records (keys `messages_key`
     /// and `system_key`; with `detect_keys`, the chosen, rejected, prompt, completion and
     /// label keys of format "auto", a record holding them is another format). Returns
-    /// `(ids, labels, offsets, fallback, last_assistant)`: line `i` owns
+    /// `((ids, labels, offsets, fallback), last_assistant)`: line `i` owns
     /// `ids[offsets[i]:offsets[i + 1]]`, except the lines listed in `fallback` (left to the
     /// Python path: they own no tokens); `last_assistant[i]`: its last message is an
     /// assistant's.
@@ -179,7 +171,7 @@ impl ChatRenderer {
         system_key: String,
         detect_keys: Option<[String; 5]>,
         threads: Option<usize>,
-    ) -> PyResult<Tokenized<'py>> {
+    ) -> PyResult<(Batch<'py>, Bound<'py, PyArray1<bool>>)> {
         let mode = Mode::parse(mode, false)
             .filter(|m| !matches!(m, Mode::Plain { .. }))
             .ok_or_else(|| PyValueError::new_err(format!("unknown mode {mode:?}")))?;
@@ -199,10 +191,7 @@ impl ChatRenderer {
             })
             .map_err(crate::errors::to_py)?;
         Ok((
-            out.batch.ids.into_pyarray(py),
-            out.batch.labels.into_pyarray(py),
-            out.batch.offsets.into_pyarray(py),
-            out.batch.fallback.into_pyarray(py),
+            batch_to_py(py, out.batch),
             out.last_assistant.into_pyarray(py),
         ))
     }
