@@ -24,13 +24,13 @@ from . import _tokpack
 from ._contract import PAIR_SEGMENT_ROLES
 from ._outdir import read_manifest
 from .errors import CorruptOutputError
-from .packed_dir import PackedDir
+from .packed_dir import PackedDir, member_path
 
 __all__ = ["verify", "cache_problem"]
 
 
 def _file_problem(out: Path, shard: Dict[str, Any], full: bool) -> Optional[str]:
-    path = out / shard["file"]
+    path = member_path(out, shard["file"], "shard")
     try:
         size = path.stat().st_size
     except FileNotFoundError:
@@ -47,7 +47,7 @@ def _file_problem(out: Path, shard: Dict[str, Any], full: bool) -> Optional[str]
             return f"{path} is not a readable Parquet file ({exc})"
         if rows != shard["rows"]:
             return f"{path} has {rows} rows, the manifest says {shard['rows']}"
-    if "index" in shard and not (out / shard["index"]).is_file():
+    if "index" in shard and not member_path(out, shard["index"], "index").is_file():
         return f"{out / shard['index']} is missing"
     if full and "checksum" in shard:
         _, checksum = _tokpack.file_checksum(str(path))
@@ -70,10 +70,12 @@ def cache_problem(
                 return problem
         for key in ("dropped_file", "rejected_file"):
             name = manifest.get(key)
-            if name and not (out / name).is_file():
+            if name and not member_path(out, name, key).is_file():
                 return f"{out / name} is missing"
     except (KeyError, TypeError) as exc:
         return f"the manifest is malformed (field {exc})"
+    except CorruptOutputError as exc:
+        return str(exc)
     return None
 
 
@@ -95,7 +97,7 @@ def _check_figures(packed: PackedDir) -> None:
         accounted = sum(parts) + f["samples_dropped"]
         samples_in, dropped = f["samples_in"], f["samples_dropped"]
         tokens, loss_tokens = f["tokens"], f["loss_tokens"]
-        dropped_file = root / m["dropped_file"]
+        dropped_file = member_path(root, m["dropped_file"], "dropped_file")
         shards = m["shards"]
     except (KeyError, TypeError) as exc:
         raise CorruptOutputError(f"{root}: manifest field {exc} is missing") from None
@@ -120,7 +122,7 @@ def _check_figures(packed: PackedDir) -> None:
 
 def _read_index(packed: PackedDir, k: int) -> Dict[str, np.ndarray]:
     shard = packed.manifest["shards"][k]
-    path = packed.root / shard["index"]
+    path = member_path(packed.root, shard["index"], f"shard {k} index")
     table = _read_ipc(path)
     names = ("offset", "num_tokens", "num_seqs", "num_loss_tokens")
     if table.num_rows != shard["rows"] or any(n not in table.column_names for n in names):
@@ -202,7 +204,7 @@ def _verify_token_shards(root: Path, manifest: Dict[str, Any], full: bool) -> Di
         raise CorruptOutputError(problem)
     rows = tokens = groups = 0
     for shard in shards:
-        path = root / shard["file"]
+        path = member_path(root, shard["file"], "shard")
         try:
             table = pq.read_table(path) if full else None
             meta = pq.read_metadata(path)

@@ -6,14 +6,12 @@ from __future__ import annotations
 import argparse
 import itertools
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Tuple
-
-import pyarrow.parquet as pq
+from typing import Any, Dict, Iterator, Tuple
 
 from .._contract import SEGMENT_ROLES
-from .._outdir import read_packed_manifest
 from ..errors import CorruptOutputError
 from ..integrity import cache_problem
+from ..packed_dir import PackedDir
 from ..report import table
 
 # ``seq_roles`` of preference outputs.
@@ -26,7 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     out = Path(args.output)
-    manifest = read_packed_manifest(out)
+    packed = PackedDir(out)
+    manifest = packed.manifest
     problem = cache_problem(out, manifest)
     if problem is not None:
         raise CorruptOutputError(f"{problem} (run `tokpack verify {out}` for a full check)")
@@ -41,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
             ["figure", "value"], [[k, f"{v:,}" if isinstance(v, int) else v] for k, v in f.items()]
         )
     )
-    for file, row in itertools.islice(_rows(out, manifest["shards"]), max(args.rows, 0)):
+    for file, row in itertools.islice(_rows(packed), max(args.rows, 0)):
         ids = row["input_ids"]
         roles = row.get("seq_roles") or [0] * len(row["seq_lengths"])
         print(
@@ -57,12 +56,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _rows(out: Path, shards: List[Dict[str, Any]]) -> Iterator[Tuple[str, Dict[str, Any]]]:
-    """(shard file, row) of every packed row, read one row group at a time."""
+def _rows(packed: PackedDir) -> Iterator[Tuple[str, Dict[str, Any]]]:
+    """(shard file, row) of every packed row, read one row group at a time through the checked
+    reader (a damaged shard is reported, not shown)."""
     cols = ["input_ids", "seq_lengths", "sample_ids", "num_tokens", "num_loss_tokens"]
-    for shard in shards:
-        pf = pq.ParquetFile(out / shard["file"])
-        roles = ["seq_roles"] if "seq_roles" in pf.schema_arrow.names else []
-        for g in range(pf.num_row_groups):
-            for row in pf.read_row_group(g, columns=cols + roles).to_pylist():
-                yield shard["file"], row
+    cols += ["seq_roles"] if packed.pair_layout is not None else []
+    for group in range(packed.num_groups):
+        file = Path(packed.shard_paths[int(packed.group_shard[group])]).name
+        decoded = packed.decode(group, cols)
+        for r in range(int(packed.group_rows[group])):
+            row = {}
+            for name, col in decoded.items():
+                if isinstance(col, tuple):
+                    values, offsets = col
+                    row[name] = values[offsets[r] : offsets[r + 1]].tolist()
+                else:
+                    row[name] = col[r].item()
+            yield file, row
