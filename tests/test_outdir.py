@@ -432,8 +432,9 @@ def test_manifest_paths_outside_the_directory_are_refused(shards, tmp_path, caps
     for read in readers:
         with pytest.raises(tokpack.CorruptOutputError, match="outside the directory"):
             read()
-    assert main(["verify", str(out)]) == 2
-    assert "outside the directory" in capsys.readouterr().err
+    for command in (["verify", str(out)], ["inspect", str(out)]):
+        assert main(command) == 2
+        assert "outside the directory" in capsys.readouterr().err
     assert not (tmp_path / "n.parquet").exists()
 
 

@@ -317,3 +317,27 @@ def test_a_damaged_side_file_is_refused_by_every_reader_and_the_cache(tmp_path, 
     err = capsys.readouterr().err
     assert "cache hit" not in err and name in err
     assert tokpack.verify(out)["ok"]
+
+
+def test_a_directory_without_side_file_checksums_stays_readable(tmp_path, capsys):
+    """format_version 2 directories written before index_size / index_checksum and
+    dropped_size / dropped_checksum: read as before (unchecked side files); --verify-cache,
+    which cannot check them, rebuilds them."""
+    samples, labels = random_samples(60, 40, seed=2)
+    out = tmp_path / "out"
+    write_packed_dir(out, samples, labels, max_len=MAX_LEN, rows_per_shard=20, row_group_rows=8)
+    manifest = json.loads((out / MANIFEST_NAME).read_text())
+    for shard in manifest["shards"]:
+        del shard["index_size"], shard["index_checksum"]
+    del manifest["dropped_size"], manifest["dropped_checksum"]
+    (out / MANIFEST_NAME).write_text(json.dumps(manifest))
+    assert tokpack.verify(out)["ok"] and tokpack.verify(out, full=False)["ok"]
+    assert len(PackedDataset(out)) == manifest["figures"]["rows"]
+    source = str(tmp_path / "out-tokens.parquet")
+    args = ["pack", source, "-o", str(out), "--max-len", str(MAX_LEN), "--quiet"]
+    args += ["--rows-per-shard", "20", "--row-group-rows", "8"]
+    assert main(args) == 0
+    assert "up to date (cache hit" in capsys.readouterr().err
+    assert main(args + ["--verify-cache"]) == 0
+    assert "older tokpack" in capsys.readouterr().err
+    assert "index_checksum" in json.loads((out / MANIFEST_NAME).read_text())["shards"][0]
