@@ -44,7 +44,14 @@ from typing import (
 
 import pyarrow.fs as pafs
 
-from .._outdir import MANIFEST_NAME, SIDE_DIR, atomic_output_dir, output_target
+from .._outdir import (
+    MANIFEST_NAME,
+    SIDE_DIR,
+    atomic_output_dir,
+    foreign_names,
+    is_tokpack_manifest,
+    output_target,
+)
 from ..errors import ConfigError, CorruptOutputError, OutputError, OutputExistsError
 
 ATTEMPT_PREFIX = ".attempt-"
@@ -162,38 +169,33 @@ class StoreOut(Out):
             if info.type == kind
         )
 
-    def _listed(self) -> Optional[set]:
-        """The shard names a tokpack manifest under the prefix lists, or None without one."""
+    def _manifest(self) -> Any:
+        """The manifest under the prefix, parsed, or None (missing or unreadable)."""
         try:
             with self.fs.open_input_stream(self.key(MANIFEST_NAME)) as f:
-                manifest = json.loads(f.read())
+                return json.loads(f.read())
         except (OSError, ValueError):
             return None
-        if not isinstance(manifest, dict) or "tokpack_version" not in manifest:
-            return None
-        shards = manifest.get("shards") or []
-        return {s["file"] for s in shards if isinstance(s, dict) and isinstance(s.get("file"), str)}
 
     def claim(self) -> None:
-        """Checks that the prefix may be replaced (empty, or tokpack's holding only what tokpack
-        writes: see the module docstring), then marks it as being written by this run."""
+        """Checks that the prefix may be replaced (``_outdir.foreign_names``: empty, or
+        tokpack's holding only what tokpack writes, a dead run's staged objects included: see
+        the module docstring), then marks it as being written by this run."""
         names = self.names()
         if names:
-            listed = self._listed()
+            manifest = self._manifest()
             writing = RUN_MARKER in names
-            if listed is None and not writing:
+            if not is_tokpack_manifest(manifest) and not writing:
                 raise OutputExistsError(
                     f"{self.shown}: holds {names[0]!r} and no tokpack manifest: refusing to "
                     "replace what tokpack did not write; choose another output or remove it "
                     "yourself"
                 )
-            foreign = [
-                n
-                for n in names
-                if not (
-                    n in (listed or ()) or _STAGED.fullmatch(n) or (writing and _OURS.fullmatch(n))
-                )
-            ]
+
+            def staged(name: str) -> bool:
+                return bool(_STAGED.fullmatch(name) or (writing and _OURS.fullmatch(name)))
+
+            foreign = foreign_names(names, manifest, staged)
             if foreign:
                 raise OutputExistsError(
                     f"{self.shown}: holds {foreign[0]!r}, which tokpack did not write; choose "
