@@ -432,6 +432,96 @@ def test_manifest_paths_outside_the_directory_are_refused(shards, tmp_path, caps
     for read in readers:
         with pytest.raises(tokpack.CorruptOutputError, match="outside the directory"):
             read()
-    assert main(["verify", str(out)]) == 2
-    assert "outside the directory" in capsys.readouterr().err
+    for command in (["verify", str(out)], ["inspect", str(out)]):
+        assert main(command) == 2
+        assert "outside the directory" in capsys.readouterr().err
     assert not (tmp_path / "n.parquet").exists()
+
+
+# --- every writer follows the same rules: tokpack.ray's destinations ----------------------------
+
+
+def _bucket(root):
+    """An object store stand-in: a pyarrow file system given explicitly (no directory renames)."""
+    import pyarrow.fs as pafs
+
+    root.mkdir(exist_ok=True)
+    return pafs.SubTreeFileSystem(str(root), pafs.LocalFileSystem())
+
+
+def test_an_object_store_prefix_holding_another_dataset_is_refused_untouched(tmp_path):
+    """Fails on the code before issue 20: the prefix's part-N.parquet objects (the names
+    pyarrow.dataset.write_dataset gives) were deleted without looking for a tokpack manifest."""
+    pytest.importorskip("ray")
+    import pyarrow as pa
+    import pyarrow.dataset as pads
+
+    from tokpack.ray._store import committed_output
+
+    fs = _bucket(tmp_path / "bucket")
+    table = pa.table({"input_ids": pa.array([[1, 2], [3]], pa.list_(pa.int32()))})
+    pads.write_dataset(table, "data", format="parquet", filesystem=fs)
+    before = tree(tmp_path)
+    assert "bucket/data/part-0.parquet" in before
+    with pytest.raises(tokpack.OutputExistsError, match="part-0.parquet"):
+        with committed_output("data", fs):
+            raise AssertionError("not reached")
+    # Its own input: refused before anything is looked at.
+    with pytest.raises(tokpack.ConfigError, match="input"):
+        with committed_output("data", fs, ["data/part-0.parquet"]):
+            raise AssertionError("not reached")
+    assert tree(tmp_path) == before
+
+
+def test_an_object_store_run_claims_its_prefix_and_a_dead_runs_objects_are_its(tmp_path):
+    pytest.importorskip("ray")
+    from tokpack.ray._store import RUN_MARKER, committed_output
+
+    fs = _bucket(tmp_path / "bucket")
+    out = tmp_path / "bucket" / "packed"
+    with pytest.raises(KeyboardInterrupt):
+        with committed_output("packed", fs) as (store, _):
+            assert (out / RUN_MARKER).is_file()  # claimed before anything is written
+            (out / "part-00000.parquet").write_bytes(b"half")
+            raise KeyboardInterrupt
+    assert [p for p in out.rglob("*") if p.is_file()] == []
+    # A run killed outright (no cleanup) leaves its claim: the next run may remove its objects.
+    (out / RUN_MARKER).parent.mkdir(parents=True, exist_ok=True)
+    (out / RUN_MARKER).write_text("1\n")
+    (out / "part-00003.parquet").write_bytes(b"half")
+    with committed_output("packed", fs) as (store, local):
+        assert not (out / "part-00003.parquet").exists()
+        (local / MANIFEST_NAME).parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(local / MANIFEST_NAME, {"tokpack_version": "x", "shards": []})
+    names = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert names == [MANIFEST_NAME]
+    # Without the claim, an unlisted shard-like object is someone else's.
+    (out / "part-00009.parquet").write_bytes(b"theirs")
+    with pytest.raises(tokpack.OutputExistsError, match="part-00009.parquet"):
+        with committed_output("packed", fs):
+            raise AssertionError("not reached")
+    assert (out / "part-00009.parquet").read_bytes() == b"theirs"
+
+
+@pytest.mark.parametrize("how", ["uri", "filesystem"])
+def test_a_file_uri_or_a_local_filesystem_is_a_local_directory(tmp_path, monkeypatch, how):
+    """Fails on the code before issue 20: `file:///abs/out` became a local folder `file:`."""
+    pytest.importorskip("ray")
+    import pyarrow.fs as pafs
+
+    from tokpack.ray._store import committed_output, read_manifest_at
+
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    dest, fs = (f"file://{out}", None) if how == "uri" else (str(out), pafs.LocalFileSystem())
+    with committed_output(dest, fs) as (_, local):
+        write_json_atomic(local / MANIFEST_NAME, {"tokpack_version": "x", "shards": []})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert read_manifest_at(dest, fs)[0] == {"tokpack_version": "x", "shards": []}
+    # The local rules hold: a directory tokpack did not write is refused.
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("x")
+    mine = f"file://{tmp_path / 'mine'}" if how == "uri" else str(tmp_path / "mine")
+    with pytest.raises(tokpack.OutputExistsError, match="did not write"):
+        with committed_output(mine, fs):
+            raise AssertionError("not reached")

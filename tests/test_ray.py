@@ -538,3 +538,60 @@ def test_s3_output_is_tokpack_packs_bytes_committed_by_the_manifest(cluster, cor
         tokpack.ray.pack(ray.data.from_arrow(bad), prefix, 8, filesystem=s3)
     with pytest.raises(tokpack.CorruptOutputError, match="not a complete tokpack output"):
         tokpack.ray.read_packed(prefix, filesystem=s3)
+
+
+def test_every_destination_follows_the_output_rule(cluster, corpus, tmp_path, monkeypatch):
+    """Fails on the code before issue 20: packing a dataset into the prefix it was read from
+    deleted its part-N.parquet inputs (pyarrow.dataset's names), a prefix holding another
+    dataset was replaced without OutputExistsError, and `file://...` became a folder `file:`."""
+    import pyarrow.dataset as pads
+
+    _, _, table, _ = corpus
+    fs = _store(tmp_path / "bucket")
+    pads.write_dataset(table.slice(0, 50), "data", format="parquet", filesystem=fs)
+    before = sorted((tmp_path / "bucket").rglob("*"))
+    ds = ray.data.read_parquet("data", filesystem=fs)
+    with pytest.raises(tokpack.ConfigError, match="input"):
+        tokpack.ray.pack(ds, "data", MAX_LEN, filesystem=fs, **LAYOUT)
+    with pytest.raises(tokpack.OutputExistsError, match="part-0.parquet"):
+        tokpack.ray.pack(blocks(table, ()), "data", MAX_LEN, filesystem=fs, **LAYOUT)
+    assert sorted((tmp_path / "bucket").rglob("*")) == before
+    monkeypatch.chdir(tmp_path)
+    manifest = tokpack.ray.pack(blocks(table, ()), f"file://{tmp_path}/out", MAX_LEN, **LAYOUT)
+    assert not (tmp_path / "file:").exists()
+    assert read_manifest(tmp_path / "out") == manifest
+    assert tokpack.verify(tmp_path / "out")["ok"]
+    rows = tokpack.ray.read_packed(f"file://{tmp_path}/out").count()
+    assert rows == manifest["figures"]["rows"]
+
+
+def test_read_packed_reads_through_the_checked_reader(cluster, corpus, tmp_path):
+    """Fails on the code before issue 20: read_packed read the shards with plain
+    ray.data.read_parquet, so a flipped byte came out as another token; and it followed a
+    manifest naming a shard outside the directory."""
+    import json
+
+    _, _, table, _ = corpus
+    out = tmp_path / "out"
+    manifest = tokpack.ray.pack(blocks(table, ()), out, MAX_LEN, compression="none", **LAYOUT)
+    rows = tokpack.ray.read_packed(out).take_all()
+    assert len(rows) == manifest["figures"]["rows"]
+    first = pq.read_table(out / manifest["shards"][0]["file"]).slice(0, 1).to_pylist()[0]
+    assert list(rows[0]["input_ids"]) == first["input_ids"]
+    assert list(rows[0]["seq_lengths"]) == first["seq_lengths"]
+    ids = tokpack.ray.read_packed(out, columns=["sample_ids"]).take(1)[0]
+    assert list(ids) == ["sample_ids"]
+    shard = manifest["shards"][0]
+    path = out / shard["file"]
+    data = bytearray(path.read_bytes())
+    group = shard["row_group_bytes"][0]
+    data[group["offset"] + group["length"] // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    # Raised in a read task: Ray hands it on wrapped (RayTaskError), with tokpack's message.
+    with pytest.raises(Exception, match=f"{shard['file']}.*do not match their checksum"):
+        tokpack.ray.read_packed(out).take_all()
+    bad = json.loads((out / "__tokpack__" / "_manifest.json").read_text())
+    bad["shards"][0]["file"] = f"../{out.name}/{shard['file']}"
+    (out / "__tokpack__" / "_manifest.json").write_text(json.dumps(bad))
+    with pytest.raises(tokpack.CorruptOutputError, match="outside the directory"):
+        tokpack.ray.read_packed(out)

@@ -24,7 +24,9 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import stat
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
@@ -227,19 +229,15 @@ def check_replaceable(out_dir: Path, shown: object = None) -> None:
             f"{shown}: refusing to replace it: its {MANIFEST_NAME} is unreadable, so tokpack "
             "cannot tell what it wrote; remove the directory yourself or choose another"
         ) from None
-    if not isinstance(manifest, dict) or "tokpack_version" not in manifest:
+    if not is_tokpack_manifest(manifest):
         raise OutputExistsError(
             f"{shown}: refusing to replace a non-empty directory that tokpack did not write "
             f"(no {MANIFEST_NAME}); choose a new or empty directory"
         )
-    listed = {SIDE_DIR}
-    for shard in manifest.get("shards") or []:
-        if isinstance(shard, dict) and isinstance(shard.get("file"), str):
-            listed.add(shard["file"])
+    foreign = set(foreign_names(entries, manifest))
+    # A listed name that is not a file (a folder in its place) is not what tokpack wrote either.
     unknown = [
-        name
-        for name in entries
-        if name not in listed or (name != SIDE_DIR and not (out_dir / name).is_file())
+        n for n in entries if n in foreign or (n != SIDE_DIR and not (out_dir / n).is_file())
     ]
     if unknown:
         more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
@@ -247,6 +245,37 @@ def check_replaceable(out_dir: Path, shown: object = None) -> None:
             f"{shown}: refusing to replace it: it holds files tokpack did not write "
             f"({', '.join(unknown[:5])}{more}); move them away or choose another directory"
         )
+
+
+def is_tokpack_manifest(manifest: Any) -> bool:
+    """Whether a parsed manifest is one tokpack wrote (the claim on an output it may replace)."""
+    return isinstance(manifest, dict) and "tokpack_version" in manifest
+
+
+def foreign_names(
+    names: Sequence[str], manifest: Any, ours: Optional[Callable[[str], bool]] = None
+) -> List[str]:
+    """The output rule, for every destination: the names under an output (top-level entries of
+    a directory, or every key under an object-store prefix) that tokpack did not write, given
+    its manifest (None when there is none): the shards the manifest lists and the side folder
+    are tokpack's; ``ours`` adds what a destination's own runs leave (an object store's staging
+    names, see ``ray._store``). An output is replaced only when this is empty."""
+    listed = {SIDE_DIR}
+    if is_tokpack_manifest(manifest):
+        for shard in manifest.get("shards") or []:
+            if isinstance(shard, dict) and isinstance(shard.get("file"), str):
+                listed.add(shard["file"])
+    else:
+        listed = set()
+    return [
+        n
+        for n in names
+        if not (
+            n in listed
+            or (bool(listed) and n.startswith(f"{SIDE_DIR}/"))
+            or (ours is not None and ours(n))
+        )
+    ]
 
 
 @contextlib.contextmanager
@@ -382,13 +411,46 @@ def atomic_output_files(
             check()  # files created meanwhile by another program are not lost
             for final, tmp in zip(finals, tmps):
                 keep_permissions(final, tmp)
-            for final, tmp in zip(finals, tmps):
-                os.replace(tmp, final)
+            with _signals_deferred():  # Ctrl-C / SIGTERM land after the renames, not between
+                for final, tmp in zip(finals, tmps):
+                    os.replace(tmp, final)
             _fsync_dir(finals[0].parent)
         finally:
             for tmp in tmps:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Blocks SIGINT and SIGTERM (delivered when it ends) in the main thread, so a commit of
+    several renames is not cut in the middle by them (only SIGKILL or a crash can)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def numpy_api_ready() -> None:
+    """Makes the Rust extension fetch NumPy's C API now, with SIGINT and SIGTERM deferred. The
+    fetch runs Python code (numpy's version check); a Ctrl-C or SIGTERM raised there by the
+    CLI's handlers made the numpy crate panic (exit 1 with a Rust backtrace) instead of the
+    command stopping with 130 / 143, whenever it landed on a command's first array."""
+    import numpy as np
+
+    with _signals_deferred():
+        _tokpack.plan(
+            lengths=np.zeros(0, np.int64),
+            max_len=1,
+            strategy="bfd",
+            overlong="error",
+            seed=0,
+            threads=1,
+        )
 
 
 def keep_permissions(existing: Path, new: Path) -> None:

@@ -275,10 +275,11 @@ def pack_files(
                 ),
                 progress,
             )
-            _write_dropped(tmp / DROPPED_NAME, result, paths, staged)
+            dropped_entry = _write_dropped(tmp / DROPPED_NAME, result, paths, staged)
         finally:
             shutil.rmtree(spill, ignore_errors=True)
         manifest = _manifest(config, described, result, time.perf_counter() - started)
+        manifest.update(dropped_entry)
         manifest["sample_kind"] = kind
         if tokenized is not None:
             manifest["inputs"] = described
@@ -334,10 +335,12 @@ def _check_pairs_fit(staged: Path, paths: List[Path], max_len: int, layout: str)
 
 def _write_dropped(
     path: Path, result: Dict[str, Any], paths: List[Path], staged: Optional[Path]
-) -> None:
+) -> Dict[str, Any]:
     """Every sample that is not in the output, with its file, row (token shards, Parquet: from
     0) or line (JSONL: from 1) and reason. With ``staged`` (one-step pack) the sample ids are
-    rows of that tokenized file, whose source columns lead back to the raw ``paths``."""
+    rows of that tokenized file, whose source columns lead back to the raw ``paths``. Returns
+    the manifest's ``dropped_size`` and ``dropped_checksum`` of the file written (readers
+    check them)."""
     dropped = np.asarray(result["dropped"], dtype=np.int64)
     if staged is None:
         bounds = np.cumsum([0] + list(result["input_rows"]))
@@ -364,6 +367,8 @@ def _write_dropped(
         path.parent.mkdir(parents=True, exist_ok=True)
         with open_for_writing(path) as sink, pa.ipc.new_file(sink, table.schema) as writer:
             writer.write_table(table)
+        size, checksum = _tokpack.file_checksum(str(path))
+    return {"dropped_size": size, "dropped_checksum": checksum}
 
 
 def _manifest(

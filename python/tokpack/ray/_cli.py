@@ -16,7 +16,7 @@ from .._outdir import output_target
 from ..commands.pack import packing_options
 from ..errors import ConfigError
 from ._pack import pack
-from ._store import store_of
+from ._store import local_path
 
 
 def connect(address: str, quiet: bool) -> None:
@@ -31,8 +31,10 @@ def pack_command(args: argparse.Namespace) -> Dict[str, Any]:
             "--ray packs token shards; tokenize first (tokpack tokenize --ray, or "
             "tokpack.ray.tokenize), then pack them"
         )
-    # An object-store OUT (s3://...) cannot overlap local inputs; a local one is checked.
-    out = None if store_of(args.output) is not None else output_target(args.output)
+    # An object-store OUT (s3://...) cannot overlap local inputs; a local one (a path or a
+    # file:// URI) is checked.
+    local = local_path(args.output)
+    out = None if local is None else output_target(local)
     paths = resolve_inputs(args.inputs, TOKEN_SUFFIXES, output_dir=out)
     others = [str(p) for p in paths if not is_parquet(p)]
     if others:

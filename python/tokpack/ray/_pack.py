@@ -6,18 +6,25 @@ import inspect
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 from .. import _tokpack, files
 from .._outdir import MANIFEST_NAME, write_json_atomic
 from ..errors import ConfigError, CorruptOutputError
+from ..packed_dir import member_path
 from ..planning import check_int, checked_args
 from ..planning import plan as make_plan
 from ._blocks import DATASET_SOURCE, Measured, measure, ordered_blocks, resolve_columns
 from ._global import write_global
 from ._local import Planning, pack_local
 from ._shards import Layout, accounting, remove_attempts
-from ._store import LocalOut, committed_output, read_manifest_at
+from ._store import (
+    LocalOut,
+    committed_output,
+    dataset_inputs,
+    read_checked_shards,
+    read_manifest_at,
+)
 
 MODES = ("global", "local")
 # The options of tokpack.pack_files that apply to a dataset, with its defaults (defined there).
@@ -79,7 +86,7 @@ def pack(
     if mode == "local":
         config["ray"] = {"mode": mode, "min_block_samples": min_block_samples}
     layout = Layout(max_len, config["row_group_rows"], config["compression"])
-    with committed_output(output_dir, filesystem) as (out, local):
+    with committed_output(output_dir, filesystem, dataset_inputs(ds)) as (out, local):
         clock = _Clock()
         names = (config["tokens_column"], config["labels_column"], config["loss_mask_column"])
         if mode == "global":
@@ -111,11 +118,12 @@ def pack(
             remove_attempts(local)
         paths, result["input_rows"] = [Path(p) for p in sources[0]], sources[1]
         result["has_labels"] = columns.labels is not None
-        files._write_dropped(local / files.DROPPED_NAME, result, paths, None)
+        dropped_entry = files._write_dropped(local / files.DROPPED_NAME, result, paths, None)
         described: List[Dict[str, Any]] = [{"path": str(p)} for p in paths]
         # Never a cache hit (a Ray dataset has no cheap fingerprint), hence no cache key.
         manifest = {"tokpack_version": _tokpack.__version__, "cache_key": None}
         manifest.update(files._manifest(config, described, result, time.perf_counter() - started))
+        manifest.update(dropped_entry)
         manifest["ray"] = {"mode": mode, "blocks": blocks, "stage_s": clock.stages}
         write_json_atomic(local / MANIFEST_NAME, manifest)
     return manifest
@@ -141,29 +149,34 @@ def _sources(measured: Measured) -> Any:
 
 
 def read_packed(
-    output_dir: Union[str, os.PathLike], *, filesystem: Any = None, **read_parquet_args: Any
+    output_dir: Union[str, os.PathLike],
+    *,
+    filesystem: Any = None,
+    columns: Optional[Sequence[str]] = None,
 ) -> Any:
     """A packed directory (or object-store prefix: ``s3://...``, or a path on ``filesystem``)
     as a ``ray.data.Dataset``, one row per packed row (``input_ids``, ``labels``,
-    ``seq_lengths``, ``sample_ids``, ...), reading exactly the shards its manifest lists. An
-    output without a manifest is refused: it is not complete (a run under way or that failed).
+    ``seq_lengths``, ``sample_ids``, ... or ``columns``), reading exactly the shards its
+    manifest lists, one task per shard, through the checked reader: every row group's bytes and
+    the footer are checked against the manifest's checksums (a damaged shard raises
+    :class:`CorruptOutputError`, never yields other tokens). An output without a manifest is
+    refused: it is not complete (a run under way or that failed); so is a manifest naming a file
+    outside the output.
 
     For training: ``ds.iter_torch_batches(collate_fn=rows_collate(PackedCollator(...)))``,
     after ``ds.streaming_split(n)`` to feed ``n`` trainer workers (README, "Ray").
     """
-    import ray.data
-
     manifest, fs, root = read_manifest_at(output_dir, filesystem)
     if manifest is None or not isinstance(manifest.get("shards"), list):
         raise CorruptOutputError(
             f"{output_dir}: no {MANIFEST_NAME}: not a complete tokpack output (a run that did not "
             "finish, or not a packed directory)"
         )
-    shards = [s["file"] for s in manifest["shards"] if s.get("rows")]
-    paths = [f"{root}/{name}" for name in shards or [manifest["shards"][0]["file"]]]
-    if fs is not None:
-        read_parquet_args.setdefault("filesystem", fs)
-    return ray.data.read_parquet(paths, **read_parquet_args)
+    shards = [s for s in manifest["shards"] if isinstance(s, dict) and s.get("rows")]
+    shards = shards or manifest["shards"][:1]
+    for k, shard in enumerate(shards):
+        member_path(root, shard.get("file"), f"shard {k}")
+    return read_checked_shards(shards, root, fs, columns)
 
 
 def rows_collate(collator: Callable[[List[Dict[str, Any]]], Any]) -> Callable[[Any], Any]:

@@ -34,6 +34,8 @@ pub fn shard_dict<'py>(py: Python<'py>, s: &ShardInfo) -> PyResult<Bound<'py, Py
     }
     d.set_item("row_group_bytes", groups)?;
     d.set_item("footer_bytes", byte_range_dict(py, &s.footer_bytes)?)?;
+    d.set_item("index_size", s.index_size)?;
+    d.set_item("index_checksum", &s.index_checksum)?;
     Ok(d)
 }
 

@@ -52,6 +52,9 @@ pub struct ShardInfo {
     pub row_group_bytes: Vec<ByteRange>,
     /// Everything after the last row group: page indexes and the footer.
     pub footer_bytes: ByteRange,
+    /// The index side file's size in bytes and `xxh3_128:<hex>` of its bytes.
+    pub index_size: u64,
+    pub index_checksum: String,
 }
 
 /// The checksum notation of the manifest.
@@ -254,7 +257,7 @@ pub fn write_shard(ctx: &ShardContext, shard: usize, rows: Range<usize>) -> Resu
     info.footer_bytes = sink.cut();
     info.size = sink.pos;
     info.checksum = xxh3_hex(sink.hasher.finish_128());
-    write_index(&ctx.dir.join(&index_name), index)?;
+    (info.index_size, info.index_checksum) = write_index(&ctx.dir.join(&index_name), index)?;
     Ok(info)
 }
 
@@ -291,7 +294,9 @@ struct IndexColumns {
     num_loss_tokens: Vec<i32>,
 }
 
-fn write_index(path: &Path, index: IndexColumns) -> Result<()> {
+/// Writes the index side file; returns its size and checksum (the manifest records both, so
+/// every reader and the cache check catch a damaged index as they do a damaged shard).
+fn write_index(path: &Path, index: IndexColumns) -> Result<(u64, String)> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).output(dir)?;
     }
@@ -306,10 +311,13 @@ fn write_index(path: &Path, index: IndexColumns) -> Result<()> {
     )
     .output(path)?;
     let file = File::create(path).output(path)?;
-    let mut w = FileWriter::try_new_buffered(file, &index_schema()).output(path)?;
+    let sink = Hashing::new(BufWriter::new(file));
+    let mut w = FileWriter::try_new(sink, &index_schema()).output(path)?;
     w.write(&batch).output(path)?;
     w.finish().output(path)?;
-    Ok(())
+    let mut sink = w.into_inner().output(path)?;
+    sink.flush().output(path)?;
+    Ok((sink.pos, xxh3_hex(sink.hasher.finish_128())))
 }
 
 /// The segments of plan rows `rows`: each plan unit is one segment, or a pair's two or three.
