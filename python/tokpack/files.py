@@ -63,17 +63,22 @@ def read_lengths(
     inputs: PathsLike,
     tokens_column: str = "input_ids",
     *,
+    pair_layout: str = "separate",
     threads: Optional[int] = None,
     progress: bool = False,
 ) -> np.ndarray:
-    """Sample lengths (int64) of the token column across the inputs, read in Rust."""
+    """Sample lengths (int64) of the token column across the inputs, read in Rust. Preference
+    shards: each pair's footprint in ``pair_layout``, the tokens :func:`pack_files` plans it
+    to take in a row (0 for a pair it drops as empty)."""
     threads = checked_threads(threads)
     paths = resolve_inputs(inputs, TOKEN_SUFFIXES)
+    layout = _checked_layout(pair_layout, _sample_kind(paths), paths[0])
     lengths, _ = run_with_progress(
         lambda p: _tokpack.read_lengths(
             paths=[str(x) for x in paths],
             tokens_column=tokens_column,
             batch_rows=BATCH_ROWS,
+            pair_layout=layout,
             threads=threads,
             progress=p,
         ),
