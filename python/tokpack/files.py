@@ -44,8 +44,8 @@ from .planning import (
 )
 from .tokenize.options import TokenizeOptions
 from .tokenize.pipeline import RecordEncoder
-from .tokenize.schema import kind_of_schema, token_schema
-from .tokenize.writer import REJECTED_NAME, stream_into
+from .tokenize.schema import kind_of_format, kind_of_schema
+from .tokenize.writer import REJECTED_NAME, stream_into, write_arrow
 
 __all__ = ["pack_files", "read_lengths", "FORMAT", "FORMAT_VERSION", "PAIR_LAYOUTS"]
 
@@ -202,6 +202,10 @@ def pack_files(
         if overlong == "error" and options.max_len is None:
             # Checked while tokenizing, where the sample's raw file and line are known.
             options = replace(options, max_len=max_len)
+        # Carried columns are the records' fields, staged with the tokens (KTO's label is there).
+        kind = kind_of_format(options.format)
+        fields = [c for c in _checked_carry(carry, kind) if (kind, c) != ("kto", "label")]
+        options = replace(options, carry=(*options.carry, *fields))
         encoding = RecordEncoder(tokenizer, options)
         kind = encoding.kind
         tokens_column, labels_column, loss_mask_column = "input_ids", "labels", None
@@ -242,11 +246,8 @@ def pack_files(
                 stream = stream_into(
                     tmp, paths, described, encoding, progress, threads=threads, sources=True
                 )
-                schema = token_schema(kind, sources=True)
                 with stream as tokens, writing(staged), open_for_writing(staged) as sink:
-                    with pa.ipc.new_file(sink, schema) as writer:
-                        for batch in tokens:
-                            writer.write_batch(batch)
+                    write_arrow(sink, tokens)
                 tokenized = {
                     "counts": tokens.stats.as_dict(),
                     "template": encoding.template_info,
