@@ -199,6 +199,7 @@ def read_lengths(
     paths: List[str],
     tokens_column: str,
     batch_rows: int,
+    pair_layout: Optional[str] = None,
     threads: Optional[int] = None,
     progress: Optional[Progress] = None,
 ) -> Tuple[npt.NDArray[np.int64], List[int]]: ...

@@ -59,7 +59,8 @@ class SchemaError(DataError):
 
 class OutputError(TokpackError, OSError):
     """Writing the output directory (or its temporary files) failed: disk full, permissions,
-    another tokpack run writing the same directory."""
+    another tokpack run writing the same directory; or a DataLoader worker found no shared
+    memory (``/dev/shm``) for its batch."""
 
 
 class OutputExistsError(OutputError, FileExistsError):

@@ -44,8 +44,8 @@ from .planning import (
 )
 from .tokenize.options import TokenizeOptions
 from .tokenize.pipeline import RecordEncoder
-from .tokenize.schema import kind_of_schema, token_schema
-from .tokenize.writer import REJECTED_NAME, stream_into
+from .tokenize.schema import kind_of_format, kind_of_schema
+from .tokenize.writer import REJECTED_NAME, stream_into, write_arrow
 
 __all__ = ["pack_files", "read_lengths", "FORMAT", "FORMAT_VERSION", "PAIR_LAYOUTS"]
 
@@ -63,17 +63,22 @@ def read_lengths(
     inputs: PathsLike,
     tokens_column: str = "input_ids",
     *,
+    pair_layout: str = "separate",
     threads: Optional[int] = None,
     progress: bool = False,
 ) -> np.ndarray:
-    """Sample lengths (int64) of the token column across the inputs, read in Rust."""
+    """Sample lengths (int64) of the token column across the inputs, read in Rust. Preference
+    shards: each pair's footprint in ``pair_layout``, the tokens :func:`pack_files` plans it
+    to take in a row (0 for a pair it drops as empty)."""
     threads = checked_threads(threads)
     paths = resolve_inputs(inputs, TOKEN_SUFFIXES)
+    layout = _checked_layout(pair_layout, _sample_kind(paths), paths[0])
     lengths, _ = run_with_progress(
         lambda p: _tokpack.read_lengths(
             paths=[str(x) for x in paths],
             tokens_column=tokens_column,
             batch_rows=BATCH_ROWS,
+            pair_layout=layout,
             threads=threads,
             progress=p,
         ),
@@ -197,6 +202,10 @@ def pack_files(
         if overlong == "error" and options.max_len is None:
             # Checked while tokenizing, where the sample's raw file and line are known.
             options = replace(options, max_len=max_len)
+        # Carried columns are the records' fields, staged with the tokens (KTO's label is there).
+        kind = kind_of_format(options.format)
+        fields = [c for c in _checked_carry(carry, kind) if (kind, c) != ("kto", "label")]
+        options = replace(options, carry=(*options.carry, *fields))
         encoding = RecordEncoder(tokenizer, options)
         kind = encoding.kind
         tokens_column, labels_column, loss_mask_column = "input_ids", "labels", None
@@ -237,11 +246,8 @@ def pack_files(
                 stream = stream_into(
                     tmp, paths, described, encoding, progress, threads=threads, sources=True
                 )
-                schema = token_schema(kind, sources=True)
                 with stream as tokens, writing(staged), open_for_writing(staged) as sink:
-                    with pa.ipc.new_file(sink, schema) as writer:
-                        for batch in tokens:
-                            writer.write_batch(batch)
+                    write_arrow(sink, tokens)
                 tokenized = {
                     "counts": tokens.stats.as_dict(),
                     "template": encoding.template_info,

@@ -11,7 +11,7 @@ from typing import Callable, List, Optional
 
 from .._contract import STRATEGIES
 from ..errors import ConfigError
-from ..files import read_lengths
+from ..files import PAIR_LAYOUTS, read_lengths
 from ..planning import checked_args
 from ..report import table
 from ..stats import (
@@ -44,6 +44,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--batch-size", type=int, default=None, help="rows per optimizer step: also show steps"
     )
     parser.add_argument("--tokens-column", default="input_ids")
+    parser.add_argument(
+        "--pair-layout",
+        choices=PAIR_LAYOUTS,
+        default="separate",
+        help="preference token shards: a sample is a pair, its length the tokens it takes in a "
+        "row in this layout (as `pack --pair-layout` packs it)",
+    )
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument(
         "--plot",
@@ -150,7 +157,11 @@ def run(args: argparse.Namespace) -> int:
 
         check_plot_path(args.plot)
     lengths = read_lengths(
-        args.inputs, args.tokens_column, threads=args.threads, progress=not args.quiet
+        args.inputs,
+        args.tokens_column,
+        pair_layout=args.pair_layout,
+        threads=args.threads,
+        progress=not args.quiet,
     )
     stats = packing_stats(
         lengths, max_lens, overlong=overlong, batch_size=args.batch_size, threads=args.threads

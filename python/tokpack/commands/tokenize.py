@@ -27,6 +27,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--shard-rows", type=int, default=DEFAULT_SHARD_ROWS, metavar="N")
     parser.add_argument(
+        "--carry",
+        nargs="+",
+        default=(),
+        metavar="FIELD",
+        help="record fields kept as columns of the token shards (for pack --carry): one bool, "
+        "number or string a record",
+    )
+    parser.add_argument(
         "--threads",
         type=int,
         default=None,
@@ -157,7 +165,9 @@ def run(args: argparse.Namespace) -> int:
         args.inputs,
         args.output,
         args.tokenizer,
-        options=tokenize_options(args, max_len=args.max_len, overlong=args.overlong),
+        options=tokenize_options(
+            args, max_len=args.max_len, overlong=args.overlong, carry=args.carry
+        ),
         threads=args.threads,
         force=args.force,
         shard_rows=args.shard_rows,

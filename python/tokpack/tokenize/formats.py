@@ -101,6 +101,7 @@ class Record:
     error: Optional[str] = None
     decoded: bool = True
     file_index: int = 0  # position of ``path`` among the run's inputs
+    carried: Tuple[Any, ...] = ()  # its values of TokenizeOptions.carry, once parsed
 
     def decode(self) -> None:
         if self.decoded:

@@ -46,6 +46,9 @@ class TokenizeOptions:
             passes the parity probe (see :mod:`tokpack.tokenize.template`), otherwise with
             Jinja in Python; ``"python"``: always Jinja. Same texts either way, so the choice is
             not part of the recorded config (the manifest's ``renderer`` says which ran).
+        carry: fields of each record kept as columns of its samples (``pack --carry`` then
+            carries them into the packed rows): one bool, integer, float or string a record,
+            of one type in a run; a record without one is invalid.
     """
 
     chat_template: Optional[Union[str, os.PathLike]] = None
@@ -59,6 +62,7 @@ class TokenizeOptions:
     batch_size: int = 2048
     encoder: str = "auto"
     renderer: str = "auto"
+    carry: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         for name, allowed in (
@@ -78,6 +82,11 @@ class TokenizeOptions:
             self, "batch_size", check_int(self.batch_size, "batch_size", 1, MAX_ROWS)
         )
         object.__setattr__(self, "columns", resolve_columns(self.columns))
+        if isinstance(self.carry, (str, bytes)) or not all(
+            isinstance(c, str) and c for c in self.carry
+        ):
+            raise ConfigError(f"carry must be a list of field names, got {self.carry!r}")
+        object.__setattr__(self, "carry", tuple(dict.fromkeys(self.carry)))
 
     @classmethod
     def of(
@@ -106,4 +115,8 @@ class TokenizeOptions:
         data = asdict(self)
         del data["chat_template"]
         del data["renderer"]
+        if self.carry:
+            data["carry"] = list(self.carry)
+        else:  # only where it applies: the cache keys of other outputs stay what they were
+            del data["carry"]
         return data

@@ -18,7 +18,7 @@ which ``pack`` reads to refuse what it cannot pack yet (``sft`` shards carry no 
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import pyarrow as pa
 
@@ -74,10 +74,16 @@ def kind_of_format(fmt: str) -> str:
     return fmt if fmt in _SCHEMAS else "sft"
 
 
-def token_schema(kind: str, sources: bool = False) -> pa.Schema:
-    """The token-shard schema of ``kind``; with ``sources``, the source columns too."""
+def token_schema(
+    kind: str, sources: bool = False, carried: Sequence[Tuple[str, pa.DataType]] = ()
+) -> pa.Schema:
+    """The token-shard schema of ``kind``; with ``sources``, the source columns too; then the
+    ``carried`` record fields (``TokenizeOptions.carry``), by name and type."""
     schema = _SCHEMAS[kind]
-    return pa.schema(list(schema) + _SOURCE_FIELDS, metadata=schema.metadata) if sources else schema
+    if not sources and not carried:
+        return schema
+    fields = list(schema) + (_SOURCE_FIELDS if sources else [])
+    return pa.schema(fields + [pa.field(n, t) for n, t in carried], metadata=schema.metadata)
 
 
 SOURCE_SCHEMA = token_schema("sft", sources=True)

@@ -138,22 +138,29 @@ pub fn file_checksum(py: Python<'_>, path: PathBuf) -> PyResult<(u64, String)> {
     py.detach(|| io::file_checksum(&path)).map_err(to_py)
 }
 
-/// Lengths (int64) of the token column across `paths`, and the rows of each file.
+/// Lengths (int64) of the token column across `paths` (with `pair_layout`: the footprints of
+/// preference pairs in that layout), and the rows of each file.
 #[pyfunction]
-#[pyo3(signature = (*, paths, tokens_column, batch_rows, threads=None, progress=None))]
+#[pyo3(signature = (*, paths, tokens_column, batch_rows, pair_layout=None, threads=None, progress=None))]
+#[allow(clippy::too_many_arguments)]
 pub fn read_lengths<'py>(
     py: Python<'py>,
     paths: Vec<PathBuf>,
     tokens_column: String,
     batch_rows: usize,
+    pair_layout: Option<&str>,
     threads: Option<usize>,
     progress: Option<&Bound<'py, Progress>>,
 ) -> PyResult<(Bound<'py, PyArray1<i64>>, Vec<u64>)> {
+    let pairs = pair_layout
+        .map(str::parse::<io::PairLayout>)
+        .transpose()
+        .map_err(to_py)?;
     let progress = progress_of(progress);
     let (lengths, rows) = py
         .detach(|| {
             pool::install(threads, || {
-                io::read_lengths(&paths, &tokens_column, batch_rows, &progress)
+                io::read_lengths(&paths, &tokens_column, pairs, batch_rows, &progress)
             })
         })
         .map_err(to_py)?;

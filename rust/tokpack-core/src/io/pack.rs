@@ -411,21 +411,32 @@ fn locate(sources: &[Source], rows: &[u64], index: usize) -> Location {
     Location::default()
 }
 
-/// Sample lengths of the token column of every input (for `stats`), and rows per file.
+/// Sample lengths of the token column of every input (for `stats`), and rows per file. With
+/// `pairs`, the inputs are preference shards and a sample's length is its pair's footprint in
+/// that layout, as `pack_files` plans it (0 for a pair it drops as empty).
 pub fn read_lengths(
     paths: &[PathBuf],
     tokens_column: &str,
+    pairs: Option<PairLayout>,
     batch_rows: usize,
     progress: &Progress,
 ) -> Result<(Vec<i64>, Vec<u64>)> {
     let sources = open_all(paths)?;
-    let columns = resolve_columns(&sources, tokens_column, &LabelSource::None, None, &[])?;
+    let columns = resolve_columns(&sources, tokens_column, &LabelSource::None, pairs, &[])?;
     let (read, rows) = read_all(&sources, &columns, batch_rows, None, progress)?;
     if read.rows == 0 {
         return Err(no_samples(paths));
     }
     progress.start(Phase::Done, 0);
-    Ok((read.lengths, rows))
+    let lengths = match pairs {
+        Some(layout) => read
+            .pairs
+            .iter()
+            .map(|p| if p.is_empty() { 0 } else { p.footprint(layout) })
+            .collect(),
+        None => read.lengths,
+    };
+    Ok((lengths, rows))
 }
 
 /// The output layout must be positive and a row group's tokens must fit int32 offsets.
