@@ -14,6 +14,7 @@ __all__ = [
     "SchemaError",
     "OutputError",
     "OutputExistsError",
+    "DiskSpaceError",
     "InvalidRecordError",
 ]
 
@@ -66,6 +67,11 @@ class OutputError(TokpackError, OSError):
 class OutputExistsError(OutputError, FileExistsError):
     """The output directory exists and is not tokpack's to replace: it is not empty and either
     has no tokpack manifest or holds files its manifest does not list. Nothing was touched."""
+
+
+class DiskSpaceError(OutputError):
+    """The disk cannot hold what a run needs (its spill files and output), by an estimate made
+    before any work: the message names the need and the free space. Nothing was written."""
 
 
 class InvalidRecordError(DataError):

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pyarrow as pa
@@ -25,6 +26,7 @@ import pyarrow.parquet as pq
 
 from . import _tokpack
 from ._contract import FORMAT, FORMAT_VERSION, OVERLONG_POLICIES, PAIR_LAYOUTS, STRATEGIES
+from ._diskspace import check_disk_space
 from ._inputs import (
     RAW_SUFFIXES,
     TOKEN_SUFFIXES,
@@ -155,6 +157,7 @@ def pack_files(
     verify_cache: bool = False,
     pair_layout: str = "separate",
     carry: Optional[Sequence[str]] = None,
+    spill_dir: Optional[Union[str, os.PathLike]] = None,
 ) -> Dict[str, Any]:
     """Pack token shards on disk into ``output_dir``; returns the manifest as a dict.
 
@@ -186,6 +189,10 @@ def pack_files(
             the overlong policy applies to a pair's footprint, and the figures count pairs.
         carry: scalar per-sample columns written to each packed row as a list with one entry
             per segment. KTO inputs carry ``label`` always.
+        spill_dir: an existing directory (another disk, say) for the spill files, about 2.1
+            bytes per token (default: the run's temporary next to ``output_dir``). tokpack
+            works in a subdirectory it creates there and removes it, whatever happens. A run
+            the disks cannot hold is refused before any work (DiskSpaceError).
 
     Returns:
         The manifest (``format``, ``config``, ``inputs``, ``shards``, ``figures``, ...) plus
@@ -232,10 +239,14 @@ def pack_files(
         config["tokenize"] = encoding.config()
 
     def build(tmp: Path, described: List[Dict[str, Any]]) -> Dict[str, Any]:
-        # Inside the run's temporary: an interrupt while it is removed leaves nothing behind.
-        spill = tmp / ".spill"
-        spill.mkdir()
+        # By default inside the run's temporary: an interrupt while it is removed leaves
+        # nothing behind.
+        spill = _spill_in(tmp, spill_dir)
         try:
+            if encoding is None:
+                tokens, labels = _read_columns(paths, layout, tokens_column, labels_column)
+                labels = labels + [loss_mask_column] * (loss_mask_column is not None)
+                check_disk_space(paths, tokens, labels, compression != "none", tmp, spill)
             sources, staged, tokenized = paths, None, None
             if encoding is not None:
                 # Tokenized into one uncompressed Arrow IPC file in the spill directory (removed
@@ -296,6 +307,26 @@ def pack_files(
         out, "pack", paths, config, build, threads=threads, force=force, verify=verify_cache
     )
     return {**manifest, "cache_hit": hit, "rebuilt_because": rebuilt_because}
+
+
+def _spill_in(tmp: Path, spill_dir: Optional[Union[str, os.PathLike]]) -> Path:
+    """A new directory for the spill files: in the run's temporary, or in ``spill_dir``."""
+    if spill_dir is None:
+        spill = tmp / ".spill"
+        spill.mkdir()
+        return spill
+    if not Path(spill_dir).is_dir():
+        raise ConfigError(f"spill_dir {str(spill_dir)!r} is not an existing directory")
+    return Path(tempfile.mkdtemp(prefix=".tokpack-spill-", dir=spill_dir))
+
+
+def _read_columns(
+    paths: List[Path], layout: Optional[str], tokens: str, labels: Optional[str]
+) -> Tuple[List[str], List[str]]:
+    """The token and label columns the packer reads (labels: when the first input has them)."""
+    if layout is not None:
+        return ["chosen_input_ids", "rejected_input_ids"], ["chosen_labels", "rejected_labels"]
+    return [tokens], [labels] if labels is not None else []
 
 
 def _sample_kind(paths: List[Path]) -> str:

@@ -12,6 +12,7 @@ pub mod carry;
 pub mod checked;
 pub mod columns;
 pub mod pack;
+mod pagecache;
 pub mod pairs;
 pub mod progress;
 pub mod shard;

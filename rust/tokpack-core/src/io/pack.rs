@@ -82,29 +82,31 @@ pub const PAIR_COLUMNS: [&str; 5] = [
 ];
 
 /// The spilled samples, found through each sample's spill location (and, for pairs, the
-/// rejected sequence's).
+/// rejected sequence's) and length.
 struct Spilled<'a> {
     locations: &'a [u64],
     rejected: &'a [u64],
+    lengths: &'a [i64],
+    pairs: &'a [PairLengths],
     reader: &'a SpillReader,
 }
 
-impl Spilled<'_> {
-    fn location(&self, sample: i64, seq: u8) -> u64 {
-        if seq == SEQ_REJECTED {
-            self.rejected[sample as usize]
-        } else {
-            self.locations[sample as usize]
-        }
-    }
-}
-
 impl SampleSource for Spilled<'_> {
-    fn tokens(&self, sample: i64, seq: u8, start: i64, out: &mut [i32]) -> Result<()> {
-        self.reader.tokens(self.location(sample, seq), start, out)
-    }
-    fn labels(&self, sample: i64, seq: u8, start: i64, out: &mut [i32]) -> Result<()> {
-        self.reader.labels(self.location(sample, seq), start, out)
+    fn read(
+        &self,
+        sample: i64,
+        seq: u8,
+        start: i64,
+        tokens: &mut [i32],
+        labels: Option<&mut [i32]>,
+    ) -> Result<()> {
+        let s = sample as usize;
+        let (loc, n) = match (seq == SEQ_REJECTED, self.pairs.get(s)) {
+            (true, Some(p)) => (self.rejected[s], i64::from(p.rejected)),
+            (false, Some(p)) => (self.locations[s], i64::from(p.chosen)),
+            (_, None) => (self.locations[s], self.lengths[s]),
+        };
+        self.reader.read(loc, n, start, tokens, labels)
     }
 }
 
@@ -267,21 +269,17 @@ fn read_sequence(
     Ok((flat, labels))
 }
 
-/// Spills the sequences of a batch; returns the location of each row's first value.
+/// Spills the sequences of a batch; returns the location of each row.
 fn spill_rows(
     spill: Option<&Spill>,
     worker: usize,
     flat: &Flat,
     labels: Option<&[i32]>,
 ) -> Result<Vec<u64>> {
-    let Some(spill) = spill else {
-        return Ok(Vec::new());
-    };
-    let base = spill.append(worker, &flat.values, labels)?;
-    Ok(flat.offsets[..flat.offsets.len() - 1]
-        .iter()
-        .map(|&o| base + o as u64)
-        .collect())
+    match spill {
+        Some(spill) => spill.append(worker, &flat.values, &flat.offsets, labels),
+        None => Ok(Vec::new()),
+    }
 }
 
 fn read_unit(
@@ -538,6 +536,8 @@ pub fn pack_files(config: &PackFilesConfig, progress: &Progress) -> Result<PackO
         source: &Spilled {
             locations: &read.locations,
             rejected: &read.rejected,
+            lengths: &read.lengths,
+            pairs: &read.pairs,
             reader: &reader,
         },
         has_labels,

@@ -62,15 +62,18 @@ impl HeldSamples<'_> {
 
 // Held samples are plain sequences: `seq` is always 0 (shard tasks write no pairs).
 impl SampleSource for HeldSamples<'_> {
-    fn tokens(&self, sample: i64, _seq: u8, start: i64, out: &mut [i32]) -> Result<()> {
-        let span = self.span(sample, start, out.len())?;
-        out.copy_from_slice(&self.tokens[span]);
-        Ok(())
-    }
-    fn labels(&self, sample: i64, _seq: u8, start: i64, out: &mut [i32]) -> Result<()> {
-        let span = self.span(sample, start, out.len())?;
-        if let Some(labels) = self.labels {
-            out.copy_from_slice(&labels[span]);
+    fn read(
+        &self,
+        sample: i64,
+        _seq: u8,
+        start: i64,
+        tokens: &mut [i32],
+        labels: Option<&mut [i32]>,
+    ) -> Result<()> {
+        let span = self.span(sample, start, tokens.len())?;
+        tokens.copy_from_slice(&self.tokens[span.clone()]);
+        if let (Some(out), Some(held)) = (labels, self.labels) {
+            out.copy_from_slice(&held[span]);
         }
         Ok(())
     }

@@ -8,6 +8,7 @@
 //! [`super::checked`]).
 
 use super::carry::{per_segment, Carried};
+use super::pagecache::WriteBehind;
 use super::pairs::{Pairs, Part};
 use super::progress::Progress;
 use crate::error::{Context, CoreError, Result};
@@ -181,10 +182,16 @@ impl<W: Write> Write for Hashing<W> {
 /// `seq` is the sequence of the sample (0 for a plain sample; a pair's chosen or rejected one,
 /// see [`super::pairs`]).
 pub trait SampleSource: Sync {
-    /// Tokens `start..start+out.len()` of sequence `seq` of input sample `sample`.
-    fn tokens(&self, sample: i64, seq: u8, start: i64, out: &mut [i32]) -> Result<()>;
-    /// Labels of the same span (called only when the shard has labels).
-    fn labels(&self, sample: i64, seq: u8, start: i64, out: &mut [i32]) -> Result<()>;
+    /// Tokens `start..start+tokens.len()` of sequence `seq` of input sample `sample`, and the
+    /// labels of the same span into `labels` (given only when the shard has labels).
+    fn read(
+        &self,
+        sample: i64,
+        seq: u8,
+        start: i64,
+        tokens: &mut [i32],
+        labels: Option<&mut [i32]>,
+    ) -> Result<()>;
 }
 
 /// Everything a shard writer needs besides its row range.
@@ -229,6 +236,7 @@ pub fn write_shard(ctx: &ShardContext, shard: usize, rows: Range<usize>) -> Resu
     // bytes written so far: first the magic, then one range per row group.
     writer.sync().output(&path)?;
     writer.inner_mut().cut();
+    let mut write_behind = WriteBehind::default();
     let mut index = IndexColumns::default();
     let mut info = ShardInfo {
         file: name,
@@ -245,7 +253,10 @@ pub fn write_shard(ctx: &ShardContext, shard: usize, rows: Range<usize>) -> Resu
         writer.write(&batch).output(&path)?;
         writer.flush().output(&path)?;
         writer.sync().output(&path)?;
-        let range = writer.inner_mut().cut();
+        let sink = writer.inner_mut();
+        let range = sink.cut();
+        sink.inner.flush().output(&path)?;
+        write_behind.advance(sink.inner.get_ref(), sink.pos);
         check_group_range(&path, writer.flushed_row_groups(), info.row_groups, &range)?;
         info.row_group_bytes.push(range);
         info.row_groups += 1;
@@ -375,13 +386,14 @@ fn row_group(
     for &(sample, part) in &segments {
         let len = part.len as usize;
         let span = pos..pos + len;
-        ctx.source
-            .tokens(sample, part.seq, part.start, &mut tokens[span.clone()])?;
+        let out = &mut tokens[span.clone()];
         if ctx.has_labels {
+            let labels = &mut labels[span];
             ctx.source
-                .labels(sample, part.seq, part.start, &mut labels[span.clone()])?;
-            seg_loss.push(labels[span].iter().filter(|&&v| v != IGNORE_INDEX).count() as i32);
+                .read(sample, part.seq, part.start, out, Some(&mut *labels))?;
+            seg_loss.push(labels.iter().filter(|&&v| v != IGNORE_INDEX).count() as i32);
         } else {
+            ctx.source.read(sample, part.seq, part.start, out, None)?;
             seg_loss.push(len as i32);
         }
         pos += len;
