@@ -2,13 +2,17 @@
 Python side: every Python use imports them from here, so each has exactly one definition."""
 
 from ._tokpack import (
+    ATTENTION_COST,
     FORMAT,
     FORMAT_VERSION,
     IGNORE_INDEX,
+    MICRO_BATCH_ORDERS,
+    OVER_CAP_POLICIES,
     OVERLONG_HINT,
     OVERLONG_POLICIES,
     PAIR_LAYOUTS,
     PAIR_SEGMENT_ROLES,
+    PARTITION_METHODS,
     SEGMENT_ROLES,
     SIDE_DIR,
     SPLIT_REGEXES,
@@ -17,13 +21,17 @@ from ._tokpack import (
 )
 
 __all__ = [
+    "ATTENTION_COST",
     "FORMAT",
     "FORMAT_VERSION",
     "IGNORE_INDEX",
+    "MICRO_BATCH_ORDERS",
+    "OVER_CAP_POLICIES",
     "OVERLONG_HINT",
     "OVERLONG_POLICIES",
     "PAIR_LAYOUTS",
     "PAIR_SEGMENT_ROLES",
+    "PARTITION_METHODS",
     "SEGMENT_ROLES",
     "SIDE_DIR",
     "SPLIT_REGEXES",

@@ -35,6 +35,13 @@ __all__ = [
     "read_row_group",
     "file_checksum",
     "write_held_shard",
+    "PARTITION_METHODS",
+    "MICRO_BATCH_ORDERS",
+    "OVER_CAP_POLICIES",
+    "ATTENTION_COST",
+    "partition",
+    "micro_batches",
+    "MicroBatchParts",
 ]
 
 __version__: str
@@ -227,3 +234,46 @@ def write_held_shard(
     row_group_rows: int,
     compression: str,
 ) -> Dict[str, Any]: ...
+
+PARTITION_METHODS: Tuple[str, ...]
+MICRO_BATCH_ORDERS: Tuple[str, ...]
+OVER_CAP_POLICIES: Tuple[str, ...]
+ATTENTION_COST: Tuple[float, float]
+
+def partition(
+    *,
+    costs: npt.NDArray[np.float64],
+    k: int,
+    equal_size: bool,
+    method: str,
+    threads: Optional[int],
+) -> Tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]: ...
+
+@final
+class MicroBatchParts:
+    """A micro-batch plan's flat arrays (``tokpack.balance.micro_batches`` cuts them)."""
+
+    @property
+    def indices(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def mb_offsets(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def rank_offsets(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def mb_tokens(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def mb_compute(self) -> npt.NDArray[np.float64]: ...
+
+def micro_batches(
+    *,
+    lengths: npt.NDArray[np.int64],
+    max_tokens: int,
+    dp_size: int,
+    a: float,
+    b: float,
+    same_count: bool,
+    min_micro_batches: int,
+    divisible_by: int,
+    order: str,
+    overlong: str,
+) -> MicroBatchParts: ...

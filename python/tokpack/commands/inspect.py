@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, Tuple
 
 from .._contract import SEGMENT_ROLES
-from ..errors import CorruptOutputError
+from ..errors import ConfigError, CorruptOutputError
 from ..integrity import cache_problem
 from ..packed_dir import PackedDir
 from ..report import table
+from ..stats import check_options
 
 # ``seq_roles`` of preference outputs.
 
@@ -20,9 +21,21 @@ from ..report import table
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("output", metavar="OUT_DIR")
     parser.add_argument("--rows", type=int, default=3, help="rows to show (default 3)")
+    parser.add_argument(
+        "--world-size",
+        type=int,
+        default=None,
+        help="data-parallel ranks (with --batch-size, rows per optimizer step): show the "
+        'per-step compute imbalance with and without PackedBatchSampler(balance="compute")',
+    )
+    parser.add_argument("--batch-size", type=int, default=None)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.world_size or args.batch_size:
+        if args.batch_size is None or args.world_size is None:
+            raise ConfigError("give --world-size and --batch-size together")
+        check_options("split", args.batch_size, args.world_size)
     out = Path(args.output)
     packed = PackedDir(out)
     manifest = packed.manifest
@@ -40,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
             ["figure", "value"], [[k, f"{v:,}" if isinstance(v, int) else v] for k, v in f.items()]
         )
     )
+    if args.world_size or args.batch_size:
+        print(_step_imbalance(packed, args.batch_size, args.world_size))
     for file, row in itertools.islice(_rows(packed), max(args.rows, 0)):
         ids = row["input_ids"]
         roles = row.get("seq_roles") or [0] * len(row["seq_lengths"])
@@ -73,3 +88,17 @@ def _rows(packed: PackedDir) -> Iterator[Tuple[str, Dict[str, Any]]]:
                 else:
                     row[name] = col[r].item()
             yield file, row
+
+
+def _step_imbalance(packed: PackedDir, batch_size: int, world_size: int) -> str:
+    from ..balance.packed import row_compute, step_imbalance
+    from ..stats import COMPUTE_COST
+
+    figures = step_imbalance(row_compute(packed, COMPUTE_COST), batch_size, world_size)
+    if figures is None:
+        return f"\nfewer rows than one step of {batch_size:,}: no step imbalance"
+    return (
+        f"\ncompute imbalance per step (max / mean rank compute, 24576·L + L² per segment, "
+        f"mean over steps of {batch_size:,} shuffled rows over {world_size} ranks): "
+        f'{figures[0]:.4f} as dealt, {figures[1]:.4f} with balance="compute"'
+    )

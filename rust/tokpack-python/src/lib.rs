@@ -2,6 +2,7 @@
 //! The public API, docstrings and defaults live in the Python package (`python/tokpack`).
 
 mod arrow_in;
+mod balance;
 mod bpe;
 mod errors;
 mod files;
@@ -12,7 +13,9 @@ mod template;
 use pyo3::prelude::*;
 use pyo3::types::{IntoPyDict, PyDict, PyTuple};
 use tokpack_core::bpe::{LLAMA3_REGEX, QWEN2_REGEX};
-use tokpack_core::policy::{self, Overlong, PairLayout, Strategy};
+use tokpack_core::policy::{
+    self, MicroBatchOrder, OverCap, Overlong, PairLayout, PartitionMethod, Strategy,
+};
 
 #[pymodule]
 fn _tokpack(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -52,5 +55,19 @@ fn _tokpack(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(files::read_row_group, m)?)?;
     m.add_function(wrap_pyfunction!(files::file_checksum, m)?)?;
     m.add_function(wrap_pyfunction!(shards::write_held_shard, m)?)?;
+    m.add(
+        "PARTITION_METHODS",
+        PyTuple::new(m.py(), PartitionMethod::NAMES)?,
+    )?;
+    m.add(
+        "MICRO_BATCH_ORDERS",
+        PyTuple::new(m.py(), MicroBatchOrder::NAMES)?,
+    )?;
+    m.add("OVER_CAP_POLICIES", PyTuple::new(m.py(), OverCap::NAMES)?)?;
+    let attention = tokpack_core::balance::CostModel::ATTENTION;
+    m.add("ATTENTION_COST", (attention.a, attention.b))?;
+    m.add_function(wrap_pyfunction!(balance::partition, m)?)?;
+    m.add_function(wrap_pyfunction!(balance::micro_batches, m)?)?;
+    m.add_class::<balance::MicroBatchParts>()?;
     Ok(())
 }
