@@ -122,6 +122,11 @@ def main() -> None:
     parser.add_argument("--work", default="/tmp/tokpack-bench-pack")
     parser.add_argument("--files", type=int, default=8)
     parser.add_argument("--skip-trl", action="store_true")
+    parser.add_argument(
+        "--order",
+        default="pyarrow,tokpack",
+        help="run order of the two main contenders (the ratio is against pyarrow either way)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the corpus and outputs")
     args = parser.parse_args()
 
@@ -136,7 +141,7 @@ def main() -> None:
         write_token_shards(corpus, args.samples, n_files=args.files, row_group_rows=8192)
         print(f"generated {args.samples:,} samples in {time.perf_counter() - t:.0f} s", flush=True)
     size = sum(p.stat().st_size for p in corpus.glob("*.parquet"))
-    contenders = ["pyarrow", "tokpack"]
+    contenders = args.order.split(",")
     try:
         import trl  # noqa: F401
 

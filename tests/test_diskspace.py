@@ -128,7 +128,8 @@ def test_cli_spill_dir(tmp_path, capsys):
     corpus = write_token_shards(tmp_path / "in", 200, n_files=1, max_length=300, seed=5)
     spill = tmp_path / "spill"
     spill.mkdir()
-    assert main(["pack", str(corpus[0]), "-o", str(tmp_path / "out"), "--spill-dir", str(spill)]) == 0
+    args = ["pack", str(corpus[0]), "-o", str(tmp_path / "out"), "--spill-dir", str(spill)]
+    assert main(args) == 0
     assert os.listdir(spill) == []
     missing = tmp_path / "nope"
     args = ["pack", str(corpus[0]), "-o", str(tmp_path / "o2"), "--spill-dir", str(missing)]

@@ -76,15 +76,18 @@ def estimate(
     columns (two for preference pairs), ``labels`` the label / loss-mask columns read."""
     spill, output = 0.0, 0
     for path in paths:
-        with open(path, "rb") as f:
-            parquet = f.read(4) == b"PAR1"
-        if parquet:
-            names = pq.read_schema(path).names
-            n, s, stored = _parquet(path, tokens, labels)
-        else:
-            with pa.memory_map(os.fsencode(path)) as source:
-                names = pa.ipc.open_file(source).schema.names
-            n, s, stored = _ipc(path, tokens, compressed)
+        try:
+            with open(path, "rb") as f:
+                parquet = f.read(4) == b"PAR1"
+            if parquet:
+                names = pq.read_schema(path).names
+                n, s, stored = _parquet(path, tokens, labels)
+            else:
+                with pa.memory_map(os.fsencode(path)) as source:
+                    names = pa.ipc.open_file(source).schema.names
+                n, s, stored = _ipc(path, tokens, compressed)
+        except Exception:  # unreadable, or a column missing: the packer names the problem
+            continue
         has_labels = any(c in names for c in labels)
         spill += s + (n / 8 if has_labels else 0)
         output += stored if compressed or not parquet else n * 4 * (1 + has_labels)
