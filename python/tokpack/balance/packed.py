@@ -65,7 +65,8 @@ def step_imbalance(
     if len(compute) < batch_size:
         return None
     order = np.random.default_rng(seed).permutation(len(compute))
-    plain, balanced = [], []
+    plain: List[float] = []
+    balanced: List[float] = []
     for m in range(len(order) // batch_size):
         step = order[m * batch_size : (m + 1) * batch_size]
         dealt = [step[r::world_size] for r in range(world_size)]

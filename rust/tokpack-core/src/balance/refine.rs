@@ -154,7 +154,7 @@ impl<'a> Layout<'a> {
     }
 
     fn best_exchange(&self, p: u32, q: u32, gap: f64, moves: bool) -> Option<Exchange> {
-        if !(gap > 0.0) {
+        if gap <= 0.0 {
             return None;
         }
         let half = gap / 2.0;
