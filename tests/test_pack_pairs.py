@@ -588,3 +588,20 @@ def test_a_carried_field_has_one_type_and_no_token_column_name(tmp_path, carry_c
         with pytest.raises(ConfigError, match=f"carry: '{name}' would replace a column"):
             tokpack.pack_files(path, tmp_path / "packed", 64, tokenizer=tok, carry=[name])
     assert not (tmp_path / "packed").exists()
+
+
+@pytest.mark.parametrize("name", ["num_tokens", "sample_ids", "seq_roles", "label"])
+def test_a_carried_column_may_not_take_an_output_columns_name(tmp_path, name):
+    """Fails on the code before issue 20 (item 4): `--carry num_tokens` wrote a shard with two
+    columns of that name (exit 0), and `--carry seq_roles` on SFT data fed the pair readers."""
+    rng = random.Random(12)
+    n = 20
+    extra = pa.array(list(range(n)), pa.int32())
+    pq.write_table(sft_table(n, rng, **{name: extra}), tmp_path / "s.parquet")
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError, match=f"carry: '{name}' is a column of packed shards"):
+        tokpack.pack_files(tmp_path / "s.parquet", out, 64, carry=[name])
+    assert not out.exists()
+    assert main(["pack", str(tmp_path / "s.parquet"), "-o", str(out), "--max-len", "64",
+                 "--carry", name]) == 2  # fmt: skip
+    assert not out.exists()

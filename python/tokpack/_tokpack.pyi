@@ -14,6 +14,7 @@ __all__ = [
     "FORMAT",
     "FORMAT_VERSION",
     "SIDE_DIR",
+    "RESERVED_COLUMNS",
     "OVERLONG_HINT",
     "STRATEGIES",
     "OVERLONG_POLICIES",
@@ -50,6 +51,7 @@ IGNORE_INDEX: int
 FORMAT: str
 FORMAT_VERSION: int
 SIDE_DIR: str
+RESERVED_COLUMNS: Tuple[str, ...]
 OVERLONG_HINT: str
 STRATEGIES: Tuple[str, ...]
 OVERLONG_POLICIES: Tuple[str, ...]

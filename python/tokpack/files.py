@@ -25,7 +25,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from . import _tokpack
-from ._contract import FORMAT, FORMAT_VERSION, OVERLONG_POLICIES, PAIR_LAYOUTS, STRATEGIES
+from ._contract import (
+    FORMAT,
+    FORMAT_VERSION,
+    OVERLONG_POLICIES,
+    PAIR_LAYOUTS,
+    RESERVED_COLUMNS,
+    STRATEGIES,
+)
 from ._diskspace import check_disk_space
 from ._inputs import (
     RAW_SUFFIXES,
@@ -115,6 +122,11 @@ def _checked_carry(carry: Optional[Sequence[str]], kind: str) -> List[str]:
     for name in carry or ():
         if not isinstance(name, str) or not name:
             raise ConfigError(f"carry: column names must be non-empty strings, got {name!r}")
+        if name in RESERVED_COLUMNS and name not in names:
+            raise ConfigError(
+                f"carry: {name!r} is a column of packed shards (reserved: "
+                f"{', '.join(RESERVED_COLUMNS)}); rename the input column to carry it"
+            )
         if name not in names:
             names.append(name)
     return names

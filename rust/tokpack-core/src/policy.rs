@@ -25,6 +25,23 @@ pub const ROLE_CHOSEN: i8 = 1;
 pub const ROLE_REJECTED: i8 = 2;
 pub const ROLE_PROMPT: i8 = 3;
 
+/// The column names a packed shard may hold besides carried columns (`io::writer::shard_schema`),
+/// and KTO's carried `label`: a carried column may not take one of them (two columns of one name,
+/// or one a reader takes for another meaning).
+pub const RESERVED_COLUMNS: [&str; 11] = [
+    "input_ids",
+    "labels",
+    "seq_lengths",
+    "sample_ids",
+    "num_tokens",
+    "num_seqs",
+    "num_loss_tokens",
+    "seq_loss_tokens",
+    "seq_roles",
+    "num_pairs",
+    "label",
+];
+
 /// What to do about a sample longer than max_len, said by every overlong error.
 pub const OVERLONG_HINT: &str =
     "pass overlong=\"truncate\", \"drop\" or \"split\", or filter it out first";
@@ -133,6 +150,19 @@ impl PairLayout {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_shard_column_is_reserved() {
+        for (labels, pairs) in [(true, true), (false, false)] {
+            for field in crate::io::writer::shard_schema(labels, pairs, &[]).fields() {
+                let name = field.name().as_str();
+                assert!(
+                    RESERVED_COLUMNS.contains(&name),
+                    "{name} is written, not reserved"
+                );
+            }
+        }
+    }
 
     #[test]
     fn names_round_trip() {

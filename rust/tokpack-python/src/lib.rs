@@ -26,6 +26,10 @@ fn _tokpack(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("FORMAT", policy::FORMAT)?;
     m.add("FORMAT_VERSION", policy::FORMAT_VERSION)?;
     m.add("SIDE_DIR", policy::SIDE_DIR)?;
+    m.add(
+        "RESERVED_COLUMNS",
+        PyTuple::new(m.py(), policy::RESERVED_COLUMNS)?,
+    )?;
     m.add("OVERLONG_HINT", policy::OVERLONG_HINT)?;
     m.add("STRATEGIES", PyTuple::new(m.py(), Strategy::NAMES)?)?;
     m.add("OVERLONG_POLICIES", PyTuple::new(m.py(), Overlong::NAMES)?)?;
