@@ -43,6 +43,7 @@ __all__ = [
     "partition",
     "micro_batches",
     "MicroBatchParts",
+    "input_columns",
 ]
 
 __version__: str
@@ -99,6 +100,7 @@ def flatten_samples(
     tokens_column: str,
     labels_column: Optional[str],
     mask_column: Optional[str],
+    carry: List[str] = ...,
 ) -> Tuple[npt.NDArray[np.int32], npt.NDArray[np.int64], Optional[npt.NDArray[np.int32]]]: ...
 def default_threads() -> int: ...
 
@@ -235,6 +237,7 @@ def write_held_shard(
     labels: Optional[np.ndarray],
     row_group_rows: int,
     compression: str,
+    carried: List[Tuple[str, Any]] = ...,
 ) -> Dict[str, Any]: ...
 
 PARTITION_METHODS: Tuple[str, ...]
@@ -279,3 +282,12 @@ def micro_batches(
     order: str,
     overlong: str,
 ) -> MicroBatchParts: ...
+def input_columns(
+    *,
+    paths: List[str],
+    tokens_column: str,
+    labels_column: Optional[str],
+    labels_required: bool,
+    loss_mask_column: Optional[str],
+    carry: List[str] = ...,
+) -> Optional[Tuple[str, bool]]: ...

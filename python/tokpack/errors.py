@@ -16,6 +16,7 @@ __all__ = [
     "OutputExistsError",
     "DiskSpaceError",
     "InvalidRecordError",
+    "ClusterError",
 ]
 
 
@@ -72,6 +73,11 @@ class OutputExistsError(OutputError, FileExistsError):
 class DiskSpaceError(OutputError):
     """The disk cannot hold what a run needs (its spill files and output), by an estimate made
     before any work: the message names the need and the free space. Nothing was written."""
+
+
+class ClusterError(TokpackError, RuntimeError):
+    """The Ray cluster of a ``--ray`` run failed: it could not be reached or started, or it or
+    a node went away mid-run."""
 
 
 class InvalidRecordError(DataError):

@@ -175,15 +175,17 @@ def pack_files(
 
     Args:
         inputs: Parquet / Arrow IPC (Feather v2) files, directories or globs. Sample ``i`` is
-            the ``i``-th row across the files in the order given (directories and globs sorted).
+            the ``i``-th row across the files in the order given (directories and globs sorted;
+            a file given twice is packed twice).
         output_dir: written atomically: absent or complete, even after kill -9. It must be
             absent, empty or a tokpack output holding only what tokpack wrote, and must not
             overlap the inputs (else ConfigError / OutputExistsError, and nothing is touched).
         max_len, strategy, overlong, seed, threads: as in :func:`tokpack.plan`; the output is
             byte-identical for every ``threads``.
         tokens_column: list of integers (int32, int64, uint32, ...; every id must fit in int32).
-        labels_column: carried along when every input has it (-100 = not trained on); a name
-            other than the default ``"labels"`` must exist. ``None`` ignores labels.
+        labels_column: used when the inputs have it (-100 = not trained on): every input or
+            none (a file without it among files with it is a SchemaError naming that file); a
+            name other than the default ``"labels"`` must exist. ``None`` ignores labels.
         loss_mask_column: a 0/1 column instead of labels: labels = tokens where it is 1.
         rows_per_shard, row_group_rows: output layout (rows per ``part-NNNNN.parquet`` and per
             Parquet row group).

@@ -18,7 +18,7 @@ import numpy as np
 import ray
 
 from ..planning import Plan
-from ._blocks import Measured, cancelling
+from ._blocks import Columns, Measured, cancelling
 from ._shards import Layout, Rows, concat, shard_ranges, take, write_shard
 from ._store import Out
 
@@ -26,20 +26,22 @@ from ._store import Out
 @ray.remote
 def _scatter(flat: Any, base: int, rows: np.ndarray, cuts: np.ndarray) -> Any:
     """The pieces of one block: piece ``i`` holds block rows ``rows[cuts[i]:cuts[i+1]]``."""
-    tokens, offsets, labels = flat
+    tokens, offsets, labels, carried = flat
     pieces = []
     for i in range(len(cuts) - 1):
         part = rows[cuts[i] : cuts[i + 1]]
         t, o, lab = take(tokens, offsets, labels, part)
-        pieces.append((part + base, o, t, lab))
+        pieces.append((part + base, o, t, lab, None if carried is None else carried.take(part)))
     return pieces[0] if len(pieces) == 1 else tuple(pieces)
 
 
 @ray.remote
 def _gather_write(
-    out: Out, shard: int, rows: Rows, layout: Layout, has_labels: bool, *pieces: Any
+    out: Out, shard: int, rows: Rows, layout: Layout, columns: Columns, *pieces: Any
 ) -> Dict[str, Any]:
-    return write_shard(out, shard, rows, concat(pieces, has_labels), layout, has_labels)
+    has_labels = columns.labels is not None
+    held = concat(pieces, has_labels, columns.carry)
+    return write_shard(out, shard, rows, held, layout, has_labels)
 
 
 def write_global(
@@ -86,9 +88,7 @@ def write_global(
             for f, piece in zip(firsts, out):
                 pieces[int(shards[f])].append(piece)
         writes = [
-            _gather_write.remote(
-                target, s, Rows.of(plan, a, b), layout, measured.columns.labels is not None, *p
-            )
+            _gather_write.remote(target, s, Rows.of(plan, a, b), layout, measured.columns, *p)
             for s, ((a, b), p) in enumerate(zip(ranges, pieces))
         ]
         pending.extend(writes)

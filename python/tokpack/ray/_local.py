@@ -21,7 +21,16 @@ import ray
 from .._contract import OVERLONG_HINT, SIDE_DIR
 from ..errors import DataError, OverlongError, TokpackError
 from ..planning import plan as make_plan
-from ._blocks import Columns, block_error, cancelling, sample_arrays
+from ._blocks import (
+    PATH_COLUMN,
+    Columns,
+    Unit,
+    _runs,
+    block_error,
+    cancelling,
+    read_block,
+    sample_arrays,
+)
 from ._shards import Layout, Rows, accounting, shard_ranges, write_shard
 from ._store import Out
 
@@ -55,11 +64,14 @@ def _pack_group(
     *tables: pa.Table,
 ) -> Any:
     """Plans and writes one group's shards under ``.group-<group>/`` of ``out``; returns the
-    group's accounting (ids global), or the TokpackError its data raised."""
+    group's accounting (ids global) with the runs of its ``path`` column, or the TokpackError
+    its data raised. ``tables`` are blocks of a dataset or units of files."""
+    table = pa.concat_tables([read_block(t, columns) for t in tables])
     try:
-        tokens, offsets, labels = sample_arrays(pa.concat_tables(tables), columns)
+        tokens, offsets, labels, carried = sample_arrays(table, columns)
     except TokpackError as exc:
         return exc
+    paths = table.column(PATH_COLUMN).to_pylist() if PATH_COLUMN in table.column_names else []
     lengths = np.diff(offsets)
     too_long = np.flatnonzero(lengths > planning.max_len) if planning.overlong == "error" else []
     if len(too_long):
@@ -81,13 +93,13 @@ def _pack_group(
         return exc
     # Each file is published whole: a retried or duplicated group puts the same bytes in place.
     ids = np.arange(len(offsets) - 1, dtype=np.int64) + base
-    held = (ids, offsets, tokens, labels)
+    held = (ids, offsets, tokens, labels, carried)
     dest = f"{GROUP_PREFIX}{group}"
     shards = [
         write_shard(out, k, Rows.of(plan, a, b, base), held, layout, labels is not None, dest)
         for k, (a, b) in enumerate(shard_ranges(plan.n_bins, planning.rows_per_shard))
     ]
-    return accounting(plan, shards, base)
+    return {**accounting(plan, shards, base), "paths": _runs((p, 1) for p in paths)}
 
 
 def groups_of(sizes: List[int], min_block_samples: int) -> List[Tuple[int, int]]:
@@ -118,9 +130,10 @@ def pack_local(
 ) -> Dict[str, Any]:
     """Packs group by group into ``out``; returns the merged accounting with the shards
     renamed ``part-NNNNN`` in group order."""
-    sizes = ray.get([_rows.remote(ref) for ref in refs])
+    units = bool(refs) and isinstance(refs[0], Unit)
+    sizes = [u.rows for u in refs] if units else ray.get([_rows.remote(ref) for ref in refs])
     if sum(sizes) == 0:
-        raise DataError("the ray dataset holds no samples")
+        raise DataError("the inputs hold no samples")
     groups = groups_of(sizes, min_block_samples)
     bases = np.zeros(len(sizes) + 1, dtype=np.int64)
     np.cumsum(sizes, out=bases[1:])
@@ -132,7 +145,8 @@ def pack_local(
         results = ray.get(tasks)
     for (a, _), result in zip(groups, results):
         if isinstance(result, TokpackError):
-            raise block_error(result, a, int(bases[a]))
+            # (A group's rows count from its first block's.)
+            raise block_error(result, refs[a], a, int(bases[a]))
     return _merge(results, out)
 
 
@@ -159,4 +173,5 @@ def _merge(results: List[Dict[str, Any]], out: Out) -> Dict[str, Any]:
         merged[key] = sum(r[key] for r in results)
     for key in ("dropped", "empty", "truncated", "split"):
         merged[key] = np.concatenate([r[key] for r in results]).astype(np.int64)
+    merged["paths"] = [run for r in results for run in r["paths"]]
     return merged

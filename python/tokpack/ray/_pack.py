@@ -3,18 +3,30 @@
 from __future__ import annotations
 
 import inspect
+import itertools
 import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
+import numpy as np
+
 from .. import _tokpack, files
-from .._outdir import MANIFEST_NAME, write_json_atomic
+from .._inputs import TOKEN_SUFFIXES, is_parquet, resolve_inputs
+from .._outdir import MANIFEST_NAME, output_target, write_json_atomic
 from ..errors import ConfigError, CorruptOutputError
 from ..packed_dir import member_path
 from ..planning import check_int, checked_args
 from ..planning import plan as make_plan
-from ._blocks import DATASET_SOURCE, Measured, measure, ordered_blocks, resolve_columns
+from ._blocks import (
+    dataset_columns,
+    dataset_sources,
+    file_columns,
+    file_units,
+    measure,
+    ordered_blocks,
+    streamed,
+)
 from ._global import write_global
 from ._local import Planning, pack_local
 from ._shards import Layout, accounting, remove_attempts
@@ -22,18 +34,37 @@ from ._store import (
     LocalOut,
     committed_output,
     dataset_inputs,
+    local_path,
     read_checked_shards,
     read_manifest_at,
 )
 
 MODES = ("global", "local")
 # The options of tokpack.pack_files that apply to a dataset, with its defaults (defined there).
-_NAMES = files.PACKING_OPTIONS
+_NAMES = files.PACKING_OPTIONS + ("carry",)
 _OPTIONS = {
     name: p.default
     for name, p in inspect.signature(files.pack_files).parameters.items()
     if name in _NAMES
 }
+# The options of tokpack.pack_files tokpack.ray.pack does not support, with why: accepted at
+# pack_files' default only, else refused by name before any work.
+UNSUPPORTED = {
+    "pair_layout": "preference pairs are not supported with --ray (tokpack.ray), use tokpack pack",
+    "threads": "Ray runs one task per block and per shard, on one CPU each; size the cluster",
+    "tokenizer": "--ray packs token shards; tokenize first (tokpack tokenize --ray, or "
+    "tokpack.ray.tokenize), then pack them",
+}
+
+
+def refuse_unsupported(options: Dict[str, Any]) -> None:
+    """ConfigError naming the first option of ``pack_files`` given a value Ray does not support
+    (the one check of ``--ray``'s options)."""
+    defaults = inspect.signature(files.pack_files).parameters
+    for name, why in UNSUPPORTED.items():
+        if options.get(name, defaults[name].default) != defaults[name].default:
+            flag = "--" + name.replace("_", "-")
+            raise ConfigError(f"{name} ({flag}) is not supported with Ray: {why}")
 
 
 def pack(
@@ -46,13 +77,17 @@ def pack(
     filesystem: Any = None,
     **options: Any,
 ) -> Dict[str, Any]:
-    """Pack a ``ray.data.Dataset`` of token lists into ``output_dir`` on the Ray cluster;
-    returns the manifest as a dict.
+    """Pack token files, or a ``ray.data.Dataset`` of token lists, into ``output_dir`` on the
+    Ray cluster; returns the manifest as a dict.
 
     Args:
-        ds: any dataset with a list-of-integers token column (``ray.data.read_parquet(...)``,
-            :func:`tokpack.ray.tokenize`'s output, ...). Sample ``i`` is its ``i``-th row in
-            order. With a ``path`` column (``read_parquet(..., include_paths=True)``) the
+        ds: Parquet token files, directories or globs, as :func:`tokpack.pack_files` takes
+            them (read by Ray tasks, one row group each, at the same path on every node):
+            sample ``i`` is the ``i``-th row across the files in the order given, whatever
+            order the tasks finish in (a file given twice is packed twice, as by ``tokpack
+            pack``), and the dropped list names each sample's file and row. Or any dataset
+            with a list-of-integers token column (:func:`tokpack.ray.tokenize`'s output, ...):
+            sample ``i`` is its ``i``-th row in the dataset's order; with a ``path`` column the
             dropped list names each sample's file and row, else its row in the dataset.
         output_dir: a directory on a file system every node sees, written atomically (absent
             or complete); or object storage (``s3://bucket/packed``, or a path on
@@ -65,14 +100,20 @@ def pack(
             packs runs of consecutive blocks of at least ``min_block_samples`` samples on their
             own (the driver holds one number per block) at a small cost in rows (README).
         options: ``strategy``, ``overlong``, ``seed``, ``tokens_column``, ``labels_column``,
-            ``loss_mask_column``, ``rows_per_shard``, ``row_group_rows``, ``compression``: as
-            in :func:`tokpack.pack_files`, with its defaults.
+            ``loss_mask_column``, ``rows_per_shard``, ``row_group_rows``, ``compression``,
+            ``carry``: as in :func:`tokpack.pack_files`, with its defaults (KTO samples carry
+            ``label``). Its other options are refused (ConfigError naming the option) unless
+            left at their default: ``pair_layout`` (preference pairs are not supported),
+            ``threads``, ``tokenizer``.
 
     Raises:
         ConfigError, DataError, SchemaError, OverlongError: as :func:`tokpack.pack_files`, naming
-        the dataset block and sample.
+        the file (or the dataset block) and the sample.
     """
     started = time.perf_counter()
+    refuse_unsupported(options)
+    for name in UNSUPPORTED:
+        options.pop(name, None)
     unknown = sorted(set(options) - set(_OPTIONS))
     if unknown:
         raise TypeError(f"pack() got an unexpected keyword argument {unknown[0]!r}")
@@ -81,17 +122,37 @@ def pack(
     if mode not in MODES:
         raise ConfigError(f"unknown mode {mode!r}; expected one of {MODES}")
     min_block_samples = check_int(min_block_samples, "min_block_samples", 1, 2**62)
-    config = files._config(**{**options, "max_len": max_len, "seed": seed})
-    strategy, overlong = config["strategy"], config["overlong"]
-    if mode == "local":
-        config["ray"] = {"mode": mode, "min_block_samples": min_block_samples}
-    layout = Layout(max_len, config["row_group_rows"], config["compression"])
-    with committed_output(output_dir, filesystem, dataset_inputs(ds)) as (out, local):
+    names = (options["tokens_column"], options["labels_column"], options["loss_mask_column"])
+    paths = None if _is_dataset(ds) else _input_files(ds, output_dir, filesystem)
+    refs: List[Any] = []
+    if paths is not None:  # (checked before the output is touched)
+        kind, columns = file_columns(paths, *names, options["carry"])
+        refs, file_rows = file_units(paths)
+    inputs = dataset_inputs(ds) if paths is None else [str(p) for p in paths]
+    with committed_output(output_dir, filesystem, inputs) as (out, local):
         clock = _Clock()
-        names = (config["tokens_column"], config["labels_column"], config["loss_mask_column"])
+        if paths is None and mode == "local":
+            refs = ordered_blocks(ds)
+            kind, columns = dataset_columns(refs, *names, options["carry"])
+        elif paths is None:
+            blocks = streamed(ds)
+            head = list(itertools.islice(blocks, 1))
+            kind, columns = dataset_columns(head, *names, options["carry"])
+            blocks = itertools.chain(head, blocks)
+            del head
+        config = files._config(
+            **{**options, "max_len": max_len, "seed": seed, "carry": columns.carried()}
+        )
+        strategy, overlong = config["strategy"], config["overlong"]
+        if mode == "local":
+            config["ray"] = {"mode": mode, "min_block_samples": min_block_samples}
+        layout = Layout(max_len, config["row_group_rows"], config["compression"])
         if mode == "global":
-            measured = measure(ds, names)
-            columns, blocks = measured.columns, len(measured.flats)
+            if paths is not None:
+                measured = measure(refs, columns, ([str(p) for p in paths], file_rows))
+            else:
+                measured = measure(blocks, columns)
+            n_blocks = len(measured.flats)
             # Reading and measuring overlap (the blocks are measured as they stream in).
             clock.lap("read+measure")
             plan = make_plan(
@@ -100,10 +161,9 @@ def pack(
             clock.lap("plan")
             shards = write_global(measured, plan, out, layout, config["rows_per_shard"])
             result = accounting(plan, shards)
-            sources = _sources(measured)
+            sources = measured.files, measured.file_rows
         else:
-            refs = ordered_blocks(ds)
-            columns, blocks = resolve_columns(refs, *names), len(refs)
+            n_blocks = len(refs)
             clock.lap("blocks")
             planning = Planning(max_len, strategy, overlong, seed, config["rows_per_shard"])
             result = pack_local(refs, columns, planning, layout, out, min_block_samples)
@@ -112,21 +172,45 @@ def pack(
                 lower_bound=-(-result["tokens"] // max_len),
                 efficiency=result["tokens"] / (result["rows"] * max_len) if result["rows"] else 0,
             )
-            sources = ([DATASET_SOURCE], [result["n_samples"]])
+            runs = result.pop("paths")
+            if paths is not None:
+                sources = [str(p) for p in paths], file_rows
+            else:
+                sources = dataset_sources(runs, np.array([result["n_samples"]]))
         clock.lap("write")
         if isinstance(out, LocalOut):
             remove_attempts(local)
-        paths, result["input_rows"] = [Path(p) for p in sources[0]], sources[1]
+        shown, result["input_rows"] = [Path(p) for p in sources[0]], sources[1]
         result["has_labels"] = columns.labels is not None
-        dropped_entry = files._write_dropped(local / files.DROPPED_NAME, result, paths, None)
-        described: List[Dict[str, Any]] = [{"path": str(p)} for p in paths]
-        # Never a cache hit (a Ray dataset has no cheap fingerprint), hence no cache key.
+        dropped_entry = files._write_dropped(local / files.DROPPED_NAME, result, shown, None)
+        described: List[Dict[str, Any]] = [{"path": str(p)} for p in shown]
+        # Never a cache hit (a Ray run has no cheap fingerprint of its inputs), hence no key.
         manifest = {"tokpack_version": _tokpack.__version__, "cache_key": None}
         manifest.update(files._manifest(config, described, result, time.perf_counter() - started))
         manifest.update(dropped_entry)
-        manifest["ray"] = {"mode": mode, "blocks": blocks, "stage_s": clock.stages}
+        manifest["sample_kind"] = kind
+        manifest["ray"] = {"mode": mode, "blocks": n_blocks, "stage_s": clock.stages}
         write_json_atomic(local / MANIFEST_NAME, manifest)
     return manifest
+
+
+def _is_dataset(ds: Any) -> bool:
+    import ray.data
+
+    return isinstance(ds, ray.data.Dataset)
+
+
+def _input_files(inputs: Any, output_dir: Any, filesystem: Any) -> List[Path]:
+    """The Parquet files of ``inputs`` (``tokpack pack``'s resolver), not overlapping a local
+    ``output_dir``."""
+    # An object-store OUT (s3://..., or on a filesystem=) cannot overlap local inputs.
+    local = local_path(output_dir, filesystem)
+    out = None if local is None else output_target(local)
+    paths = resolve_inputs(inputs, TOKEN_SUFFIXES, output_dir=out)
+    others = [str(p) for p in paths if not is_parquet(p)]
+    if others:
+        raise ConfigError(f"--ray reads Parquet token shards only, not {others[0]}")
+    return paths
 
 
 class _Clock:
@@ -140,12 +224,6 @@ class _Clock:
         now = time.perf_counter()
         self.stages[name] = round(now - self.last, 3)
         self.last = now
-
-
-def _sources(measured: Measured) -> Any:
-    if measured.files:
-        return measured.files, measured.file_rows
-    return [DATASET_SOURCE], [int(measured.bases[-1])]
 
 
 def read_packed(

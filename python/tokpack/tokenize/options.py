@@ -104,8 +104,11 @@ class TokenizeOptions:
         records then are invalid, and the other way round); otherwise unchanged."""
         if self.format != "auto":
             return self
-        detected = first_format(inputs, self.columns or {})
-        if detected is None or kind_of_format(detected) == "sft":
+        return self.for_first_format(first_format(inputs, self.columns or {}))
+
+    def for_first_format(self, detected: Optional[str]) -> "TokenizeOptions":
+        """:meth:`for_inputs` given the format of the run's first record (None: unknown)."""
+        if self.format != "auto" or detected is None or kind_of_format(detected) == "sft":
             return self
         return replace(self, format=detected)
 

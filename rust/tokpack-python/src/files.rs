@@ -41,6 +41,40 @@ fn progress_of(p: Option<&Bound<'_, Progress>>) -> Arc<io::Progress> {
     p.map_or_else(|| Arc::new(io::Progress::new()), |p| Arc::clone(&p.get().0))
 }
 
+fn label_source(
+    labels_column: Option<String>,
+    labels_required: bool,
+    loss_mask_column: Option<String>,
+) -> LabelSource {
+    match (loss_mask_column, labels_column) {
+        (Some(mask), _) => LabelSource::LossMask(mask),
+        (None, Some(column)) => LabelSource::Labels {
+            column,
+            required: labels_required,
+        },
+        (None, None) => LabelSource::None,
+    }
+}
+
+/// The columns `pack_files` would read from the token shards `paths` (its rules, its errors):
+/// `(labels column, is a loss mask)`, or None without labels.
+#[pyfunction]
+#[pyo3(signature = (*, paths, tokens_column, labels_column, labels_required, loss_mask_column,
+    carry=Vec::new()))]
+pub fn input_columns(
+    py: Python<'_>,
+    paths: Vec<PathBuf>,
+    tokens_column: String,
+    labels_column: Option<String>,
+    labels_required: bool,
+    loss_mask_column: Option<String>,
+    carry: Vec<String>,
+) -> PyResult<Option<(String, bool)>> {
+    let labels = label_source(labels_column, labels_required, loss_mask_column);
+    py.detach(|| io::input_columns(&paths, &tokens_column, &labels, &carry))
+        .map_err(to_py)
+}
+
 /// Packs token shards into `out_dir`; returns a dict of the outcome. With `pair_layout`
 /// ("separate" or "shared-prompt") the inputs are preference token shards packed pair by pair;
 /// `carry` names scalar per-sample columns written as per-segment list columns.
@@ -71,14 +105,7 @@ pub fn pack_files<'py>(
     threads: Option<usize>,
     progress: Option<&Bound<'py, Progress>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let labels = match (loss_mask_column, labels_column) {
-        (Some(mask), _) => LabelSource::LossMask(mask),
-        (None, Some(column)) => LabelSource::Labels {
-            column,
-            required: labels_required,
-        },
-        (None, None) => LabelSource::None,
-    };
+    let labels = label_source(labels_column, labels_required, loss_mask_column);
     let config = PackFilesConfig {
         paths,
         out_dir,

@@ -73,5 +73,6 @@ fn _tokpack(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(balance::partition, m)?)?;
     m.add_function(wrap_pyfunction!(balance::micro_batches, m)?)?;
     m.add_class::<balance::MicroBatchParts>()?;
+    m.add_function(wrap_pyfunction!(files::input_columns, m)?)?;
     Ok(())
 }

@@ -382,6 +382,22 @@ fn read_all(
     Ok((all, rows))
 }
 
+/// The columns `pack_files` reads from token shards `paths` (plain sequences), by its rules and
+/// with its errors (a file lacking the labels the others have is named, carried columns need
+/// one scalar type across the files): the labels column and whether it is a loss mask.
+pub fn input_columns(
+    paths: &[PathBuf],
+    tokens: &str,
+    labels: &LabelSource,
+    carry: &[String],
+) -> Result<Option<(String, bool)>> {
+    let sources = open_all(paths)?;
+    let columns = resolve_columns(&sources, tokens, labels, None, carry)?;
+    Ok(columns
+        .labels
+        .map(|(name, role)| (name, matches!(role, Role::LossMask))))
+}
+
 fn open_all(paths: &[PathBuf]) -> Result<Vec<Source>> {
     if paths.is_empty() {
         return Err(CoreError::Config("no input files given".into()));
@@ -521,6 +537,7 @@ pub fn pack_files(config: &PackFilesConfig, progress: &Progress) -> Result<PackO
             Ok(Carried {
                 name: name.clone(),
                 values: concat(&chunks, data_type)?,
+                ids: None,
             })
         })
         .collect::<Result<Vec<_>>>()?;

@@ -2,6 +2,7 @@
 //! plan rows of their shard and the samples those rows use, and write them with the same
 //! writer as [`super::pack_files`], so the shard's bytes are those `pack_files` writes.
 
+use super::carry::Carried;
 use super::pack::check_layout;
 use super::progress::Progress;
 use super::writer::{write_shard, SampleSource, ShardContext, ShardInfo};
@@ -80,12 +81,14 @@ impl SampleSource for HeldSamples<'_> {
 }
 
 /// Writes shard `shard` into `dir` from `rows`, a plan holding exactly the shard's rows (its
-/// segments keep their global sample ids), gathering tokens from `samples`.
+/// segments keep their global sample ids), gathering tokens from `samples` and the carried
+/// columns' values from `carried` (each with the held `ids`).
 pub fn write_held_shard(
     dir: &Path,
     shard: usize,
     rows: &Plan,
     samples: &HeldSamples,
+    carried: &[Carried],
     row_group_rows: usize,
     compression: Compression,
 ) -> Result<ShardInfo> {
@@ -98,7 +101,7 @@ pub fn write_held_shard(
         source: samples,
         has_labels: samples.labels.is_some(),
         pairs: None,
-        carried: &[],
+        carried,
         row_group_rows,
         compression,
         progress: &progress,
