@@ -42,7 +42,7 @@ from ._inputs import (
     resolve_inputs,
     shown_path,
 )
-from ._outdir import SIDE_DIR, cached_run, open_for_writing, output_target, writing
+from ._outdir import MANIFEST_NAME, SIDE_DIR, cached_run, open_for_writing, output_target, writing
 from ._progress import run_with_progress
 from .errors import ConfigError, OverlongError
 from .planning import (
@@ -258,9 +258,7 @@ def pack_files(
         spill = _spill_in(tmp, spill_dir)
         try:
             if encoding is None:
-                tokens, labels = _read_columns(paths, layout, tokens_column, labels_column)
-                labels = labels + [loss_mask_column] * (loss_mask_column is not None)
-                check_disk_space(paths, tokens, labels, compression != "none", tmp, spill)
+                preflight(tmp, spill)
             sources, staged, tokenized = paths, None, None
             if encoding is not None:
                 # Tokenized into one uncompressed Arrow IPC file in the spill directory (removed
@@ -317,6 +315,16 @@ def pack_files(
             manifest["tokenize"] = tokenized
         return manifest
 
+    def preflight(tmp: Path, spill: Path) -> None:
+        tokens, labels = _read_columns(paths, layout, tokens_column, labels_column)
+        labels = labels + [loss_mask_column] * (loss_mask_column is not None)
+        check_disk_space(paths, tokens, labels, compression != "none", tmp, spill)
+
+    if encoding is None and not (out / MANIFEST_NAME).exists():
+        # Before the inputs are fingerprinted for the cache key (a minute at 10M samples): a
+        # run the disk cannot hold is refused first. An OUT with a manifest may be a cache hit,
+        # which needs no space: checked again inside the run, where it is known not to be.
+        preflight(out, Path(spill_dir) / ".spill" if spill_dir is not None else out / ".spill")
     manifest, hit, rebuilt_because = cached_run(
         out, "pack", paths, config, build, threads=threads, force=force, verify=verify_cache
     )
