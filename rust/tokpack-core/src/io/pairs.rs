@@ -158,11 +158,16 @@ pub fn check_pair_config(plan: &PlanConfig) -> Result<()> {
         ));
     }
     if plan.strategy == Strategy::Random {
-        return Err(CoreError::Config(
+        let others: Vec<String> = Strategy::ALL
+            .iter()
+            .filter(|s| **s != Strategy::Random)
+            .map(|s| format!("{:?}", s.name()))
+            .collect();
+        return Err(CoreError::Config(format!(
             "strategy \"random\" cuts samples across rows and a preference pair is never cut; \
-             pass \"bfd\", \"ffd\", \"next_fit\" or \"padding\""
-                .into(),
-        ));
+             pass one of {}",
+            others.join(", ")
+        )));
     }
     Ok(())
 }
