@@ -1,31 +1,26 @@
 """The names and constants the Rust core owns (``tokpack-core``'s ``policy`` module), for the
-Python side: every Python use imports them from here, so each has exactly one definition."""
+Python side: every Python use imports them from here, so each has exactly one definition. The
+packed-directory format's names are in ``_format``."""
 
 from ._tokpack import (
-    FORMAT,
-    FORMAT_VERSION,
     IGNORE_INDEX,
     OVERLONG_HINT,
     OVERLONG_POLICIES,
     PAIR_LAYOUTS,
     PAIR_SEGMENT_ROLES,
     SEGMENT_ROLES,
-    SIDE_DIR,
     SPLIT_REGEXES,
     STRATEGIES,
     default_threads,
 )
 
 __all__ = [
-    "FORMAT",
-    "FORMAT_VERSION",
     "IGNORE_INDEX",
     "OVERLONG_HINT",
     "OVERLONG_POLICIES",
     "PAIR_LAYOUTS",
     "PAIR_SEGMENT_ROLES",
     "SEGMENT_ROLES",
-    "SIDE_DIR",
     "SPLIT_REGEXES",
     "STRATEGIES",
     "default_threads",

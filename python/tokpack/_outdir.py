@@ -31,13 +31,12 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 import pyarrow as pa
 
-from . import _tokpack
-from ._contract import FORMAT, SIDE_DIR
+from . import _format, _tokpack
+from ._format import MANIFEST_NAME, SIDE_DIR, read_manifest, read_packed_manifest, write_json_atomic  # noqa: F401 (re-exported)
 from ._inputs import input_error, shown_path
 from .errors import (
     ConfigError,
     CorruptOutputError,
-    InputNotFoundError,
     OutputError,
     OutputExistsError,
     TokpackError,
@@ -47,7 +46,6 @@ from .errors import (
 # skip: pyarrow.dataset ignores names starting with "_", Hugging Face datasets ignores directories
 # starting with "__". So `pyarrow.dataset.dataset(OUT_DIR)` and
 # `datasets.load_dataset("parquet", data_dir=OUT_DIR)` both see only the data files.
-MANIFEST_NAME = f"{SIDE_DIR}/_manifest.json"
 _TMP_TAG = ".tmp-"
 _OLD_TAG = ".old-"
 _LOCK_SUFFIX = ".lock"
@@ -85,30 +83,6 @@ def cache_key(kind: str, inputs: List[Dict[str, Any]], config: Dict[str, Any]) -
     """A digest of everything that determines the output bytes."""
     blob = json.dumps({"kind": kind, "inputs": inputs, "config": config}, sort_keys=True)
     return hashlib.blake2b(blob.encode(), digest_size=16).hexdigest()
-
-
-def read_manifest(out_dir: os.PathLike) -> Optional[Dict[str, Any]]:
-    """The manifest of a complete output directory, or None when there is none."""
-    path = Path(out_dir) / MANIFEST_NAME
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        raise CorruptOutputError(f"{path}: unreadable manifest ({exc})") from None
-
-
-def read_packed_manifest(out_dir: os.PathLike) -> Dict[str, Any]:
-    """The manifest of a packed directory (``tokpack pack``'s output)."""
-    shown = shown_path(out_dir)
-    manifest = read_manifest(out_dir)
-    if manifest is None:
-        raise InputNotFoundError(f"{shown}: no {MANIFEST_NAME} (not a tokpack output directory)")
-    if manifest.get("format") != FORMAT:
-        found = manifest.get("format")
-        raise CorruptOutputError(f"{shown}: not a packed directory (format {found})")
-    return manifest
 
 
 def is_cache_hit(out_dir: os.PathLike, key: str) -> Optional[Dict[str, Any]]:
@@ -349,19 +323,6 @@ def _fsync_dir(path: Path) -> None:
             os.close(fd)
 
 
-def write_json_atomic(path: os.PathLike, data: Dict[str, Any]) -> None:
-    """Writes JSON to a temporary name in the same directory, then renames it."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 @contextlib.contextmanager
 def writing(path: Union[str, os.PathLike]) -> Iterator[None]:
     """Turns an OSError while writing ``path`` (disk full, permissions; pyarrow raises OSError
@@ -410,5 +371,5 @@ def cached_run(
         manifest = {"tokpack_version": _tokpack.__version__, "cache_key": key}
         manifest.update(build(tmp, described))
         with writing(tmp / MANIFEST_NAME):
-            write_json_atomic(tmp / MANIFEST_NAME, manifest)
+            _format.write_manifest(tmp, manifest)
     return manifest, False, rebuilt_because

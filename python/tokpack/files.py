@@ -16,7 +16,7 @@ import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Union
 
 import numpy as np
 import pyarrow as pa
@@ -24,7 +24,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from . import _tokpack
-from ._contract import FORMAT, FORMAT_VERSION, OVERLONG_POLICIES, PAIR_LAYOUTS, STRATEGIES
+from ._contract import PAIR_LAYOUTS
+from ._format import DROPPED_NAME, FORMAT, FORMAT_VERSION, packed_manifest, write_dropped
 from ._inputs import (
     RAW_SUFFIXES,
     TOKEN_SUFFIXES,
@@ -33,15 +34,11 @@ from ._inputs import (
     resolve_inputs,
     shown_path,
 )
-from ._outdir import SIDE_DIR, cached_run, open_for_writing, output_target, writing
+from ._outdir import cached_run, open_for_writing, output_target, writing
 from ._progress import run_with_progress
 from .errors import ConfigError, OverlongError
-from .planning import (
-    MAX_ROWS,
-    check_int,
-    checked_args,
-    checked_threads,
-)
+from .pack_config import PackConfig, pack_config
+from .planning import checked_threads
 from .tokenize.options import TokenizeOptions
 from .tokenize.pipeline import RecordEncoder
 from .tokenize.schema import kind_of_schema, token_schema
@@ -49,12 +46,10 @@ from .tokenize.writer import REJECTED_NAME, stream_into
 
 __all__ = ["pack_files", "read_lengths", "FORMAT", "FORMAT_VERSION", "PAIR_LAYOUTS"]
 
-# The options of pack_files that also apply to tokpack.ray.pack (a dataset's packing layout).
-PACKING_OPTIONS = ("strategy", "overlong", "seed", "tokens_column", "labels_column")
-PACKING_OPTIONS += ("loss_mask_column", "rows_per_shard", "row_group_rows", "compression")
-
-# Arrow IPC, not Parquet: HF ``datasets`` reads every ``*.parquet`` under data_dir, ``_`` or not.
-DROPPED_NAME = f"{SIDE_DIR}/_dropped.arrow"
+# What a one-step pack (``tokenizer=``) supports: the tokenizer writes the columns, and record
+# fields are not carried through tokenizing.
+ONE_STEP_FIELDS = ("max_len", "strategy", "overlong", "seed", "pair_layout", "rows_per_shard")
+ONE_STEP_FIELDS += ("row_group_rows", "compression")
 # Rows decoded at a time inside a row group: bounds reading memory to a few tens of MB per thread.
 BATCH_ROWS = 4096
 
@@ -82,74 +77,19 @@ def read_lengths(
     return lengths
 
 
-def _config(**kw: Any) -> Dict[str, Any]:
-    if kw["strategy"] not in STRATEGIES:
-        raise ConfigError(f"unknown strategy {kw['strategy']!r}; expected one of {STRATEGIES}")
-    if kw["overlong"] not in OVERLONG_POLICIES:
-        raise ConfigError(
-            f"unknown overlong policy {kw['overlong']!r}; expected one of {OVERLONG_POLICIES}"
-        )
-    for name in ("rows_per_shard", "row_group_rows"):
-        kw[name] = check_int(kw[name], name, 1, MAX_ROWS)
-    if kw["loss_mask_column"] is not None and kw["labels_column"] not in (None, "labels"):
-        raise ConfigError("pass either labels_column or loss_mask_column, not both")
-    # Only where they apply, so the cache keys of SFT outputs stay what they were.
-    for key, unset in (("pair_layout", None), ("carry", [])):
-        if kw.get(key, unset) == unset:
-            kw.pop(key, None)
-    return {"format_version": FORMAT_VERSION, **kw}
-
-
-def _checked_carry(carry: Optional[Sequence[str]], kind: str) -> List[str]:
-    """The carried columns: KTO's ``label`` first (always), then ``carry`` in order."""
-    if isinstance(carry, (str, bytes)):
-        raise ConfigError(f"carry must be a list of column names, not {carry!r}")
-    names = ["label"] if kind == "kto" else []
-    for name in carry or ():
-        if not isinstance(name, str) or not name:
-            raise ConfigError(f"carry: column names must be non-empty strings, got {name!r}")
-        if name not in names:
-            names.append(name)
-    return names
-
-
-def _checked_layout(pair_layout: str, kind: str, where: Path) -> Optional[str]:
-    """The pair layout of a preference run (None for other kinds, where only the default is
-    accepted)."""
-    if pair_layout not in PAIR_LAYOUTS:
-        raise ConfigError(f"unknown pair_layout {pair_layout!r}; expected one of {PAIR_LAYOUTS}")
-    if kind == "preference":
-        return pair_layout
-    if pair_layout != PAIR_LAYOUTS[0]:
-        raise ConfigError(
-            f"pair_layout {pair_layout!r} applies to preference pairs; {shown_path(where)} holds"
-            f" {kind} samples"
-        )
-    return None
-
-
 def pack_files(
     inputs: PathsLike,
     output_dir: Union[str, os.PathLike],
-    max_len: int,
+    max_len: Optional[int] = None,
     *,
-    strategy: str = "bfd",
-    overlong: str = "error",
-    seed: int = 0,
-    tokens_column: str = "input_ids",
-    labels_column: Optional[str] = "labels",
-    loss_mask_column: Optional[str] = None,
-    rows_per_shard: int = 16384,
-    row_group_rows: int = 1024,
-    compression: str = "zstd",
+    config: Optional[PackConfig] = None,
     threads: Optional[int] = None,
     force: bool = False,
     progress: bool = False,
     tokenizer: Optional[Union[str, os.PathLike]] = None,
     tokenize: Optional[Union[TokenizeOptions, Dict[str, Any]]] = None,
     verify_cache: bool = False,
-    pair_layout: str = "separate",
-    carry: Optional[Sequence[str]] = None,
+    **fields: Any,
 ) -> Dict[str, Any]:
     """Pack token shards on disk into ``output_dir``; returns the manifest as a dict.
 
@@ -159,15 +99,13 @@ def pack_files(
         output_dir: written atomically: absent or complete, even after kill -9. It must be
             absent, empty or a tokpack output holding only what tokpack wrote, and must not
             overlap the inputs (else ConfigError / OutputExistsError, and nothing is touched).
-        max_len, strategy, overlong, seed, threads: as in :func:`tokpack.plan`; the output is
-            byte-identical for every ``threads``.
-        tokens_column: list of integers (int32, int64, uint32, ...; every id must fit in int32).
-        labels_column: carried along when every input has it (-100 = not trained on); a name
-            other than the default ``"labels"`` must exist. ``None`` ignores labels.
-        loss_mask_column: a 0/1 column instead of labels: labels = tokens where it is 1.
-        rows_per_shard, row_group_rows: output layout (rows per ``part-NNNNN.parquet`` and per
-            Parquet row group).
-        compression: ``"zstd"``, ``"zstd:LEVEL"``, ``"snappy"``, ``"lz4"`` or ``"none"``.
+        max_len, fields: the :class:`tokpack.PackConfig` of the job (``strategy``,
+            ``overlong``, ``seed``, ``tokens_column``, ``labels_column``, ``loss_mask_column``,
+            ``pair_layout``, ``carry``, ``rows_per_shard``, ``row_group_rows``,
+            ``compression``), or ``config=`` (not both). Labels are carried along when every
+            input has them; preference inputs are packed pair by pair in ``pair_layout``; KTO
+            inputs carry ``label`` always.
+        threads: as in :func:`tokpack.plan`; the output is byte-identical for every value.
         force: rebuild even when ``output_dir`` is already current (a cache hit).
         verify_cache: before trusting a cache hit, check every shard's checksum (always checked:
             every listed file is present with its recorded size). A damaged output is rebuilt.
@@ -175,12 +113,8 @@ def pack_files(
         tokenizer: one step from raw data: JSONL / ``.jsonl.gz`` / Parquet records tokenized
             with this tokenizer (``tokenizer.json`` or its directory) and packed in the same
             run; ``tokenize`` holds the options (a :class:`tokpack.TokenizeOptions` or a dict of
-            its fields); rejected records go to ``__tokpack__/_rejected.jsonl``.
-        pair_layout: preference inputs are packed pair by pair, both sequences in one row:
-            ``"separate"`` or ``"shared-prompt"`` (README, "Packing preference and KTO data");
-            the overlong policy applies to a pair's footprint, and the figures count pairs.
-        carry: scalar per-sample columns written to each packed row as a list with one entry
-            per segment. KTO inputs carry ``label`` always.
+            its fields); rejected records go to ``__tokpack__/_rejected.jsonl``. The columns and
+            ``carry`` are then refused (the tokenizer writes the columns).
 
     Returns:
         The manifest (``format``, ``config``, ``inputs``, ``shards``, ``figures``, ...) plus
@@ -188,39 +122,26 @@ def pack_files(
         ``rebuilt_because``: why a current but damaged ``output_dir`` was rebuilt (else None).
     """
     started = time.perf_counter()
-    max_len, seed, threads = checked_args(max_len, seed, threads)
+    config = pack_config(max_len, config, fields)
+    threads = checked_threads(threads)
     out = output_target(output_dir)
     encoding = None
     if tokenizer is not None:
+        config.refuse_unsupported("a one-step pack (tokenizer=)", ONE_STEP_FIELDS)
         paths = resolve_inputs(inputs, RAW_SUFFIXES, output_dir=out)
         options = TokenizeOptions.of(tokenize).for_inputs(paths)
-        if overlong == "error" and options.max_len is None:
+        if config.overlong == "error" and options.max_len is None:
             # Checked while tokenizing, where the sample's raw file and line are known.
-            options = replace(options, max_len=max_len)
+            options = replace(options, max_len=config.max_len)
         encoding = RecordEncoder(tokenizer, options)
         kind = encoding.kind
-        tokens_column, labels_column, loss_mask_column = "input_ids", "labels", None
     else:
         paths = resolve_inputs(inputs, TOKEN_SUFFIXES, output_dir=out)
         kind = _sample_kind(paths)
-    layout = _checked_layout(pair_layout, kind, paths[0])
-    carried = _checked_carry(carry, kind)
-    config = _config(
-        max_len=max_len,
-        strategy=strategy,
-        overlong=overlong,
-        seed=seed,
-        tokens_column=tokens_column,
-        labels_column=labels_column,
-        loss_mask_column=loss_mask_column,
-        rows_per_shard=rows_per_shard,
-        row_group_rows=row_group_rows,
-        compression=compression,
-        pair_layout=layout,
-        carry=carried,
-    )
+    config = config.for_kind(kind, shown_path(paths[0]))
+    recorded = config.to_dict()
     if encoding is not None:
-        config["tokenize"] = encoding.config()
+        recorded["tokenize"] = encoding.config()
 
     def build(tmp: Path, described: List[Dict[str, Any]]) -> Dict[str, Any]:
         # Inside the run's temporary: an interrupt while it is removed leaves nothing behind.
@@ -249,36 +170,25 @@ def pack_files(
                     "renderer": tokens.renderer_info,
                     "rejected_file": REJECTED_NAME if tokens.stats.rejected else None,
                 }
-                if layout is not None and overlong == "error":
-                    _check_pairs_fit(staged, paths, max_len, layout)
-            result = run_with_progress(
+                if config.pair_layout is not None and config.overlong == "error":
+                    _check_pairs_fit(staged, paths, config.max_len, config.pair_layout)
+            report = run_with_progress(
                 lambda p: _tokpack.pack_files(
                     paths=[str(x) for x in sources],
                     out_dir=str(tmp),
                     spill_dir=str(spill),
-                    tokens_column=tokens_column,
-                    labels_column=labels_column,
-                    labels_required=labels_column not in (None, "labels"),
-                    loss_mask_column=loss_mask_column,
-                    max_len=max_len,
-                    strategy=strategy,
-                    overlong=overlong,
-                    seed=seed,
-                    rows_per_shard=rows_per_shard,
-                    row_group_rows=row_group_rows,
-                    compression=compression,
+                    config=config,
                     batch_rows=BATCH_ROWS,
-                    pair_layout=layout,
-                    carry=carried,
                     threads=threads,
                     progress=p,
                 ),
                 progress,
             )
-            _write_dropped(tmp / DROPPED_NAME, result, paths, staged)
+            with writing(tmp / DROPPED_NAME):
+                write_dropped(tmp / DROPPED_NAME, report, paths, staged)
         finally:
             shutil.rmtree(spill, ignore_errors=True)
-        manifest = _manifest(config, described, result, time.perf_counter() - started)
+        manifest = packed_manifest(recorded, described, report, time.perf_counter() - started)
         manifest["sample_kind"] = kind
         if tokenized is not None:
             manifest["inputs"] = described
@@ -286,7 +196,7 @@ def pack_files(
         return manifest
 
     manifest, hit, rebuilt_because = cached_run(
-        out, "pack", paths, config, build, threads=threads, force=force, verify=verify_cache
+        out, "pack", paths, recorded, build, threads=threads, force=force, verify=verify_cache
     )
     return {**manifest, "cache_hit": hit, "rebuilt_because": rebuilt_because}
 
@@ -330,74 +240,3 @@ def _check_pairs_fit(staged: Path, paths: List[Path], max_len: int, layout: str)
             f"{shown_path(path)}:{where}: pair of {footprint[i]} tokens in a row ({layout}"
             f' layout), more than max_len={max_len}; pass overlong="truncate" or "drop"'
         )
-
-
-def _write_dropped(
-    path: Path, result: Dict[str, Any], paths: List[Path], staged: Optional[Path]
-) -> None:
-    """Every sample that is not in the output, with its file, row (token shards, Parquet: from
-    0) or line (JSONL: from 1) and reason. With ``staged`` (one-step pack) the sample ids are
-    rows of that tokenized file, whose source columns lead back to the raw ``paths``."""
-    dropped = np.asarray(result["dropped"], dtype=np.int64)
-    if staged is None:
-        bounds = np.cumsum([0] + list(result["input_rows"]))
-        file_idx = np.searchsorted(bounds, dropped, side="right") - 1
-        where = dropped - bounds[file_idx]
-        is_line = np.zeros(len(dropped), dtype=bool)
-    else:
-        with pa.memory_map(os.fsencode(staged)) as source:
-            table = pa.ipc.open_file(source).read_all()
-            file_idx = table.column("source_file").take(dropped).to_numpy()
-            where = table.column("source_line").take(dropped).to_numpy()
-        is_line = np.array([not is_parquet(p) for p in paths], dtype=bool)[file_idx]
-    reason = np.where(np.isin(dropped, result["empty"]), "empty", "overlong")
-    table = pa.table(
-        {
-            "sample_id": pa.array(dropped, pa.int64()),
-            "file": pa.array([shown_path(paths[i]) for i in file_idx], pa.string()),
-            "row": pa.array(where, pa.int64(), mask=is_line),
-            "line": pa.array(where, pa.int64(), mask=~is_line),
-            "reason": pa.array(reason.tolist(), pa.string()),
-        }
-    )
-    with writing(path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open_for_writing(path) as sink, pa.ipc.new_file(sink, table.schema) as writer:
-            writer.write_table(table)
-
-
-def _manifest(
-    config: Dict[str, Any],
-    described: List[Dict[str, Any]],
-    result: Dict[str, Any],
-    wall: float,
-) -> Dict[str, Any]:
-    n = result["n_samples"]
-    dropped, truncated, split = (len(result[k]) for k in ("dropped", "truncated", "split"))
-    rows, tokens, max_len = result["rows"], result["tokens"], result["max_len"]
-    return {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "config": config,
-        "inputs": [{**d, "rows": r} for d, r in zip(described, result["input_rows"])],
-        "has_labels": result["has_labels"],
-        "shards": result["shards"],
-        "dropped_file": DROPPED_NAME,
-        "figures": {
-            "samples_in": n,
-            "samples_packed": n - dropped - truncated - split,
-            "samples_truncated": truncated,
-            "samples_split": split,
-            "samples_dropped": dropped,
-            "samples_empty": len(result["empty"]),
-            "input_tokens": result["input_tokens"],
-            "rows": rows,
-            "tokens": tokens,
-            "loss_tokens": sum(s["loss_tokens"] for s in result["shards"]),
-            "padding_tokens": rows * max_len - tokens,
-            "padding_tokens_unpacked": result["segments"] * max_len - tokens,
-            "efficiency": result["efficiency"],
-            "lower_bound": result["lower_bound"],
-            "wall_time_s": round(wall, 3),
-        },
-    }

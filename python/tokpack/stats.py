@@ -12,7 +12,8 @@ import numpy as np
 from ._arrays import as_lengths
 from ._contract import STRATEGIES
 from .errors import ConfigError, DataError
-from .planning import checked_args, plan
+from .pack_config import PackConfig
+from .planning import plan
 
 __all__ = [
     "packing_stats",
@@ -129,13 +130,14 @@ class PackingStats:
 
 def checked_max_lens(max_lens: Iterable[Any]) -> List[int]:
     """Sorted distinct candidates, each a valid ``max_len``."""
-    values = sorted({checked_args(m, 0, None)[0] for m in max_lens})
+    values = sorted({PackConfig(m).max_len for m in max_lens})
     if not values:
         raise ConfigError("give at least one max_len")
     return values
 
 
 def check_options(overlong: str, batch_size: Optional[int]) -> None:
+    PackConfig(1, overlong=overlong)  # a known policy
     if overlong not in STATS_OVERLONG:
         raise ConfigError(f"overlong must be one of {', '.join(STATS_OVERLONG)}, got {overlong!r}")
     if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):

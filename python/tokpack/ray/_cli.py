@@ -11,11 +11,11 @@ from typing import Any, Dict
 import ray
 import ray.data
 
+from .. import pack_config
 from .._inputs import TOKEN_SUFFIXES, is_parquet, resolve_inputs
 from .._outdir import output_target
-from ..commands.pack import packing_options
 from ..errors import ConfigError
-from ._pack import pack
+from ._pack import SUPPORTED, pack
 from ._store import store_of
 
 
@@ -31,6 +31,8 @@ def pack_command(args: argparse.Namespace) -> Dict[str, Any]:
             "--ray packs token shards; tokenize first (tokpack tokenize --ray, or "
             "tokpack.ray.tokenize), then pack them"
         )
+    config = pack_config.from_args(args)
+    config.refuse_unsupported("pack --ray", SUPPORTED)  # before any work
     # An object-store OUT (s3://...) cannot overlap local inputs; a local one is checked.
     out = None if store_of(args.output) is not None else output_target(args.output)
     paths = resolve_inputs(args.inputs, TOKEN_SUFFIXES, output_dir=out)
@@ -39,11 +41,5 @@ def pack_command(args: argparse.Namespace) -> Dict[str, Any]:
         raise ConfigError(f"--ray reads Parquet token shards only, not {others[0]}")
     connect(args.ray, args.quiet)
     ds = ray.data.read_parquet([str(p) for p in paths], include_paths=True)
-    manifest = pack(
-        ds,
-        args.output,
-        args.max_len,
-        mode=args.ray_mode,
-        **packing_options(args),
-    )
+    manifest = pack(ds, args.output, mode=args.ray_mode, config=config)
     return {**manifest, "cache_hit": False, "rebuilt_because": None}

@@ -18,8 +18,10 @@ import numpy as np
 import pyarrow as pa
 import ray
 
-from .._contract import OVERLONG_HINT, SIDE_DIR
+from .. import _tokpack
+from .._contract import OVERLONG_HINT
 from ..errors import DataError, OverlongError, TokpackError
+from ..pack_config import PackReport
 from ..planning import plan as make_plan
 from ._blocks import Columns, block_error, cancelling, sample_arrays
 from ._shards import Layout, Rows, accounting, shard_ranges, write_shard
@@ -87,7 +89,7 @@ def _pack_group(
         write_shard(out, k, Rows.of(plan, a, b, base), held, layout, labels is not None, dest)
         for k, (a, b) in enumerate(shard_ranges(plan.n_bins, planning.rows_per_shard))
     ]
-    return accounting(plan, shards, base)
+    return accounting(plan, shards, [len(lengths)], labels is not None, base)
 
 
 def groups_of(sizes: List[int], min_block_samples: int) -> List[Tuple[int, int]]:
@@ -115,9 +117,9 @@ def pack_local(
     layout: Layout,
     out: Out,
     min_block_samples: int,
-) -> Dict[str, Any]:
-    """Packs group by group into ``out``; returns the merged accounting with the shards
-    renamed ``part-NNNNN`` in group order."""
+) -> PackReport:
+    """Packs group by group into ``out``; returns the merged report with the shards renamed
+    ``part-NNNNN`` in group order."""
     sizes = ray.get([_rows.remote(ref) for ref in refs])
     if sum(sizes) == 0:
         raise DataError("the ray dataset holds no samples")
@@ -136,27 +138,18 @@ def pack_local(
     return _merge(results, out)
 
 
-def _merge(results: List[Dict[str, Any]], out: Out) -> Dict[str, Any]:
+def _merge(results: List[PackReport], out: Out) -> PackReport:
     """Renames the groups' shards ``part-NNNNN`` in order. A group whose samples were all
     dropped wrote one empty shard: it is kept only when every group is empty (as ``pack_files``
     writes one empty shard then, to carry the schema)."""
-    written = [(g, info) for g, r in enumerate(results) for info in r["shards"]]
+    written = [(g, info) for g, r in enumerate(results) for info in r.shards]
     kept = [(g, info) for g, info in written if info["rows"] > 0] or written[:1]
     shards: List[Dict[str, Any]] = []
     for s, (g, info) in enumerate(kept):
-        named = {
-            **info,
-            "file": f"part-{s:05d}.parquet",
-            "index": f"{SIDE_DIR}/_index-part-{s:05d}.arrow",
-        }
+        named = {**info, "file": _tokpack.shard_name(s), "index": _tokpack.index_name(s)}
         for key in ("file", "index"):
             out.move(f"{GROUP_PREFIX}{g}/{info[key]}", named[key])
         shards.append(named)
     for g in range(len(results)):
         out.remove(f"{GROUP_PREFIX}{g}")
-    merged: Dict[str, Any] = {"shards": shards}
-    for key in ("n_samples", "rows", "segments", "tokens", "input_tokens"):
-        merged[key] = sum(r[key] for r in results)
-    for key in ("dropped", "empty", "truncated", "split"):
-        merged[key] = np.concatenate([r[key] for r in results]).astype(np.int64)
-    return merged
+    return PackReport.merge(results, shards, [sum(r.n_samples for r in results)])

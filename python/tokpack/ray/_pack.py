@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import inspect
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Union
+from typing import Any, Callable, Dict, List, Optional, Union
 
-from .. import _tokpack, files
-from .._outdir import MANIFEST_NAME, write_json_atomic
+from .. import _format, _tokpack
+from .._format import DROPPED_NAME, MANIFEST_NAME, packed_manifest, write_dropped
 from ..errors import ConfigError, CorruptOutputError
-from ..planning import check_int, checked_args
+from ..pack_config import PackConfig, pack_config
+from ..planning import check_int
 from ..planning import plan as make_plan
 from ._blocks import DATASET_SOURCE, Measured, measure, ordered_blocks, resolve_columns
 from ._global import write_global
@@ -20,24 +20,21 @@ from ._shards import Layout, accounting, remove_attempts
 from ._store import LocalOut, committed_output, read_manifest_at
 
 MODES = ("global", "local")
-# The options of tokpack.pack_files that apply to a dataset, with its defaults (defined there).
-_NAMES = files.PACKING_OPTIONS
-_OPTIONS = {
-    name: p.default
-    for name, p in inspect.signature(files.pack_files).parameters.items()
-    if name in _NAMES
-}
+# The PackConfig fields this path honours; the others are refused by name.
+SUPPORTED = ("max_len", "strategy", "overlong", "seed", "tokens_column", "labels_column")
+SUPPORTED += ("loss_mask_column", "rows_per_shard", "row_group_rows", "compression")
 
 
 def pack(
     ds: Any,
     output_dir: Union[str, os.PathLike],
-    max_len: int,
+    max_len: Optional[int] = None,
     *,
     mode: str = "global",
     min_block_samples: int = 4096,
     filesystem: Any = None,
-    **options: Any,
+    config: Optional[PackConfig] = None,
+    **fields: Any,
 ) -> Dict[str, Any]:
     """Pack a ``ray.data.Dataset`` of token lists into ``output_dir`` on the Ray cluster;
     returns the manifest as a dict.
@@ -57,67 +54,57 @@ def pack(
             the shards ``tokpack pack`` writes for the same inputs, byte for byte; ``"local"``
             packs runs of consecutive blocks of at least ``min_block_samples`` samples on their
             own (the driver holds one number per block) at a small cost in rows (README).
-        options: ``strategy``, ``overlong``, ``seed``, ``tokens_column``, ``labels_column``,
-            ``loss_mask_column``, ``rows_per_shard``, ``row_group_rows``, ``compression``: as
-            in :func:`tokpack.pack_files`, with its defaults.
+        max_len, fields, config: the :class:`tokpack.PackConfig`, as in
+            :func:`tokpack.pack_files`; the fields in ``SUPPORTED`` (not yet ``pair_layout``
+            or ``carry``: refused by name).
 
     Raises:
         ConfigError, DataError, SchemaError, OverlongError: as :func:`tokpack.pack_files`, naming
         the dataset block and sample.
     """
     started = time.perf_counter()
-    unknown = sorted(set(options) - set(_OPTIONS))
-    if unknown:
-        raise TypeError(f"pack() got an unexpected keyword argument {unknown[0]!r}")
-    options = {**_OPTIONS, **options}
-    max_len, seed, _ = checked_args(max_len, options["seed"], None)
+    config = pack_config(max_len, config, fields)
+    config.refuse_unsupported("tokpack.ray.pack", SUPPORTED)
     if mode not in MODES:
         raise ConfigError(f"unknown mode {mode!r}; expected one of {MODES}")
     min_block_samples = check_int(min_block_samples, "min_block_samples", 1, 2**62)
-    config = files._config(**{**options, "max_len": max_len, "seed": seed})
-    strategy, overlong = config["strategy"], config["overlong"]
+    recorded = config.to_dict()
     if mode == "local":
-        config["ray"] = {"mode": mode, "min_block_samples": min_block_samples}
-    layout = Layout(max_len, config["row_group_rows"], config["compression"])
+        recorded["ray"] = {"mode": mode, "min_block_samples": min_block_samples}
+    max_len = config.max_len
+    layout = Layout(max_len, config.row_group_rows, config.compression)
     with committed_output(output_dir, filesystem) as (out, local):
         clock = _Clock()
-        names = (config["tokens_column"], config["labels_column"], config["loss_mask_column"])
+        names = (config.tokens_column, config.labels_column, config.loss_mask_column)
         if mode == "global":
             measured = measure(ds, names)
             columns, blocks = measured.columns, len(measured.flats)
             # Reading and measuring overlap (the blocks are measured as they stream in).
             clock.lap("read+measure")
-            plan = make_plan(
-                measured.lengths, max_len, strategy=strategy, overlong=overlong, seed=seed
-            )
+            plan = make_plan(measured.lengths, config=config)
             clock.lap("plan")
-            shards = write_global(measured, plan, out, layout, config["rows_per_shard"])
-            result = accounting(plan, shards)
-            sources = _sources(measured)
+            shards = write_global(measured, plan, out, layout, config.rows_per_shard)
+            paths, rows = _sources(measured)
+            report = accounting(plan, shards, rows, columns.labels is not None)
         else:
             refs = ordered_blocks(ds)
             columns, blocks = resolve_columns(refs, *names), len(refs)
             clock.lap("blocks")
-            planning = Planning(max_len, strategy, overlong, seed, config["rows_per_shard"])
-            result = pack_local(refs, columns, planning, layout, out, min_block_samples)
-            result.update(
-                max_len=max_len,
-                lower_bound=-(-result["tokens"] // max_len),
-                efficiency=result["tokens"] / (result["rows"] * max_len) if result["rows"] else 0,
+            planning = Planning(
+                max_len, config.strategy, config.overlong, config.seed, config.rows_per_shard
             )
-            sources = ([DATASET_SOURCE], [result["n_samples"]])
+            report = pack_local(refs, columns, planning, layout, out, min_block_samples)
+            paths = [DATASET_SOURCE]
         clock.lap("write")
         if isinstance(out, LocalOut):
             remove_attempts(local)
-        paths, result["input_rows"] = [Path(p) for p in sources[0]], sources[1]
-        result["has_labels"] = columns.labels is not None
-        files._write_dropped(local / files.DROPPED_NAME, result, paths, None)
+        write_dropped(local / DROPPED_NAME, report, [Path(p) for p in paths])
         described: List[Dict[str, Any]] = [{"path": str(p)} for p in paths]
         # Never a cache hit (a Ray dataset has no cheap fingerprint), hence no cache key.
         manifest = {"tokpack_version": _tokpack.__version__, "cache_key": None}
-        manifest.update(files._manifest(config, described, result, time.perf_counter() - started))
+        manifest.update(packed_manifest(recorded, described, report, time.perf_counter() - started))
         manifest["ray"] = {"mode": mode, "blocks": blocks, "stage_s": clock.stages}
-        write_json_atomic(local / MANIFEST_NAME, manifest)
+        _format.write_manifest(local, manifest)
     return manifest
 
 

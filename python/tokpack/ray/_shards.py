@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .. import _tokpack
+from ..pack_config import PackReport
 from ._store import ATTEMPT_PREFIX, Out
 
 # A shard's samples: global ids (ascending), offsets from 0, int32 tokens, labels or None.
@@ -114,18 +115,26 @@ def write_shard(
     return info
 
 
-def accounting(plan: Any, shards: List[Dict[str, Any]], id_base: int = 0) -> Dict[str, Any]:
-    """A plan's accounting, as ``_tokpack.pack_files`` reports it (sample ids + ``id_base``)."""
-    ids = {k: getattr(plan, k) + id_base for k in ("dropped", "empty", "truncated", "split")}
-    same = ("n_samples", "input_tokens", "max_len", "lower_bound", "efficiency")
-    return {
-        **{k: getattr(plan, k) for k in same},
-        **ids,
-        "rows": plan.n_bins,
-        "segments": plan.n_segments,
-        "tokens": plan.total_tokens,
-        "shards": shards,
-    }
+def accounting(
+    plan: Any,
+    shards: List[Dict[str, Any]],
+    input_rows: List[int],
+    has_labels: bool,
+    id_base: int = 0,
+) -> PackReport:
+    """The report of a plan written as ``shards`` (sample ids + ``id_base``)."""
+    return PackReport(
+        input_rows=input_rows,
+        has_labels=has_labels,
+        max_len=plan.max_len,
+        n_samples=plan.n_samples,
+        rows=plan.n_bins,
+        segments=plan.n_segments,
+        tokens=plan.total_tokens,
+        input_tokens=plan.input_tokens,
+        **{k: getattr(plan, k) + id_base for k in ("dropped", "empty", "truncated", "split")},
+        shards=shards,
+    )
 
 
 def remove_attempts(out_tmp: Path) -> None:
