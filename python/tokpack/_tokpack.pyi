@@ -85,8 +85,8 @@ class PackConfig:
     fields, their defaults and choices are in ``FIELDS``."""
 
     FIELDS: Tuple[Tuple[str, Any, Tuple[str, ...], str], ...]
-    def __init__(
-        self,
+    def __new__(
+        cls,
         max_len: int,
         *,
         strategy: str = "bfd",
@@ -100,7 +100,7 @@ class PackConfig:
         rows_per_shard: int = 16384,
         row_group_rows: int = 1024,
         compression: str = "zstd",
-    ) -> None: ...
+    ) -> PackConfig: ...
     max_len: int
     strategy: str
     overlong: str
@@ -120,15 +120,15 @@ class PackConfig:
     def for_kind(self, kind: str, inputs: str) -> PackConfig: ...
     def refuse_unsupported(self, path: str, supported: Sequence[str]) -> None: ...
     def __reduce__(self) -> Any: ...
-    def __eq__(self, other: object) -> bool: ...
+    def __eq__(self, other: object, /) -> bool: ...
     def __hash__(self) -> int: ...
 
 @final
 class PackReport:
     """What a pack job did; ``figures()`` are the manifest's figures."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         *,
         input_rows: Sequence[int],
         has_labels: bool,
@@ -143,7 +143,7 @@ class PackReport:
         truncated: Any,
         split: Any,
         shards: Sequence[Dict[str, Any]],
-    ) -> None: ...
+    ) -> PackReport: ...
     @staticmethod
     def merge(
         parts: Sequence[PackReport], shards: Sequence[Dict[str, Any]], input_rows: Sequence[int]
