@@ -5,7 +5,10 @@
 - TRL's `pack_dataset(strategy="bfd")` over a `datasets.Dataset` (when trl is installed).
 
 Each contender runs in its own child process; peak RSS is that child's ru_maxrss (os.wait4).
-Prints a Markdown table. Large files are deleted at the end unless --keep.
+tokpack's spill goes to its own directory (``--spill-dir``), whose size is sampled while it runs:
+the temporary disk beyond the output, reported per token. The load average (1 min) is read
+before and after each run: the machine may be shared. Prints a Markdown table. Large files are
+deleted at the end unless --keep.
 
     python benches/bench_pack_files.py --samples 1000000 --work /tmp/tokpack-bench
 """
@@ -18,6 +21,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -27,7 +31,7 @@ import json, sys, time
 import tokpack
 t = time.perf_counter()
 m = tokpack.pack_files(sys.argv[1], sys.argv[2], int(sys.argv[3]), overlong="split",
-                       compression="zstd", force=True)
+                       compression="zstd", force=True, spill_dir=sys.argv[4])
 f = m["figures"]
 print(json.dumps({"time": time.perf_counter() - t, "rows": f["rows"], "tokens": f["tokens"],
                   "efficiency": f["efficiency"]}))
@@ -65,21 +69,49 @@ print(json.dumps({"time": time.perf_counter() - t, "load": loaded, "rows": rows,
 }
 
 
-def run_child(name: str, corpus: Path, out: Path, max_len: int) -> dict:
+def tree_bytes(root: Path) -> int:
+    """Bytes allocated to the files under ``root``."""
+    total = 0
+    for dirpath, _, names in os.walk(root):
+        for name in names:
+            try:
+                total += os.stat(os.path.join(dirpath, name)).st_blocks * 512
+            except FileNotFoundError:
+                pass
+    return total
+
+
+def run_child(name: str, corpus: Path, out: Path, max_len: int, spill: Path) -> dict:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    spill.mkdir(parents=True, exist_ok=True)
+    load = os.getloadavg()[0]
     proc = subprocess.Popen(
-        [sys.executable, "-c", CHILD[name], str(corpus), str(out), str(max_len)],
+        [sys.executable, "-c", CHILD[name], str(corpus), str(out), str(max_len), str(spill)],
         stdout=subprocess.PIPE,
         env=env,
     )
+    peak = [0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.5):
+            peak[0] = max(peak[0], tree_bytes(spill))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     assert proc.stdout is not None
     text = proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)
+    done.set()
+    sampler.join()
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         raise SystemExit(f"{name} failed with exit code {proc.returncode}")
     result = json.loads(text.decode().strip().splitlines()[-1])
     result["peak_rss_mb"] = usage.ru_maxrss / 1024
+    result["spill_peak_bytes"] = peak[0]
+    result["user_s"], result["sys_s"] = usage.ru_utime, usage.ru_stime
+    result["load"] = (load, os.getloadavg()[0])
     return result
 
 
@@ -90,6 +122,11 @@ def main() -> None:
     parser.add_argument("--work", default="/tmp/tokpack-bench-pack")
     parser.add_argument("--files", type=int, default=8)
     parser.add_argument("--skip-trl", action="store_true")
+    parser.add_argument(
+        "--order",
+        default="pyarrow,tokpack",
+        help="run order of the two main contenders (the ratio is against pyarrow either way)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the corpus and outputs")
     args = parser.parse_args()
 
@@ -104,7 +141,7 @@ def main() -> None:
         write_token_shards(corpus, args.samples, n_files=args.files, row_group_rows=8192)
         print(f"generated {args.samples:,} samples in {time.perf_counter() - t:.0f} s", flush=True)
     size = sum(p.stat().st_size for p in corpus.glob("*.parquet"))
-    contenders = ["pyarrow", "tokpack"]
+    contenders = args.order.split(",")
     try:
         import trl  # noqa: F401
 
@@ -116,7 +153,7 @@ def main() -> None:
     for name in contenders:
         out = work / f"out-{name}"
         shutil.rmtree(out, ignore_errors=True)
-        results[name] = run_child(name, corpus, out, args.max_len)
+        results[name] = run_child(name, corpus, out, args.max_len, work / "spill")
         print(name, json.dumps(results[name]), flush=True)
         shutil.rmtree(out, ignore_errors=True)
     base = results["pyarrow"]["time"]
@@ -127,13 +164,17 @@ def main() -> None:
             "tokpack": "tokpack pack (bfd, zstd)",
             "trl": "TRL pack_dataset(strategy='bfd') incl. Dataset.from_parquet",
         }[name]
+        spill = r["spill_peak_bytes"] / r["tokens"] if name == "tokpack" else None
         rows.append(
             [
                 label,
                 f"{r['time']:.1f}",
                 f"{r['time'] / base:.2f}x",
+                f"{r['user_s']:.0f} / {r['sys_s']:.0f}",
                 f"{r['tokens'] / r['time'] / 1e6:.1f}",
                 f"{r['peak_rss_mb']:,.0f}",
+                "-" if spill is None else f"{spill:.2f}",
+                f"{r['load'][0]:.1f} -> {r['load'][1]:.1f}",
                 f"{r['rows']:,}",
                 "-" if r["efficiency"] is None else f"{r['efficiency']:.4f}",
             ]
@@ -141,11 +182,22 @@ def main() -> None:
     print(
         f"\n{args.samples:,} samples, {results['tokpack']['tokens']:,} tokens with labels, "
         f"max_len {args.max_len}, input {size / 1e9:.2f} GB Parquet (zstd), "
-        f"{os.cpu_count()} cores\n"
+        f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n"
     )
     print(
         table(
-            ["run", "time s", "vs pyarrow", "M tokens/s", "peak RSS MB", "rows", "efficiency"],
+            [
+                "run",
+                "time s",
+                "vs pyarrow",
+                "user / sys s",
+                "M tokens/s",
+                "peak RSS MB",
+                "temp disk B/token",
+                "load avg 1 min",
+                "rows",
+                "efficiency",
+            ],
             rows,
         )
     )

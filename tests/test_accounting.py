@@ -4,11 +4,13 @@ For random corpora (empty, normal and over-long samples, labels or not, several 
 Arrow IPC files, small row groups and shards) and every strategy x overlong policy x thread
 count: every input sample appears in the shards (its tokens and labels equal to the source, found
 by ``sample_ids``) or in ``_dropped.arrow`` with the right file, row and reason, never both and
-never twice; the manifest's figures are the ones the files show.
+never twice; the manifest's figures are the ones the files show; the Megatron and NeMo exports
+hold exactly the packed rows' segments, and the side files match their recorded checksums.
 """
 
 from __future__ import annotations
 
+import struct
 import tempfile
 from collections import defaultdict
 from pathlib import Path
@@ -16,6 +18,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.feather as feather
 import pyarrow.parquet as pq
 import pytest
@@ -23,6 +26,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import tokpack
+from tokpack import _tokpack
 from tokpack._outdir import read_manifest
 from tokpack.errors import OverlongError
 from tokpack.files import DROPPED_NAME
@@ -205,3 +209,34 @@ def test_every_sample_accounted_for(strategy, overlong, c, threads):
         assert f["samples_empty"] == counts["empty"]
         assert f["rows"] == rows and f["tokens"] == tokens
         assert f["input_tokens"] == sum(len(t) for t, _ in samples)
+        check_exports(out, root)
+
+
+def check_exports(out: Path, root: Path) -> None:
+    """The exports account for the packed rows: Megatron's sequences are the rows' segments
+    in order, token for token; NeMo's rows are the packed rows with their segment starts; the
+    side files read back are the ones the manifest checksums."""
+    manifest = read_manifest(out)
+    table = pa.concat_tables(pq.read_table(out / s["file"]) for s in manifest["shards"])
+    tokens = np.asarray(pc.list_flatten(table.column("input_ids")), dtype=np.int64)
+    lengths = np.asarray(pc.list_flatten(table.column("seq_lengths")), dtype=np.int64)
+    figures = tokpack.export_megatron(out, root / "mg")
+    idx = (root / "mg.idx").read_bytes()
+    _, code, n_seq, _ = struct.unpack_from("<QBQQ", idx, 9)
+    assert n_seq == len(lengths) == figures["sequences"]
+    got = np.frombuffer(idx, "<i4", n_seq, 34)
+    assert np.array_equal(got, lengths)
+    dtype = {8: np.uint16, 4: np.int32}[code]
+    assert np.array_equal(np.fromfile(root / "mg.bin", dtype).astype(np.int64), tokens)
+    tokpack.export.check_megatron(root / "mg")
+    nemo = pq.read_table(tokpack.export_nemo_packed(out, root / "n.parquet")["file"])
+    assert nemo.column("input_ids").to_pylist() == table.column("input_ids").to_pylist()
+    starts = [
+        np.concatenate([[0], np.cumsum(r)[:-1]]).tolist() for r in table["seq_lengths"].to_pylist()
+    ]
+    assert nemo.column("seq_start_id").to_pylist() == starts
+    for shard in manifest["shards"]:
+        size, checksum = _tokpack.file_checksum(str(out / shard["index"]))
+        assert (size, checksum) == (shard["index_size"], shard["index_checksum"])
+    size, checksum = _tokpack.file_checksum(str(out / manifest["dropped_file"]))
+    assert (size, checksum) == (manifest["dropped_size"], manifest["dropped_checksum"])

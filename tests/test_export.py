@@ -6,6 +6,7 @@ tokpack's writer; the NeMo files are checked against the contract of Megatron-Br
 ``GPTSFTPackedParquetDataset`` / ``GPTSFTPackedDataset`` (validate_row and collate_fn).
 """
 
+import os
 import struct
 from pathlib import Path
 
@@ -136,20 +137,42 @@ def test_bad_options_are_config_errors(packed, tmp_path):
 
 
 def test_existing_outputs_are_kept_unless_forced(packed, tmp_path):
-    (tmp_path / "train.idx").write_bytes(b"user data")
-    with pytest.raises(tokpack.OutputExistsError, match="train.idx: exists"):
+    tokpack.export_megatron(packed, tmp_path / "train")
+    with pytest.raises(tokpack.OutputExistsError, match="train.tokpack.json: exists"):
         tokpack.export_megatron(packed, tmp_path / "train")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.idx"]
-    assert (tmp_path / "train.idx").read_bytes() == b"user data"
     tokpack.export_megatron(packed, tmp_path / "train", force=True)
     n_samples = read_manifest(packed)["figures"]["samples_in"]
     assert len(read_megatron(tmp_path / "train")[4]) == n_samples
-    (tmp_path / "n.idx.parquet").write_bytes(b"user data")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "train.bin",
+        "train.idx",
+        "train.tokpack.json",
+    ]
+    tokpack.export_nemo_packed(packed, tmp_path / "n.idx.parquet")
     with pytest.raises(tokpack.OutputExistsError):
         tokpack.export_nemo_packed(packed, tmp_path / "n.idx.parquet")
-    assert (tmp_path / "n.idx.parquet").read_bytes() == b"user data"
     tokpack.export_nemo_packed(packed, tmp_path / "n.idx.parquet", force=True)
     assert pq.read_metadata(tmp_path / "n.idx.parquet").num_rows == len(packed_rows(packed))
+
+
+def test_force_never_replaces_a_file_tokpack_did_not_write(packed, tmp_path):
+    """Fails on the code before issue 20: --force replaced any file of the name."""
+    (tmp_path / "train.idx").write_bytes(b"user data")
+    for force in (False, True):
+        with pytest.raises(tokpack.OutputExistsError, match="train.idx"):
+            tokpack.export_megatron(packed, tmp_path / "train", force=force)
+    (tmp_path / "n.idx.parquet").write_bytes(b"user data")
+    pq.write_table(pa.table({"x": [1]}), tmp_path / "other.parquet")
+    for name in ("n.idx.parquet", "other.parquet"):
+        with pytest.raises(tokpack.OutputExistsError, match="did not write"):
+            tokpack.export_nemo_packed(packed, tmp_path / name, force=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "n.idx.parquet",
+        "other.parquet",
+        "train.idx",
+    ]
+    assert (tmp_path / "train.idx").read_bytes() == b"user data"
+    assert (tmp_path / "n.idx.parquet").read_bytes() == b"user data"
 
 
 def test_a_missing_shard_leaves_nothing_behind(tmp_path):
@@ -159,9 +182,9 @@ def test_a_missing_shard_leaves_nothing_behind(tmp_path):
     (out / manifest["shards"][-1]["file"]).unlink()
     dest = tmp_path / "dest"
     dest.mkdir()
-    with pytest.raises(tokpack.CorruptOutputError, match="listed in the manifest but missing"):
+    with pytest.raises(tokpack.CorruptOutputError, match="is missing"):
         tokpack.export_megatron(out, dest / "train")
-    with pytest.raises(tokpack.CorruptOutputError, match="listed in the manifest but missing"):
+    with pytest.raises(tokpack.CorruptOutputError, match="is missing"):
         tokpack.export_nemo_packed(out, dest / "train.idx.parquet")
     assert list(dest.iterdir()) == []
 
@@ -233,7 +256,7 @@ def test_cli_exit_codes(packed, tmp_path, capsys):
     assert "trained on" in capsys.readouterr().out
     assert main(["export", "nemo", str(tmp_path), str(tmp_path / "u.parquet")]) == 2
     err = capsys.readouterr().err
-    assert "not a tokpack output directory" in err and "Traceback" not in err
+    assert "not a packed directory" in err and "Traceback" not in err
 
 
 def test_megatron_core_reads_the_export(packed, tmp_path):
@@ -250,6 +273,8 @@ def test_megatron_core_reads_the_export(packed, tmp_path):
 
 @pytest.mark.parametrize("bad_lengths", [[0, 3], [1, 1]])
 def test_seq_lengths_that_do_not_cover_the_row_are_corrupt(tmp_path, bad_lengths):
+    """A rewritten shard fails its checksums before its lengths are looked at (the lengths
+    check stays for a manifest rewritten with it)."""
     out = tmp_path / "packed"
     manifest = write_packed_dir(out, [np.array([1, 2, 3], dtype=np.int32)], max_len=8)
     shard = out / manifest["shards"][0]["file"]
@@ -258,8 +283,123 @@ def test_seq_lengths_that_do_not_cover_the_row_are_corrupt(tmp_path, bad_lengths
     pq.write_table(
         table.set_column(table.schema.get_field_index("seq_lengths"), "seq_lengths", column), shard
     )
-    with pytest.raises(tokpack.CorruptOutputError, match="row group 0: seq_lengths"):
+    with pytest.raises(tokpack.CorruptOutputError, match="part-00000.parquet"):
         tokpack.export_megatron(out, tmp_path / "train")
-    with pytest.raises(tokpack.CorruptOutputError, match="row group 0: seq_lengths"):
+    with pytest.raises(tokpack.CorruptOutputError, match="part-00000.parquet"):
         tokpack.export_nemo_packed(out, tmp_path / "train.parquet")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["packed", "packed-tokens.parquet"]
+
+
+def _flip_a_token_byte(out: Path) -> None:
+    """Flips one byte inside the first row group's data pages (not the footer)."""
+    shard = read_manifest(out)["shards"][0]
+    path = out / shard["file"]
+    data = bytearray(path.read_bytes())
+    first = shard["row_group_bytes"][0]
+    data[first["offset"] + first["length"] // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_a_flipped_byte_in_a_shard_is_not_exported(tmp_path):
+    """Fails on the code before issue 20: export read the shards with plain pyarrow, and a
+    flipped byte (uncompressed data) was exported as a wrong token with exit 0."""
+    samples, labels = random_samples(40, 30, seed=5)
+    out = tmp_path / "packed"
+    write_packed_dir(out, samples, labels, max_len=64, compression="none")
+    _flip_a_token_byte(out)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    with pytest.raises(tokpack.CorruptOutputError, match="part-00000.parquet"):
+        tokpack.export_megatron(out, dest / "train")
+    with pytest.raises(tokpack.CorruptOutputError, match="part-00000.parquet"):
+        tokpack.export_nemo_packed(out, dest / "train.parquet")
+    assert main(["export", "nemo", str(out), str(dest / "t.parquet")]) == 2
+    assert list(dest.iterdir()) == []
+
+
+def _pack_preference(tmp_path: Path) -> Path:
+    from tokpack.tokenize import PREFERENCE_SCHEMA
+
+    prompt, chosen, rejected = [5, 6], [7, 8], [9]
+    table = pa.table(
+        {
+            "chosen_input_ids": [prompt + chosen],
+            "chosen_labels": [[IGNORE] * 2 + chosen],
+            "rejected_input_ids": [prompt + rejected],
+            "rejected_labels": [[IGNORE] * 2 + rejected],
+            "prompt_length": [2],
+            "length": [7],
+        },
+        schema=PREFERENCE_SCHEMA,
+    )
+    pq.write_table(table, tmp_path / "pairs.parquet")
+    out = tmp_path / "pairs-packed"
+    tokpack.pack_files([tmp_path / "pairs.parquet"], out, 16)
+    return out
+
+
+def _pack_kto(tmp_path: Path) -> Path:
+    kto = pa.schema(
+        [
+            ("input_ids", pa.list_(pa.int32())),
+            ("labels", pa.list_(pa.int32())),
+            ("label", pa.bool_()),
+        ],
+        metadata={b"tokpack.kind": b"kto"},
+    )
+    table = pa.table(
+        {"input_ids": [[1, 2, 3]], "labels": [[IGNORE, 2, 3]], "label": [False]}, schema=kto
+    )
+    pq.write_table(table, tmp_path / "kto.parquet")
+    out = tmp_path / "kto-packed"
+    tokpack.pack_files([tmp_path / "kto.parquet"], out, 16)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["preference", "kto"])
+def test_preference_and_kto_outputs_are_refused(tmp_path, kind):
+    """Fails on the code before issue 20: pairs were exported as independent SFT documents,
+    rejected completions marked as trained (exit 0)."""
+    out = (_pack_preference if kind == "preference" else _pack_kto)(tmp_path)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    with pytest.raises(tokpack.ConfigError, match=f"holds {kind} samples"):
+        tokpack.export_megatron(out, dest / "train")
+    with pytest.raises(tokpack.ConfigError, match=f"holds {kind} samples"):
+        tokpack.export_nemo_packed(out, dest / "train.parquet")
+    assert list(dest.iterdir()) == []
+
+
+def test_a_pair_torn_by_an_interrupted_force_is_detected(packed, tmp_path, monkeypatch, capsys):
+    """Fails on the code before issue 20: a kill between the .bin and .idx renames of --force
+    left a mismatched pair that nothing could tell from a whole one."""
+    import tokpack._outdir as outdir
+
+    prefix = tmp_path / "train"
+    tokpack.export_megatron(packed, prefix, document="sample")
+    assert tokpack.export.check_megatron(prefix)["format"] == "megatron"
+    assert main(["verify", str(prefix)]) == 0
+    capsys.readouterr()
+    real_replace = os.replace
+
+    def killed_before_the_idx(src, dst):
+        if str(dst).endswith(".idx"):
+            raise KeyboardInterrupt
+        real_replace(src, dst)
+
+    monkeypatch.setattr(outdir.os, "replace", killed_before_the_idx)
+    with pytest.raises(KeyboardInterrupt):
+        tokpack.export_megatron(packed, prefix, dtype="int32", force=True)
+    monkeypatch.setattr(outdir.os, "replace", real_replace)
+    with pytest.raises(tokpack.CorruptOutputError, match=r"train\.idx: does not match"):
+        tokpack.export.check_megatron(prefix)
+    assert main(["verify", str(prefix)]) == 2
+    assert "train.idx: does not match" in capsys.readouterr().err
+    tokpack.export_megatron(packed, prefix, dtype="int32", force=True)
+    tokpack.export.check_megatron(prefix)
+    assert read_megatron(prefix)[0] is np.int32
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "train.bin",
+        "train.idx",
+        "train.tokpack.json",
+    ]

@@ -299,3 +299,229 @@ def test_an_interrupt_while_the_spill_is_removed_leaves_nothing(tmp_path, monkey
         tokpack.pack_files([path], tmp_path / "out", max_len=512)
     assert "spill" in calls[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]
+
+
+# --- every writer follows the same rules: export ------------------------------------------------
+
+
+def export_cli(capsys, *args):
+    code = main(["export", *map(str, args)])
+    return code, capsys.readouterr().err
+
+
+@pytest.fixture
+def packed_out(shards, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert pack_cli(capsys, shards, "-o", out)[0] == 0
+    return out
+
+
+@pytest.mark.parametrize("force", [[], ["--force"]])
+def test_export_never_writes_into_the_packed_directory(packed_out, tmp_path, capsys, force):
+    """Fails on the code before issue 20: `export nemo OUT OUT/part-00000.parquet --force`
+    replaced a shard of the directory it read (exit 0), and without --force wrote a foreign
+    file into OUT; `export megatron` wrote into it too."""
+    link = tmp_path / "link"
+    link.symlink_to(packed_out)
+    before = tree(tmp_path)
+    for dest in (packed_out / "part-00000.parquet", packed_out / "x.parquet", link / "y.pq"):
+        code, err = export_cli(capsys, "nemo", packed_out, dest, *force)
+        assert code == 2 and "inside the input" in err and err.count("\n") == 1, err
+    for prefix in (packed_out / "train", link / "__tokpack__" / "train"):
+        code, err = export_cli(capsys, "megatron", packed_out, prefix, *force)
+        assert code == 2 and "inside the input" in err, err
+    assert tree(tmp_path) == before
+    tokpack.verify(packed_out)
+
+
+def test_export_keeps_the_mode_and_group_of_a_replaced_file(packed_out, tmp_path):
+    """Fails on the code before issue 20: a replaced export became 0644."""
+    dest = tmp_path / "n.parquet"
+    tokpack.export_nemo_packed(packed_out, dest)
+    os.chmod(dest, 0o600)
+    tokpack.export_nemo_packed(packed_out, dest, force=True)
+    assert dest.stat().st_mode & 0o777 == 0o600
+    tokpack.export_megatron(packed_out, tmp_path / "train")
+    for suffix in (".bin", ".idx", ".tokpack.json"):
+        os.chmod(tmp_path / f"train{suffix}", 0o640)
+    tokpack.export_megatron(packed_out, tmp_path / "train", force=True)
+    for suffix in (".bin", ".idx", ".tokpack.json"):
+        assert (tmp_path / f"train{suffix}").stat().st_mode & 0o777 == 0o640
+
+
+# --- permissions: a rebuilt output is as private as the one it replaces --------------------------
+
+
+def modes(root):
+    return {str(p.relative_to(root)): p.stat().st_mode & 0o7777 for p in root.rglob("*")}
+
+
+@pytest.mark.parametrize("dir_mode, file_mode", [(0o700, 0o600), (0o750, 0o640), (0o2770, 0o660)])
+def test_an_existing_output_keeps_its_mode(shards, tmp_path, capsys, dir_mode, file_mode):
+    """Fails on the code before issue 20: a `mkdir -m 700` OUT (or a 0700 output rebuilt with
+    --force) became 0755 with 0644 files, readable by every user."""
+    old_umask = os.umask(0o002)  # files 0664 by default: the directory's bits must win
+    try:
+        out = tmp_path / "out"
+        out.mkdir()
+        os.chmod(out, dir_mode)
+        for extra in ([], ["--force"]):
+            assert pack_cli(capsys, shards, "-o", out, *extra)[0] == 0
+            assert out.stat().st_mode & 0o7777 == dir_mode
+            got = modes(out)
+            assert got[MANIFEST_NAME.split("/")[0]] == dir_mode
+            files = {k: v for k, v in got.items() if (out / k).is_file()}
+            assert files and set(files.values()) == {file_mode}, files
+    finally:
+        os.umask(old_umask)
+
+
+def test_a_symlinked_output_keeps_its_targets_mode_and_group(shards, tmp_path, capsys):
+    target = tmp_path / "target"
+    target.mkdir(mode=0o700)
+    gid = 4242 if os.geteuid() == 0 else os.getgid()
+    os.chown(target, -1, gid)
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    assert pack_cli(capsys, shards, "-o", link)[0] == 0
+    assert target.stat().st_mode & 0o777 == 0o700 and target.stat().st_gid == gid
+    for p in target.rglob("*"):
+        assert p.stat().st_gid == gid and not p.stat().st_mode & 0o077, p
+
+
+def test_every_directory_writer_keeps_the_mode(tmp_path):
+    """`tokenize`, Ray's local outputs and `pack` all commit through atomic_output_dir."""
+    out = tmp_path / "out"
+    out.mkdir(mode=0o700)
+    with atomic_output_dir(out) as tmp:
+        (tmp / "sub").mkdir()
+        (tmp / "sub" / "f").write_text("x")
+        os.chmod(tmp / "sub" / "f", 0o755)
+    assert modes(out) == {"sub": 0o700, "sub/f": 0o600}
+
+
+# --- manifest paths stay inside the directory ----------------------------------------------------
+
+
+@pytest.mark.parametrize("key", ["file", "index", "dropped_file"])
+@pytest.mark.parametrize("where", ["../elsewhere", "absolute"])
+def test_manifest_paths_outside_the_directory_are_refused(shards, tmp_path, capsys, key, where):
+    """Fails on the code before issue 20: `verify` followed a shard, index or dropped file named
+    `../../elsewhere/...` or by an absolute path (and reported the directory intact), as did
+    PackedDataset and export."""
+    out = tmp_path / "out"
+    assert pack_cli(capsys, shards, "-o", out)[0] == 0
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(out, elsewhere)
+    manifest = json.loads((out / MANIFEST_NAME).read_text())
+    entry = manifest if key == "dropped_file" else manifest["shards"][0]
+    name = entry[key]
+    entry[key] = f"../elsewhere/{name}" if where != "absolute" else str(elsewhere / name)
+    write_json_atomic(out / MANIFEST_NAME, manifest)
+    from tokpack.packed_dir import PackedDir
+
+    readers = [
+        lambda: tokpack.verify(out),
+        lambda: tokpack.verify(out, full=False),
+    ]
+    if key != "dropped_file":
+        readers += [
+            lambda: PackedDir(out),
+            lambda: tokpack.export_nemo_packed(out, tmp_path / "n.parquet"),
+        ]
+    for read in readers:
+        with pytest.raises(tokpack.CorruptOutputError, match="outside the directory"):
+            read()
+    for command in (["verify", str(out)], ["inspect", str(out)]):
+        assert main(command) == 2
+        assert "outside the directory" in capsys.readouterr().err
+    assert not (tmp_path / "n.parquet").exists()
+
+
+# --- every writer follows the same rules: tokpack.ray's destinations ----------------------------
+
+
+def _bucket(root):
+    """An object store stand-in: a pyarrow file system given explicitly (no directory renames)."""
+    import pyarrow.fs as pafs
+
+    root.mkdir(exist_ok=True)
+    return pafs.SubTreeFileSystem(str(root), pafs.LocalFileSystem())
+
+
+def test_an_object_store_prefix_holding_another_dataset_is_refused_untouched(tmp_path):
+    """Fails on the code before issue 20: the prefix's part-N.parquet objects (the names
+    pyarrow.dataset.write_dataset gives) were deleted without looking for a tokpack manifest."""
+    pytest.importorskip("ray")
+    import pyarrow as pa
+    import pyarrow.dataset as pads
+
+    from tokpack.ray._store import committed_output
+
+    fs = _bucket(tmp_path / "bucket")
+    table = pa.table({"input_ids": pa.array([[1, 2], [3]], pa.list_(pa.int32()))})
+    pads.write_dataset(table, "data", format="parquet", filesystem=fs)
+    before = tree(tmp_path)
+    assert "bucket/data/part-0.parquet" in before
+    with pytest.raises(tokpack.OutputExistsError, match="part-0.parquet"):
+        with committed_output("data", fs):
+            raise AssertionError("not reached")
+    # Its own input: refused before anything is looked at.
+    with pytest.raises(tokpack.ConfigError, match="input"):
+        with committed_output("data", fs, ["data/part-0.parquet"]):
+            raise AssertionError("not reached")
+    assert tree(tmp_path) == before
+
+
+def test_an_object_store_run_claims_its_prefix_and_a_dead_runs_objects_are_its(tmp_path):
+    pytest.importorskip("ray")
+    from tokpack.ray._store import RUN_MARKER, committed_output
+
+    fs = _bucket(tmp_path / "bucket")
+    out = tmp_path / "bucket" / "packed"
+    with pytest.raises(KeyboardInterrupt):
+        with committed_output("packed", fs) as (store, _):
+            assert (out / RUN_MARKER).is_file()  # claimed before anything is written
+            (out / "part-00000.parquet").write_bytes(b"half")
+            raise KeyboardInterrupt
+    assert [p for p in out.rglob("*") if p.is_file()] == []
+    # A run killed outright (no cleanup) leaves its claim: the next run may remove its objects.
+    (out / RUN_MARKER).parent.mkdir(parents=True, exist_ok=True)
+    (out / RUN_MARKER).write_text("1\n")
+    (out / "part-00003.parquet").write_bytes(b"half")
+    with committed_output("packed", fs) as (store, local):
+        assert not (out / "part-00003.parquet").exists()
+        (local / MANIFEST_NAME).parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(local / MANIFEST_NAME, {"tokpack_version": "x", "shards": []})
+    names = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert names == [MANIFEST_NAME]
+    # Without the claim, an unlisted shard-like object is someone else's.
+    (out / "part-00009.parquet").write_bytes(b"theirs")
+    with pytest.raises(tokpack.OutputExistsError, match="part-00009.parquet"):
+        with committed_output("packed", fs):
+            raise AssertionError("not reached")
+    assert (out / "part-00009.parquet").read_bytes() == b"theirs"
+
+
+@pytest.mark.parametrize("how", ["uri", "filesystem"])
+def test_a_file_uri_or_a_local_filesystem_is_a_local_directory(tmp_path, monkeypatch, how):
+    """Fails on the code before issue 20: `file:///abs/out` became a local folder `file:`."""
+    pytest.importorskip("ray")
+    import pyarrow.fs as pafs
+
+    from tokpack.ray._store import committed_output, read_manifest_at
+
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    dest, fs = (f"file://{out}", None) if how == "uri" else (str(out), pafs.LocalFileSystem())
+    with committed_output(dest, fs) as (_, local):
+        write_json_atomic(local / MANIFEST_NAME, {"tokpack_version": "x", "shards": []})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert read_manifest_at(dest, fs)[0] == {"tokpack_version": "x", "shards": []}
+    # The local rules hold: a directory tokpack did not write is refused.
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("x")
+    mine = f"file://{tmp_path / 'mine'}" if how == "uri" else str(tmp_path / "mine")
+    with pytest.raises(tokpack.OutputExistsError, match="did not write"):
+        with committed_output(mine, fs):
+            raise AssertionError("not reached")

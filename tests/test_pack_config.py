@@ -18,6 +18,7 @@ import tokpack
 from tokpack import ConfigError, PackConfig
 from tokpack._format import INDEX_COLUMNS, SHARD_COLUMNS, manifest_schema
 from tokpack.cli import main
+from tokpack.pack_config import refuse_unsupported
 
 from .test_pack_pairs import gen_pairs, sft_table, write_pairs
 
@@ -81,72 +82,45 @@ def test_one_check_one_message():
             call()
     with pytest.raises(ConfigError, match=r'^unknown overlong policy "cut"'):
         tokpack.TokenizeOptions(overlong="cut")
-    with pytest.raises(ConfigError, match=r'^unknown overlong policy "cut"'):
-        tokpack.packing_stats([1, 2], [8], overlong="cut")
     with pytest.raises(ConfigError, match="^max_len must be at least 1 and at most 2147483647"):
         tokpack.TokenizeOptions(max_len=0)
 
 
 def test_refuse_unsupported_names_the_field():
     c = PackConfig(8, carry=["source"])
-    with pytest.raises(ConfigError, match="^tokpack.ray.pack does not support carry"):
-        c.refuse_unsupported("tokpack.ray.pack", ["strategy"])
-    c.refuse_unsupported("tokpack.ray.pack", ["carry"])
-    PackConfig(8).refuse_unsupported("anything", [])  # defaults are always supported
+    refuse_unsupported(c, "X", {"strategy": "why"})
+    refuse_unsupported(PackConfig(8), "X", {"carry": "why"})  # defaults are always supported
+    with pytest.raises(ConfigError, match=r"^carry \(--carry\) is not supported with X: why$"):
+        refuse_unsupported(c, "X", {"carry": "why"})
+    with pytest.raises(ConfigError, match=r"^threads \(--threads\) is not supported with X: t$"):
+        refuse_unsupported(c, "X", {"threads": "t"}, threads=2)
+    refuse_unsupported(c, "X", {"threads": "t"}, threads=None)
 
 
-def test_ray_pack_refuses_carry_and_pair_layout_by_name():
-    """Was a TypeError (carry) or silently ignored (pair_layout)."""
+def test_ray_pack_refuses_pair_layout_and_spill_dir_by_name():
+    """Was silently ignored (pair_layout, spill_dir)."""
     pytest.importorskip("ray")
     from tokpack.ray import pack
 
-    for name, value in (("carry", ["source"]), ("pair_layout", "shared-prompt")):
-        with pytest.raises(ConfigError, match=f"tokpack.ray.pack does not support {name}"):
+    for name, value in (("pair_layout", "shared-prompt"), ("spill_dir", "/tmp")):
+        with pytest.raises(ConfigError, match=f"^{name} .* is not supported with Ray"):
             pack(None, "never-written", 64, **{name: value})
     assert not Path("never-written").exists()
 
 
-@pytest.mark.parametrize("name", [*SHARD_COLUMNS, "label"])
-def test_carry_of_a_reserved_name_is_refused(tmp_path, name):
-    """Was a shard with two columns of that name (exit 0)."""
-    n = 12
-    pq.write_table(
-        sft_table(n, random.Random(2), **{name: pa.array(range(n))})
-        if name not in ("input_ids", "labels")
-        else sft_table(n, random.Random(2)),
-        tmp_path / "s.parquet",
-    )
-    with pytest.raises(ConfigError, match=rf'carry: "{name}" is reserved'):
-        tokpack.pack_files(tmp_path / "s.parquet", tmp_path / "out", 64, carry=[name])
-    assert not (tmp_path / "out").exists()
-
-
-def test_cli_carry_of_a_reserved_name_is_one_error_line(tmp_path, capsys):
-    table = sft_table(5, random.Random(3), seq_roles=pa.array([1] * 5))
-    pq.write_table(table, tmp_path / "s.parquet")
-    argv = ["pack", str(tmp_path / "s.parquet"), "-o", str(tmp_path / "out"), "--carry"]
-    assert main(argv + ["seq_roles", "--quiet"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == [
-        'tokpack pack: error: carry: "seq_roles" is reserved (a column of every packed'
-        " shard); rename the input column to carry it"
-    ]
-
-
-def test_one_step_pack_refuses_carry_before_any_work(tmp_path, capsys):
-    """Was: everything tokenized, then an error naming a deleted temporary file
-    (``.spill/tokenized.arrow: no column "source"``)."""
+def test_one_step_pack_refuses_columns_before_any_work(tmp_path, capsys):
+    """Was: the columns given were silently replaced by the tokenizer's."""
     from ._tokenizer_factory import build_tokenizer, write_jsonl
 
     tok = build_tokenizer(tmp_path / "tok")
-    path = write_jsonl(tmp_path / "t.jsonl", [{"text": "a b c", "source": "x"}] * 3)
+    path = write_jsonl(tmp_path / "t.jsonl", [{"text": "a b c"}] * 3)
     out = tmp_path / "out"
-    with pytest.raises(ConfigError, match=r"^a one-step pack \(tokenizer=\) does not support"):
-        tokpack.pack_files(path, out, 64, tokenizer=tok, carry=["source"])
-    argv = ["pack", str(path), "-o", str(out), "--tokenizer", str(tok), "--carry", "source"]
+    refused = r"^tokens_column \(--tokens-column\) is not supported with a one-step pack"
+    with pytest.raises(ConfigError, match=refused):
+        tokpack.pack_files(path, out, 64, tokenizer=tok, tokens_column="ids")
+    argv = ["pack", str(path), "-o", str(out), "--tokenizer", str(tok), "--tokens-column", "ids"]
     assert main(argv + ["--quiet"]) == 2
-    err = capsys.readouterr().err
-    assert "does not support carry" in err and "tokenized.arrow" not in err
+    assert "the tokenizer writes the columns" in capsys.readouterr().err
     assert not out.exists()
 
 
@@ -196,9 +170,10 @@ def test_report_merge_derives_the_figures_once():
     reports = [accounting(p, [], [p.n_samples], True, base) for p, base in zip(parts, (0, 3))]
     merged = tokpack.PackReport.merge(reports, [], [5])
     whole = tokpack.plan([5, 3, 7, 6, 6], 8, strategy="padding")
-    assert merged.tokens == whole.total_tokens and merged.rows == 5
-    assert merged.lower_bound == whole.lower_bound == 4
-    assert merged.figures()["efficiency"] == whole.efficiency
+    figures = merged.figures()
+    assert figures["tokens"] == whole.total_tokens and figures["rows"] == 5
+    assert figures["lower_bound"] == whole.lower_bound == 4
+    assert figures["efficiency"] == whole.efficiency
     assert pickle.loads(pickle.dumps(merged)).figures() == merged.figures()
     assert json.dumps(merged.figures())
     assert np.array_equal(merged.dropped, np.zeros(0, np.int64))

@@ -10,6 +10,7 @@ within max_len.
 from __future__ import annotations
 
 import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -455,3 +456,154 @@ def test_one_step_pack_of_preference_records(tmp_path):
     first = next(i for i, x in enumerate(pairs) if footprint(x, "separate") > longest)
     with pytest.raises(OverlongError, match=rf"pref\.jsonl:{first + 1}: pair of \d+ tokens"):
         tokpack.pack_files(path, tmp_path / "err", longest, tokenizer=tok)
+
+
+# -- record fields carried through tokenizing (issue 20, item 17) ------------------------------
+
+
+def _shard_bytes(out: Path):
+    return [f.read_bytes() for f in sorted(out.glob("part-*.parquet"))]
+
+
+@pytest.fixture(scope="module")
+def carry_corpus(tmp_path_factory):
+    """A tokenizer and SFT, preference and KTO records, each with a string ``source`` and an
+    integer ``n`` field (and a float ``score`` on the SFT ones)."""
+    from ._tokenizer_factory import CHATML_GEN, build_tokenizer, conversations, write_jsonl
+    from .test_tokenize_preference import kto_records, preference_records
+
+    root = tmp_path_factory.mktemp("carry")
+    tok = build_tokenizer(root / "tok", CHATML_GEN)
+    rng = random.Random(4)
+    sft = [
+        {"messages": m, "source": rng.choice(["wiki", "code"]), "n": i, "score": rng.random()}
+        for i, m in enumerate(conversations(150, seed=3))
+    ]
+    paths = {"sft": write_jsonl(root / "chat.jsonl", sft)}
+    for kind, records in (("preference", preference_records("conversational")[:80]),):
+        paths[kind] = write_jsonl(
+            root / f"{kind}.jsonl",
+            [{**r, "source": f"s{i % 3}", "n": i} for i, r in enumerate(records)],
+        )
+    kto = [{**r, "source": f"k{i % 2}", "n": i} for i, r in enumerate(kto_records("standard")[:80])]
+    paths["kto"] = write_jsonl(root / "kto.jsonl", kto)
+    return tok, paths
+
+
+@pytest.mark.parametrize(
+    "kind, layout",
+    [
+        ("sft", "separate"),
+        ("preference", "separate"),
+        ("preference", "shared-prompt"),
+        ("kto", "separate"),
+    ],
+)
+def test_one_step_pack_carries_record_fields_as_tokenize_then_pack(
+    carry_corpus, tmp_path, kind, layout
+):
+    """`pack --tokenizer --carry source n` tokenized everything, then failed naming the deleted
+    staged file (`.spill/tokenized.arrow: no column "source"`). The fields now travel through
+    tokenizing: the packed shards are the bytes of `tokenize --carry` then `pack --carry`, for
+    every layout and thread count (KTO's label is carried either way)."""
+    tok, paths = carry_corpus
+    carry = ["source", "n"] + (["label"] if kind == "kto" else [])
+    kw = dict(carry=carry, overlong="drop", pair_layout=layout)
+    tokens = tmp_path / "tokens"
+    tokpack.tokenize_files(paths[kind], tokens, tok, threads=1, carry=["source", "n"])
+    two = tokpack.pack_files(tokens, tmp_path / "two", 256, **kw)
+    for threads in (1, 2):
+        one = tokpack.pack_files(
+            paths[kind], tmp_path / f"one-{threads}", 256, tokenizer=tok, threads=threads, **kw
+        )
+        assert one["sample_kind"] == two["sample_kind"] == kind
+        assert one["config"]["carry"] == two["config"]["carry"]
+        assert _shard_bytes(tmp_path / f"one-{threads}") == _shard_bytes(tmp_path / "two")
+    rows = rows_of(tmp_path / "two")
+    # One value per segment: the record's (here each record is one sample, its n its id).
+    assert rows and all(
+        r["n"] == r["sample_ids"] == [int(s) for s in r["sample_ids"]] for r in rows
+    )
+    assert all(len(r["source"]) == len(r["sample_ids"]) for r in rows)
+
+
+def test_carried_record_fields_in_token_shards(carry_corpus, tmp_path, capsys):
+    tok, paths = carry_corpus
+    out = tmp_path / "tokens"
+    args = ["tokenize", str(paths["sft"]), "-o", str(out), "--tokenizer", str(tok), "--quiet"]
+    assert main([*args, "--carry", "source", "score", "n"]) == 0
+    manifest = tokpack.tokenize_files(paths["sft"], out, tok, carry=["source", "score", "n"])
+    assert manifest["cache_hit"] and manifest["config"]["carry"] == ["source", "score", "n"]
+    assert {k: manifest["columns"][k] for k in ("source", "score", "n")} == {
+        "source": "string",
+        "score": "double",
+        "n": "int64",
+    }
+    table = pq.read_table(sorted(out.glob("part-*.parquet")))
+    assert table.column("n").to_pylist() == list(range(150))
+    # Without carry nothing changes: no carry key in the config, the Rust records path.
+    plain = tokpack.tokenize_files(paths["sft"], tmp_path / "plain", tok)
+    assert "carry" not in plain["config"] and plain["renderer"].get("records") == "rust"
+    other = pq.read_table(sorted((tmp_path / "plain").glob("part-*.parquet")))
+    assert other.equals(table.select(other.column_names))
+
+
+@pytest.mark.parametrize(
+    "record, message",
+    [
+        ({"source": None}, "carried field 'source' is null"),
+        ({}, "carried field 'source' is missing"),
+        ({"source": ["a"]}, "carried field 'source' must be a bool, number or string, got list"),
+        ({"source": 2**64}, "carried field 'source' is an integer beyond 64 bits"),
+    ],
+)
+def test_a_record_without_a_carried_value_is_invalid(tmp_path, carry_corpus, record, message):
+    from ._tokenizer_factory import write_jsonl
+
+    tok, _ = carry_corpus
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    good = {"messages": chat, "source": "a"}
+    path = write_jsonl(tmp_path / "in.jsonl", [good, {"messages": chat, **record}, good])
+    with pytest.raises(tokpack.InvalidRecordError, match=rf"in\.jsonl:2: {re.escape(message)}"):
+        tokpack.tokenize_files(path, tmp_path / "out", tok, carry=["source"])
+    manifest = tokpack.tokenize_files(
+        path, tmp_path / "skip", tok, carry=["source"], skip_invalid=True
+    )
+    assert manifest["counts"]["rejected"] == 1 and manifest["counts"]["samples_out"] == 2
+
+
+def test_a_carried_field_has_one_type_and_no_token_column_name(tmp_path, carry_corpus):
+    from ._tokenizer_factory import write_jsonl
+
+    tok, _ = carry_corpus
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    records = [{"messages": chat, "source": "a"}] * 3 + [{"messages": chat, "source": 7}]
+    path = write_jsonl(tmp_path / "in.jsonl", records)
+    with pytest.raises(
+        tokpack.InvalidRecordError,
+        match=r"in\.jsonl:4: carried field 'source' is of type int64, not string as at .*\.jsonl:1",
+    ):
+        tokpack.tokenize_files(path, tmp_path / "out", tok, carry=["source"], batch_size=2)
+    for name in ("length", "labels", "source_line"):
+        # labels is also a column of packed shards: refused as reserved first.
+        refused = "is a column of packed shards" if name == "labels" else "would replace a column"
+        with pytest.raises(ConfigError, match=f"carry: '{name}' {refused}"):
+            tokpack.pack_files(path, tmp_path / "packed", 64, tokenizer=tok, carry=[name])
+    assert not (tmp_path / "packed").exists()
+
+
+@pytest.mark.parametrize("name", ["num_tokens", "sample_ids", "seq_roles", "label"])
+def test_a_carried_column_may_not_take_an_output_columns_name(tmp_path, name):
+    """Fails on the code before issue 20 (item 4): `--carry num_tokens` wrote a shard with two
+    columns of that name (exit 0), and `--carry seq_roles` on SFT data fed the pair readers."""
+    rng = random.Random(12)
+    n = 20
+    extra = pa.array(list(range(n)), pa.int32())
+    pq.write_table(sft_table(n, rng, **{name: extra}), tmp_path / "s.parquet")
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError, match=f"carry: '{name}' is a column of packed shards"):
+        tokpack.pack_files(tmp_path / "s.parquet", out, 64, carry=[name])
+    assert not out.exists()
+    assert main(["pack", str(tmp_path / "s.parquet"), "-o", str(out), "--max-len", "64",
+                 "--carry", name]) == 2  # fmt: skip
+    assert not out.exists()

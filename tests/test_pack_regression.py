@@ -1,8 +1,9 @@
 """Byte-for-byte regression of ``pack`` on fixed, generated corpora: the sha256 of every shard,
-index and dropped file and the manifest's config and figures, pinned in
-``tests/pack_regression.json`` (generated from the code before the PackConfig / PackReport /
-format-room refactor). ``TOKPACK_REGEN_REGRESSION=1`` rewrites the file (only when the bytes are
-meant to change, with a FORMAT_VERSION bump)."""
+index and dropped file and the manifest's config, figures and shard entries, pinned in
+``tests/pack_regression.json`` (generated from main before the PackConfig / PackReport /
+format-room refactor landed; the shard and index hashes of the ``spill-*`` corpora are those
+pinned before the compact spill, issue 24). ``TOKPACK_REGEN_REGRESSION=1`` rewrites the file
+(only when the bytes are meant to change, with a FORMAT_VERSION bump; say so in the commit)."""
 
 from __future__ import annotations
 
@@ -13,13 +14,15 @@ import random
 from pathlib import Path
 from typing import Any, Callable, Dict
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401 (pa.compute)
 import pyarrow.parquet as pq
 import pytest
 
 import tokpack
-from tokpack.tokenize import PREFERENCE_SCHEMA, TOKEN_SCHEMA
+from tokpack.synthetic import write_token_shards
+from tokpack.tokenize import KTO_SCHEMA, PREFERENCE_SCHEMA, TOKEN_SCHEMA
 
 PINNED = Path(__file__).with_name("pack_regression.json")
 IGNORE = -100
@@ -83,6 +86,91 @@ def _kto(n: int, seed: int, longest: int) -> pa.Table:
         },
         schema=schema,
     )
+
+
+# The corpora of the spill's encodings (issue 24): labels that are -100 or the token, labels that
+# are neither, a loss mask, no labels, ids below 2**16, below 2**24 and up to 2**31 - 1, pairs in
+# both layouts, KTO with carried columns, truncated / split samples (reads inside a sample).
+def _lists(rng: np.random.Generator, lengths, high: int, low: int = 0) -> list:
+    return [rng.integers(low, high, size=int(n)).tolist() for n in lengths]
+
+
+def _labels(rng: np.random.Generator, seqs: list, odd: float) -> list:
+    """Per token: -100 (a prompt prefix), the token, or (with probability ``odd``) any other
+    valid label (0..=2**31 - 1): the extremes, the u16 edge, or the token plus one."""
+    specials = [0, 1, 65_535, 65_536, 2**31 - 1]
+    out = []
+    for seq in seqs:
+        prompt = int(len(seq) * rng.uniform(0, 0.6))
+        lab = [IGNORE] * prompt + list(seq[prompt:])
+        for i in range(len(lab)):
+            if rng.random() < odd:
+                lab[i] = int(rng.choice(specials)) if rng.random() < 0.5 else seq[i] + 1
+        out.append(lab)
+    return out
+
+
+def _wide_sft(path: Path, n: int, seed: int, high: int, odd: float, longest: int = 300) -> Path:
+    rng = np.random.default_rng(seed)
+    seqs = _lists(rng, rng.integers(0, longest, size=n), high)
+    labels = _labels(rng, seqs, odd)
+    if odd == 1:  # pre-shifted labels: each token's label is the next token
+        labels = [s[1:] + [IGNORE] if s else [] for s in seqs]
+    table = pa.table(
+        {
+            "input_ids": pa.array(seqs, pa.list_(pa.int64())),
+            "labels": pa.array(labels, pa.list_(pa.int32())),
+        }
+    )
+    pq.write_table(table, path, row_group_size=97)
+    return path
+
+
+def _wide_mask(path: Path, seed: int) -> Path:
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, 200, size=700)
+    seqs = _lists(rng, lengths, 70_000)
+    mask = [rng.integers(0, 2, size=int(n)).tolist() for n in lengths]
+    table = pa.table(
+        {"tok": pa.array(seqs, pa.list_(pa.int32())), "m": pa.array(mask, pa.list_(pa.int8()))}
+    )
+    pq.write_table(table, path, row_group_size=128)
+    return path
+
+
+def _wide_pairs(path: Path, seed: int, high: int) -> Path:
+    rng = np.random.default_rng(seed)
+    n = 400
+    prompts = _lists(rng, rng.integers(1, 60, size=n), high)
+    cols = {}
+    for role in ("chosen", "rejected"):
+        completions = _lists(rng, rng.integers(1, 80, size=n), high)
+        cols[f"{role}_input_ids"] = [p + c for p, c in zip(prompts, completions)]
+        cols[f"{role}_labels"] = [[IGNORE] * len(p) + c for p, c in zip(prompts, completions)]
+    cols["prompt_length"] = [len(p) for p in prompts]
+    both = zip(cols["chosen_input_ids"], cols["rejected_input_ids"])
+    cols["length"] = [len(c) + len(r) for c, r in both]
+    pq.write_table(pa.table(cols, schema=PREFERENCE_SCHEMA), path, row_group_size=50)
+    return path
+
+
+def _wide_kto(path: Path, seed: int) -> Path:
+    rng = np.random.default_rng(seed)
+    n = 600
+    seqs = _lists(rng, rng.integers(1, 150, size=n), 200_000)
+    table = pa.table(
+        {
+            "input_ids": seqs,
+            "labels": _labels(rng, seqs, 0.01),
+            "length": [len(s) for s in seqs],
+            "prompt_length": rng.integers(0, 10, size=n).tolist(),
+            "label": (rng.random(n) < 0.5).tolist(),
+        },
+        schema=KTO_SCHEMA,
+    )
+    table = table.append_column("score", pa.array(rng.standard_normal(n), pa.float32()))
+    pq.write_table(table, path, row_group_size=64)
+    return path
 
 
 def _write(table: pa.Table, path: Path, row_group_size: int) -> Path:
@@ -166,6 +254,58 @@ CASES: Dict[str, tuple] = {
     "kto-carry": (
         lambda d: [_write(_kto(120, 7, 50), d / "k.parquet", 32)],
         dict(max_len=64, overlong="split", carry=["turn"], rows_per_shard=20),
+    ),
+    "spill-sft-synthetic": (
+        lambda d: write_token_shards(d, 3000, n_files=2, max_length=700, row_group_rows=500),
+        dict(max_len=512, overlong="split", rows_per_shard=150, row_group_rows=40),
+    ),
+    "spill-sft-u16-odd-labels": (
+        lambda d: [_wide_sft(d / "a.parquet", 900, 1, 65_536, 0.02)],
+        dict(max_len=256, overlong="truncate", strategy="ffd", row_group_rows=16),
+    ),
+    "spill-sft-u24-odd-labels": (
+        lambda d: [_wide_sft(d / "a.parquet", 900, 2, 1 << 24, 0.05)],
+        dict(max_len=256, overlong="split", rows_per_shard=100),
+    ),
+    "spill-sft-i32-odd-labels": (
+        lambda d: [_wide_sft(d / "a.parquet", 600, 3, 2**31 - 1, 0.3, longest=100)],
+        dict(max_len=128, overlong="drop", compression="snappy"),
+    ),
+    "spill-sft-shifted-labels": (
+        lambda d: [_wide_sft(d / "a.parquet", 400, 12, 50_000, 1.0)],
+        dict(max_len=300, overlong="split", row_group_rows=8),
+    ),
+    "spill-sft-mixed-widths": (
+        lambda d: [
+            _wide_sft(d / "a.parquet", 500, 4, 1000, 0.0),
+            _wide_sft(d / "b.parquet", 300, 5, 2**31 - 1, 0.01),
+            _wide_sft(d / "c.parquet", 500, 6, 65_536, 0.0),
+        ],
+        dict(max_len=300, overlong="split"),
+    ),
+    "spill-loss-mask": (
+        lambda d: [_wide_mask(d / "m.parquet", 7)],
+        dict(max_len=200, tokens_column="tok", loss_mask_column="m", strategy="next_fit"),
+    ),
+    "spill-no-labels": (
+        lambda d: write_token_shards(d, 2000, n_files=3, max_length=500, labels=False),
+        dict(max_len=512, overlong="split", row_group_rows=32),
+    ),
+    "spill-labels-ignored": (
+        lambda d: [_wide_sft(d / "a.parquet", 500, 8, 100_000, 0.1)],
+        dict(max_len=300, overlong="truncate", labels_column=None),
+    ),
+    "spill-pairs-separate": (
+        lambda d: [_wide_pairs(d / "p.parquet", 9, 50_000)],
+        dict(max_len=300, pair_layout="separate", overlong="drop"),
+    ),
+    "spill-pairs-shared-prompt": (
+        lambda d: [_wide_pairs(d / "p.parquet", 10, 3_000_000)],
+        dict(max_len=200, pair_layout="shared-prompt", overlong="truncate"),
+    ),
+    "spill-kto-carry": (
+        lambda d: [_wide_kto(d / "k.parquet", 11)],
+        dict(max_len=256, carry=["prompt_length", "score"], overlong="split"),
     ),
 }
 

@@ -3,6 +3,7 @@ mode writes ``tokpack pack``'s bytes whatever the nodes and blocks; local mode a
 every sample within the any-fit bound; killed workers and drivers lose nothing."""
 
 import filecmp
+import json
 import logging
 import os
 import signal
@@ -538,3 +539,338 @@ def test_s3_output_is_tokpack_packs_bytes_committed_by_the_manifest(cluster, cor
         tokpack.ray.pack(ray.data.from_arrow(bad), prefix, 8, filesystem=s3)
     with pytest.raises(tokpack.CorruptOutputError, match="not a complete tokpack output"):
         tokpack.ray.read_packed(prefix, filesystem=s3)
+
+
+def test_every_destination_follows_the_output_rule(cluster, corpus, tmp_path, monkeypatch):
+    """Fails on the code before issue 20: packing a dataset into the prefix it was read from
+    deleted its part-N.parquet inputs (pyarrow.dataset's names), a prefix holding another
+    dataset was replaced without OutputExistsError, and `file://...` became a folder `file:`."""
+    import pyarrow.dataset as pads
+
+    _, _, table, _ = corpus
+    fs = _store(tmp_path / "bucket")
+    pads.write_dataset(table.slice(0, 50), "data", format="parquet", filesystem=fs)
+    before = sorted((tmp_path / "bucket").rglob("*"))
+    ds = ray.data.read_parquet("data", filesystem=fs)
+    with pytest.raises(tokpack.ConfigError, match="input"):
+        tokpack.ray.pack(ds, "data", MAX_LEN, filesystem=fs, **LAYOUT)
+    with pytest.raises(tokpack.OutputExistsError, match="part-0.parquet"):
+        tokpack.ray.pack(blocks(table, ()), "data", MAX_LEN, filesystem=fs, **LAYOUT)
+    assert sorted((tmp_path / "bucket").rglob("*")) == before
+    monkeypatch.chdir(tmp_path)
+    manifest = tokpack.ray.pack(blocks(table, ()), f"file://{tmp_path}/out", MAX_LEN, **LAYOUT)
+    assert not (tmp_path / "file:").exists()
+    assert read_manifest(tmp_path / "out") == manifest
+    assert tokpack.verify(tmp_path / "out")["ok"]
+    rows = tokpack.ray.read_packed(f"file://{tmp_path}/out").count()
+    assert rows == manifest["figures"]["rows"]
+
+
+def test_read_packed_reads_through_the_checked_reader(cluster, corpus, tmp_path):
+    """Fails on the code before issue 20: read_packed read the shards with plain
+    ray.data.read_parquet, so a flipped byte came out as another token; and it followed a
+    manifest naming a shard outside the directory."""
+    import json
+
+    _, _, table, _ = corpus
+    out = tmp_path / "out"
+    manifest = tokpack.ray.pack(blocks(table, ()), out, MAX_LEN, compression="none", **LAYOUT)
+    rows = tokpack.ray.read_packed(out).take_all()
+    assert len(rows) == manifest["figures"]["rows"]
+    first = pq.read_table(out / manifest["shards"][0]["file"]).slice(0, 1).to_pylist()[0]
+    assert list(rows[0]["input_ids"]) == first["input_ids"]
+    assert list(rows[0]["seq_lengths"]) == first["seq_lengths"]
+    ids = tokpack.ray.read_packed(out, columns=["sample_ids"]).take(1)[0]
+    assert list(ids) == ["sample_ids"]
+    shard = manifest["shards"][0]
+    path = out / shard["file"]
+    data = bytearray(path.read_bytes())
+    group = shard["row_group_bytes"][0]
+    data[group["offset"] + group["length"] // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    # Raised in a read task: Ray hands it on wrapped (RayTaskError), with tokpack's message.
+    with pytest.raises(Exception, match=f"{shard['file']}.*do not match their checksum"):
+        tokpack.ray.read_packed(out).take_all()
+    bad = json.loads((out / "__tokpack__" / "_manifest.json").read_text())
+    bad["shards"][0]["file"] = f"../{out.name}/{shard['file']}"
+    (out / "__tokpack__" / "_manifest.json").write_text(json.dumps(bad))
+    with pytest.raises(tokpack.CorruptOutputError, match="outside the directory"):
+        tokpack.ray.read_packed(out)
+
+
+# -- files of several large row groups: a sample's identity is its file and row -------------
+
+
+@pytest.fixture(scope="module")
+def row_group_corpus(tmp_path_factory):
+    """Three files of four row groups of 20,000 samples (several read tasks per file), the
+    first file's longer (slower to read), empty samples late in each file, with their
+    ``tokpack pack`` output."""
+    root = tmp_path_factory.mktemp("row-groups")
+    rng = np.random.default_rng(9)
+    files = []
+    for i in range(3):
+        n = 80_000
+        lengths = rng.integers(1, 48 if i == 0 else 6, n)
+        lengths[[70_001 + i, 45_000 + i]] = 0  # in the third and fourth row groups
+        offsets = np.r_[0, np.cumsum(lengths)].astype(np.int32)
+        values = pa.array(rng.integers(1, 500, int(offsets[-1]), dtype=np.int32))
+        tokens = pa.ListArray.from_arrays(pa.array(offsets), values)
+        path = root / f"rows-{i}.parquet"
+        pq.write_table(pa.table({"input_ids": tokens}), path, row_group_size=20_000)
+        files.append(path)
+    layout = {"rows_per_shard": 2000, "row_group_rows": 500}
+    reference = tokpack.pack_files(files, root / "reference", 64, **layout)
+    return root, files, layout, reference
+
+
+def test_samples_of_files_of_several_row_groups_are_numbered_by_file_and_row(
+    cluster, row_group_corpus, tmp_path
+):
+    """On three nodes, whatever order Ray's read tasks deliver a file's row groups in, sample
+    ids, plan, shards and the dropped list are ``tokpack pack``'s (failed before: samples were
+    numbered in arrival order)."""
+    from tokpack.cli import main
+
+    c, _ = cluster
+    while len(ray.nodes()) < 3:
+        c.add_node(num_cpus=1)
+    c.wait_for_nodes()
+    root, files, layout, reference = row_group_corpus
+    args = [str(f) for f in files] + ["-o", str(tmp_path / "out"), "--max-len", "64"]
+    args += ["--rows-per-shard", str(layout["rows_per_shard"])]
+    args += ["--row-group-rows", str(layout["row_group_rows"])]
+    # As a user's process runs it: Ray Data's default execution options (the module's
+    # datasets keep their order; tokpack must not depend on that).
+    options = ray.data.DataContext.get_current().execution_options
+    options.preserve_order = False
+    try:
+        assert main(["pack", *args, "--ray", c_address(cluster), "--quiet"]) == 0
+    finally:
+        options.preserve_order = True
+    assert_same_shards(tmp_path / "out", root / "reference", reference)
+    got, want = dropped(tmp_path / "out"), dropped(root / "reference")
+    assert got.column("sample_id").to_pylist() == want.column("sample_id").to_pylist()
+    rows = [45_000, 70_001, 45_001, 70_002, 45_002, 70_003]
+    assert got.column("row").to_pylist() == want.column("row").to_pylist() == rows
+    assert got.column("file").to_pylist() == want.column("file").to_pylist()
+
+
+# -- every pack option on Ray: the same bytes as tokpack pack, or refused by name ------------
+
+
+def _carry_corpus(root: Path, kto: bool = False):
+    """Two token files with scalar columns to carry (KTO: its ``label``, by its schema)."""
+    from tokpack.tokenize.schema import KTO_SCHEMA
+
+    files = []
+    for i, n in enumerate((120, 90)):
+        tokens, labels = random_samples(n, 40, seed=20 + i)
+        columns = {
+            "input_ids": pa.array(tokens, pa.list_(pa.int32())),
+            "labels": pa.array(labels, pa.list_(pa.int32())),
+            "length": pa.array([len(t) for t in tokens], pa.int32()),
+            "source": pa.array([f"src-{i}-{k % 3}" for k in range(n)]),
+            "weight": pa.array(np.linspace(0, 1, n), pa.float64()),
+        }
+        if kto:
+            columns["prompt_length"] = pa.array([1] * n, pa.int32())
+            columns["label"] = pa.array([k % 3 != 0 for k in range(n)])
+            schema = KTO_SCHEMA.append(pa.field("source", pa.string()))
+            table = pa.table({f.name: columns[f.name] for f in schema}, schema=schema)
+        else:
+            table = pa.table(columns)
+        path = root / f"carry-{i}.parquet"
+        pq.write_table(table, path, row_group_size=50)
+        files.append(path)
+    return files
+
+
+@pytest.mark.parametrize("mode", ["global", "local"])
+def test_carry_and_kto_label_are_tokpack_packs_bytes(cluster, tmp_path, mode):
+    """``carry`` (failed before: TypeError) and KTO's ``label`` (dropped before) are written as
+    by ``tokpack pack``; the manifest names the sample kind (missing before)."""
+    layout = {"rows_per_shard": 30, "row_group_rows": 8}
+    for kto, carry in ((False, ["source", "weight"]), (True, ["source"])):
+        root = tmp_path / f"kto-{kto}"
+        root.mkdir()
+        files = _carry_corpus(root, kto)
+        reference = tokpack.pack_files(files, root / "ref", 48, carry=carry, **layout)
+        manifest = tokpack.ray.pack(
+            files, root / "out", 48, mode=mode, min_block_samples=10**6, carry=carry, **layout
+        )
+        assert manifest["sample_kind"] == reference["sample_kind"] == ("kto" if kto else "sft")
+        assert manifest["config"]["carry"] == reference["config"]["carry"]
+        for s in reference["shards"]:
+            for key in ("file", "index"):
+                assert filecmp.cmp(root / "out" / s[key], root / "ref" / s[key], shallow=False)
+    # From a dataset too (KTO by its schema's metadata, as tokpack pack tells it).
+    ds = ray.data.from_arrow([pq.read_table(f) for f in files])
+    got = tokpack.ray.pack(ds, tmp_path / "ds", 48, mode=mode, min_block_samples=10**6, **layout)
+    assert (
+        got["sample_kind"] == "kto"
+        and "label" in pq.read_schema(tmp_path / "ds" / "part-00000.parquet").names
+    )
+
+
+def test_options_ray_does_not_support_are_refused_by_name(cluster, corpus, tmp_path, capsys):
+    """Failed before: --pair-layout and --threads were ignored (exit 0)."""
+    from tokpack.cli import main
+
+    _, files, _, _ = corpus
+    base = ["pack", *map(str, files), "-o", str(tmp_path / "out"), "--max-len", "96"]
+    for flag, name in (
+        (["--pair-layout", "shared-prompt"], "pair_layout (--pair-layout)"),
+        (["--threads", "2"], "threads (--threads)"),
+    ):
+        assert main([*base, *flag, "--ray", c_address(cluster)]) == 2
+        err = capsys.readouterr().err
+        assert f"error: {name} is not supported with Ray" in err and len(err.splitlines()) == 1
+    with pytest.raises(tokpack.ConfigError, match=r"threads \(--threads\) is not supported"):
+        tokpack.ray.pack(files, tmp_path / "out", 96, threads=4)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_file_given_twice_is_packed_twice_as_by_tokpack_pack(cluster, corpus, tmp_path):
+    """Failed before: Ray packed it once."""
+    from tokpack.cli import main
+
+    root, files, _, _ = corpus
+    twice = [files[0], files[1], files[0]]
+    reference = tokpack.pack_files(twice, tmp_path / "ref", MAX_LEN, **LAYOUT)
+    args = [*map(str, twice), "-o", str(tmp_path / "out"), "--max-len", str(MAX_LEN)]
+    args += ["--rows-per-shard", "40", "--row-group-rows", "16", "--overlong", "drop"]
+    assert main(["pack", *args, "--ray", c_address(cluster), "--quiet"]) == 0
+    manifest = assert_same_shards(tmp_path / "out", tmp_path / "ref", reference)
+    assert [i["rows"] for i in manifest["inputs"]] == [i["rows"] for i in reference["inputs"]]
+    assert dropped(tmp_path / "out").equals(dropped(tmp_path / "ref"))
+
+
+def test_inputs_without_labels_beside_inputs_with_them_are_named_as_by_pack(
+    cluster, corpus, tmp_path
+):
+    """Failed before: Ray reported "row 50, column labels: the list is null"."""
+    _, files, table, _ = corpus
+    bare = tmp_path / "bare.parquet"
+    pq.write_table(table.select(["input_ids"]).slice(0, 80), bare)
+    with pytest.raises(tokpack.SchemaError) as want:
+        tokpack.pack_files([files[0], bare], tmp_path / "ref", MAX_LEN)
+    with pytest.raises(tokpack.SchemaError) as got:
+        tokpack.ray.pack([files[0], bare], tmp_path / "out", MAX_LEN)
+    assert str(got.value) == str(want.value) and "bare.parquet" in str(got.value)
+
+
+# -- the cluster: a new local one unless told, Ray's failures as one line, SIGTERM ------------
+
+
+def test_ray_without_address_starts_a_local_cluster_and_failures_are_one_line(
+    monkeypatch, corpus, tmp_path, capsys
+):
+    """Failed before: ``ray.init(address=None)`` joins RAY_ADDRESS or the latest ``ray
+    start`` cluster; a Ray failure was a traceback."""
+    from tokpack.cli import main
+    from tokpack.ray import _cli
+
+    _, files, _, _ = corpus
+    asked = []
+
+    def refuse(address, **kwargs):
+        asked.append(address)
+        raise ConnectionError("Could not find any running Ray instance.\nmore")
+
+    monkeypatch.setattr(_cli.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(_cli.ray, "init", refuse)
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
+    for flag, where in (([], "a new local cluster"), (["auto"], "the cluster at 'auto'")):
+        out = ["-o", str(tmp_path / "out")]
+        assert main(["pack", str(files[0]), *out, "--ray", *flag]) == 2
+        err = capsys.readouterr().err
+        assert err == (
+            f"tokpack pack: error: Ray failed on {where}: Could not find any running Ray "
+            "instance.\n"
+        )
+    assert asked == ["local", "auto"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_sigterm_to_pack_ray_is_terminated_143_and_leaves_nothing(
+    cluster, row_group_corpus, tmp_path
+):
+    """Failed before: exit 134 with Ray's C++ stack dump (its driver's SIGTERM handler)."""
+    _, files, _, _ = row_group_corpus
+    out = tmp_path / "out"
+    args = [sys.executable, "-m", "tokpack", "pack", *map(str, files), "-o", str(out)]
+    driver = subprocess.Popen(
+        [*args, "--max-len", "64", "--ray", c_address(cluster), "--quiet"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        # The run is under way (its temporary output exists): its tasks read and measure.
+        while not any(p.name.startswith(".out.tmp-") for p in tmp_path.iterdir()):
+            assert driver.poll() is None, driver.stderr.read()
+            time.sleep(0.05)
+        driver.send_signal(signal.SIGTERM)
+        _, err = driver.communicate(timeout=120)
+    finally:
+        driver.kill()
+    assert driver.returncode == 143, err
+    assert err.splitlines()[-1] == "tokpack pack: terminated", err
+    assert os.listdir(tmp_path) == []
+
+
+# -- tokenize: every kind of record; rejected records and dropped samples name their source --
+
+
+@pytest.mark.parametrize("kind", ["preference", "kto"])
+def test_tokenize_gives_tokpack_tokenizes_preference_and_kto_rows(cluster, tmp_path, kind):
+    """Failed before: ArrowInvalid inside a RayTaskError (the rows were cast to SFT's)."""
+    from ._tokenizer_factory import build_tokenizer, write_jsonl
+    from .test_tokenize_preference import kto_records, preference_records
+
+    tok = build_tokenizer(tmp_path / "tok")
+    records = (preference_records if kind == "preference" else kto_records)("standard")[:60]
+    source = write_jsonl(tmp_path / "records.jsonl", records)
+    want = pa.Table.from_batches(list(tokpack.tokenize_to_batches(source, tok, threads=1)))
+    ds = ray.data.from_items(records, override_num_blocks=3)
+    got = tokpack.ray.tokenize(ds, tok, batch_size=16).materialize()
+    got = pa.concat_tables(ray.get(got.to_arrow_refs()))
+    assert got.schema == want.schema
+    assert got.equals(want)
+
+
+def test_rejected_records_and_local_mode_dropped_samples_name_their_files(
+    cluster, corpus, tmp_path
+):
+    """Failed before: rejected records said ``<ray.data.Dataset>`` with their row in their
+    batch; local mode's dropped list said ``<ray.data.Dataset>`` despite a ``path`` column."""
+    from ._tokenizer_factory import build_tokenizer, conversations
+
+    tok = build_tokenizer(tmp_path / "tok")
+    records = [{"messages": m} for m in conversations(40)]
+    records[25] = {"messages": [{"role": "user"}]}  # no content (null in Arrow): rejected
+    # As ray.data.read_json(..., include_paths=True) gives them (without read tasks, which
+    # the tokenizer actor would wait for on this one-CPU node).
+    paths = [str(tmp_path / "a.jsonl")] * 20 + [str(tmp_path / "b.jsonl")] * 20
+    ds = ray.data.from_items([{**r, "path": p} for r, p in zip(records, paths)])
+    rejected_dir = tmp_path / "rejected"
+    tokpack.ray.tokenize(
+        ds, tok, rejected_dir=rejected_dir, skip_invalid=True, batch_size=8
+    ).materialize()
+    (entry,) = [
+        json.loads(line) for f in rejected_dir.iterdir() for line in f.read_text().splitlines()
+    ]
+    assert entry["file"] == str(tmp_path / "b.jsonl")
+    assert "row" not in entry and "'content' is null" in entry["error"]
+    assert entry["record"]["path"] == entry["file"]
+
+    root, files, _, reference = corpus
+    ds = ray.data.read_parquet([str(f) for f in files], include_paths=True)
+    out = tmp_path / "local"
+    tokpack.ray.pack(ds, out, MAX_LEN, mode="local", min_block_samples=10**6, **LAYOUT)
+    got, want = dropped(out), dropped(root / "reference")
+    assert got.column("row").equals(want.column("row"))
+    assert [Path(f).resolve() for f in got.column("file").to_pylist()] == [
+        Path(f).resolve() for f in want.column("file").to_pylist()
+    ]

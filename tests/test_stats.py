@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import tokpack
 from tokpack import packing_stats, plan
 from tokpack.cli import main
 from tokpack.commands.stats import render
@@ -268,3 +269,75 @@ def test_plotted_figures_equal_the_tables(batch_size):
             assert not a.overlaps(b)
     finally:
         plt.close(fig)
+
+
+# --- preference and KTO token shards (issue 20, item 20) ----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pair_shards(tmp_path_factory):
+    """Preference shards (a pair with an empty completion among them: pack drops it as empty)
+    and KTO shards."""
+    import random
+
+    from tokpack.tokenize import KTO_SCHEMA
+
+    from .test_pack_pairs import gen_pairs, write_pairs
+
+    d = tmp_path_factory.mktemp("pair_shards")
+    pairs = gen_pairs(random.Random(7), 300, longest=60)
+    pairs[5] = (pairs[5][0], pairs[5][1], [])
+    write_pairs(d / "pref.parquet", pairs)
+    rng = random.Random(8)
+    rows = []
+    for _ in range(300):
+        p = [rng.randrange(1, 100) for _ in range(rng.randint(1, 60))]
+        c = [rng.randrange(1, 100) for _ in range(rng.randint(1, 60))]
+        ids, labels = p + c, [-100] * len(p) + c
+        rows.append(dict(input_ids=ids, labels=labels, length=len(ids), prompt_length=len(p)))
+        rows[-1]["label"] = rng.random() < 0.5
+    pq.write_table(pa.Table.from_pylist(rows, schema=KTO_SCHEMA), d / "kto.parquet")
+    return d, pairs
+
+
+@pytest.mark.parametrize("layout", ["separate", "shared-prompt"])
+def test_stats_of_preference_shards_count_pairs_as_pack_packs_them(
+    pair_shards, tmp_path, layout, capsys
+):
+    """`stats` took no preference shards ("no column input_ids") although `pack` does: a pair
+    is one sample whose length is its footprint in the layout, so the rows stats predicts are
+    the rows pack writes."""
+    d, pairs = pair_shards
+    prompt = 1 if layout == "shared-prompt" else 2
+    footprints = [prompt * len(p) + len(c) + len(r) if r else 0 for p, c, r in pairs]
+    args = ["stats", str(d / "pref.parquet"), "--max-len", "128,256", "--overlong", "drop"]
+    assert main([*args, "--pair-layout", layout, "--json", "--quiet"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["samples"] == len(pairs) and printed["tokens"] == sum(footprints)
+    assert printed["empty"] == 1 and printed["distribution"]["max"] == max(footprints)
+    for candidate in printed["candidates"]:
+        out = tmp_path / f"packed-{candidate['max_len']}"
+        manifest = tokpack.pack_files(
+            d / "pref.parquet",
+            out,
+            candidate["max_len"],
+            overlong="drop",
+            pair_layout=layout,
+        )
+        figures = manifest["figures"]
+        assert candidate["strategies"]["bfd"]["rows"] == figures["rows"]
+        assert candidate["over_samples"] == figures["samples_dropped"] - figures["samples_empty"]
+
+
+def test_stats_of_kto_shards_count_samples_as_pack_packs_them(pair_shards, tmp_path, capsys):
+    d, _ = pair_shards
+    assert main(["stats", str(d / "kto.parquet"), "--max-len", "64", "--json", "--quiet"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    manifest = tokpack.pack_files(d / "kto.parquet", tmp_path / "kto", 64, overlong="split")
+    assert printed["candidates"][0]["strategies"]["bfd"]["rows"] == manifest["figures"]["rows"]
+
+
+def test_a_pair_layout_for_other_shards_is_refused(corpus, capsys):
+    assert main(["stats", str(corpus), "--pair-layout", "shared-prompt", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "applies to preference pairs" in err[0]

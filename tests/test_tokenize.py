@@ -300,6 +300,8 @@ def test_overlong_policies(tmp_path, tok_dir):
         ('{"text": "\\udfff"}', "lone surrogate"),
         ('{"messages": [{"content": "hi"}]}', "has no 'role'"),
         ('{"messages": [{"role": "user"}]}', "has no 'content'"),
+        ('{"messages": [{"role": "user", "content": null}]}', "(user) 'content' is null"),
+        ('{"conversations": [{"from": "human", "value": null}]}', "(human) 'value' is null"),
         ('{"messages": [{"role": "wizard", "content": "hi"}]}', "unknown role 'wizard'"),
         ('{"messages": [{"role": ["user"], "content": "hi"}]}', "unknown role ['user']"),
         ('{"messages": []}', "empty conversation"),

@@ -5,6 +5,7 @@ any thread count, with the records Rust leaves (bad JSON, missing fields, wrong 
 
 from __future__ import annotations
 
+import gzip
 import json
 import random
 
@@ -125,6 +126,26 @@ def test_rust_records_equal_the_python_path(tmp_path, tok, seed, options):
         assert got.equals(want)
         assert fast.stats == slow.stats
         assert fast.rejected == slow.rejected
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_a_leading_bom_is_no_part_of_the_first_record(tmp_path, tok, gz):
+    """Files from Windows tools start with a UTF-8 BOM: the first record is read as if it had
+    none, by the Rust and the Python records paths alike (issue 20, item 21: it was rejected
+    as invalid JSON)."""
+    rng = random.Random(3)
+    lines = [json.dumps(_chat(rng)).encode() for _ in range(20)]
+    plain = tmp_path / "plain.jsonl"
+    plain.write_bytes(b"\n".join(lines) + b"\n")
+    data = tmp_path / ("bom.jsonl.gz" if gz else "bom.jsonl")
+    body = b"\xef\xbb\xbf" + plain.read_bytes()
+    data.write_bytes(gzip.compress(body, mtime=0) if gz else body)
+    want, _ = _run(plain, tok, renderer="python", threads=1)
+    for options in ({"renderer": "python", "threads": 1}, {"threads": 2}):
+        got, stream = _run(data, tok, **options)
+        assert stream.stats.rejected == 0 and stream.rejected == []
+        assert got.equals(want)
+    assert stream.renderer_info == RUST
 
 
 def test_first_invalid_record_raises_the_same_error(tmp_path, tok):

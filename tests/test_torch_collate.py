@@ -2,6 +2,7 @@
 
 import pickle
 
+import numpy as np
 import pytest
 import torch
 
@@ -138,3 +139,35 @@ def test_masks_from_every_format():
     assert dense[1, 0, 2, 0].item() == 0
     with pytest.raises(tokpack.ConfigError):
         document_ids({"input_ids": torch.zeros(1, 3)})
+
+
+@pytest.mark.parametrize("fmt", ["hf", "flash", "padded", "torchtune"])
+def test_read_only_rows_collate_without_a_warning_or_a_copy(fmt):
+    """Fails on the code before issue 20: on the read_packed route Ray hands rows_collate
+    read-only numpy arrays (Arrow memory), and torch warned that writing them is undefined
+    behaviour. The collators never write row tensors: they are shared, not copied."""
+    import warnings
+
+    from tokpack.ray import rows_collate
+
+    def frozen(values, dtype):
+        a = np.asarray(values, dtype=dtype)
+        a.flags.writeable = False
+        return a
+
+    batch = {
+        "input_ids": np.array([frozen([1, 2, 3, 4], np.int32), frozen([5, 6], np.int32)], object),
+        "labels": np.array([frozen([-100, 2, 3, 4], np.int32), frozen([5, 6], np.int32)], object),
+        "seq_lengths": np.array([frozen([3, 1], np.int32), frozen([2], np.int32)], object),
+        "sample_ids": np.array([frozen([0, 1], np.int64), frozen([2], np.int64)], object),
+        "seq_roles": np.array([frozen([0, 0], np.int8), frozen([0], np.int8)], object),
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = rows_collate(PackedCollator(format=fmt))(batch)
+    assert out["num_seqs"] == 3
+    assert all(not a.flags.writeable for v in batch.values() for a in v)
+    row = batch["input_ids"][0]
+    from tokpack.torch.pairs import row_tensor
+
+    assert row_tensor(row).data_ptr() == row.ctypes.data  # shared, not copied

@@ -112,12 +112,13 @@ def test_global_normalisers_give_the_global_batch_loss(corpora, kind, world_size
     _check_steps(per_rank, world_size, grad_accum, cp)
 
 
+@pytest.mark.parametrize("balance", [None, "compute"])
 @pytest.mark.parametrize(
     "world_size, grad_accum, cp, drop_last",
     [(1, 1, 1, False), (3, 2, 1, False), (2, 3, 2, True), (2, 2, 4, False)],
 )
 def test_map_style_batch_sampler_gives_the_global_batch_loss(
-    corpora, world_size, grad_accum, cp, drop_last
+    corpora, world_size, grad_accum, cp, drop_last, balance
 ):
     ds = PackedDataset(corpora["sft"])
     per_rank = []
@@ -130,6 +131,7 @@ def test_map_style_batch_sampler_gives_the_global_batch_loss(
             world_size=world_size,
             seed=5,
             drop_last=drop_last,
+            balance=balance,
         )
         bs.set_epoch(1)
         batches = list(bs)
@@ -255,3 +257,46 @@ def test_counts_after_resume_with_another_world_size(corpora):
         assert {b["global_num_loss_tokens"] for b in step} == {batch["num_loss_tokens"]}
         assert {b["global_num_samples"] for b in step} == {batch["num_seqs"]}
     assert np.sum([len(bs) for bs in ranks]) > 0
+
+
+@pytest.mark.parametrize("world_size, grad_accum, drop_last", [(3, 2, False), (4, 1, True)])
+def test_balanced_steps_hold_the_same_rows_with_even_compute(
+    corpora, world_size, grad_accum, drop_last
+):
+    """balance="compute" re-deals each step's rows: the same rows as often, the same batch
+    sizes and counts, a per-step imbalance never above the plain sampler's (and lower in all)."""
+    ds = PackedDataset(corpora["sft"])
+
+    def ranks(balance):
+        out = []
+        for rank in range(world_size):
+            bs = PackedBatchSampler(
+                ds,
+                2,
+                grad_accum_steps=grad_accum,
+                rank=rank,
+                world_size=world_size,
+                seed=7,
+                drop_last=drop_last,
+                balance=balance,
+            )
+            bs.set_epoch(2)
+            out.append(list(bs))
+        return out, bs.step_imbalance()
+
+    (plain, plain_imb), (even, even_imb) = ranks(None), ranks("compute")
+    assert [[len(b) for b in r] for r in even] == [[len(b) for b in r] for r in plain]
+    for m in range(0, len(plain[0]), grad_accum):
+        rows = [
+            sorted(i for r in x for b in r[m : m + grad_accum] for i in b) for x in (plain, even)
+        ]
+        assert rows[0] == rows[1]
+        counts = {b.step_counts for x in (plain, even) for r in x for b in r[m : m + grad_accum]}
+        assert len(counts) == 1
+    assert np.all(even_imb <= plain_imb + 1e-12)
+    assert even_imb.mean() < plain_imb.mean()
+
+
+def test_balance_option_is_checked(corpora):
+    with pytest.raises(tokpack.ConfigError, match='balance must be None or "compute"'):
+        PackedBatchSampler(PackedDataset(corpora["sft"]), 2, balance="tokens", world_size=1, rank=0)

@@ -7,6 +7,8 @@ import json
 from fractions import Fraction
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -282,12 +284,92 @@ def test_collated_batches_and_sources(sources):
         (dict(weight_unit="bytes"), tokpack.ConfigError, "weight_unit"),
         (dict(epochs_per_source={"code": 1}), tokpack.ConfigError, "epochs_per_source"),
         (dict(epochs_per_source=0.001), tokpack.ConfigError, "less than one row"),
+        (dict(epochs_per_source=1e30), tokpack.ConfigError, "'code' .* rows, more than"),
+        (dict(seed=-5), tokpack.ConfigError, "seed must be at least 0"),
     ],
 )
 def test_bad_configuration_is_a_config_error(sources, kwargs, error, match):
     weights = kwargs.pop("weights", WEIGHTS)
     with pytest.raises(error, match=match):
         PackedMixture(sources, weights, batch_rows=3, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def dropped_source(tmp_path_factory):
+    """A packed directory whose every sample was dropped (over-long): no rows."""
+    root = tmp_path_factory.mktemp("dropped")
+    long = pa.table({"input_ids": pa.array([[1] * 100] * 5, pa.list_(pa.int32()))})
+    pq.write_table(long, root / "long.parquet")
+    tokpack.pack_files(root / "long.parquet", root / "packed", 16, overlong="drop")
+    return str(root / "packed")
+
+
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        (dict(epochs_per_source=1e30), "source 'code' .* rows, more than"),
+        (dict(epochs_per_source=0.001), "source 'code' .* less than one row"),
+        (dict(seed=-5), "seed must be at least 0"),
+        (dict(shuffle_window=0), "shuffle_window must be at least 1"),
+        (dict(empty=True), "source 'none': it has no rows \\(all 5 of its samples were dropped"),
+        (dict(empty=True, weight_unit="tokens"), "source 'none': it has no rows"),
+    ],
+)
+def test_the_mixture_and_mix_stats_refuse_the_same_options_alike(
+    sources, dropped_source, capsys, options, match
+):
+    """One validation (tokpack.mixture.Mixture) for PackedMixture, mixture_stats and mix-stats:
+    the same ConfigError, never a ZeroDivisionError, OverflowError or numpy ValueError (issue
+    20, items 14 and 19: each of these was a traceback in mix-stats, and an empty source was
+    reported as "less than one row")."""
+    options = dict(options)
+    if options.pop("empty", False):
+        sources, weights = {**sources, "none": dropped_source}, {**WEIGHTS, "none": 1}
+    else:
+        weights = WEIGHTS
+    errors = []
+    for make in (
+        lambda: PackedMixture(sources, weights, batch_rows=3, **options),
+        lambda: tokpack.mixture_stats(sources, weights, **options),
+    ):
+        with pytest.raises(tokpack.ConfigError, match=match) as info:
+            make()
+        errors.append(str(info.value))
+    assert errors[0] == errors[1]
+    flags = {
+        "epochs_per_source": "--epochs-per-source",
+        "seed": "--seed",
+        "weight_unit": "--weight-unit",
+    }
+    args = [f"{n}={p}" for n, p in sources.items()]
+    args += ["--weights", ",".join(f"{n}={w}" for n, w in weights.items())]
+    if "shuffle_window" in options:  # not a mix-stats flag
+        return
+    for key, value in options.items():
+        args += [flags[key], str(value)]
+    assert main(["mix-stats", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"tokpack mix-stats: error: {errors[0]}"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--rows", "99999999999999999999999"], "rows must be at least 0 and at most"),
+        (["--epoch", "-1"], "epoch must be at least 0"),
+        (["--weights", "code=1,chat=1,text=1,chat=2"], "--weights gives 'chat' twice"),
+        (["--epochs-per-source", "code=1,chat=1,text=1,code=2"], "gives 'code' twice"),
+    ],
+)
+def test_mix_stats_refuses_out_of_range_and_repeated_values(sources, capsys, args, message):
+    """A weight given twice was silently the last one; --rows beyond int64 was an
+    OverflowError traceback (issue 20, items 14 and 19)."""
+    argv = ["mix-stats", *(f"{n}={p}" for n, p in sources.items())]
+    if "--weights" not in args:
+        argv += ["--weights", "code=1,chat=1,text=1"]
+    assert main([*argv, *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("tokpack mix-stats: error:") and message in err[0]
 
 
 def test_missing_directory_names_the_source(sources, tmp_path):

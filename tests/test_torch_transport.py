@@ -7,12 +7,17 @@ import gc
 import multiprocessing.util
 import os
 import pickle
+import shutil
+import subprocess
+import sys
 from multiprocessing.reduction import ForkingPickler
+from pathlib import Path
 
 import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from tokpack.errors import OutputError
 from tokpack.torch import PackedCollator, PackedDataset, PackedIterableDataset, _transport
 from tokpack.torch._transport import WorkerBatch, ship
 
@@ -218,3 +223,117 @@ def test_an_exited_workers_batches_still_in_the_queue_arrive():
     assert int(pickle.loads(b.next())["x"][0]) == 3
     assert int(pickle.loads(queued)["x"][0]) == 2
     b.exit()
+
+
+# -- shared memory running out (issue 20, item 13) --------------------------------------------
+
+
+def _no_room_over(limit):
+    """A stand-in for ``_shared_bytes`` failing as torch does when /dev/shm is full, for
+    allocations over ``limit`` bytes."""
+    real = _transport._shared_bytes
+
+    def shared_bytes(n):
+        if n > limit:
+            raise RuntimeError(
+                "unable to allocate shared memory(shm) for file </torch_0_0_0>: No space left on"
+                " device (28)"
+            )
+        return real(n)
+
+    return shared_bytes
+
+
+def test_no_shared_memory_in_a_worker_is_an_error_in_the_main_process(corpus, monkeypatch):
+    """The worker takes its batch's shared memory before the batch is queued: with none to be
+    had, the DataLoader raises tokpack's OutputError. It used to be taken on the queue's feeder
+    thread, which printed the error and lost the batch, and the loop waited forever (here: the
+    DataLoader's timeout)."""
+    monkeypatch.setattr(_transport, "_shared_bytes", _no_room_over(0))
+    loader = DataLoader(
+        _iterable(corpus, COLLATORS["hf"]),
+        batch_size=None,
+        num_workers=1,
+        multiprocessing_context="fork",
+        timeout=60,
+    )
+    with pytest.raises(OutputError, match="cannot get .* bytes of shared memory .*--shm-size"):
+        next(iter(loader))
+
+
+def test_without_room_for_a_ring_batches_travel_in_blocks_of_their_own(corpus, monkeypatch):
+    """Room for one batch but not for a ring of them: every batch still arrives, equal."""
+    collate = COLLATORS["hf"]
+    alone = list(DataLoader(_iterable(corpus, collate), batch_size=None, num_workers=0))
+    monkeypatch.setattr(_transport, "_shared_bytes", _no_room_over(_transport._MIN_SLOT))
+    loader = DataLoader(
+        _iterable(corpus, collate),
+        batch_size=None,
+        num_workers=2,
+        multiprocessing_context="fork",
+        timeout=60,
+    )
+    for a, b in zip(alone, loader, strict=True):
+        _assert_same(b, a)
+
+
+def test_a_place_taken_on_the_feeder_thread_fails_where_the_batch_arrives(monkeypatch):
+    """A WorkerBatch that did not come through ship() takes its memory when pickled; a failure
+    there travels with the batch and is raised where it is unpickled, never lost."""
+    monkeypatch.setattr(_transport, "_ring", None)
+    monkeypatch.setattr(_transport, "_shared_bytes", _no_room_over(0))
+    data = ForkingPickler.dumps(WorkerBatch(x=torch.arange(10)))
+    with pytest.raises(OutputError, match="shared memory"):
+        pickle.loads(data)
+
+
+def test_a_shipped_batch_takes_its_slot_in_the_worker_and_frees_it_unsent(monkeypatch):
+    monkeypatch.setattr(_transport, "_ring", None)
+    monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: object())
+    shipped = ship({"x": torch.arange(100), "n": 3})
+    ring = _transport._ring
+    assert type(shipped) is WorkerBatch and list(ring.flags) == [1] + [0] * (_transport._SLOTS - 1)
+    del shipped  # never sent: its slot is free again
+    gc.collect()
+    assert not ring.flags.any()
+    grown = ship({"x": torch.arange(10)})
+    grown["y"] = torch.arange(100_000)  # bigger than its slot since: placed anew when sent
+    out = _round_trip(grown)
+    _assert_same(out, {"x": torch.arange(10), "y": torch.arange(100_000)})
+    assert ship({"n": 1}) == {"n": 1}  # no tensor: no shared memory
+
+
+_SMALL_SHM = """
+import sys
+sys.path.insert(0, {root!r})
+from torch.utils.data import DataLoader
+from tokpack.torch import PackedCollator, PackedIterableDataset
+ds = PackedIterableDataset({corpus!r}, batch_rows=64, rank=0, world_size=1,
+                           collate_fn=PackedCollator("hf"))
+try:
+    print(sum(1 for _ in DataLoader(ds, batch_size=None, num_workers=1, timeout=60)))
+except Exception as exc:
+    print(type(exc).__name__, str(exc).splitlines()[-1])
+"""
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare"
+)
+def test_a_full_dev_shm_is_an_error_not_a_hang(corpus, tmp_path):
+    """The real thing: a DataLoader worker under a /dev/shm of 64 KiB (a private mount
+    namespace), where neither a ring nor one batch fits."""
+    script = tmp_path / "small_shm.py"
+    script.write_text(_SMALL_SHM.format(root=str(Path(__file__).parents[1]), corpus=str(corpus)))
+    shell = f"mount -t tmpfs -o size=64k tmpfs /dev/shm && exec {sys.executable} {script}"
+    try:
+        proc = subprocess.run(
+            ["unshare", "-m", "sh", "-c", shell], capture_output=True, text=True, timeout=120
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the DataLoader hung on a full /dev/shm")
+    if "mount:" in proc.stderr or "unshare:" in proc.stderr:
+        pytest.skip(f"cannot mount a private /dev/shm here: {proc.stderr.strip()}")
+    assert proc.stdout.startswith("OutputError "), proc.stdout + proc.stderr
+    assert "cannot get" in proc.stdout
+    assert "No space left on device" in proc.stdout

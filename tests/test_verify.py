@@ -252,3 +252,92 @@ def test_verify_checks_a_tokenize_output(tmp_path, capsys):
     capsys.readouterr()
     assert main(["verify", str(out)]) == 2
     assert "part-00001.parquet is missing" in capsys.readouterr().err
+
+
+def _flip_a_loss_count(index_path) -> None:
+    """Adds one to a row's num_loss_tokens in an index side file, in place (same size)."""
+    import numpy as np
+    import pyarrow as pa
+
+    with pa.memory_map(str(index_path)) as source:
+        column = pa.ipc.open_file(source).read_all().column("num_loss_tokens")
+        values = np.asarray(column.to_numpy(), dtype="<i4")
+    data = bytearray(index_path.read_bytes())
+    at = bytes(data).find(values.tobytes())
+    assert at > 0 and bytes(data).find(values.tobytes(), at + 1) < 0
+    data[at] ^= 0x01
+    index_path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("side", ["index", "dropped"])
+def test_a_damaged_side_file_is_refused_by_every_reader_and_the_cache(tmp_path, capsys, side):
+    """Fails on the code before issue 20: the index side files and the dropped list had no
+    checksum, so a flipped bit in num_loss_tokens changed global_num_loss_tokens and mix-stats,
+    and a cache hit, even with --verify-cache, accepted it."""
+    from tokpack.packed_dir import PackedDir
+    from tokpack.row_counts import row_counts
+
+    samples, labels = random_samples(200, 40, seed=4)
+    samples[5] = samples[5][:0]  # an empty sample: the dropped list has a row
+    labels[5] = labels[5][:0]
+    out = tmp_path / "out"
+    write_packed_dir(out, samples, labels, max_len=MAX_LEN, rows_per_shard=40, row_group_rows=16)
+    manifest = json.loads((out / MANIFEST_NAME).read_text())
+    assert manifest["shards"][1]["index_checksum"].startswith("xxh3_128:")
+    assert manifest["dropped_checksum"].startswith("xxh3_128:")
+    source = str(tmp_path / "out-tokens.parquet")
+    args = ["pack", source, "-o", str(out), "--max-len", str(MAX_LEN), "--quiet"]
+    args += ["--rows-per-shard", "40", "--row-group-rows", "16"]
+    if side == "index":
+        damaged = out / manifest["shards"][1]["index"]
+        _flip_a_loss_count(damaged)
+    else:
+        damaged = out / manifest["dropped_file"]
+        data = bytearray(damaged.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        damaged.write_bytes(bytes(data))
+    name = damaged.name
+    with pytest.raises(tokpack.CorruptOutputError, match=name):
+        tokpack.verify(out, full=False)
+    if side == "index":
+        with pytest.raises(tokpack.CorruptOutputError, match=name):
+            row_counts(PackedDir(out))
+    assert main(["verify", "--quick", str(out)]) == 2
+    assert name in capsys.readouterr().err
+    # Same size: a plain cache hit trusts it; --verify-cache checks the checksums and rebuilds.
+    assert main(args) == 0
+    assert "up to date (cache hit" in capsys.readouterr().err
+    assert main(args + ["--verify-cache"]) == 0
+    err = capsys.readouterr().err
+    assert "cache hit" not in err and name in err and "rebuil" in err
+    assert tokpack.verify(out)["ok"]
+    # A side file of another size is not a cache hit even without --verify-cache.
+    damaged.write_bytes(damaged.read_bytes() + b"\0")
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "cache hit" not in err and name in err
+    assert tokpack.verify(out)["ok"]
+
+
+def test_a_directory_without_side_file_checksums_stays_readable(tmp_path, capsys):
+    """format_version 2 directories written before index_size / index_checksum and
+    dropped_size / dropped_checksum: read as before (unchecked side files); --verify-cache,
+    which cannot check them, rebuilds them."""
+    samples, labels = random_samples(60, 40, seed=2)
+    out = tmp_path / "out"
+    write_packed_dir(out, samples, labels, max_len=MAX_LEN, rows_per_shard=20, row_group_rows=8)
+    manifest = json.loads((out / MANIFEST_NAME).read_text())
+    for shard in manifest["shards"]:
+        del shard["index_size"], shard["index_checksum"]
+    del manifest["dropped_size"], manifest["dropped_checksum"]
+    (out / MANIFEST_NAME).write_text(json.dumps(manifest))
+    assert tokpack.verify(out)["ok"] and tokpack.verify(out, full=False)["ok"]
+    assert len(PackedDataset(out)) == manifest["figures"]["rows"]
+    source = str(tmp_path / "out-tokens.parquet")
+    args = ["pack", source, "-o", str(out), "--max-len", str(MAX_LEN), "--quiet"]
+    args += ["--rows-per-shard", "20", "--row-group-rows", "8"]
+    assert main(args) == 0
+    assert "up to date (cache hit" in capsys.readouterr().err
+    assert main(args + ["--verify-cache"]) == 0
+    assert "older tokpack" in capsys.readouterr().err
+    assert "index_checksum" in json.loads((out / MANIFEST_NAME).read_text())["shards"][0]

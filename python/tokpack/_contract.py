@@ -3,11 +3,15 @@ Python side: every Python use imports them from here, so each has exactly one de
 packed-directory format's names are in ``_format``."""
 
 from ._tokpack import (
+    ATTENTION_COST,
     IGNORE_INDEX,
+    MICRO_BATCH_ORDERS,
+    OVER_CAP_POLICIES,
     OVERLONG_HINT,
     OVERLONG_POLICIES,
     PAIR_LAYOUTS,
     PAIR_SEGMENT_ROLES,
+    PARTITION_METHODS,
     SEGMENT_ROLES,
     SPLIT_REGEXES,
     STRATEGIES,
@@ -15,11 +19,15 @@ from ._tokpack import (
 )
 
 __all__ = [
+    "ATTENTION_COST",
     "IGNORE_INDEX",
+    "MICRO_BATCH_ORDERS",
+    "OVER_CAP_POLICIES",
     "OVERLONG_HINT",
     "OVERLONG_POLICIES",
     "PAIR_LAYOUTS",
     "PAIR_SEGMENT_ROLES",
+    "PARTITION_METHODS",
     "SEGMENT_ROLES",
     "SPLIT_REGEXES",
     "STRATEGIES",

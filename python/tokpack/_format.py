@@ -25,6 +25,7 @@ from ._tokpack import (
     SHARD_COLUMNS,
     SIDE_DIR,
     PackReport,
+    file_checksum,
 )
 from .errors import CorruptOutputError, InputNotFoundError
 
@@ -98,10 +99,15 @@ def write_manifest(out_dir: Union[str, os.PathLike], manifest: Dict[str, Any]) -
 
 
 def packed_manifest(
-    config: Dict[str, Any], described: List[Dict[str, Any]], report: PackReport, wall: float
+    config: Dict[str, Any],
+    described: List[Dict[str, Any]],
+    report: PackReport,
+    wall: float,
+    dropped: Dict[str, Any],
 ) -> Dict[str, Any]:
     """A packed directory's manifest: ``config`` (``PackConfig.to_dict()`` and what the path
-    adds), the inputs with their rows, the shards and the report's figures."""
+    adds), the inputs with their rows, the shards, the dropped list (``dropped``: what
+    :func:`write_dropped` returns) and the report's figures."""
     return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -110,16 +116,19 @@ def packed_manifest(
         "has_labels": report.has_labels,
         "shards": report.shards,
         "dropped_file": DROPPED_NAME,
+        **dropped,
         "figures": {**report.figures(), "wall_time_s": round(wall, 3)},
     }
 
 
 def write_dropped(
     path: Path, report: PackReport, paths: List[Path], staged: Optional[Path] = None
-) -> None:
+) -> Dict[str, Any]:
     """Every sample that is not in the output, with its file, row (token shards, Parquet: from
     0) or line (JSONL: from 1) and reason. With ``staged`` (one-step pack) the sample ids are
-    rows of that tokenized file, whose source columns lead back to the raw ``paths``."""
+    rows of that tokenized file, whose source columns lead back to the raw ``paths``. Returns
+    the manifest's ``dropped_size`` and ``dropped_checksum`` of the file written (readers
+    check them)."""
     dropped = report.dropped
     if staged is None:
         bounds = np.cumsum([0] + list(report.input_rows))
@@ -145,3 +154,5 @@ def write_dropped(
     path.parent.mkdir(parents=True, exist_ok=True)
     with pa.OSFile(os.fsencode(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)
+    size, checksum = file_checksum(str(path))
+    return {"dropped_size": size, "dropped_checksum": checksum}

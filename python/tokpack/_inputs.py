@@ -7,6 +7,8 @@
   HF datasets' state) and skipped with everything below them; symlinked files are followed,
   symlinked subdirectories are not (no loops, no file read twice).
 - A glob (``*``, ``?``, ``[``, ``**``) gives the files it matches, sorted.
+- A file given twice (named twice, or found by two items) is listed, and read, twice: every
+  command and ``--ray`` take its samples once per listing, as the order given says.
 
 With an output directory, inputs and output must not overlap: an output inside an input
 directory would be read back as input by the next run, and replacing an output that holds the

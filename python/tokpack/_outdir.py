@@ -24,7 +24,9 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import stat
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
@@ -123,7 +125,11 @@ def _clean_stale(out_dir: Path) -> None:
             if rest.startswith(tag):
                 pid_text = rest[len(tag) :].split("-", 1)[0]
                 if pid_text.isdigit() and not pid_alive(int(pid_text)):
-                    shutil.rmtree(entry, ignore_errors=True)
+                    if entry.is_dir() and not entry.is_symlink():
+                        shutil.rmtree(entry, ignore_errors=True)
+                    else:
+                        with contextlib.suppress(OSError):
+                            entry.unlink()
     _remove_stale_lock(parent / f"{prefix}{_LOCK_SUFFIX}")
 
 
@@ -197,19 +203,15 @@ def check_replaceable(out_dir: Path, shown: object = None) -> None:
             f"{shown}: refusing to replace it: its {MANIFEST_NAME} is unreadable, so tokpack "
             "cannot tell what it wrote; remove the directory yourself or choose another"
         ) from None
-    if not isinstance(manifest, dict) or "tokpack_version" not in manifest:
+    if not is_tokpack_manifest(manifest):
         raise OutputExistsError(
             f"{shown}: refusing to replace a non-empty directory that tokpack did not write "
             f"(no {MANIFEST_NAME}); choose a new or empty directory"
         )
-    listed = {SIDE_DIR}
-    for shard in manifest.get("shards") or []:
-        if isinstance(shard, dict) and isinstance(shard.get("file"), str):
-            listed.add(shard["file"])
+    foreign = set(foreign_names(entries, manifest))
+    # A listed name that is not a file (a folder in its place) is not what tokpack wrote either.
     unknown = [
-        name
-        for name in entries
-        if name not in listed or (name != SIDE_DIR and not (out_dir / name).is_file())
+        n for n in entries if n in foreign or (n != SIDE_DIR and not (out_dir / n).is_file())
     ]
     if unknown:
         more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
@@ -217,6 +219,37 @@ def check_replaceable(out_dir: Path, shown: object = None) -> None:
             f"{shown}: refusing to replace it: it holds files tokpack did not write "
             f"({', '.join(unknown[:5])}{more}); move them away or choose another directory"
         )
+
+
+def is_tokpack_manifest(manifest: Any) -> bool:
+    """Whether a parsed manifest is one tokpack wrote (the claim on an output it may replace)."""
+    return isinstance(manifest, dict) and "tokpack_version" in manifest
+
+
+def foreign_names(
+    names: Sequence[str], manifest: Any, ours: Optional[Callable[[str], bool]] = None
+) -> List[str]:
+    """The output rule, for every destination: the names under an output (top-level entries of
+    a directory, or every key under an object-store prefix) that tokpack did not write, given
+    its manifest (None when there is none): the shards the manifest lists and the side folder
+    are tokpack's; ``ours`` adds what a destination's own runs leave (an object store's staging
+    names, see ``ray._store``). An output is replaced only when this is empty."""
+    listed = {SIDE_DIR}
+    if is_tokpack_manifest(manifest):
+        for shard in manifest.get("shards") or []:
+            if isinstance(shard, dict) and isinstance(shard.get("file"), str):
+                listed.add(shard["file"])
+    else:
+        listed = set()
+    return [
+        n
+        for n in names
+        if not (
+            n in listed
+            or (bool(listed) and n.startswith(f"{SIDE_DIR}/"))
+            or (ours is not None and ours(n))
+        )
+    ]
 
 
 @contextlib.contextmanager
@@ -279,14 +312,145 @@ def atomic_output_dir(out_dir: os.PathLike) -> Iterator[Path]:
             except OSError as exc:
                 raise OutputError(f"{tmp}: cannot create ({exc.strerror})") from None
             yield tmp
+            keep_permissions(out_dir, tmp)
             _fsync_dir(tmp)
             check_replaceable(out_dir)  # files added to OUT_DIR during the run are not lost
             old = out_dir.parent / f".{out_dir.name}{_OLD_TAG}{tag}"
-            _swap(tmp, out_dir, old)
-            shutil.rmtree(old, ignore_errors=True)
+            with _signals_deferred():  # Ctrl-C / SIGTERM land after the swap and the old's removal
+                _swap(tmp, out_dir, old)
+                shutil.rmtree(old, ignore_errors=True)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+
+
+def output_file(path: os.PathLike, inputs: Sequence[os.PathLike]) -> Path:
+    """The real path of a file a run will write (``export``'s files), checked before any work:
+    a file name, not a directory, and not inside (or equal to) any of ``inputs``: the packed
+    directory an export reads is never written into. Symlinks are resolved, so a symlinked
+    file is written through, as a symlinked OUT_DIR."""
+    text = os.fspath(path)
+    if not text or not os.path.basename(text):
+        raise ConfigError(f"{shown_path(text)}: the output needs a file name")
+    real = Path(os.path.realpath(text))
+    if real.is_dir():
+        raise OutputExistsError(f"{shown_path(text)}: is a directory")
+    for source in inputs:
+        source_real = Path(os.path.realpath(source))
+        if real == source_real or source_real in real.parents:
+            raise ConfigError(
+                f"{shown_path(text)}: inside the input {shown_path(source)}; tokpack never "
+                "writes into what it reads: choose an output outside it"
+            )
+    return real
+
+
+@contextlib.contextmanager
+def atomic_output_files(
+    finals: Sequence[Path], shown: Sequence[str], *, force: bool, owned: Callable[[Path], bool]
+) -> Iterator[List[Path]]:
+    """Yields a temporary path next to each of ``finals`` (real paths from
+    :func:`output_file`); on normal exit renames each into place, in order, else removes them.
+    An existing final is replaced only with ``force`` and only when ``owned(final)`` says
+    tokpack wrote it (checked before the work and again just before the renames); a replaced
+    file's mode and group are kept. Runs writing the same first file are serialised by its lock
+    (see :func:`_output_lock`). Several files are committed by several renames: a writer whose
+    files must match (``export megatron``'s pair) names them all, with checksums, in the first
+    one, so a pair torn by a kill between renames is detected."""
+
+    def check() -> None:
+        for final, name in zip(finals, shown):
+            if not os.path.lexists(final):
+                continue
+            if not force:
+                raise OutputExistsError(f"{name}: exists (pass force=True / --force to replace it)")
+            if final.is_dir():
+                raise OutputExistsError(f"{name}: is a directory")
+            if not owned(final):
+                raise OutputExistsError(
+                    f"{name}: refusing to replace a file tokpack did not write; remove it "
+                    "yourself or choose another name"
+                )
+
+    check()
+    for final in finals:
+        make_parent(final)
+    tag = f"{os.getpid()}-{secrets.token_hex(4)}"
+    tmps = [final.with_name(f".{final.name}{_TMP_TAG}{tag}") for final in finals]
+    with _output_lock(finals[0]):
+        for final in finals:
+            with contextlib.suppress(OSError):
+                _clean_stale(final)
+        try:
+            yield tmps
+            check()  # files created meanwhile by another program are not lost
+            for final, tmp in zip(finals, tmps):
+                keep_permissions(final, tmp)
+            with _signals_deferred():  # Ctrl-C / SIGTERM land after the renames, not between
+                for final, tmp in zip(finals, tmps):
+                    os.replace(tmp, final)
+            _fsync_dir(finals[0].parent)
+        finally:
+            for tmp in tmps:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Blocks SIGINT and SIGTERM (delivered when it ends) in the main thread, so a commit of
+    several renames is not cut in the middle by them (only SIGKILL or a crash can)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def numpy_api_ready() -> None:
+    """Makes the Rust extension fetch NumPy's C API now, with SIGINT and SIGTERM deferred. The
+    fetch runs Python code (numpy's version check); a Ctrl-C or SIGTERM raised there by the
+    CLI's handlers made the numpy crate panic (exit 1 with a Rust backtrace) instead of the
+    command stopping with 130 / 143, whenever it landed on a command's first array."""
+    import numpy as np
+
+    with _signals_deferred():
+        _tokpack.plan(lengths=np.zeros(0, np.int64), config=_tokpack.PackConfig(1), threads=1)
+
+
+def keep_permissions(existing: Path, new: Path) -> None:
+    """Gives ``new`` (a file, or a directory tree) the mode and group of ``existing`` when it
+    exists (through a symlink: its target's), so a rebuilt output is exactly as private as the
+    one it replaces: in a 0700 directory the files become 0600, in a 0750 one 0640 (a file
+    keeps only the read/write bits the directory grants each class). A new output keeps the
+    umask's modes. Groups the user is not a member of are left as they are."""
+    try:
+        st = os.stat(existing)
+    except OSError:
+        return
+    mode = stat.S_IMODE(st.st_mode)
+    if not stat.S_ISDIR(st.st_mode):
+        _chmod_chgrp(new, mode, st.st_gid)
+        return
+    file_bits = mode & 0o666
+    for root, _, files in os.walk(new):
+        _chmod_chgrp(Path(root), mode, st.st_gid)
+        for name in files:
+            path = Path(root, name)
+            with contextlib.suppress(OSError):
+                _chmod_chgrp(path, stat.S_IMODE(path.lstat().st_mode) & file_bits, st.st_gid)
+
+
+def _chmod_chgrp(path: Path, mode: int, gid: int) -> None:
+    with contextlib.suppress(OSError):
+        os.chown(path, -1, gid)
+    try:
+        os.chmod(path, mode)
+    except OSError as exc:
+        raise OutputError(f"{shown_path(path)}: cannot set its mode ({exc.strerror})") from None
 
 
 def make_parent(path: Path) -> None:

@@ -25,6 +25,7 @@ __all__ = [
     "SAMPLE_KINDS",
     "shard_name",
     "index_name",
+    "pair_layout_for",
     "OVERLONG_HINT",
     "STRATEGIES",
     "OVERLONG_POLICIES",
@@ -49,6 +50,14 @@ __all__ = [
     "read_row_group",
     "file_checksum",
     "write_held_shard",
+    "PARTITION_METHODS",
+    "MICRO_BATCH_ORDERS",
+    "OVER_CAP_POLICIES",
+    "ATTENTION_COST",
+    "partition",
+    "micro_batches",
+    "MicroBatchParts",
+    "input_columns",
 ]
 
 __version__: str
@@ -76,6 +85,7 @@ SPLIT_REGEXES: Dict[str, str]
 
 def shard_name(shard: int) -> str: ...
 def index_name(shard: int) -> str: ...
+def pair_layout_for(kind: str, pair_layout: Optional[str], inputs: str) -> Optional[str]: ...
 def check_int(value: Any, name: str, lo: int, hi: int) -> int:
     """``value`` as an int in ``lo..=hi``, else a ConfigError naming ``name``."""
 
@@ -118,7 +128,6 @@ class PackConfig:
     def from_dict(cls, d: Dict[str, Any]) -> PackConfig: ...
     def replace(self, **fields: Any) -> PackConfig: ...
     def for_kind(self, kind: str, inputs: str) -> PackConfig: ...
-    def refuse_unsupported(self, path: str, supported: Sequence[str]) -> None: ...
     def __reduce__(self) -> Any: ...
     def __eq__(self, other: object, /) -> bool: ...
     def __hash__(self) -> int: ...
@@ -150,18 +159,8 @@ class PackReport:
     ) -> PackReport: ...
     input_rows: List[int]
     has_labels: bool
-    max_len: int
-    n_samples: int
-    rows: int
-    segments: int
-    tokens: int
-    input_tokens: int
-    lower_bound: int
-    efficiency: float
     dropped: npt.NDArray[np.int64]
     empty: npt.NDArray[np.int64]
-    truncated: npt.NDArray[np.int64]
-    split: npt.NDArray[np.int64]
     shards: List[Dict[str, Any]]
     def figures(self) -> Dict[str, Any]: ...
     def __reduce__(self) -> Any: ...
@@ -199,6 +198,7 @@ def flatten_samples(
     tokens_column: str,
     labels_column: Optional[str],
     mask_column: Optional[str],
+    carry: List[str] = ...,
 ) -> Tuple[npt.NDArray[np.int32], npt.NDArray[np.int64], Optional[npt.NDArray[np.int32]]]: ...
 def default_threads() -> int: ...
 
@@ -296,6 +296,7 @@ def read_lengths(
     paths: List[str],
     tokens_column: str,
     batch_rows: int,
+    pair_layout: Optional[str] = None,
     threads: Optional[int] = None,
     progress: Optional[Progress] = None,
 ) -> Tuple[npt.NDArray[np.int64], List[int]]: ...
@@ -322,4 +323,49 @@ def write_held_shard(
     labels: Optional[np.ndarray],
     row_group_rows: int,
     compression: str,
+    carried: List[Tuple[str, Any]] = ...,
 ) -> Dict[str, Any]: ...
+
+PARTITION_METHODS: Tuple[str, ...]
+MICRO_BATCH_ORDERS: Tuple[str, ...]
+OVER_CAP_POLICIES: Tuple[str, ...]
+ATTENTION_COST: Tuple[float, float]
+
+def partition(
+    *,
+    costs: npt.NDArray[np.float64],
+    k: int,
+    equal_size: bool,
+    method: str,
+    threads: Optional[int],
+) -> Tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]: ...
+
+@final
+class MicroBatchParts:
+    """A micro-batch plan's flat arrays (``tokpack.balance.micro_batches`` cuts them)."""
+
+    @property
+    def indices(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def mb_offsets(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def rank_offsets(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def mb_tokens(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def mb_compute(self) -> npt.NDArray[np.float64]: ...
+
+def micro_batches(
+    *,
+    lengths: npt.NDArray[np.int64],
+    max_tokens: int,
+    dp_size: int,
+    a: float,
+    b: float,
+    same_count: bool,
+    min_micro_batches: int,
+    divisible_by: int,
+    order: str,
+    overlong: str,
+) -> MicroBatchParts: ...
+def input_columns(*, paths: List[str], config: PackConfig) -> Optional[Tuple[str, bool]]: ...

@@ -114,7 +114,11 @@ def main(argv: Optional[List[str]] = None, *, _exiting: bool = False) -> int:
             previous = signal.signal(signal.SIGTERM, _on_sigterm)
         args = build_parser().parse_args(argv)
         name = f"tokpack {args.command}"
-        return int(importlib.import_module(args._module).run(args) or 0)
+        command = importlib.import_module(args._module)
+        from ._outdir import numpy_api_ready
+
+        numpy_api_ready()
+        return int(command.run(args) or 0)
     except TokpackError as exc:
         print(f"{name}: error: {exc}", file=sys.stderr)
         return 2

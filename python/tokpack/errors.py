@@ -14,7 +14,9 @@ __all__ = [
     "SchemaError",
     "OutputError",
     "OutputExistsError",
+    "DiskSpaceError",
     "InvalidRecordError",
+    "ClusterError",
 ]
 
 
@@ -59,12 +61,23 @@ class SchemaError(DataError):
 
 class OutputError(TokpackError, OSError):
     """Writing the output directory (or its temporary files) failed: disk full, permissions,
-    another tokpack run writing the same directory."""
+    another tokpack run writing the same directory; or a DataLoader worker found no shared
+    memory (``/dev/shm``) for its batch."""
 
 
 class OutputExistsError(OutputError, FileExistsError):
     """The output directory exists and is not tokpack's to replace: it is not empty and either
     has no tokpack manifest or holds files its manifest does not list. Nothing was touched."""
+
+
+class DiskSpaceError(OutputError):
+    """The disk cannot hold what a run needs (its spill files and output), by an estimate made
+    before any work: the message names the need and the free space. Nothing was written."""
+
+
+class ClusterError(TokpackError, RuntimeError):
+    """The Ray cluster of a ``--ray`` run failed: it could not be reached or started, or it or
+    a node went away mid-run."""
 
 
 class InvalidRecordError(DataError):

@@ -15,24 +15,31 @@ complete; memory grows with the number of samples (the Megatron index), not the 
 
 from __future__ import annotations
 
-import contextlib
+import json
 import os
-import secrets
 import struct
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from . import _tokpack
 from ._arrays import list_array
 from ._contract import IGNORE_INDEX
-from ._inputs import input_error, shown_path
-from ._outdir import make_parent, read_packed_manifest, writing
-from .errors import ConfigError, CorruptOutputError, DataError, OutputExistsError
+from ._inputs import shown_path
+from ._outdir import atomic_output_files, output_file, write_json_atomic, writing
+from .errors import ConfigError, CorruptOutputError, DataError
+from .packed_dir import PackedDir
 
-__all__ = ["export_megatron", "export_nemo_packed", "MEGATRON_DTYPES", "DOCUMENT_MODES"]
+__all__ = [
+    "export_megatron",
+    "export_nemo_packed",
+    "check_megatron",
+    "MEGATRON_DTYPES",
+    "DOCUMENT_MODES",
+]
 
 PathLike = Union[str, os.PathLike]
 
@@ -43,23 +50,22 @@ MEGATRON_DTYPES = {"uint16": (np.uint16, 8), "int32": (np.int32, 4)}
 # DType.optimal_dtype: uint16 when the vocabulary size is < 65,500.
 _UINT16_VOCAB_LIMIT = 65500
 DOCUMENT_MODES = ("sample", "row")
-_TMP_TAG = ".tmp-"
+# Beside PREFIX.bin and PREFIX.idx: what tokpack wrote, with sizes and checksums.
+MARKER_SUFFIX = ".tokpack.json"
 
 
 class _Group:
-    """One row group of a packed shard: flat numpy views and where each row starts."""
+    """One row group of a packed shard, decoded by the checked reader: flat numpy views and
+    where each row starts."""
 
-    def __init__(self, where: str, table: pa.Table, with_labels: bool) -> None:
-        ids = table.column("input_ids").combine_chunks()
-        segs = table.column("seq_lengths").combine_chunks()
+    def __init__(self, where: str, cols: Dict[str, Any], with_labels: bool) -> None:
+        ids, self.token_offsets = cols["input_ids"]
+        self.lengths, self.seg_offsets = cols["seq_lengths"]
         self.where = where
-        self.token_offsets = _offsets(ids)
-        self.tokens = ids.flatten().to_numpy()
-        self.seg_offsets = _offsets(segs)
-        self.lengths = segs.flatten().to_numpy()
+        self.tokens = np.asarray(ids)
         self.labels = None
         if with_labels:
-            self.labels = table.column("labels").combine_chunks().flatten().to_numpy()
+            self.labels = np.asarray(cols["labels"][0])
         ends = np.zeros(self.lengths.size + 1, dtype=np.int64)
         np.cumsum(self.lengths, out=ends[1:])
         row_tokens = ends[self.seg_offsets[1:]] - ends[self.seg_offsets[:-1]]
@@ -72,63 +78,38 @@ class _Group:
             raise CorruptOutputError(f"{where}: labels and input_ids differ in length")
 
 
-def _offsets(array: Union[pa.ListArray, pa.LargeListArray]) -> np.ndarray:
-    offsets = array.offsets.to_numpy().astype(np.int64)
-    return offsets - offsets[0]
+def _packed_dir(packed_dir: PathLike, target: str) -> PackedDir:
+    """The packed directory an export reads, validated (shards present with their sizes, paths
+    inside it), and refused when ``target`` cannot represent its samples: Megatron and NeMo
+    datasets are sequences of independent documents, with no notion of a preference pair
+    (chosen / rejected) or of KTO's desirable / undesirable label."""
+    packed = PackedDir(packed_dir)
+    kind = packed.manifest.get("sample_kind")
+    if kind is None:  # written without the field (before it, or by Ray): from the layout
+        kind = "preference" if packed.pair_layout is not None else "sft"
+        kind = "kto" if "label" in packed.carried else kind
+    if kind != "sft":
+        raise ConfigError(
+            f"{shown_path(packed_dir)}: holds {kind} samples; {target} has no way to represent "
+            f"them (it would train on every sequence as an independent document, rejected ones "
+            "included): export SFT or pretraining outputs only"
+        )
+    return packed
 
 
-def _packed_shards(packed_dir: PathLike) -> Tuple[List[Path], bool]:
-    """The shard files of a packed directory, in order, and whether they hold labels."""
-    manifest = read_packed_manifest(packed_dir)
-    shards = [Path(packed_dir) / shard["file"] for shard in manifest["shards"]]
-    return shards, bool(manifest["has_labels"])
-
-
-def _row_groups(shards: Sequence[Path], with_labels: bool) -> Iterator[_Group]:
+def _row_groups(packed: PackedDir, with_labels: bool) -> Iterator[_Group]:
+    """Every row group, in order, through the checked reader (``PackedDir.decode``): a damaged
+    shard raises :class:`CorruptOutputError` naming it instead of being exported."""
     columns = ["input_ids", "seq_lengths"] + (["labels"] if with_labels else [])
-    for path in shards:
-        try:
-            pf = pq.ParquetFile(path)
-        except FileNotFoundError:
-            raise CorruptOutputError(
-                f"{shown_path(path)}: listed in the manifest but missing"
-            ) from None
-        except OSError as exc:
-            raise input_error(path, exc) from None
-        except pa.ArrowException as exc:
-            raise CorruptOutputError(f"{shown_path(path)}: not a readable shard ({exc})") from None
-        for g in range(pf.num_row_groups):
-            where = f"{shown_path(path)}: row group {g}"
-            try:
-                table = pf.read_row_group(g, columns=columns)
-            except (pa.ArrowException, KeyError) as exc:
-                raise CorruptOutputError(f"{where}: unreadable ({exc})") from None
-            yield _Group(where, table, with_labels)
-
-
-@contextlib.contextmanager
-def _temporary(final: Path) -> Iterator[Path]:
-    """A temporary file next to ``final``, removed unless the caller renamed it."""
-    tmp = final.with_name(f".{final.name}{_TMP_TAG}{os.getpid()}-{secrets.token_hex(4)}")
-    try:
-        yield tmp
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-
-
-def _refuse_existing(paths: Sequence[Path], force: bool) -> None:
-    for path in paths:
-        if not force and os.path.lexists(path):
-            raise OutputExistsError(
-                f"{shown_path(path)}: exists (pass force=True / --force to replace it)"
-            )
-        if os.path.isdir(path):
-            raise OutputExistsError(f"{shown_path(path)}: is a directory")
+    for group in range(packed.num_groups):
+        shard = int(packed.group_shard[group])
+        g = int(packed.group_index[group])
+        where = f"{shown_path(packed.shard_paths[shard])}: row group {g}"
+        yield _Group(where, packed.decode(group, columns), with_labels)
 
 
 def _write_bin(
-    bin_tmp: Path, shards: Sequence[Path], dtype: str, auto: bool
+    bin_tmp: Path, packed: PackedDir, dtype: str, auto: bool
 ) -> Optional[Tuple[List[np.ndarray], List[np.ndarray], int]]:
     """Writes the tokens as ``dtype``; returns the per-group sequence lengths and rows'
     sequence counts and the token count, or None when ``auto`` and an id is too large for
@@ -139,7 +120,7 @@ def _write_bin(
     row_counts: List[np.ndarray] = []
     n_tokens = 0
     with open(bin_tmp, "wb") as f:
-        for group in _row_groups(shards, with_labels=False):
+        for group in _row_groups(packed, with_labels=False):
             if group.tokens.size and int(group.tokens.max()) > limit:
                 if auto:
                     return None
@@ -179,55 +160,115 @@ def export_megatron(
     force: bool = False,
 ) -> Dict[str, Any]:
     """Writes ``PREFIX.bin`` and ``PREFIX.idx``, a Megatron-LM indexed dataset of the packed
-    directory's samples (one sequence per sample, in the packed order).
+    directory's samples (one sequence per sample, in the packed order), and
+    ``PREFIX.tokpack.json``, which names both with their sizes and checksums
+    (:func:`check_megatron` checks the pair).
 
     ``document``: ``"sample"`` one document per sample, ``"row"`` one per packed row.
     ``dtype``: ``"uint16"`` or ``"int32"``; by default uint16 when every id < 65,499 (Megatron's
     rule for a vocabulary under 65,500), else int32. Existing files are replaced only with
-    ``force``. Returns the figures: ``bin``, ``idx``, ``dtype``, ``sequences``, ``documents``
-    (without Megatron's leading 0), ``tokens``.
+    ``force``, and only when an earlier export wrote them. Preference and KTO directories are
+    refused (ConfigError): Megatron's documents cannot represent pairs or KTO labels. Returns
+    the figures: ``bin``, ``idx``, ``dtype``, ``sequences``, ``documents`` (without Megatron's
+    leading 0), ``tokens``.
     """
     if document not in DOCUMENT_MODES:
         raise ConfigError(f"document must be one of {', '.join(DOCUMENT_MODES)}, not {document!r}")
     if dtype is not None and dtype not in MEGATRON_DTYPES:
         raise ConfigError(f"dtype must be one of {', '.join(MEGATRON_DTYPES)}, not {dtype!r}")
-    shards, _ = _packed_shards(packed_dir)
     prefix = os.fspath(prefix)
     if not os.path.basename(prefix):
         raise ConfigError(f"{shown_path(prefix)}: the prefix needs a file name (PREFIX.bin)")
-    bin_path, idx_path = Path(prefix + ".bin"), Path(prefix + ".idx")
-    _refuse_existing([bin_path, idx_path], force)
-    make_parent(bin_path)
-    with writing(prefix):
-        with _temporary(bin_path) as bin_tmp, _temporary(idx_path) as idx_tmp:
-            chosen = dtype or "uint16"
-            written = _write_bin(bin_tmp, shards, chosen, auto=dtype is None)
-            if written is None:
-                chosen = "int32"
-                written = _write_bin(bin_tmp, shards, chosen, auto=True)
-            assert written is not None  # int32 holds every id
-            lengths_parts, row_counts, n_tokens = written
-            lengths = np.concatenate([np.zeros(0, np.int32), *lengths_parts])
-            if document == "row":
-                per_document = np.concatenate([np.zeros(0, np.int64), *row_counts])
-            else:
-                per_document = np.ones(lengths.size, np.int64)
-            document_indices = np.zeros(per_document.size + 1, dtype=np.int64)
-            np.cumsum(per_document, out=document_indices[1:])
-            _write_idx(idx_tmp, chosen, lengths, document_indices)
-            # Checked again: another program may have created them while we wrote.
-            _refuse_existing([bin_path, idx_path], force)
-            # The index last: Megatron opens a prefix by its .idx.
-            os.replace(bin_tmp, bin_path)
-            os.replace(idx_tmp, idx_path)
+    packed = _packed_dir(packed_dir, "a Megatron indexed dataset")
+    shown = [prefix + suffix for suffix in (MARKER_SUFFIX, ".bin", ".idx")]
+    # The marker first and the index last: Megatron opens a prefix by its .idx.
+    finals = [output_file(name, [packed.root]) for name in shown]
+    with (
+        writing(prefix),
+        atomic_output_files(finals, shown, force=force, owned=lambda p: _marked(finals[0], p)) as (
+            marker_tmp,
+            bin_tmp,
+            idx_tmp,
+        ),
+    ):
+        chosen = dtype or "uint16"
+        written = _write_bin(bin_tmp, packed, chosen, auto=dtype is None)
+        if written is None:
+            chosen = "int32"
+            written = _write_bin(bin_tmp, packed, chosen, auto=True)
+        assert written is not None  # int32 holds every id
+        lengths_parts, row_counts, n_tokens = written
+        lengths = np.concatenate([np.zeros(0, np.int32), *lengths_parts])
+        if document == "row":
+            per_document = np.concatenate([np.zeros(0, np.int64), *row_counts])
+        else:
+            per_document = np.ones(lengths.size, np.int64)
+        document_indices = np.zeros(per_document.size + 1, dtype=np.int64)
+        np.cumsum(per_document, out=document_indices[1:])
+        _write_idx(idx_tmp, chosen, lengths, document_indices)
+        _write_marker(marker_tmp, {finals[1].name: bin_tmp, finals[2].name: idx_tmp})
     return {
-        "bin": str(bin_path),
-        "idx": str(idx_path),
+        "bin": shown[1],
+        "idx": shown[2],
         "dtype": chosen,
         "sequences": int(lengths.size),
         "documents": int(per_document.size),
         "tokens": int(n_tokens),
     }
+
+
+def _write_marker(path: Path, files: Dict[str, Path]) -> None:
+    """``PREFIX.tokpack.json``: what tokpack wrote beside it (the ownership record that lets
+    ``--force`` replace them) with each file's size and checksum (how a pair torn by a kill
+    between its renames is told from a whole one)."""
+    entries = {}
+    for name, tmp in files.items():
+        size, checksum = _tokpack.file_checksum(str(tmp))
+        entries[name] = {"size": size, "checksum": checksum}
+    write_json_atomic(
+        path, {"tokpack_version": _tokpack.__version__, "format": "megatron", "files": entries}
+    )
+
+
+def _read_marker(marker: Path) -> Optional[Dict[str, Any]]:
+    try:
+        data = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("files"), dict):
+        return None
+    return data
+
+
+def _marked(marker: Path, path: Path) -> bool:
+    """Whether tokpack wrote ``path``: the marker itself, or a file it names."""
+    data = _read_marker(marker)
+    return data is not None and (path == marker or path.name in data["files"])
+
+
+def check_megatron(prefix: PathLike) -> Dict[str, Any]:
+    """Checks that ``PREFIX.bin`` and ``PREFIX.idx`` are the pair ``export_megatron`` wrote:
+    both present with the sizes and checksums ``PREFIX.tokpack.json`` records (a kill between
+    the renames of ``--force`` leaves a pair that fails here). Returns the marker; raises
+    :class:`CorruptOutputError` naming the file that does not match."""
+    prefix = os.fspath(prefix)
+    marker = Path(prefix + MARKER_SUFFIX)
+    data = _read_marker(marker)
+    if data is None:
+        raise CorruptOutputError(f"{shown_path(marker)}: missing or unreadable")
+    for suffix in (".bin", ".idx"):
+        path = Path(prefix + suffix)
+        want = data["files"].get(path.name)
+        try:
+            got = _tokpack.file_checksum(str(path))
+        except OSError:
+            got = None
+        if not isinstance(want, dict) or got != (want.get("size"), want.get("checksum")):
+            raise CorruptOutputError(
+                f"{shown_path(path)}: does not match {shown_path(marker)} (missing, replaced, "
+                "or left by an interrupted --force: export again)"
+            )
+    return data
 
 
 _NEMO_SCHEMA = pa.schema(
@@ -237,6 +278,10 @@ _NEMO_SCHEMA = pa.schema(
         pa.field("seq_start_id", pa.list_(pa.int32())),
     ]
 )
+
+
+# The key of the Parquet key-value metadata that marks a NeMo file as tokpack's (its version).
+_NEMO_MARK = "tokpack_version"
 
 
 def _nemo_table(group: _Group) -> Tuple[pa.Table, int]:
@@ -274,29 +319,39 @@ def export_nemo_packed(
     ``dest`` (``.parquet`` or ``.pq``; Megatron-Bridge's convention is ``NAME.idx.parquet``):
     ``input_ids``, ``loss_mask`` (``labels[j + 1] != -100``, shifted as Megatron-Bridge stores
     it) and ``seq_start_id`` per packed row, one row group per packed row group. An existing
-    ``dest`` is replaced only with ``force``. Returns the figures: ``file``, ``rows``,
-    ``sequences``, ``tokens``, ``loss_tokens`` (the ones in ``loss_mask``).
+    ``dest`` is replaced only with ``force``, and only when tokpack wrote it (its footer says
+    so). Preference and KTO directories are refused (ConfigError). Returns the figures:
+    ``file``, ``rows``, ``sequences``, ``tokens``, ``loss_tokens`` (the ones in ``loss_mask``).
     """
-    dest_path = Path(dest)
-    if not dest_path.name.lower().endswith((".parquet", ".pq")):
+    shown = os.fspath(dest)
+    if not Path(shown).name.lower().endswith((".parquet", ".pq")):
         raise ConfigError(
-            f"{shown_path(dest_path)}: the file name must end with .parquet or .pq "
+            f"{shown_path(shown)}: the file name must end with .parquet or .pq "
             "(Megatron-Bridge reads only those)"
         )
-    shards, has_labels = _packed_shards(packed_dir)
-    _refuse_existing([dest_path], force)
-    make_parent(dest_path)
-    figures = {"file": str(dest_path), "rows": 0, "sequences": 0, "tokens": 0, "loss_tokens": 0}
-    with writing(dest_path):
-        with _temporary(dest_path) as tmp:
-            with pq.ParquetWriter(tmp, _NEMO_SCHEMA, compression=compression) as writer:
-                for group in _row_groups(shards, has_labels):
-                    table, n_loss = _nemo_table(group)
-                    writer.write_table(table, row_group_size=max(table.num_rows, 1))
-                    figures["rows"] += table.num_rows
-                    figures["sequences"] += int(group.lengths.size)
-                    figures["tokens"] += int(group.tokens.size)
-                    figures["loss_tokens"] += n_loss
-            _refuse_existing([dest_path], force)
-            os.replace(tmp, dest_path)
+    packed = _packed_dir(packed_dir, "a NeMo packed-sequence file")
+    final = output_file(shown, [packed.root])
+    figures = {"file": shown, "rows": 0, "sequences": 0, "tokens": 0, "loss_tokens": 0}
+    schema = _NEMO_SCHEMA.with_metadata({_NEMO_MARK: _tokpack.__version__})
+    with (
+        writing(shown),
+        atomic_output_files([final], [shown], force=force, owned=_nemo_written) as (tmp,),
+    ):
+        with pq.ParquetWriter(tmp, schema, compression=compression) as writer:
+            for group in _row_groups(packed, packed.has_labels):
+                table, n_loss = _nemo_table(group)
+                writer.write_table(table, row_group_size=max(table.num_rows, 1))
+                figures["rows"] += table.num_rows
+                figures["sequences"] += int(group.lengths.size)
+                figures["tokens"] += int(group.tokens.size)
+                figures["loss_tokens"] += n_loss
     return figures
+
+
+def _nemo_written(path: Path) -> bool:
+    """Whether tokpack wrote the Parquet file ``path`` (its footer holds tokpack's key)."""
+    try:
+        metadata = pq.read_schema(path).metadata or {}
+    except (pa.ArrowException, OSError):
+        return False
+    return _NEMO_MARK.encode() in metadata

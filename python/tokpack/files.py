@@ -13,19 +13,27 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from . import _tokpack
 from ._contract import PAIR_LAYOUTS
-from ._format import DROPPED_NAME, FORMAT, FORMAT_VERSION, packed_manifest, write_dropped
+from ._diskspace import check_disk_space
+from ._format import (
+    DROPPED_NAME,
+    FORMAT,
+    FORMAT_VERSION,
+    KTO_LABEL,
+    packed_manifest,
+    write_dropped,
+)
 from ._inputs import (
     RAW_SUFFIXES,
     TOKEN_SUFFIXES,
@@ -36,20 +44,21 @@ from ._inputs import (
 )
 from ._outdir import cached_run, open_for_writing, output_target, writing
 from ._progress import run_with_progress
+from ._tokpack import pair_layout_for
 from .errors import ConfigError, OverlongError
-from .pack_config import PackConfig, pack_config
+from .pack_config import PackConfig, pack_config, refuse_unsupported
 from .planning import checked_threads
 from .tokenize.options import TokenizeOptions
 from .tokenize.pipeline import RecordEncoder
-from .tokenize.schema import kind_of_schema, token_schema
-from .tokenize.writer import REJECTED_NAME, stream_into
+from .tokenize.schema import kind_of_files, kind_of_format
+from .tokenize.writer import REJECTED_NAME, stream_into, write_arrow
 
 __all__ = ["pack_files", "read_lengths", "FORMAT", "FORMAT_VERSION", "PAIR_LAYOUTS"]
 
-# What a one-step pack (``tokenizer=``) supports: the tokenizer writes the columns, and record
-# fields are not carried through tokenizing.
-ONE_STEP_FIELDS = ("max_len", "strategy", "overlong", "seed", "pair_layout", "rows_per_shard")
-ONE_STEP_FIELDS += ("row_group_rows", "compression")
+# The fields a one-step pack (``tokenizer=``) refuses: the tokenizer writes the columns.
+ONE_STEP_REFUSED = dict.fromkeys(
+    ("tokens_column", "labels_column", "loss_mask_column"), "the tokenizer writes the columns"
+)
 # Rows decoded at a time inside a row group: bounds reading memory to a few tens of MB per thread.
 BATCH_ROWS = 4096
 
@@ -58,17 +67,22 @@ def read_lengths(
     inputs: PathsLike,
     tokens_column: str = "input_ids",
     *,
+    pair_layout: str = "separate",
     threads: Optional[int] = None,
     progress: bool = False,
 ) -> np.ndarray:
-    """Sample lengths (int64) of the token column across the inputs, read in Rust."""
+    """Sample lengths (int64) of the token column across the inputs, read in Rust. Preference
+    shards: each pair's footprint in ``pair_layout``, the tokens :func:`pack_files` plans it
+    to take in a row (0 for a pair it drops as empty)."""
     threads = checked_threads(threads)
     paths = resolve_inputs(inputs, TOKEN_SUFFIXES)
+    layout = pair_layout_for(kind_of_files(paths), pair_layout, shown_path(paths[0]))
     lengths, _ = run_with_progress(
         lambda p: _tokpack.read_lengths(
             paths=[str(x) for x in paths],
             tokens_column=tokens_column,
             batch_rows=BATCH_ROWS,
+            pair_layout=layout,
             threads=threads,
             progress=p,
         ),
@@ -89,13 +103,15 @@ def pack_files(
     tokenizer: Optional[Union[str, os.PathLike]] = None,
     tokenize: Optional[Union[TokenizeOptions, Dict[str, Any]]] = None,
     verify_cache: bool = False,
+    spill_dir: Optional[Union[str, os.PathLike]] = None,
     **fields: Any,
 ) -> Dict[str, Any]:
     """Pack token shards on disk into ``output_dir``; returns the manifest as a dict.
 
     Args:
         inputs: Parquet / Arrow IPC (Feather v2) files, directories or globs. Sample ``i`` is
-            the ``i``-th row across the files in the order given (directories and globs sorted).
+            the ``i``-th row across the files in the order given (directories and globs sorted;
+            a file given twice is packed twice).
         output_dir: written atomically: absent or complete, even after kill -9. It must be
             absent, empty or a tokpack output holding only what tokpack wrote, and must not
             overlap the inputs (else ConfigError / OutputExistsError, and nothing is touched).
@@ -113,8 +129,12 @@ def pack_files(
         tokenizer: one step from raw data: JSONL / ``.jsonl.gz`` / Parquet records tokenized
             with this tokenizer (``tokenizer.json`` or its directory) and packed in the same
             run; ``tokenize`` holds the options (a :class:`tokpack.TokenizeOptions` or a dict of
-            its fields); rejected records go to ``__tokpack__/_rejected.jsonl``. The columns and
-            ``carry`` are then refused (the tokenizer writes the columns).
+            its fields); rejected records go to ``__tokpack__/_rejected.jsonl``. The columns
+            are then refused (the tokenizer writes them); ``carry`` names record fields.
+        spill_dir: an existing directory (another disk, say) for the spill files, about 2.1
+            bytes per token (default: the run's temporary next to ``output_dir``). tokpack
+            works in a subdirectory it creates there and removes it, whatever happens. A run
+            the disks cannot hold is refused before any work (DiskSpaceError).
 
     Returns:
         The manifest (``format``, ``config``, ``inputs``, ``shards``, ``figures``, ...) plus
@@ -127,27 +147,35 @@ def pack_files(
     out = output_target(output_dir)
     encoding = None
     if tokenizer is not None:
-        config.refuse_unsupported("a one-step pack (tokenizer=)", ONE_STEP_FIELDS)
+        refuse_unsupported(config, "a one-step pack (tokenizer=)", ONE_STEP_REFUSED)
         paths = resolve_inputs(inputs, RAW_SUFFIXES, output_dir=out)
         options = TokenizeOptions.of(tokenize).for_inputs(paths)
         if config.overlong == "error" and options.max_len is None:
             # Checked while tokenizing, where the sample's raw file and line are known.
             options = replace(options, max_len=config.max_len)
+        # Carried columns are the records' fields, staged with the tokens (KTO's label is there).
+        kind = kind_of_format(options.format)
+        config = config.for_kind(kind, shown_path(paths[0]))
+        fields = [c for c in config.carry if (kind, c) != ("kto", KTO_LABEL)]
+        options = replace(options, carry=(*options.carry, *fields))
         encoding = RecordEncoder(tokenizer, options)
-        kind = encoding.kind
     else:
         paths = resolve_inputs(inputs, TOKEN_SUFFIXES, output_dir=out)
-        kind = _sample_kind(paths)
-    config = config.for_kind(kind, shown_path(paths[0]))
+        kind = kind_of_files(paths)
+        config = config.for_kind(kind, shown_path(paths[0]))
     recorded = config.to_dict()
     if encoding is not None:
         recorded["tokenize"] = encoding.config()
 
     def build(tmp: Path, described: List[Dict[str, Any]]) -> Dict[str, Any]:
-        # Inside the run's temporary: an interrupt while it is removed leaves nothing behind.
-        spill = tmp / ".spill"
-        spill.mkdir()
+        # By default inside the run's temporary: an interrupt while it is removed leaves
+        # nothing behind.
+        spill = _spill_in(tmp, spill_dir)
         try:
+            if encoding is None:
+                tokens, labels = _read_columns(config)
+                compressed = config.compression != "none"
+                check_disk_space(paths, tokens, labels, compressed, tmp, spill)
             sources, staged, tokenized = paths, None, None
             if encoding is not None:
                 # Tokenized into one uncompressed Arrow IPC file in the spill directory (removed
@@ -158,11 +186,8 @@ def pack_files(
                 stream = stream_into(
                     tmp, paths, described, encoding, progress, threads=threads, sources=True
                 )
-                schema = token_schema(kind, sources=True)
                 with stream as tokens, writing(staged), open_for_writing(staged) as sink:
-                    with pa.ipc.new_file(sink, schema) as writer:
-                        for batch in tokens:
-                            writer.write_batch(batch)
+                    write_arrow(sink, tokens)
                 tokenized = {
                     "counts": tokens.stats.as_dict(),
                     "template": encoding.template_info,
@@ -185,10 +210,11 @@ def pack_files(
                 progress,
             )
             with writing(tmp / DROPPED_NAME):
-                write_dropped(tmp / DROPPED_NAME, report, paths, staged)
+                dropped = write_dropped(tmp / DROPPED_NAME, report, paths, staged)
         finally:
             shutil.rmtree(spill, ignore_errors=True)
-        manifest = packed_manifest(recorded, described, report, time.perf_counter() - started)
+        wall = time.perf_counter() - started
+        manifest = packed_manifest(recorded, described, report, wall, dropped)
         manifest["sample_kind"] = kind
         if tokenized is not None:
             manifest["inputs"] = described
@@ -201,24 +227,23 @@ def pack_files(
     return {**manifest, "cache_hit": hit, "rebuilt_because": rebuilt_because}
 
 
-def _sample_kind(paths: List[Path]) -> str:
-    """The kind of samples the token shards hold (``sft``, ``preference`` or ``kto``), one for
-    all of them."""
-    kinds: Dict[str, Path] = {}
-    for path in paths:
-        try:
-            with pa.OSFile(os.fsencode(path)) as source:
-                parquet = source.read(4) == b"PAR1"  # by its magic bytes, as the packer
-                source.seek(0)
-                schema = pq.read_schema(source) if parquet else pa.ipc.open_file(source).schema
-        except Exception:  # unreadable or not Arrow: the packer reports it, naming the file
-            continue
-        found = kind_of_schema(schema)
-        kinds.setdefault("sft" if found is None else found[0], path)
-    if len(kinds) > 1:
-        shown = ", ".join(f"{shown_path(p)} holds {k} samples" for k, p in kinds.items())
-        raise ConfigError(f"the inputs mix kinds of samples ({shown}); pack each kind apart")
-    return next(iter(kinds), "sft")
+def _spill_in(tmp: Path, spill_dir: Optional[Union[str, os.PathLike]]) -> Path:
+    """A new directory for the spill files: in the run's temporary, or in ``spill_dir``."""
+    if spill_dir is None:
+        spill = tmp / ".spill"
+        spill.mkdir()
+        return spill
+    if not Path(spill_dir).is_dir():
+        raise ConfigError(f"spill_dir {str(spill_dir)!r} is not an existing directory")
+    return Path(tempfile.mkdtemp(prefix=".tokpack-spill-", dir=spill_dir))
+
+
+def _read_columns(config: PackConfig) -> Tuple[List[str], List[str]]:
+    """The token and label (or loss mask) columns the packer reads."""
+    if config.pair_layout is not None:
+        return ["chosen_input_ids", "rejected_input_ids"], ["chosen_labels", "rejected_labels"]
+    labels = [c for c in (config.labels_column, config.loss_mask_column) if c is not None]
+    return [config.tokens_column], labels
 
 
 def _check_pairs_fit(staged: Path, paths: List[Path], max_len: int, layout: str) -> None:

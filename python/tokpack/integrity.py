@@ -24,13 +24,44 @@ from . import _tokpack
 from ._contract import PAIR_SEGMENT_ROLES
 from ._outdir import read_manifest
 from .errors import CorruptOutputError
-from .packed_dir import PackedDir
+from .packed_dir import PackedDir, member_path
 
 __all__ = ["verify", "cache_problem"]
 
 
+def side_file_problem(
+    path: Path, size: Any, checksum: Any, full: bool = True, what: str = "side file"
+) -> Optional[str]:
+    """What is wrong with a side file (a shard's index, the dropped list) against the size and
+    checksum its manifest records, or None. Outputs written before these were recorded
+    (``size`` None) are only checked for presence."""
+    try:
+        got_size = path.stat().st_size
+    except FileNotFoundError:
+        return f"{path} is missing"
+    except OSError as exc:
+        return f"{path}: cannot read ({exc.strerror})"
+    if size is None:
+        return None
+    if got_size != size:
+        return f"{path} has {got_size} bytes, the manifest says {size} ({what} damaged)"
+    if full:
+        _, got = _tokpack.file_checksum(str(path))
+        if got != checksum:
+            return f"{path} does not match its checksum ({what} damaged; it hashes to {got})"
+    return None
+
+
+def read_side_file(path: Path, size: Any, checksum: Any, what: str) -> pa.Table:
+    """An Arrow IPC side file, checked against its recorded size and checksum first."""
+    problem = side_file_problem(path, size, checksum, True, what)
+    if problem is not None:
+        raise CorruptOutputError(problem)
+    return _read_ipc(path)
+
+
 def _file_problem(out: Path, shard: Dict[str, Any], full: bool) -> Optional[str]:
-    path = out / shard["file"]
+    path = member_path(out, shard["file"], "shard")
     try:
         size = path.stat().st_size
     except FileNotFoundError:
@@ -47,8 +78,14 @@ def _file_problem(out: Path, shard: Dict[str, Any], full: bool) -> Optional[str]
             return f"{path} is not a readable Parquet file ({exc})"
         if rows != shard["rows"]:
             return f"{path} has {rows} rows, the manifest says {shard['rows']}"
-    if "index" in shard and not (out / shard["index"]).is_file():
-        return f"{out / shard['index']} is missing"
+    if "index" in shard:
+        index = member_path(out, shard["index"], "index")
+        size, checksum = shard.get("index_size"), shard.get("index_checksum")
+        problem = side_file_problem(index, size, checksum, full, "index")
+        if problem is not None:
+            return problem
+        if full and checksum is None and "checksum" in shard:
+            return f"{index} has no recorded checksum (written by an older tokpack)"
     if full and "checksum" in shard:
         _, checksum = _tokpack.file_checksum(str(path))
         if checksum != shard["checksum"]:
@@ -70,10 +107,17 @@ def cache_problem(
                 return problem
         for key in ("dropped_file", "rejected_file"):
             name = manifest.get(key)
-            if name and not (out / name).is_file():
-                return f"{out / name} is missing"
+            if name:
+                path = member_path(out, name, key)
+                size = manifest.get("dropped_size") if key == "dropped_file" else None
+                checksum = manifest.get("dropped_checksum")
+                problem = side_file_problem(path, size, checksum, full, "dropped list")
+                if problem is not None:
+                    return problem
     except (KeyError, TypeError) as exc:
         return f"the manifest is malformed (field {exc})"
+    except CorruptOutputError as exc:
+        return str(exc)
     return None
 
 
@@ -95,7 +139,7 @@ def _check_figures(packed: PackedDir) -> None:
         accounted = sum(parts) + f["samples_dropped"]
         samples_in, dropped = f["samples_in"], f["samples_dropped"]
         tokens, loss_tokens = f["tokens"], f["loss_tokens"]
-        dropped_file = root / m["dropped_file"]
+        dropped_file = member_path(root, m["dropped_file"], "dropped_file")
         shards = m["shards"]
     except (KeyError, TypeError) as exc:
         raise CorruptOutputError(f"{root}: manifest field {exc} is missing") from None
@@ -108,7 +152,9 @@ def _check_figures(packed: PackedDir) -> None:
         got = sum(int(s[key]) for s in shards)
         if got != want:
             raise CorruptOutputError(f"{root}: figures.{key} is {want}, the shards hold {got}")
-    table = _read_ipc(dropped_file)
+    table = read_side_file(
+        dropped_file, m.get("dropped_size"), m.get("dropped_checksum"), "dropped list"
+    )
     if table.num_rows != dropped:
         raise CorruptOutputError(
             f"{dropped_file}: {table.num_rows} rows, figures.samples_dropped is {dropped}"
@@ -120,8 +166,8 @@ def _check_figures(packed: PackedDir) -> None:
 
 def _read_index(packed: PackedDir, k: int) -> Dict[str, np.ndarray]:
     shard = packed.manifest["shards"][k]
-    path = packed.root / shard["index"]
-    table = _read_ipc(path)
+    path = member_path(packed.root, shard["index"], f"shard {k} index")
+    table = read_side_file(path, shard.get("index_size"), shard.get("index_checksum"), "index")
     names = ("offset", "num_tokens", "num_seqs", "num_loss_tokens")
     if table.num_rows != shard["rows"] or any(n not in table.column_names for n in names):
         raise CorruptOutputError(
@@ -202,7 +248,7 @@ def _verify_token_shards(root: Path, manifest: Dict[str, Any], full: bool) -> Di
         raise CorruptOutputError(problem)
     rows = tokens = groups = 0
     for shard in shards:
-        path = root / shard["file"]
+        path = member_path(root, shard["file"], "shard")
         try:
             table = pq.read_table(path) if full else None
             meta = pq.read_metadata(path)

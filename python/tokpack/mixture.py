@@ -31,13 +31,25 @@ import numpy as np
 from ._order import EpochOrder
 from .errors import ConfigError, TokpackError
 from .packed_dir import PackedDir
+from .planning import MAX_SEED, check_int
 from .row_counts import RowCounts, row_counts
 
-__all__ = ["Mixture", "Schedule", "mixture_stats", "STOPS", "WEIGHT_UNITS", "MAX_PERIOD"]
+__all__ = [
+    "Mixture",
+    "Schedule",
+    "mixture_stats",
+    "STOPS",
+    "WEIGHT_UNITS",
+    "MAX_PERIOD",
+    "MAX_STREAM_ROWS",
+]
 
 STOPS = ("first", "all", "never")
 WEIGHT_UNITS = ("rows", "tokens")
 MAX_PERIOD = 1 << 16
+# Rows of a mixed stream's epoch, a source's budget and --rows (positions stay in int64, and an
+# endless stream counts 2**62 rows).
+MAX_STREAM_ROWS = (1 << 62) - 1
 
 Number = Union[int, float]
 
@@ -138,6 +150,15 @@ def _edf_period(weights: List[int]) -> np.ndarray:
     return table
 
 
+def _no_rows(packed: PackedDir) -> str:
+    """Why a packed directory has no rows, from its figures."""
+    figures = packed.manifest.get("figures", {})
+    samples, dropped = figures.get("samples_in"), figures.get("samples_dropped")
+    if samples and samples == dropped:
+        return f"it has no rows (all {samples:,} of its samples were dropped when packed)"
+    return "it has no rows"
+
+
 def _per_source(name: str, value: Any, names: Sequence[str]) -> List[Fraction]:
     if isinstance(value, Mapping):
         _check_names(name, value, names)
@@ -192,27 +213,46 @@ class Mixture:
             raise ConfigError(f"stop must be one of {STOPS}, got {stop!r}")
         self.names = [str(n) for n in sources]
         _check_names("weights", weights, self.names)
+        # Before any directory is read: the same checks and messages for PackedMixture and
+        # mix-stats (which take their options from here).
+        seed = check_int(seed, "seed", 0, MAX_SEED)
+        shuffle_window = check_int(shuffle_window, "shuffle_window", 1, MAX_STREAM_ROWS)
+        shares = [_positive(f"weights[{n!r}]", weights[n]) for n in self.names]
+        epochs = _per_source("epochs_per_source", epochs_per_source, self.names)
         self.packed = []
         for name, path in sources.items():
             try:
-                self.packed.append(PackedDir(path))
+                packed = PackedDir(path)
             except TokpackError as exc:
                 raise type(exc)(f"source {name!r}: {exc}") from None
+            if packed.num_rows == 0:
+                raise ConfigError(f"source {name!r}: {_no_rows(packed)}; leave it out")
+            self.packed.append(packed)
         self.num_rows_per_source = [p.num_rows for p in self.packed]
-        shares = [_positive(f"weights[{n!r}]", weights[n]) for n in self.names]
         if weight_unit == "tokens":
             tokens = [int(p.manifest["figures"]["tokens"]) for p in self.packed]
             shares = [w * p.num_rows / t for w, p, t in zip(shares, self.packed, tokens)]
         self.row_weights = integer_weights(self.names, shares)
         self.schedule = Schedule(self.row_weights)
-        epochs = _per_source("epochs_per_source", epochs_per_source, self.names)
         self.budget = [math.floor(e * n) for e, n in zip(epochs, self.num_rows_per_source)]
-        empty = [n for n, b in zip(self.names, self.budget) if b < 1]
-        if empty:
-            raise ConfigError(f"epochs_per_source gives sources {empty} less than one row")
-        self.stop, self.seed, self.shuffle = stop, int(seed), bool(shuffle)
-        self.shuffle_window = int(shuffle_window)
+        for name, budget, rows in zip(self.names, self.budget, self.num_rows_per_source):
+            if not 1 <= budget <= MAX_STREAM_ROWS:
+                amount = (
+                    "less than one row"
+                    if budget < 1
+                    else f"{budget:,} rows, more than {MAX_STREAM_ROWS:,},"
+                )
+                raise ConfigError(
+                    f"epochs_per_source gives source {name!r} ({rows:,} rows) {amount} in an epoch"
+                )
+        self.stop, self.seed, self.shuffle = stop, seed, bool(shuffle)
+        self.shuffle_window = shuffle_window
         self.num_rows = self._epoch_rows()
+        if self.num_rows is not None and self.num_rows > MAX_STREAM_ROWS:
+            raise ConfigError(
+                f"one epoch of the mixture would have {self.num_rows:,} rows, more than"
+                f" {MAX_STREAM_ROWS:,}: lower epochs_per_source"
+            )
         self._orders: Dict[Tuple[int, int, int], EpochOrder] = {}
         self._counts: Optional[List[RowCounts]] = None
 
@@ -307,13 +347,14 @@ def mixture_stats(
     ``epochs`` is how many of the source's epochs the rows amount to. Exact for the given
     ``epoch`` and seed (partial source epochs are summed over the rows the order picks).
     """
+    epoch = check_int(epoch, "epoch", 0, MAX_STREAM_ROWS)
+    if rows is not None:
+        rows = check_int(rows, "rows", 0, MAX_STREAM_ROWS)
     mix = Mixture(sources, weights, **options)
     if rows is None:
         if mix.num_rows is None:
             raise ConfigError("stop='never' has no epoch end: give rows=N (--rows)")
         rows = mix.num_rows
-    elif isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
-        raise ConfigError(f"rows must be an int >= 0, got {rows!r}")
     counts = mix.schedule.counts(rows)
     per: Dict[str, Dict[str, Any]] = {}
     for s, (name, packed, c) in enumerate(zip(mix.names, mix.packed, counts)):

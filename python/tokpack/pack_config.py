@@ -16,7 +16,14 @@ from typing import Any, Dict, Mapping, Optional
 from ._tokpack import PackConfig, PackReport
 from .errors import ConfigError
 
-__all__ = ["PackConfig", "PackReport", "pack_config", "add_arguments", "from_args"]
+__all__ = [
+    "PackConfig",
+    "PackReport",
+    "pack_config",
+    "refuse_unsupported",
+    "add_arguments",
+    "from_args",
+]
 
 
 def pack_config(
@@ -32,6 +39,20 @@ def pack_config(
     if not isinstance(config, PackConfig):
         raise ConfigError(f"config must be a tokpack.PackConfig, got {type(config).__name__}")
     return config
+
+
+def refuse_unsupported(
+    config: PackConfig, path: str, why: Mapping[str, str], **run_args: Any
+) -> None:
+    """The one check of what ``path`` does not support: a ConfigError naming the first of
+    ``run_args`` given (not None), else the first field of ``config`` in ``why`` set to other
+    than its default; ``why[name]`` says why."""
+    given, default = config.to_dict(), PackConfig(config.max_len).to_dict()
+    names = [name for name, value in run_args.items() if value is not None]
+    names += [name for name in why if given.get(name) != default.get(name)]
+    if names:
+        name = names[0]
+        raise ConfigError(f"{name} ({_flag(name)}) is not supported with {path}: {why[name]}")
 
 
 def _flag(name: str) -> str:

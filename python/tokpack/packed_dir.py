@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -30,7 +30,7 @@ from ._format import FORMAT, FORMAT_VERSION
 from ._outdir import MANIFEST_NAME
 from .errors import CorruptOutputError, InputNotFoundError, TokpackError
 
-__all__ = ["PackedDir", "decode_row_group", "ROW_COLUMNS", "PAIR_COLUMNS"]
+__all__ = ["PackedDir", "decode_row_group", "member_path", "ROW_COLUMNS", "PAIR_COLUMNS"]
 
 ROW_COLUMNS = ("input_ids", "labels", "seq_lengths", "sample_ids")
 # The columns preference outputs add (``seq_roles``: see ``_contract.SEGMENT_ROLES``).
@@ -81,6 +81,24 @@ def _range(value: Any) -> Range:
 
 def _corrupt(root: Path, what: str) -> CorruptOutputError:
     return CorruptOutputError(f"{root / MANIFEST_NAME}: {what}")
+
+
+def member_path(root: Union[str, os.PathLike], name: Any, what: str = "file") -> Path:
+    """``root / name`` for a file a manifest lists (a shard, an index or the dropped list),
+    refused unless ``name`` is a relative path inside ``root``: no absolute path and no ``..``
+    component, so a downloaded directory cannot make tokpack read (or report intact) a file
+    outside it. Every reader of a manifest's file names goes through here."""
+    root = Path(root)
+    if not isinstance(name, str) or not name:
+        raise _corrupt(root, f"{what} name {name!r} is not a file name")
+    parts = PurePosixPath(name).parts
+    if os.path.isabs(name) or name.startswith(("/", "\\")) or ".." in parts or "\x00" in name:
+        raise _corrupt(
+            root,
+            f"{what} {name!r} is outside the directory (an absolute path or a '..' component);"
+            " refusing to read it",
+        )
+    return root / name
 
 
 class PackedDir:
@@ -163,7 +181,9 @@ class PackedDir:
                 ranges = [_range(r) for r in shard["row_group_bytes"]]
             except (KeyError, TypeError, ValueError) as exc:
                 raise _corrupt(root, f"shard {k}: missing or invalid field {exc}") from None
-            path = root / name
+            path = member_path(root, name, f"shard {k}")
+            if "index" in shard:
+                member_path(root, shard["index"], f"shard {k} index")
             ident = identity(path)
             if ident is None:
                 raise _corrupt(root, f"shard {k}: {path} is missing")

@@ -138,6 +138,7 @@ def plan(
 # row counts: a row group of row_group_rows * max_len tokens must fit in int32 anyway.
 MAX_LEN = _tokpack.MAX_LEN
 MAX_ROWS = _tokpack.MAX_ROWS
+MAX_SEED = 2**64 - 1
 MAX_THREADS = _tokpack.MAX_THREADS
 
 # ``value`` as an int in ``lo..=hi``, else a ConfigError naming the argument and its range

@@ -55,6 +55,13 @@ class MaxLenFigures:
     split_pieces: int
     rows: Dict[str, int]
     efficiency: Dict[str, float]
+    #: bfd rows' compute per epoch under ``COMPUTE_COST`` (``24576·L + L²``): attention per
+    #: segment (document masking), and over whole rows (plain causal attention over a row).
+    compute: float = 0.0
+    full_row_compute: float = 0.0
+    #: Mean over optimizer steps of max / mean rank compute, bfd rows shuffled, ``batch_size``
+    #: rows per step over ``world_size`` ranks: as dealt (plain), and with balance="compute".
+    step_imbalance: Optional[Tuple[float, float]] = None
 
     @property
     def over_sample_share(self) -> float:
@@ -85,6 +92,7 @@ class PackingStats:
     overlong: str
     batch_size: Optional[int]
     candidates: Tuple[MaxLenFigures, ...]
+    world_size: Optional[int] = None
 
     def steps(self, rows: int) -> Optional[int]:
         """Optimizer steps for ``rows`` rows at ``batch_size`` rows per step (None without one)."""
@@ -102,6 +110,7 @@ class PackingStats:
             "distribution": dict(self.distribution),
             "overlong": self.overlong,
             "batch_size": self.batch_size,
+            "world_size": self.world_size,
             "candidates": [
                 {
                     "max_len": c.max_len,
@@ -112,6 +121,13 @@ class PackingStats:
                     "beyond_tokens": c.beyond_tokens,
                     "beyond_token_share": c.beyond_token_share,
                     "split_pieces": c.split_pieces,
+                    "compute": c.compute,
+                    "full_row_compute": c.full_row_compute,
+                    "step_imbalance": (
+                        None
+                        if c.step_imbalance is None
+                        else dict(zip(("plain", "balanced"), c.step_imbalance))
+                    ),
                     "strategies": {
                         s: {
                             "rows": c.rows[s],
@@ -136,12 +152,23 @@ def checked_max_lens(max_lens: Iterable[Any]) -> List[int]:
     return values
 
 
-def check_options(overlong: str, batch_size: Optional[int]) -> None:
-    PackConfig(1, overlong=overlong)  # a known policy
+def check_options(
+    overlong: str, batch_size: Optional[int], world_size: Optional[int] = None
+) -> None:
     if overlong not in STATS_OVERLONG:
         raise ConfigError(f"overlong must be one of {', '.join(STATS_OVERLONG)}, got {overlong!r}")
     if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
         raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
+    if world_size is not None and (
+        batch_size is None
+        or not isinstance(world_size, int)
+        or world_size < 1
+        or batch_size % world_size
+    ):
+        raise ConfigError(
+            f"world_size must be a positive integer dividing batch_size, got {world_size!r}"
+            f" (batch_size {batch_size!r})"
+        )
 
 
 def default_max_lens(lengths: Any) -> List[int]:
@@ -179,18 +206,23 @@ def packing_stats(
     overlong: str = "split",
     batch_size: Optional[int] = None,
     threads: Optional[int] = None,
+    world_size: Optional[int] = None,
 ) -> PackingStats:
     """The figures ``tokpack stats`` prints: for each ``max_len`` candidate (default:
     ``default_max_lens(lengths)``), the rows and efficiency of every strategy when over-long
     samples are handled with ``overlong`` (``"split"``, ``"truncate"`` or ``"drop"``), and what
-    the over-long samples are. ``batch_size`` (rows per optimizer step) adds step counts.
+    the over-long samples are. ``batch_size`` (rows per optimizer step) adds step counts, and
+    ``world_size`` (data-parallel ranks, dividing ``batch_size``) the per-step compute
+    imbalance with and without ``PackedBatchSampler(balance="compute")``. Every candidate has
+    its bfd rows' compute per epoch (``a·L + b·L²`` with ``COMPUTE_COST``), per segment and
+    over whole rows.
 
     >>> s = packing_stats([300, 500, 700, 1500], [1024])
     >>> c = s.candidates[0]
     >>> c.rows["bfd"], c.rows["padding"], c.over_samples, c.split_pieces
     (3, 5, 1, 2)
     """
-    check_options(overlong, batch_size)
+    check_options(overlong, batch_size, world_size)
     arr = as_lengths(lengths)
     if arr.size == 0:
         raise DataError("lengths: no samples")
@@ -211,6 +243,8 @@ def packing_stats(
         for s in STRATEGIES:
             p = plan(arr, m, strategy=s, overlong=overlong, threads=threads)
             rows[s], efficiency[s] = p.n_bins, p.efficiency
+            if s == "bfd":
+                compute, full_rows, imbalance = _compute_figures(p, batch_size, world_size)
         figures.append(
             MaxLenFigures(
                 max_len=m,
@@ -222,6 +256,9 @@ def packing_stats(
                 split_pieces=int((-(-over // m)).sum()),
                 rows=rows,
                 efficiency=efficiency,
+                compute=compute,
+                full_row_compute=full_rows,
+                step_imbalance=imbalance,
             )
         )
     q50, q90, q99 = np.percentile(arr, [50, 90, 99], method="inverted_cdf")
@@ -240,7 +277,30 @@ def packing_stats(
         overlong=overlong,
         batch_size=batch_size,
         candidates=tuple(figures),
+        world_size=world_size,
     )
+
+
+COMPUTE_COST = "attention"
+
+
+def _compute_figures(
+    p: Any, batch_size: Optional[int], world_size: Optional[int]
+) -> Tuple[float, float, Optional[Tuple[float, float]]]:
+    """A plan's compute per epoch (per segment, over whole rows) and, with a world size, the
+    mean step imbalance of its rows (``tokpack.balance.packed.step_imbalance``)."""
+    from .balance import cost_coefficients
+    from .balance.packed import segment_compute, step_imbalance
+
+    per_row = segment_compute(p.lengths, p.bin_offsets, COMPUTE_COST)
+    a, b = cost_coefficients(COMPUTE_COST)
+    cum = np.concatenate([[0], np.cumsum(p.lengths, dtype=np.int64)])
+    tokens = (cum[p.bin_offsets[1:]] - cum[p.bin_offsets[:-1]]).astype(np.float64)
+    full_rows = float((a * tokens + b * tokens * tokens).sum())
+    imbalance = (
+        step_imbalance(per_row, batch_size, world_size) if batch_size and world_size else None
+    )
+    return float(per_row.sum()), full_rows, imbalance
 
 
 # What each policy does to an over-long sample.

@@ -6,15 +6,14 @@ from __future__ import annotations
 import argparse
 import itertools
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Tuple
-
-import pyarrow.parquet as pq
+from typing import Any, Dict, Iterator, Tuple
 
 from .._contract import SEGMENT_ROLES
-from .._outdir import read_packed_manifest
-from ..errors import CorruptOutputError
+from ..errors import ConfigError, CorruptOutputError
 from ..integrity import cache_problem
+from ..packed_dir import PackedDir
 from ..report import table
+from ..stats import check_options
 
 # ``seq_roles`` of preference outputs.
 
@@ -22,11 +21,24 @@ from ..report import table
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("output", metavar="OUT_DIR")
     parser.add_argument("--rows", type=int, default=3, help="rows to show (default 3)")
+    parser.add_argument(
+        "--world-size",
+        type=int,
+        default=None,
+        help="data-parallel ranks (with --batch-size, rows per optimizer step): show the "
+        'per-step compute imbalance with and without PackedBatchSampler(balance="compute")',
+    )
+    parser.add_argument("--batch-size", type=int, default=None)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.world_size or args.batch_size:
+        if args.batch_size is None or args.world_size is None:
+            raise ConfigError("give --world-size and --batch-size together")
+        check_options("split", args.batch_size, args.world_size)
     out = Path(args.output)
-    manifest = read_packed_manifest(out)
+    packed = PackedDir(out)
+    manifest = packed.manifest
     problem = cache_problem(out, manifest)
     if problem is not None:
         raise CorruptOutputError(f"{problem} (run `tokpack verify {out}` for a full check)")
@@ -41,7 +53,9 @@ def run(args: argparse.Namespace) -> int:
             ["figure", "value"], [[k, f"{v:,}" if isinstance(v, int) else v] for k, v in f.items()]
         )
     )
-    for file, row in itertools.islice(_rows(out, manifest["shards"]), max(args.rows, 0)):
+    if args.world_size or args.batch_size:
+        print(_step_imbalance(packed, args.batch_size, args.world_size))
+    for file, row in itertools.islice(_rows(packed), max(args.rows, 0)):
         ids = row["input_ids"]
         roles = row.get("seq_roles") or [0] * len(row["seq_lengths"])
         print(
@@ -57,12 +71,34 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _rows(out: Path, shards: List[Dict[str, Any]]) -> Iterator[Tuple[str, Dict[str, Any]]]:
-    """(shard file, row) of every packed row, read one row group at a time."""
+def _rows(packed: PackedDir) -> Iterator[Tuple[str, Dict[str, Any]]]:
+    """(shard file, row) of every packed row, read one row group at a time through the checked
+    reader (a damaged shard is reported, not shown)."""
     cols = ["input_ids", "seq_lengths", "sample_ids", "num_tokens", "num_loss_tokens"]
-    for shard in shards:
-        pf = pq.ParquetFile(out / shard["file"])
-        roles = ["seq_roles"] if "seq_roles" in pf.schema_arrow.names else []
-        for g in range(pf.num_row_groups):
-            for row in pf.read_row_group(g, columns=cols + roles).to_pylist():
-                yield shard["file"], row
+    cols += ["seq_roles"] if packed.pair_layout is not None else []
+    for group in range(packed.num_groups):
+        file = Path(packed.shard_paths[int(packed.group_shard[group])]).name
+        decoded = packed.decode(group, cols)
+        for r in range(int(packed.group_rows[group])):
+            row = {}
+            for name, col in decoded.items():
+                if isinstance(col, tuple):
+                    values, offsets = col
+                    row[name] = values[offsets[r] : offsets[r + 1]].tolist()
+                else:
+                    row[name] = col[r].item()
+            yield file, row
+
+
+def _step_imbalance(packed: PackedDir, batch_size: int, world_size: int) -> str:
+    from ..balance.packed import row_compute, step_imbalance
+    from ..stats import COMPUTE_COST
+
+    figures = step_imbalance(row_compute(packed, COMPUTE_COST), batch_size, world_size)
+    if figures is None:
+        return f"\nfewer rows than one step of {batch_size:,}: no step imbalance"
+    return (
+        f"\ncompute imbalance per step (max / mean rank compute, 24576·L + L² per segment, "
+        f"mean over steps of {batch_size:,} shuffled rows over {world_size} ranks): "
+        f'{figures[0]:.4f} as dealt, {figures[1]:.4f} with balance="compute"'
+    )

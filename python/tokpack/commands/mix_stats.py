@@ -5,23 +5,28 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Dict, List, Union
+from typing import Dict, Union
 
 from ..errors import ConfigError
 from ..mixture import STOPS, WEIGHT_UNITS, mixture_stats
 
 
-def _pairs(text: str, what: str) -> List[List[str]]:
+def _pairs(text: str, what: str) -> Dict[str, str]:
     pairs = [item.split("=", 1) for item in text.split(",") if item]
     bad = [p[0] for p in pairs if len(p) != 2 or not p[0]]
     if bad or not pairs:
         raise ConfigError(f"{what} must be NAME=VALUE[,NAME=VALUE...], got {text!r}")
-    return pairs
+    out: Dict[str, str] = {}
+    for name, value in pairs:
+        if name in out:
+            raise ConfigError(f"{what} gives {name!r} twice ({name}={out[name]}, {name}={value})")
+        out[name] = value
+    return out
 
 
 def _numbers(text: str, what: str) -> Dict[str, float]:
     out = {}
-    for name, value in _pairs(text, what):
+    for name, value in _pairs(text, what).items():
         try:
             out[name] = float(value)
         except ValueError:
@@ -54,9 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    sources = dict(_pairs(",".join(args.sources), "NAME=DIR"))
-    if len(sources) != len(args.sources):
-        raise ConfigError("a source name is given twice")
+    sources = _pairs(",".join(args.sources), "NAME=DIR")
     epochs: Union[float, Dict[str, float]]
     try:
         epochs = float(args.epochs_per_source)

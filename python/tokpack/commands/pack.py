@@ -28,6 +28,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="before a cache hit, check the shards' checksums (sizes are always checked)",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bars or summary")
+    parser.add_argument(
+        "--spill-dir",
+        default=None,
+        help="existing directory (another disk) for the spill files, ~2.1 bytes per token "
+        "(default: next to OUTPUT); tokpack works in a subdirectory it creates and removes",
+    )
     add_ray_argument(parser, "pack on a Ray cluster (tokpack.ray.pack; Parquet inputs)")
     parser.add_argument(
         "--ray-mode",
@@ -101,4 +107,5 @@ def _pack_here(args: argparse.Namespace) -> Dict[str, Any]:
         tokenizer=args.tokenizer,
         tokenize=tokenize_options(args) if args.tokenizer else None,
         verify_cache=args.verify_cache,
+        spill_dir=args.spill_dir,
     )

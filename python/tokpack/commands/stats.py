@@ -11,7 +11,7 @@ from typing import Callable, List, Optional
 
 from .._contract import STRATEGIES
 from ..errors import ConfigError
-from ..files import read_lengths
+from ..files import PAIR_LAYOUTS, read_lengths
 from ..planning import checked_threads
 from ..report import table
 from ..stats import (
@@ -43,7 +43,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--batch-size", type=int, default=None, help="rows per optimizer step: also show steps"
     )
+    parser.add_argument(
+        "--world-size",
+        type=int,
+        default=None,
+        help="data-parallel ranks (with --batch-size): also show each step's compute imbalance "
+        'with and without PackedBatchSampler(balance="compute")',
+    )
     parser.add_argument("--tokens-column", default="input_ids")
+    parser.add_argument(
+        "--pair-layout",
+        choices=PAIR_LAYOUTS,
+        default="separate",
+        help="preference token shards: a sample is a pair, its length the tokens it takes in a "
+        "row in this layout (as `pack --pair-layout` packs it)",
+    )
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument(
         "--plot",
@@ -129,6 +143,34 @@ def render(stats: PackingStats, overlong_default: bool) -> str:
             f"Optimizer steps at batch size {stats.batch_size:,} (rows / batch size, rounded up):",
             _per_strategy(stats, lambda c, s: f"{stats.steps(c.rows[s]):,}"),
         ]
+    first = stats.candidates[0]
+    out += [
+        "",
+        "bfd rows' compute per epoch (24576·L + L², relative to the first max_len's per-segment "
+        "figure): attention per segment (document masking) and over whole rows (plain causal).",
+        table(
+            ["max_len", "per segment", "whole rows"]
+            + (["step imbalance", 'balance="compute"'] if stats.world_size else []),
+            [
+                [
+                    f"{c.max_len:,}",
+                    f"{c.compute / first.compute:.3f}x" if first.compute else "-",
+                    f"{c.full_row_compute / first.compute:.3f}x" if first.compute else "-",
+                ]
+                + (
+                    [f"{v:.4f}" for v in c.step_imbalance]
+                    if c.step_imbalance
+                    else ["-", "-"] * bool(stats.world_size)
+                )
+                for c in stats.candidates
+            ],
+        ),
+    ]
+    if stats.world_size:
+        out.append(
+            f"Step imbalance: max / mean rank compute, mean over steps of {stats.batch_size:,} "
+            f"shuffled rows over {stats.world_size} ranks."
+        )
     out += ["", "Advice:"] + [f"- {line}" for line in stats.advice()]
     return "\n".join(out)
 
@@ -143,17 +185,26 @@ def run(args: argparse.Namespace) -> int:
     # Every argument is checked before any output or work (a bad value exits 2 with one line).
     max_lens = parse_max_lens(args.max_len)
     overlong = args.overlong or _DEFAULT_OVERLONG
-    check_options(overlong, args.batch_size)
+    check_options(overlong, args.batch_size, args.world_size)
     checked_threads(args.threads)
     if args.plot:
         from ..stats_plot import check_plot_path
 
         check_plot_path(args.plot)
     lengths = read_lengths(
-        args.inputs, args.tokens_column, threads=args.threads, progress=not args.quiet
+        args.inputs,
+        args.tokens_column,
+        pair_layout=args.pair_layout,
+        threads=args.threads,
+        progress=not args.quiet,
     )
     stats = packing_stats(
-        lengths, max_lens, overlong=overlong, batch_size=args.batch_size, threads=args.threads
+        lengths,
+        max_lens,
+        overlong=overlong,
+        batch_size=args.batch_size,
+        threads=args.threads,
+        world_size=args.world_size,
     )
     if args.json:
         print(json.dumps(stats.as_dict(), indent=2))

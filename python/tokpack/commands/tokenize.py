@@ -4,6 +4,7 @@ masks (calls :func:`tokpack.tokenize_files`)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 from typing import Any, Dict, List, Optional
 
 from .._contract import OVERLONG_POLICIES
@@ -27,6 +28,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--shard-rows", type=int, default=DEFAULT_SHARD_ROWS, metavar="N")
     parser.add_argument(
+        "--carry",
+        nargs="+",
+        default=(),
+        metavar="FIELD",
+        help="record fields kept as columns of the token shards (for pack --carry): one bool, "
+        "number or string a record",
+    )
+    parser.add_argument(
         "--threads",
         type=int,
         default=None,
@@ -47,7 +56,8 @@ def add_ray_argument(parser: argparse.ArgumentParser, what: str) -> None:
         const="",
         default=None,
         metavar="ADDRESS",
-        help=f"{what}: 'auto' joins the running one, no ADDRESS starts a local one",
+        help=f"{what}: no ADDRESS starts a new local cluster; 'auto' joins the running one "
+        "(ray start, RAY_ADDRESS), HOST:PORT or ray://HOST:PORT that one",
     )
 
 
@@ -146,24 +156,27 @@ def _columns(items: List[str]) -> Optional[Dict[str, str]]:
 def run(args: argparse.Namespace) -> int:
     from ..tokenize import tokenize_files
 
+    cluster: Any = contextlib.nullcontext()
     runner = None
     if args.ray is not None:
-        from ..ray._cli import connect
+        from ..ray._cli import on_cluster
         from ..ray._runner import RayRunner
 
-        connect(args.ray, args.quiet)
-        runner = RayRunner()
-    manifest = tokenize_files(
-        args.inputs,
-        args.output,
-        args.tokenizer,
-        options=tokenize_options(args, max_len=args.max_len, overlong=args.overlong),
-        threads=args.threads,
-        force=args.force,
-        shard_rows=args.shard_rows,
-        progress=not args.quiet,
-        runner=runner,
-    )
+        cluster, runner = on_cluster(args.ray, args.quiet), RayRunner()
+    with cluster:
+        manifest = tokenize_files(
+            args.inputs,
+            args.output,
+            args.tokenizer,
+            options=tokenize_options(
+                args, max_len=args.max_len, overlong=args.overlong, carry=args.carry
+            ),
+            threads=args.threads,
+            force=args.force,
+            shard_rows=args.shard_rows,
+            progress=not args.quiet,
+            runner=runner,
+        )
     if args.quiet:
         return 0
     c = manifest["counts"]

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import os
 
+from ..export import MARKER_SUFFIX, check_megatron
 from ..integrity import verify
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("output", metavar="OUT_DIR")
+    parser.add_argument(
+        "output",
+        metavar="OUT_DIR",
+        help="a packed directory, or the PREFIX of `tokpack export megatron` (PREFIX.bin and "
+        "PREFIX.idx checked against PREFIX.tokpack.json)",
+    )
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -18,6 +25,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not os.path.isdir(args.output) and os.path.exists(args.output + MARKER_SUFFIX):
+        marker = check_megatron(args.output)
+        print(f"{args.output}: intact ({', '.join(sorted(marker['files']))} match their checksums)")
+        return 0
     report = verify(args.output, full=not args.quick)
     checked = "checksums, decoding and " if report["full"] else ""
     print(

@@ -1,27 +1,33 @@
-"""The blocks of a Ray dataset in input order, and the samples inside them.
+"""The samples of a Ray pack, block by block, each with its identity.
 
-Sample ``i`` is the ``i``-th row of the dataset in its order (for ``ray.data.read_parquet``:
-the ``i``-th row across the files, as ``tokpack pack`` numbers them). The blocks are taken with
-``preserve_order`` on, so their order is the dataset's whatever the cluster or the scheduling;
-they (global mode: their flattened samples) stay in Ray's object store (spilled to disk when
+Token files given by path (what ``tokpack pack --ray`` reads) are read by Ray tasks one row
+group (a :class:`Unit`) at a time, and sample ``i`` is the ``i``-th row across the files in
+the order given, as ``tokpack pack`` numbers them: a unit's first sample comes from the files'
+footers, never from the order in which tasks finish (``ray.data.read_parquet`` does not keep a
+file's row groups in order on every cluster). A ``ray.data.Dataset`` has no other identity than
+its order: sample ``i`` is its ``i``-th row, its blocks taken with ``preserve_order`` on.
+
+Blocks (global mode: their flattened samples) stay in Ray's object store (spilled to disk when
 large), the distributed counterpart of ``tokpack pack``'s spill files.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import ray
 from ray.data.block import BlockAccessor
 
 from .. import _tokpack
-from ..errors import ConfigError, DataError, SchemaError, TokpackError
-from ..tokenize.schema import kind_of_schema
+from .._inputs import shown_path
+from ..errors import ConfigError, CorruptInputError, DataError, SchemaError, TokpackError
+from ..pack_config import PackConfig
+from ..tokenize.schema import kind_of_files, kind_of_schema
 
 # A dataset made with ``ray.data.read_parquet(..., include_paths=True)`` names each row's file:
 # the dropped-samples list then gives the file and row, as ``tokpack pack`` does.
@@ -33,14 +39,54 @@ DATASET_SOURCE = "<ray.data.Dataset>"
 
 @dataclass(frozen=True)
 class Columns:
-    """Which columns hold the tokens and the labels (or the 0/1 loss mask)."""
+    """Which columns hold the tokens and the labels (or the 0/1 loss mask), and the carried
+    columns (with their types: an empty shard still has them)."""
 
     tokens: str
     labels: Optional[str]
     mask: bool = False
+    carry: Optional[pa.Schema] = None
+
+    def carried(self) -> List[str]:
+        return self.carry.names if self.carry is not None else []
 
     def names(self) -> List[str]:
-        return [self.tokens] + ([self.labels] if self.labels else [])
+        return [self.tokens] + ([self.labels] if self.labels else []) + self.carried()
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One row group of an input file, read by one task: rows ``first_row ..`` of file
+    ``path``, samples ``first_sample ..`` of the run."""
+
+    path: str
+    row_group: int
+    first_row: int
+    rows: int
+    first_sample: int
+
+    def read(self, columns: Columns) -> pa.Table:
+        return pq.ParquetFile(self.path).read_row_group(self.row_group, columns=columns.names())
+
+    def where(self) -> str:
+        return f"{shown_path(self.path)}, row group {self.row_group} (rows from {self.first_row})"
+
+
+def file_units(paths: List[Any]) -> Tuple[List[Unit], List[int]]:
+    """The row groups of the Parquet files ``paths`` in order (a file given twice is read
+    twice, as by ``tokpack pack``), and each file's rows, from their footers."""
+    units: List[Unit] = []
+    file_rows: List[int] = []
+    first = 0
+    for path in paths:
+        meta = pq.read_metadata(path)
+        row = 0
+        for g in range(meta.num_row_groups):
+            n = meta.row_group(g).num_rows
+            units.append(Unit(str(path), g, row, n, first))
+            row, first = row + n, first + n
+        file_rows.append(row)
+    return units, file_rows
 
 
 def ordered_blocks(ds: Any) -> List[Any]:
@@ -49,14 +95,14 @@ def ordered_blocks(ds: Any) -> List[Any]:
         return ds.to_arrow_refs()
 
 
-def _streamed(ds: Any) -> Iterator[Any]:
+def streamed(ds: Any) -> Iterator[Any]:
     """The dataset's blocks in its order, as its execution yields them: unlike
     :func:`ordered_blocks`, the dataset keeps none of them, so a block leaves the store once
     its consumers are done, and the first blocks are used while the last are read."""
+    # The execution starts at the first block: preserve_order must hold until the last.
     with _in_order(ds):
-        bundles = ds.iter_internal_ref_bundles()
-    for bundle in bundles:
-        yield from bundle.block_refs
+        for bundle in ds.iter_internal_ref_bundles():
+            yield from bundle.block_refs
 
 
 @contextlib.contextmanager
@@ -71,21 +117,27 @@ def _in_order(ds: Any) -> Iterator[None]:
         options.preserve_order = kept
 
 
-def sample_arrays(
-    table: pa.Table, columns: Columns
-) -> Tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]:
+# A block's samples: flat int32 tokens, int64 offsets from 0, labels or None, and the carried
+# columns (a table, one row per sample) or None.
+Flat = Tuple[np.ndarray, np.ndarray, Optional[np.ndarray], Optional[pa.Table]]
+
+
+def sample_arrays(table: pa.Table, columns: Columns) -> Flat:
     """The block's samples as checked flat int32 tokens, int64 offsets from 0 and labels
-    (made from the loss mask when there is one), by the core's rules for files. Raises
-    DataError / SchemaError naming the block-relative row and the column."""
+    (made from the loss mask when there is one), and its carried columns, by the core's rules
+    for files. Raises DataError / SchemaError naming the block-relative row and the column."""
     for name in columns.names():
         if name not in table.column_names:
             raise SchemaError(f"no column {name!r} (columns: {', '.join(table.column_names)})")
-    return _tokpack.flatten_samples(
+    tokens, offsets, labels = _tokpack.flatten_samples(
         table=table.select(columns.names()),
         tokens_column=columns.tokens,
         labels_column=None if columns.mask else columns.labels,
         mask_column=columns.labels if columns.mask else None,
+        carry=columns.carried(),
     )
+    carried = table.select(columns.carried()) if columns.carry is not None else None
+    return tokens, offsets, labels, carried
 
 
 @dataclass
@@ -105,17 +157,22 @@ class Measured:
 
 @ray.remote(num_returns=2)
 def _measure(block: Any, columns: Columns) -> Any:
-    """Lengths of a block's samples (values checked) and its run-length encoded source paths;
-    then the block's flattened samples, kept in the store for the write (so the samples are
-    flattened once). A TokpackError is returned, not raised, so the driver can name the
-    block's samples."""
-    table = _arrow(block)
+    """Lengths of a block's (or a :class:`Unit`'s) samples (values checked) and its
+    run-length encoded source paths; then the block's flattened samples, kept in the store for
+    the write (so the samples are flattened once). A TokpackError is returned, not raised, so
+    the driver can name the block's samples."""
+    table = read_block(block, columns)
     try:
         flat = sample_arrays(table, columns)
     except TokpackError as exc:
         return exc, None
     paths = table.column(PATH_COLUMN).to_pylist() if PATH_COLUMN in table.column_names else []
     return (np.diff(flat[1]), _runs((path, 1) for path in paths)), flat
+
+
+def read_block(block: Any, columns: Columns) -> pa.Table:
+    """A dataset's block, or a unit of a file read, as an Arrow table."""
+    return block.read(columns) if isinstance(block, Unit) else _arrow(block)
 
 
 def _runs(counted: Iterable[Tuple[Any, int]]) -> List[Tuple[Any, int]]:
@@ -129,9 +186,12 @@ def _runs(counted: Iterable[Tuple[Any, int]]) -> List[Tuple[Any, int]]:
     return out
 
 
-def block_error(exc: TokpackError, block: int, base: int) -> TokpackError:
-    """``exc`` from inside block ``block`` (first sample ``base``), as the driver raises it."""
-    return type(exc)(f"ray dataset block {block} (samples from {base}): {exc}")
+def block_error(exc: TokpackError, block: Any, j: int, base: int) -> TokpackError:
+    """``exc`` from inside block ``j`` (a :class:`Unit` or a dataset's block; first sample
+    ``base``), as the driver raises it."""
+    if isinstance(block, Unit):
+        return type(exc)(f"{block.where()}: {exc}")
+    return type(exc)(f"ray dataset block {j} (samples from {base}): {exc}")
 
 
 @contextlib.contextmanager
@@ -145,63 +205,106 @@ def cancelling(tasks: List[Any]) -> Iterator[List[Any]]:
         raise
 
 
-def measure(ds: Any, names: Tuple[str, Optional[str], Optional[str]]) -> Measured:
-    """Lengths of every sample in order (8 bytes a sample on the driver), with the columns
-    ``names`` (tokens, labels, loss mask) resolve to. Each block is measured as the dataset
-    streams it in, and then dropped: what stays in the store is its flattened samples."""
-    blocks = _streamed(ds)
-    first = next(blocks, None)
-    head = [] if first is None else [first]
-    columns = resolve_columns(head, *names)
-    measured = [_measure.remote(ref, columns) for ref in itertools.chain(head, blocks)]
-    del first, head
+def measure(
+    blocks: Iterable[Any], columns: Columns, files: Optional[Tuple[List[str], List[int]]] = None
+) -> Measured:
+    """Lengths of every sample in order (8 bytes a sample on the driver). Each block (a ref
+    of a dataset streaming in, or a :class:`Unit` of ``files``: paths and their rows) is
+    measured as it comes, and then dropped: what stays in the store is its flattened samples."""
+    measured, units = [], []
+    for block in blocks:
+        measured.append(_measure.remote(block, columns))
+        units.append(block if isinstance(block, Unit) else None)
+        del block  # (a dataset's block is held by its task alone)
     results = ray.get([m[0] for m in measured])
     bases = np.zeros(len(results) + 1, dtype=np.int64)
     for j, result in enumerate(results):
         if isinstance(result, TokpackError):
-            raise block_error(result, j, int(bases[j]))
+            raise block_error(result, units[j], j, int(bases[j]))
+        unit = units[j]
+        if unit is not None and (len(result[0]), bases[j]) != (unit.rows, unit.first_sample):
+            raise CorruptInputError(f"{unit.where()}: its footer says {unit.rows} rows")
         bases[j + 1] = bases[j] + len(result[0])
-    base = int(bases[-1])
-    if base == 0:
-        raise DataError("the ray dataset holds no samples")
-    runs = _runs(run for _, block_runs in results for run in block_runs)
-    files = [r[0] for r in runs]
-    if len(set(files)) != len(files) or (runs and sum(r[1] for r in runs) != base):
-        raise ConfigError(
-            f"the dataset's {PATH_COLUMN!r} column does not name whole files in order; "
-            "read the files with ray.data.read_parquet(..., include_paths=True) and no shuffle"
-        )
+    if int(bases[-1]) == 0:
+        raise DataError("the inputs hold no samples")
+    if files is None:
+        files = dataset_sources([run for _, runs in results for run in runs], bases)
     return Measured(
         lengths=np.concatenate([r[0] for r in results]).astype(np.int64, copy=False),
         bases=bases,
-        files=files,
-        file_rows=[r[1] for r in runs],
+        files=files[0],
+        file_rows=files[1],
         columns=columns,
         flats=[m[1] for m in measured],
     )
 
 
-def resolve_columns(
-    refs: List[Any],
-    tokens_column: str,
-    labels_column: Optional[str],
-    loss_mask_column: Optional[str],
-) -> Columns:
-    """The columns to read, with ``pack_files``' rule: a loss mask when given; else the labels
-    column when the dataset has it (a name other than ``"labels"`` must exist). Preference
-    pairs (by the first block's schema, as ``tokpack pack`` tells them) are refused."""
+def dataset_sources(runs: List[Tuple[Any, int]], bases: np.ndarray) -> Tuple[List[str], List[int]]:
+    """The files a dataset's ``path`` column names, in order, and their rows; without it, the
+    dataset stands for one input."""
+    runs = _runs(runs)
+    total = int(bases[-1])
+    if not runs:
+        return [DATASET_SOURCE], [total]
+    paths = [r[0] for r in runs]
+    if len(set(paths)) != len(paths) or sum(r[1] for r in runs) != total:
+        raise ConfigError(
+            f"the dataset's {PATH_COLUMN!r} column does not name whole files in order; "
+            "read the files with ray.data.read_parquet(..., include_paths=True) and no shuffle"
+        )
+    return paths, [r[1] for r in runs]
+
+
+def refuse_pairs(why: str) -> None:
+    raise ConfigError(
+        f"{why}: preference pairs are not supported with --ray (tokpack.ray), use tokpack pack"
+    )
+
+
+def file_columns(paths: List[Any], config: PackConfig) -> Tuple[str, PackConfig, Columns]:
+    """The kind of samples of the token files ``paths``, ``config`` for that kind, and the
+    columns to read, by ``tokpack pack``'s rules and with its errors (one kind; labels used when
+    the inputs have them, a file without them among files with them named; KTO's ``label``
+    carried)."""
+    kind = kind_of_files(paths)
+    if kind == "preference":
+        refuse_pairs(f"{shown_path(paths[0])} holds preference pairs")
+    config = config.for_kind(kind, shown_path(paths[0]))
+    labels = _tokpack.input_columns(paths=[str(p) for p in paths], config=config)
+    schema = pq.read_schema(paths[0])
+    return (
+        kind,
+        config,
+        Columns(
+            config.tokens_column,
+            None if labels is None else labels[0],
+            mask=labels is not None and labels[1],
+            carry=pa.schema([schema.field(c) for c in config.carry]) if config.carry else None,
+        ),
+    )
+
+
+def dataset_columns(refs: List[Any], config: PackConfig) -> Tuple[str, PackConfig, Columns]:
+    """The kind of samples of a dataset, ``config`` for that kind, and the columns to read, by
+    the first block's schema and ``pack_files``' rules: a loss mask when given; else the labels
+    column when the dataset has it (a name other than ``"labels"`` must exist); KTO's ``label``
+    carried. Preference pairs are refused."""
     schema = ray.get(_schema.remote(refs[0])) if refs else pa.schema([])
     found = kind_of_schema(schema)
-    if found is not None and found[0] == "preference":
-        raise ConfigError(
-            f"the ray dataset holds preference pairs ({found[1]}): pairs are not supported "
-            "with --ray, use tokpack pack"
-        )
-    if loss_mask_column is not None:
-        return Columns(tokens_column, loss_mask_column, mask=True)
-    if labels_column in schema.names or labels_column not in (None, "labels"):
-        return Columns(tokens_column, labels_column)
-    return Columns(tokens_column, None)
+    kind = "sft" if found is None else found[0]
+    if found is not None and kind == "preference":
+        refuse_pairs(f"the ray dataset holds preference pairs ({found[1]})")
+    config = config.for_kind(kind, DATASET_SOURCE)
+    for name in config.carry:
+        if name not in schema.names:
+            raise SchemaError(f"no column {name!r} to carry (columns: {', '.join(schema.names)})")
+    carry = pa.schema([schema.field(c) for c in config.carry]) if config.carry else None
+    tokens, labels, mask = config.tokens_column, config.labels_column, config.loss_mask_column
+    if mask is not None:
+        return kind, config, Columns(tokens, mask, mask=True, carry=carry)
+    if labels in schema.names or labels not in (None, "labels"):
+        return kind, config, Columns(tokens, labels, carry=carry)
+    return kind, config, Columns(tokens, None, carry=carry)
 
 
 def _arrow(block: Any) -> pa.Table:

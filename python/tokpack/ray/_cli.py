@@ -1,45 +1,66 @@
-"""``tokpack pack ... --ray [ADDRESS]``: the command's inputs read by Ray Data and packed with
-:func:`tokpack.ray.pack` on the cluster at ADDRESS (``auto``: the running one; none: a new local
-one), into a directory or an object-store URI (``-o s3://bucket/packed``)."""
+"""``tokpack pack ... --ray [ADDRESS]``: the command's inputs packed with :func:`tokpack.ray.pack`
+on a Ray cluster, into a directory or an object-store URI (``-o s3://bucket/packed``).
+
+ADDRESS: none starts a new local cluster for the run (never joins another: not
+``RAY_ADDRESS``, not the latest ``ray start``); ``auto`` joins the running one (``ray start``,
+or ``RAY_ADDRESS``); ``HOST:PORT`` or ``ray://HOST:PORT`` joins that one. A failure on Ray's
+side (cannot connect, the cluster or a node went away) is one ``tokpack`` error line."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
-from typing import Any, Dict
+import signal
+import threading
+from typing import Any, Dict, Iterator
 
 import ray
 import ray.data
 
 from .. import pack_config
-from .._inputs import TOKEN_SUFFIXES, is_parquet, resolve_inputs
-from .._outdir import output_target
-from ..errors import ConfigError
-from ._pack import SUPPORTED, pack
-from ._store import store_of
+from ..errors import ClusterError, TokpackError
+from ._pack import pack
 
 
-def connect(address: str, quiet: bool) -> None:
-    if not ray.is_initialized():
-        ray.init(address=address or None, logging_level=logging.WARNING, log_to_driver=False)
-    ray.data.DataContext.get_current().enable_progress_bars = not quiet
+@contextlib.contextmanager
+def on_cluster(address: str, quiet: bool) -> Iterator[None]:
+    """Connected to the cluster of ``--ray ADDRESS`` for the block; Ray's errors become a
+    ClusterError naming what failed."""
+    try:
+        if not ray.is_initialized():
+            _init(address or "local")
+        ray.data.DataContext.get_current().enable_progress_bars = not quiet
+        yield
+    except TokpackError:
+        raise  # (a task's TokpackError comes back as a RayTaskError that is one too)
+    except (ray.exceptions.RayError, ConnectionError) as exc:
+        where = "a new local cluster" if not address else f"the cluster at {address!r}"
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ClusterError(f"Ray failed on {where}: {first}") from None
+
+
+def _init(address: str) -> None:
+    # Ray's driver installs its own SIGTERM handler (a stack dump, then abort: exit 134);
+    # tokpack's (cleanup, "terminated", exit 143) is put back.
+    main = threading.current_thread() is threading.main_thread()
+    handler = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+    finally:
+        if handler is not None:
+            signal.signal(signal.SIGTERM, handler)
 
 
 def pack_command(args: argparse.Namespace) -> Dict[str, Any]:
-    if args.tokenizer:
-        raise ConfigError(
-            "--ray packs token shards; tokenize first (tokpack tokenize --ray, or "
-            "tokpack.ray.tokenize), then pack them"
+    with on_cluster(args.ray, args.quiet):
+        manifest = pack(
+            args.inputs,
+            args.output,
+            mode=args.ray_mode,
+            config=pack_config.from_args(args),
+            threads=args.threads,
+            tokenizer=args.tokenizer,
+            spill_dir=args.spill_dir,
         )
-    config = pack_config.from_args(args)
-    config.refuse_unsupported("pack --ray", SUPPORTED)  # before any work
-    # An object-store OUT (s3://...) cannot overlap local inputs; a local one is checked.
-    out = None if store_of(args.output) is not None else output_target(args.output)
-    paths = resolve_inputs(args.inputs, TOKEN_SUFFIXES, output_dir=out)
-    others = [str(p) for p in paths if not is_parquet(p)]
-    if others:
-        raise ConfigError(f"--ray reads Parquet token shards only, not {others[0]}")
-    connect(args.ray, args.quiet)
-    ds = ray.data.read_parquet([str(p) for p in paths], include_paths=True)
-    manifest = pack(ds, args.output, mode=args.ray_mode, config=config)
     return {**manifest, "cache_hit": False, "rebuilt_because": None}

@@ -17,33 +17,36 @@ from typing import Any, Dict, List
 import numpy as np
 import ray
 
+from ..pack_config import PackConfig
 from ..planning import Plan
-from ._blocks import Measured, cancelling
-from ._shards import Layout, Rows, concat, shard_ranges, take, write_shard
+from ._blocks import Columns, Measured, cancelling
+from ._shards import Rows, concat, shard_ranges, take, write_shard
 from ._store import Out
 
 
 @ray.remote
 def _scatter(flat: Any, base: int, rows: np.ndarray, cuts: np.ndarray) -> Any:
     """The pieces of one block: piece ``i`` holds block rows ``rows[cuts[i]:cuts[i+1]]``."""
-    tokens, offsets, labels = flat
+    tokens, offsets, labels, carried = flat
     pieces = []
     for i in range(len(cuts) - 1):
         part = rows[cuts[i] : cuts[i + 1]]
         t, o, lab = take(tokens, offsets, labels, part)
-        pieces.append((part + base, o, t, lab))
+        pieces.append((part + base, o, t, lab, None if carried is None else carried.take(part)))
     return pieces[0] if len(pieces) == 1 else tuple(pieces)
 
 
 @ray.remote
 def _gather_write(
-    out: Out, shard: int, rows: Rows, layout: Layout, has_labels: bool, *pieces: Any
+    out: Out, shard: int, rows: Rows, config: PackConfig, columns: Columns, *pieces: Any
 ) -> Dict[str, Any]:
-    return write_shard(out, shard, rows, concat(pieces, has_labels), layout, has_labels)
+    has_labels = columns.labels is not None
+    held = concat(pieces, has_labels, columns.carry)
+    return write_shard(out, shard, rows, held, config, has_labels)
 
 
 def write_global(
-    measured: Measured, plan: Plan, target: Out, layout: Layout, rows_per_shard: int
+    measured: Measured, plan: Plan, target: Out, config: PackConfig
 ) -> List[Dict[str, Any]]:
     """Writes every shard of ``plan`` into ``target``; returns their manifest entries in
     order. On failure or interrupt, the tasks still running are cancelled.
@@ -51,6 +54,7 @@ def write_global(
     Drops ``measured.flats`` block by block as their scatter tasks are submitted (a task holds
     its block until it is done), so each block leaves the store once scattered."""
     flats, bases = measured.flats, measured.bases
+    rows_per_shard = config.rows_per_shard
     ranges = shard_ranges(plan.n_bins, rows_per_shard)
     n_shards = len(ranges)
     # Segment -> shard, then the distinct (block, shard, sample) triples.
@@ -86,9 +90,7 @@ def write_global(
             for f, piece in zip(firsts, out):
                 pieces[int(shards[f])].append(piece)
         writes = [
-            _gather_write.remote(
-                target, s, Rows.of(plan, a, b), layout, measured.columns.labels is not None, *p
-            )
+            _gather_write.remote(target, s, Rows.of(plan, a, b), config, measured.columns, *p)
             for s, ((a, b), p) in enumerate(zip(ranges, pieces))
         ]
         pending.extend(writes)

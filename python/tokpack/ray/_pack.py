@@ -2,27 +2,50 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
-from .. import _format, _tokpack
-from .._format import DROPPED_NAME, MANIFEST_NAME, packed_manifest, write_dropped
+from .. import _tokpack
+from .._format import DROPPED_NAME, MANIFEST_NAME, packed_manifest, write_dropped, write_manifest
+from .._inputs import TOKEN_SUFFIXES, is_parquet, resolve_inputs
+from .._outdir import output_target, writing
 from ..errors import ConfigError, CorruptOutputError
-from ..pack_config import PackConfig, pack_config
+from ..pack_config import PackConfig, pack_config, refuse_unsupported
+from ..packed_dir import member_path
 from ..planning import check_int
 from ..planning import plan as make_plan
-from ._blocks import DATASET_SOURCE, Measured, measure, ordered_blocks, resolve_columns
+from ._blocks import (
+    dataset_columns,
+    file_columns,
+    file_units,
+    measure,
+    ordered_blocks,
+    streamed,
+)
 from ._global import write_global
-from ._local import Planning, pack_local
-from ._shards import Layout, accounting, remove_attempts
-from ._store import LocalOut, committed_output, read_manifest_at
+from ._local import pack_local
+from ._shards import accounting, remove_attempts
+from ._store import (
+    LocalOut,
+    committed_output,
+    dataset_inputs,
+    local_path,
+    read_checked_shards,
+    read_manifest_at,
+)
 
 MODES = ("global", "local")
-# The PackConfig fields this path honours; the others are refused by name.
-SUPPORTED = ("max_len", "strategy", "overlong", "seed", "tokens_column", "labels_column")
-SUPPORTED += ("loss_mask_column", "rows_per_shard", "row_group_rows", "compression")
+# What tokpack.ray.pack does not support, with why: refused by name before any work.
+UNSUPPORTED = {
+    "pair_layout": "preference pairs are not supported with --ray (tokpack.ray), use tokpack pack",
+    "threads": "Ray runs one task per block and per shard, on one CPU each; size the cluster",
+    "tokenizer": "--ray packs token shards; tokenize first (tokpack tokenize --ray, or "
+    "tokpack.ray.tokenize), then pack them",
+    "spill_dir": "Ray keeps the samples in its object store (spilled by Ray)",
+}
 
 
 def pack(
@@ -34,15 +57,22 @@ def pack(
     min_block_samples: int = 4096,
     filesystem: Any = None,
     config: Optional[PackConfig] = None,
+    threads: Optional[int] = None,
+    tokenizer: Any = None,
+    spill_dir: Any = None,
     **fields: Any,
 ) -> Dict[str, Any]:
-    """Pack a ``ray.data.Dataset`` of token lists into ``output_dir`` on the Ray cluster;
-    returns the manifest as a dict.
+    """Pack token files, or a ``ray.data.Dataset`` of token lists, into ``output_dir`` on the
+    Ray cluster; returns the manifest as a dict.
 
     Args:
-        ds: any dataset with a list-of-integers token column (``ray.data.read_parquet(...)``,
-            :func:`tokpack.ray.tokenize`'s output, ...). Sample ``i`` is its ``i``-th row in
-            order. With a ``path`` column (``read_parquet(..., include_paths=True)``) the
+        ds: Parquet token files, directories or globs, as :func:`tokpack.pack_files` takes
+            them (read by Ray tasks, one row group each, at the same path on every node):
+            sample ``i`` is the ``i``-th row across the files in the order given, whatever
+            order the tasks finish in (a file given twice is packed twice, as by ``tokpack
+            pack``), and the dropped list names each sample's file and row. Or any dataset
+            with a list-of-integers token column (:func:`tokpack.ray.tokenize`'s output, ...):
+            sample ``i`` is its ``i``-th row in the dataset's order; with a ``path`` column the
             dropped list names each sample's file and row, else its row in the dataset.
         output_dir: a directory on a file system every node sees, written atomically (absent
             or complete); or object storage (``s3://bucket/packed``, or a path on
@@ -55,57 +85,94 @@ def pack(
             packs runs of consecutive blocks of at least ``min_block_samples`` samples on their
             own (the driver holds one number per block) at a small cost in rows (README).
         max_len, fields, config: the :class:`tokpack.PackConfig`, as in
-            :func:`tokpack.pack_files`; the fields in ``SUPPORTED`` (not yet ``pair_layout``
-            or ``carry``: refused by name).
+            :func:`tokpack.pack_files` (KTO samples carry ``label``), but ``pair_layout``
+            (preference pairs are not supported). It, ``threads``, ``tokenizer`` and
+            ``spill_dir`` are refused (ConfigError naming the option) unless left at their
+            default.
 
     Raises:
         ConfigError, DataError, SchemaError, OverlongError: as :func:`tokpack.pack_files`, naming
-        the dataset block and sample.
+        the file (or the dataset block) and the sample.
     """
     started = time.perf_counter()
     config = pack_config(max_len, config, fields)
-    config.refuse_unsupported("tokpack.ray.pack", SUPPORTED)
+    run_args = dict(threads=threads, tokenizer=tokenizer, spill_dir=spill_dir)
+    refuse_unsupported(config, "Ray", UNSUPPORTED, **run_args)
     if mode not in MODES:
         raise ConfigError(f"unknown mode {mode!r}; expected one of {MODES}")
     min_block_samples = check_int(min_block_samples, "min_block_samples", 1, 2**62)
-    recorded = config.to_dict()
-    if mode == "local":
-        recorded["ray"] = {"mode": mode, "min_block_samples": min_block_samples}
-    max_len = config.max_len
-    layout = Layout(max_len, config.row_group_rows, config.compression)
-    with committed_output(output_dir, filesystem) as (out, local):
+    paths = None if _is_dataset(ds) else _input_files(ds, output_dir, filesystem)
+    refs: List[Any] = []
+    if paths is not None:  # (checked before the output is touched)
+        kind, config, columns = file_columns(paths, config)
+        refs, file_rows = file_units(paths)
+    inputs = dataset_inputs(ds) if paths is None else [str(p) for p in paths]
+    with committed_output(output_dir, filesystem, inputs) as (out, local):
         clock = _Clock()
-        names = (config.tokens_column, config.labels_column, config.loss_mask_column)
+        if paths is None and mode == "local":
+            refs = ordered_blocks(ds)
+            kind, config, columns = dataset_columns(refs, config)
+        elif paths is None:
+            blocks = streamed(ds)
+            head = list(itertools.islice(blocks, 1))
+            kind, config, columns = dataset_columns(head, config)
+            blocks = itertools.chain(head, blocks)
+            del head
+        recorded = config.to_dict()
+        if mode == "local":
+            recorded["ray"] = {"mode": mode, "min_block_samples": min_block_samples}
         if mode == "global":
-            measured = measure(ds, names)
-            columns, blocks = measured.columns, len(measured.flats)
+            if paths is not None:
+                measured = measure(refs, columns, ([str(p) for p in paths], file_rows))
+            else:
+                measured = measure(blocks, columns)
+            n_blocks = len(measured.flats)
             # Reading and measuring overlap (the blocks are measured as they stream in).
             clock.lap("read+measure")
             plan = make_plan(measured.lengths, config=config)
             clock.lap("plan")
-            shards = write_global(measured, plan, out, layout, config.rows_per_shard)
-            paths, rows = _sources(measured)
-            report = accounting(plan, shards, rows, columns.labels is not None)
+            shards = write_global(measured, plan, out, config)
+            has_labels = columns.labels is not None
+            report = accounting(plan, shards, measured.file_rows, has_labels)
+            shown = measured.files
         else:
-            refs = ordered_blocks(ds)
-            columns, blocks = resolve_columns(refs, *names), len(refs)
+            n_blocks = len(refs)
             clock.lap("blocks")
-            planning = Planning(
-                max_len, config.strategy, config.overlong, config.seed, config.rows_per_shard
-            )
-            report = pack_local(refs, columns, planning, layout, out, min_block_samples)
-            paths = [DATASET_SOURCE]
+            sources = None if paths is None else ([str(p) for p in paths], file_rows)
+            report, shown = pack_local(refs, columns, config, out, min_block_samples, sources)
         clock.lap("write")
         if isinstance(out, LocalOut):
             remove_attempts(local)
-        write_dropped(local / DROPPED_NAME, report, [Path(p) for p in paths])
-        described: List[Dict[str, Any]] = [{"path": str(p)} for p in paths]
-        # Never a cache hit (a Ray dataset has no cheap fingerprint), hence no cache key.
+        with writing(local / DROPPED_NAME):
+            dropped = write_dropped(local / DROPPED_NAME, report, [Path(p) for p in shown])
+        described: List[Dict[str, Any]] = [{"path": str(p)} for p in shown]
+        # Never a cache hit (a Ray run has no cheap fingerprint of its inputs), hence no key.
         manifest = {"tokpack_version": _tokpack.__version__, "cache_key": None}
-        manifest.update(packed_manifest(recorded, described, report, time.perf_counter() - started))
-        manifest["ray"] = {"mode": mode, "blocks": blocks, "stage_s": clock.stages}
-        _format.write_manifest(local, manifest)
+        wall = time.perf_counter() - started
+        manifest.update(packed_manifest(recorded, described, report, wall, dropped))
+        manifest["sample_kind"] = kind
+        manifest["ray"] = {"mode": mode, "blocks": n_blocks, "stage_s": clock.stages}
+        write_manifest(local, manifest)
     return manifest
+
+
+def _is_dataset(ds: Any) -> bool:
+    import ray.data
+
+    return isinstance(ds, ray.data.Dataset)
+
+
+def _input_files(inputs: Any, output_dir: Any, filesystem: Any) -> List[Path]:
+    """The Parquet files of ``inputs`` (``tokpack pack``'s resolver), not overlapping a local
+    ``output_dir``."""
+    # An object-store OUT (s3://..., or on a filesystem=) cannot overlap local inputs.
+    local = local_path(output_dir, filesystem)
+    out = None if local is None else output_target(local)
+    paths = resolve_inputs(inputs, TOKEN_SUFFIXES, output_dir=out)
+    others = [str(p) for p in paths if not is_parquet(p)]
+    if others:
+        raise ConfigError(f"--ray reads Parquet token shards only, not {others[0]}")
+    return paths
 
 
 class _Clock:
@@ -121,36 +188,35 @@ class _Clock:
         self.last = now
 
 
-def _sources(measured: Measured) -> Any:
-    if measured.files:
-        return measured.files, measured.file_rows
-    return [DATASET_SOURCE], [int(measured.bases[-1])]
-
-
 def read_packed(
-    output_dir: Union[str, os.PathLike], *, filesystem: Any = None, **read_parquet_args: Any
+    output_dir: Union[str, os.PathLike],
+    *,
+    filesystem: Any = None,
+    columns: Optional[Sequence[str]] = None,
 ) -> Any:
     """A packed directory (or object-store prefix: ``s3://...``, or a path on ``filesystem``)
     as a ``ray.data.Dataset``, one row per packed row (``input_ids``, ``labels``,
-    ``seq_lengths``, ``sample_ids``, ...), reading exactly the shards its manifest lists. An
-    output without a manifest is refused: it is not complete (a run under way or that failed).
+    ``seq_lengths``, ``sample_ids``, ... or ``columns``), reading exactly the shards its
+    manifest lists, one task per shard, through the checked reader: every row group's bytes and
+    the footer are checked against the manifest's checksums (a damaged shard raises
+    :class:`CorruptOutputError`, never yields other tokens). An output without a manifest is
+    refused: it is not complete (a run under way or that failed); so is a manifest naming a file
+    outside the output.
 
     For training: ``ds.iter_torch_batches(collate_fn=rows_collate(PackedCollator(...)))``,
     after ``ds.streaming_split(n)`` to feed ``n`` trainer workers (README, "Ray").
     """
-    import ray.data
-
     manifest, fs, root = read_manifest_at(output_dir, filesystem)
     if manifest is None or not isinstance(manifest.get("shards"), list):
         raise CorruptOutputError(
             f"{output_dir}: no {MANIFEST_NAME}: not a complete tokpack output (a run that did not "
             "finish, or not a packed directory)"
         )
-    shards = [s["file"] for s in manifest["shards"] if s.get("rows")]
-    paths = [f"{root}/{name}" for name in shards or [manifest["shards"][0]["file"]]]
-    if fs is not None:
-        read_parquet_args.setdefault("filesystem", fs)
-    return ray.data.read_parquet(paths, **read_parquet_args)
+    shards = [s for s in manifest["shards"] if isinstance(s, dict) and s.get("rows")]
+    shards = shards or manifest["shards"][:1]
+    for k, shard in enumerate(shards):
+        member_path(root, shard.get("file"), f"shard {k}")
+    return read_checked_shards(shards, root, fs, columns)
 
 
 def rows_collate(collator: Callable[[List[Dict[str, Any]]], Any]) -> Callable[[Any], Any]:

@@ -15,22 +15,15 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+import pyarrow as pa
 
 from .. import _tokpack
-from ..pack_config import PackReport
+from ..pack_config import PackConfig, PackReport
 from ._store import ATTEMPT_PREFIX, Out
 
-# A shard's samples: global ids (ascending), offsets from 0, int32 tokens, labels or None.
-Held = Tuple[np.ndarray, np.ndarray, np.ndarray, Optional[np.ndarray]]
-
-
-@dataclass(frozen=True)
-class Layout:
-    """The output layout every shard task writes with."""
-
-    max_len: int
-    row_group_rows: int
-    compression: str
+# A shard's samples: global ids (ascending), offsets from 0, int32 tokens, labels or None, and
+# the carried columns (one row per sample) or None.
+Held = Tuple[np.ndarray, np.ndarray, np.ndarray, Optional[np.ndarray], Optional[pa.Table]]
 
 
 @dataclass(frozen=True)
@@ -76,30 +69,44 @@ def take(
     return gather(tokens), out_offsets, None if labels is None else gather(labels)
 
 
-def concat(pieces: Sequence[Held], has_labels: bool) -> Held:
+def concat(pieces: Sequence[Held], has_labels: bool, carry: Optional[pa.Schema]) -> Held:
     """Pieces with ascending, disjoint id ranges, in order, as one held set (none: the empty
     shard of a run whose samples were all dropped)."""
-    empty: Held = (np.zeros(0, np.int64), np.zeros(1, np.int64), np.zeros(0, np.int32), None)
-    pieces = list(pieces) or [(*empty[:3], np.zeros(0, np.int32) if has_labels else None)]
+    empty: Held = (
+        np.zeros(0, np.int64),
+        np.zeros(1, np.int64),
+        np.zeros(0, np.int32),
+        np.zeros(0, np.int32) if has_labels else None,
+        None if carry is None else carry.empty_table(),
+    )
+    pieces = list(pieces) or [empty]
     ids = np.concatenate([p[0] for p in pieces])
     sizes = np.concatenate([np.diff(p[1]) for p in pieces])
     offsets = np.zeros(len(ids) + 1, dtype=np.int64)
     np.cumsum(sizes, out=offsets[1:])
     tokens = np.concatenate([p[2] for p in pieces])
     labels = np.concatenate([p[3] for p in pieces]) if has_labels else None
-    return ids, offsets, tokens, labels
+    carried = None if carry is None else pa.concat_tables([p[4] for p in pieces])
+    return ids, offsets, tokens, labels, carried
 
 
 def write_shard(
-    out: Out, shard: int, rows: Rows, held: Held, layout: Layout, has_labels: bool, dest: str = ""
+    out: Out,
+    shard: int,
+    rows: Rows,
+    held: Held,
+    config: PackConfig,
+    has_labels: bool,
+    dest: str = "",
 ) -> Dict[str, Any]:
-    """Writes ``part-<shard>.parquet`` and its index and publishes them at ``dest`` of ``out``."""
-    ids, offsets, tokens, labels = held
+    """Writes ``part-<shard>.parquet`` and its index (in ``config``'s layout) and publishes them
+    at ``dest`` of ``out``."""
+    ids, offsets, tokens, labels, carried = held
     with out.scratch() as scratch:
         info = _tokpack.write_held_shard(
             out_dir=str(scratch),
             shard=shard,
-            max_len=layout.max_len,
+            max_len=config.max_len,
             bin_offsets=np.ascontiguousarray(rows.bin_offsets, dtype=np.int64),
             sample_ids=np.ascontiguousarray(rows.sample_ids, dtype=np.int64),
             starts=np.ascontiguousarray(rows.starts, dtype=np.int64),
@@ -108,8 +115,9 @@ def write_shard(
             offsets=np.ascontiguousarray(offsets, dtype=np.int64),
             tokens=np.ascontiguousarray(tokens, dtype=np.int32),
             labels=np.ascontiguousarray(labels, dtype=np.int32) if has_labels else None,
-            row_group_rows=layout.row_group_rows,
-            compression=layout.compression,
+            row_group_rows=config.row_group_rows,
+            compression=config.compression,
+            carried=[] if carried is None else list(zip(carried.column_names, carried.columns)),
         )
         out.publish(scratch, [info["index"], info["file"]], dest)
     return info

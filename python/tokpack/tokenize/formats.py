@@ -101,6 +101,7 @@ class Record:
     error: Optional[str] = None
     decoded: bool = True
     file_index: int = 0  # position of ``path`` among the run's inputs
+    carried: Tuple[Any, ...] = ()  # its values of TokenizeOptions.carry, once parsed
 
     def decode(self) -> None:
         if self.decoded:
@@ -189,6 +190,7 @@ def read_records(
 
 
 _PROGRESS_LINES = 64
+_BOM = b"\xef\xbb\xbf"
 
 
 def _jsonl_records(
@@ -210,6 +212,8 @@ def _jsonl_records(
                     pos = raw_file.tell()
                     on_bytes(pos - last_pos)
                     last_pos = pos
+                if line_no == 1 and line.startswith(_BOM):
+                    line = line[len(_BOM) :]  # files from Windows tools may start with one
                 try:
                     text = line.decode("utf-8")
                 except UnicodeDecodeError as exc:
@@ -413,7 +417,8 @@ def _chat_messages(record: Record, name: str, turns: List[Dict]) -> List[Dict]:
             role = _one_of(record, msg, f"{name}[{i}]", "role", CHAT_ROLES)
         content = msg.get("content")
         if content is None and not (role == "assistant" and msg.get("tool_calls")):
-            raise record.fail(f"{name}[{i}] ({role}) has no 'content'")
+            what = "'content' is null" if "content" in msg else "has no 'content'"
+            raise record.fail(f"{name}[{i}] ({role}) {what}")
         if content is not None and not isinstance(content, str):
             raise record.fail(f"{name}[{i}] ({role}) 'content' must be a string")
         # As transformers does: keys whose value is None are dropped before rendering.
@@ -428,7 +433,8 @@ def _sharegpt(record: Record, value: Dict[str, Any], columns: Mapping[str, str])
         role = SHAREGPT_ROLES[speaker]
         content = turn.get("value")
         if content is None:
-            raise record.fail(f"{name}[{i}] ({speaker}) has no 'value'")
+            what = "'value' is null" if "value" in turn else "has no 'value'"
+            raise record.fail(f"{name}[{i}] ({speaker}) {what}")
         if not isinstance(content, str):
             raise record.fail(f"{name}[{i}] ({speaker}) 'value' must be a string")
         out.append({"role": role, "content": content})

@@ -47,6 +47,9 @@ class TokenizeOptions:
             passes the parity probe (see :mod:`tokpack.tokenize.template`), otherwise with
             Jinja in Python; ``"python"``: always Jinja. Same texts either way, so the choice is
             not part of the recorded config (the manifest's ``renderer`` says which ran).
+        carry: fields of each record kept as columns of its samples (``pack --carry`` then
+            carries them into the packed rows): one bool, integer, float or string a record,
+            of one type in a run; a record without one is invalid.
     """
 
     chat_template: Optional[Union[str, os.PathLike]] = None
@@ -60,6 +63,7 @@ class TokenizeOptions:
     batch_size: int = 2048
     encoder: str = "auto"
     renderer: str = "auto"
+    carry: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         for name, allowed in (
@@ -79,6 +83,11 @@ class TokenizeOptions:
             self, "batch_size", check_int(self.batch_size, "batch_size", 1, MAX_ROWS)
         )
         object.__setattr__(self, "columns", resolve_columns(self.columns))
+        if isinstance(self.carry, (str, bytes)) or not all(
+            isinstance(c, str) and c for c in self.carry
+        ):
+            raise ConfigError(f"carry must be a list of field names, got {self.carry!r}")
+        object.__setattr__(self, "carry", tuple(dict.fromkeys(self.carry)))
 
     @classmethod
     def of(
@@ -96,8 +105,11 @@ class TokenizeOptions:
         records then are invalid, and the other way round); otherwise unchanged."""
         if self.format != "auto":
             return self
-        detected = first_format(inputs, self.columns or {})
-        if detected is None or kind_of_format(detected) == "sft":
+        return self.for_first_format(first_format(inputs, self.columns or {}))
+
+    def for_first_format(self, detected: Optional[str]) -> "TokenizeOptions":
+        """:meth:`for_inputs` given the format of the run's first record (None: unknown)."""
+        if self.format != "auto" or detected is None or kind_of_format(detected) == "sft":
             return self
         return replace(self, format=detected)
 
@@ -107,4 +119,8 @@ class TokenizeOptions:
         data = asdict(self)
         del data["chat_template"]
         del data["renderer"]
+        if self.carry:
+            data["carry"] = list(self.carry)
+        else:  # only where it applies: the cache keys of other outputs stay what they were
+            del data["carry"]
         return data

@@ -47,7 +47,7 @@ import pyarrow as pa
 
 from .. import _tokpack
 from .._contract import OVERLONG_HINT
-from .._inputs import RAW_SUFFIXES, is_parquet, resolve_inputs
+from .._inputs import RAW_SUFFIXES, is_parquet, resolve_inputs, shown_path
 from .._progress import Progress
 from ..errors import ConfigError, InvalidRecordError, OverlongError
 from ..planning import checked_threads
@@ -156,6 +156,8 @@ class _Tokens:
     kind: str = "sft"
     prompt_lengths: Optional[np.ndarray] = None
     kto_labels: Optional[np.ndarray] = None
+    # Per carried record field (TokenizeOptions.carry), each sample's value.
+    carried: Optional[List[List[Any]]] = None
 
     def __post_init__(self) -> None:
         if self.offsets[-1] >= 2**31:  # Arrow list offsets are int32
@@ -192,9 +194,11 @@ class _Tokens:
         bounds = self.offsets.tolist()
         return [(self.ids[a:b], self.labels[a:b]) for a, b in zip(bounds, bounds[1:])]
 
-    def to_batch(self, sources: bool) -> pa.RecordBatch:
+    def to_batch(
+        self, sources: bool, carried: Sequence[Tuple[str, pa.DataType]] = ()
+    ) -> pa.RecordBatch:
         """The token batch of :func:`~tokpack.tokenize.schema.token_schema` ``(kind,
-        sources)``."""
+        sources, carried)``."""
         off = _int32(self.offsets)
         ids = pa.ListArray.from_arrays(off, _int32(self.ids))
         labels = pa.ListArray.from_arrays(off, _int32(self.labels))
@@ -215,7 +219,9 @@ class _Tokens:
             assert self.files is not None and self.lines is not None
             columns["source_file"] = _int32(self.files)
             columns["source_line"] = _from_numpy(self.lines, np.int64)
-        schema = token_schema(self.kind, sources)
+        for (name, type_), values in zip(carried, self.carried or ()):
+            columns[name] = pa.array(values, type_)
+        schema = token_schema(self.kind, sources, carried)
         return pa.RecordBatch.from_arrays([columns[name] for name in schema.names], schema=schema)
 
 
@@ -259,6 +265,12 @@ class RecordEncoder:
             raise ConfigError(
                 f"overlong 'split' cannot apply to {self.kind} samples (a prompt and its "
                 "completions stay together); choose 'error', 'truncate' or 'drop'"
+            )
+        clash = [c for c in options.carry if c in token_schema(self.kind, sources=True).names]
+        if clash:
+            raise ConfigError(
+                f"carry: {', '.join(map(repr, clash))} would replace a column of the {self.kind}"
+                " token shards; a carried record field needs another name"
             )
         if self.kind != "sft" and options.train_on != "assistant":
             raise ConfigError(
@@ -305,9 +317,14 @@ class RecordEncoder:
                 "the vocabulary)"
             )
 
-    def schema(self, sources: bool = False) -> pa.Schema:
-        """The schema of the batches (:mod:`tokpack.tokenize.schema`)."""
-        return token_schema(self.kind, sources)
+    def schema(
+        self, sources: bool = False, carried: Optional[Mapping[str, pa.DataType]] = None
+    ) -> pa.Schema:
+        """The schema of the batches (:mod:`tokpack.tokenize.schema`); a carried field is of
+        type ``carried[name]``, null while no sample has shown it."""
+        types = carried or {}
+        fields = [(c, types.get(c, pa.null())) for c in self.options.carry]
+        return token_schema(self.kind, sources, fields)
 
     def config(self) -> Dict[str, Any]:
         """Everything besides the input bytes that determines the output (for the cache key)."""
@@ -399,6 +416,8 @@ class RecordEncoder:
         """The record's texts: one, or for a preference / KTO record ``1 + roles``; a chat
         to render (with the chunk's others, :meth:`prepare`)."""
         sample = parse_record(record, self.options.format, self.options.columns or {})
+        if self.options.carry:
+            record.carried = tuple(_carried_value(record, name) for name in self.options.carry)
         if sample.completions is not None:
             return self._prepare_pair(record, sample.prompt, sample.completions, sample.label)
         if sample.text is not None:
@@ -437,6 +456,7 @@ class RecordEncoder:
         (format ``messages``, or ``auto`` for SFT) rendered and encoded in Rust."""
         return (
             self.kind == "sft"
+            and not self.options.carry  # carried fields are read from records parsed in Python
             and self.options.format in ("auto", "messages")
             and self.template.rust is not None
             and self._fast is not None
@@ -568,6 +588,7 @@ class RecordEncoder:
         stats.samples_in += len(records)
         flat.files = np.fromiter((r.file_index for r in records), np.int32, len(records))
         flat.lines = np.fromiter((r.line for r in records), np.int64, len(records))
+        flat.carried = self._carried(records)
         return flat.count(stats)
 
     def _finish_each(
@@ -577,8 +598,7 @@ class RecordEncoder:
         stats: TokenizeStats,
     ) -> Optional[_Tokens]:
         pieces: List[Tuple[np.ndarray, np.ndarray]] = []
-        files: List[int] = []
-        lines: List[int] = []
+        records: List[Record] = []
         eos_id = self._eos_id
         for item, (ids, labels) in zip(chunk, encoded):
             add_eos = self.options.add_eos
@@ -592,13 +612,13 @@ class RecordEncoder:
             stats.samples_in += 1
             kept = self._apply_max_len(item.record, ids, labels, stats)
             pieces.extend(kept)
-            files.extend([item.record.file_index] * len(kept))
-            lines.extend([item.record.line] * len(kept))
+            records.extend([item.record] * len(kept))
         if not pieces:
             return None
         done = _Tokens.from_pairs(pieces)
-        done.files = np.array(files, dtype=np.int32)
-        done.lines = np.array(lines, dtype=np.int64)
+        done.files = np.array([r.file_index for r in records], dtype=np.int32)
+        done.lines = np.array([r.line for r in records], dtype=np.int64)
+        done.carried = self._carried(records)
         return done.count(stats)
 
     def _finish_pairs(
@@ -638,7 +658,14 @@ class RecordEncoder:
         done.prompt_lengths = np.array(prompt_lengths, dtype=np.int32)
         if self.kind == "kto":
             done.kto_labels = np.array([p.label for p in kept_items], dtype=bool)
+        done.carried = self._carried([p.record for p in kept_items])
         return done.count(stats)
+
+    def _carried(self, records: List[Record]) -> Optional[List[List[Any]]]:
+        """Per carried field, the value of each of ``records`` (None without any)."""
+        if not self.options.carry:
+            return None
+        return [[r.carried[i] for r in records] for i in range(len(self.options.carry))]
 
     def _pair_max_len(
         self, record: Record, prompt_length: int, full: List[np.ndarray], stats: TokenizeStats
@@ -733,10 +760,45 @@ class TokenStream:
         self.rejected: List[Dict[str, Any]] = []
         self._on_reject = on_reject if on_reject is not None else self.rejected.append
         self._used = False
+        # Each carried field's type, and where it was first seen, once a sample has it.
+        self._carried: Dict[str, Tuple[pa.DataType, str]] = {}
 
     def config(self) -> Dict[str, Any]:
         """Everything besides the input bytes that determines the output (for the cache key)."""
         return self.encoding.config()
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The batches' schema (a carried field's type is known once a sample has it: null
+        before, and for good when none has)."""
+        return self.encoding.schema(self.sources, {n: t for n, (t, _) in self._carried.items()})
+
+    def _carried_types(self, tokens: _Tokens) -> List[Tuple[str, pa.DataType]]:
+        """Each carried field with its type in this run: the type of its first value, which
+        every later value must have (else an InvalidRecordError naming both records)."""
+        out = []
+        for name, values in zip(self.encoding.options.carry, tokens.carried or ()):
+            types = [_carried_type(v) for v in values]
+            if name not in self._carried:
+                path, line, row = self._source(tokens, 0)
+                self._carried[name] = (types[0], f"{path}:{'row ' * row}{line}")
+            first, where = self._carried[name]
+            odd = next((j for j, t in enumerate(types) if t != first), None)
+            if odd is not None:
+                path, line, row = self._source(tokens, odd)
+                reason = (
+                    f"carried field {name!r} is of type {types[odd]}, not {first} as at {where}:"
+                    " a carried field has one type in a run"
+                )
+                raise InvalidRecordError(path, line, reason, row=row)
+            out.append((name, first))
+        return out
+
+    def _source(self, tokens: _Tokens, j: int) -> Tuple[str, int, bool]:
+        """The file (as shown), line or row, and whether it is a row, of sample ``j``."""
+        assert tokens.files is not None and tokens.lines is not None
+        path = self.inputs[int(tokens.files[j])]
+        return shown_path(path), int(tokens.lines[j]), is_parquet(path)
 
     def _record_chunks(self, decode: bool) -> Iterator[List[Record]]:
         """``batch_size`` records at a time: batch boundaries depend on the input only."""
@@ -858,7 +920,7 @@ class TokenStream:
         if self.progress is not None:
             self.progress.add_samples(n_records)
         if tokens is not None:
-            yield tokens.to_batch(self.sources)
+            yield tokens.to_batch(self.sources, self._carried_types(tokens))
 
 
 class ChunkRunner(Protocol):
@@ -949,6 +1011,30 @@ def _unpack_records(packed: Any) -> List[Record]:
             for n, raw in zip(lines, raws)
         ]
     return packed
+
+
+# The Arrow type of a carried value, by its Python type (bool before int: a bool is an int).
+_CARRIED_TYPES = ((bool, pa.bool_()), (int, pa.int64()), (float, pa.float64()), (str, pa.string()))
+
+
+def _carried_type(value: Any) -> pa.DataType:
+    return next(t for kind, t in _CARRIED_TYPES if isinstance(value, kind))
+
+
+def _carried_value(record: Record, name: str) -> Any:
+    """Field ``name`` of a parsed record, to carry: one bool, integer (64 bits), float or
+    string."""
+    value = record.value[name] if name in record.value else None  # type: ignore[index,operator]
+    if value is None:
+        state = "is null" if name in record.value else "is missing"  # type: ignore[operator]
+        raise record.fail(f"carried field {name!r} {state}")
+    if not isinstance(value, (bool, int, float, str)):
+        raise record.fail(
+            f"carried field {name!r} must be a bool, number or string, got {type(value).__name__}"
+        )
+    if isinstance(value, int) and not -(2**63) <= value < 2**63:
+        raise record.fail(f"carried field {name!r} is an integer beyond 64 bits")
+    return value
 
 
 def _overlong_error(record: Record, n: int, max_len: int, hint: str) -> OverlongError:

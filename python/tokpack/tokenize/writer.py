@@ -26,7 +26,7 @@ from .pipeline import ChunkRunner, PathLike, RecordEncoder, TokenStream
 from .schema import describe
 from .tokenizer import LoadedTokenizer
 
-__all__ = ["tokenize_files", "stream_into", "REJECTED_NAME", "DEFAULT_SHARD_ROWS"]
+__all__ = ["tokenize_files", "stream_into", "write_arrow", "REJECTED_NAME", "DEFAULT_SHARD_ROWS"]
 
 DEFAULT_SHARD_ROWS = 100_000
 
@@ -90,6 +90,8 @@ class _ShardWriter:
         self._submit(self._open_file, self.directory / name)
 
     def write(self, batch: pa.RecordBatch) -> None:
+        # The stream's schema, with each carried field's type (known from its first batch).
+        self.schema = batch.schema
         while batch.num_rows:
             if not self._is_open or self._rows == self.shard_rows:
                 self._close_shard()
@@ -170,6 +172,18 @@ def stream_into(
         rejected.close()
 
 
+def write_arrow(sink: pa.NativeFile, stream: TokenStream) -> None:
+    """The batches of ``stream`` as one Arrow IPC file (one-step pack's staged tokens), with
+    the stream's schema (a carried field's type comes with the first batch)."""
+    batches = iter(stream)
+    first = next(batches, None)
+    with pa.ipc.new_file(sink, stream.schema if first is None else first.schema) as writer:
+        if first is not None:
+            writer.write_batch(first)
+        for batch in batches:
+            writer.write_batch(batch)
+
+
 def tokenize_files(
     inputs: Union[PathLike, Sequence[PathLike]],
     output_dir: PathLike,
@@ -204,7 +218,7 @@ def tokenize_files(
     config = {**encoding.config(), "shard_rows": shard_rows}
 
     def build(tmp: Path, described: List[Dict[str, Any]]) -> Dict[str, Any]:
-        shards = _ShardWriter(tmp, shard_rows, encoding.schema())
+        shards = _ShardWriter(tmp, shard_rows, encoding.schema())  # the schema of no samples
         with stream_into(
             tmp, inputs, described, encoding, progress, threads=threads, runner=runner
         ) as stream:
@@ -227,7 +241,7 @@ def tokenize_files(
             "counts": stream.stats.as_dict(),
             "shards": shards.shards,
             "rejected_file": REJECTED_NAME if stream.stats.rejected else None,
-            "columns": describe(encoding.schema()),
+            "columns": describe(stream.schema),
         }
 
     manifest, hit, _ = cached_run(

@@ -15,6 +15,12 @@ descriptor instead of one per tensor).
 Only :class:`WorkerBatch` takes this route, and only when pickled by multiprocessing's
 ``ForkingPickler`` (the DataLoader's queues); :func:`ship` wraps a batch made inside a DataLoader
 worker and leaves it alone elsewhere, so ``num_workers=0`` returns the dict itself.
+
+The queue pickles a batch later, on its feeder thread, where an exception is printed and the
+batch lost (the main process then waits for it forever). So :func:`ship` takes the batch's
+shared memory (a slot, or a block of its own) in the worker itself, where a failure (no space
+left in ``/dev/shm``) is raised to the DataLoader, which re-raises it in the main process; the
+feeder thread only copies the tensors in.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import numpy as np
 import torch
 
 from .._outdir import pid_alive
+from ..errors import OutputError
 
 __all__ = ["WorkerBatch", "ship"]
 
@@ -64,7 +71,12 @@ class WorkerBatch(dict):
     the worker's shared-memory ring and arrives as a plain ``dict``. Pickled any other way (a
     file, ``copy``) it is a plain dict too."""
 
-    __slots__ = ()
+    # The shared memory ship() took for it, used by its first trip through a queue.
+    __slots__ = ("_place",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._place: Optional[_Place] = None
 
     def __copy__(self) -> "WorkerBatch":
         return WorkerBatch(self)
@@ -72,11 +84,22 @@ class WorkerBatch(dict):
     def __reduce__(self):
         return (dict, (dict(self),))
 
+    def __del__(self) -> None:
+        place, self._place = getattr(self, "_place", None), None
+        if place is not None:  # never sent: the slot is free again
+            place.release()
+
 
 def ship(batch: Any) -> Any:
-    """``batch`` as a :class:`WorkerBatch` when it is a dict made inside a DataLoader worker."""
+    """``batch`` as a :class:`WorkerBatch` when it is a dict made inside a DataLoader worker,
+    its shared memory taken here (module docstring)."""
     if type(batch) is dict and torch.utils.data.get_worker_info() is not None:
-        return WorkerBatch(batch)
+        shipped = WorkerBatch(batch)
+        tensors: List[torch.Tensor] = []
+        _strip(shipped, tensors, {})
+        if tensors:
+            shipped._place = _take_place(_layout(tensors)[1])
+        return shipped
     return batch
 
 
@@ -167,9 +190,22 @@ def _views(block: torch.Tensor, specs: List[Spec]) -> List[torch.Tensor]:
 
 
 def _shared_bytes(n: int) -> torch.Tensor:
-    """A uint8 tensor of ``n`` bytes in shared memory (pages are backed when first written)."""
+    """A uint8 tensor of ``n`` bytes in shared memory."""
     storage = torch.UntypedStorage._new_shared(max(n, 1))  # an empty one cannot be mapped
     return torch.empty(0, dtype=torch.uint8).set_(storage)[:n]
+
+
+# What torch raises when shared memory cannot be had ("unable to allocate shared memory(shm)
+# ...: No space left on device (28)", too many open files, ...).
+_ALLOCATION_ERRORS = (RuntimeError, OSError)
+
+
+def _no_shared_memory(used: int, exc: BaseException) -> OutputError:
+    return OutputError(
+        f"cannot get {used:,} bytes of shared memory for a batch of this DataLoader worker"
+        f" ({exc}): give /dev/shm more room (docker: --shm-size), or hold fewer batches (fewer"
+        " workers, a lower prefetch_factor), or load in the main process (num_workers=0)"
+    )
 
 
 # -- worker side ---------------------------------------------------------------------------------
@@ -210,27 +246,69 @@ def _worker_slot(used: int) -> Optional[Tuple[_Ring, int]]:
     if ring is None or ring.key[0] != os.getpid() or ring.slot_bytes < used:
         _serial += 1
         slot_bytes = -(-max(used + used // 4, _MIN_SLOT) // _PAGE) * _PAGE
-        ring = _ring = _Ring(_serial, slot_bytes)
+        ring = _Ring(_serial, slot_bytes)  # raises when shared memory is short
+        _ring = ring
     slot = ring.take()
     return None if slot is None else (ring, slot)
 
 
+class _Place:
+    """Where a batch of up to ``capacity`` bytes goes: slot ``slot`` of ``ring``, or ``block``."""
+
+    __slots__ = ("ring", "slot", "block", "capacity")
+
+    def __init__(self, ring: Optional[_Ring], slot: int, block: Optional[torch.Tensor]) -> None:
+        self.ring, self.slot, self.block = ring, slot, block
+        self.capacity = ring.slot_bytes if ring is not None else len(block)  # type: ignore[arg-type]
+
+    def release(self) -> None:
+        if self.ring is not None:
+            self.ring.flags[self.slot] = 0
+
+
+def _take_place(used: int) -> _Place:
+    """Shared memory for a batch of ``used`` bytes: a slot of the ring, else (every slot held,
+    or no room for a ring) a block of its own; an OutputError when neither can be had."""
+    try:
+        with _lock:
+            found = _worker_slot(used)
+    except _ALLOCATION_ERRORS:
+        found = None  # a ring holds several batches: one batch's block may still fit
+    if found is not None:
+        return _Place(*found, None)
+    try:
+        return _Place(None, 0, _shared_bytes(used))
+    except _ALLOCATION_ERRORS as exc:
+        raise _no_shared_memory(used, exc) from None
+
+
 def _reduce_batch(batch: WorkerBatch):
+    # On the queue's feeder thread: only copies, into the place ship() took in the worker. A
+    # batch that did not come through ship() (or grew since) takes its place here, where a
+    # failure cannot be raised: it travels to the main process, which raises it.
+    place, batch._place = getattr(batch, "_place", None), None
     tensors: List[torch.Tensor] = []
     skeleton = _strip(batch, tensors, {})
+    specs, used = _layout(tensors)
+    if place is not None and (not tensors or place.capacity < used):
+        place.release()
+        place = None
     if not tensors:
         return (dict, (skeleton,))
-    specs, used = _layout(tensors)
-    with _lock:
-        found = _worker_slot(used)
-        if found is not None:
-            ring, slot = found
-            memory = None if ring.sent else ring.memory
-            ring.sent = True
-    if found is None:
-        block = _shared_bytes(used)
+    if place is None:
+        try:
+            place = _take_place(used)
+        except OutputError as error:
+            return (_raise, (error,))
+    if place.block is not None:
+        block = place.block[:used]
         _write(block, tensors, specs)
         return (_rebuild_block, (block, specs, skeleton))
+    ring, slot = place.ring, place.slot
+    assert ring is not None
+    with _lock:
+        memory = None if ring.sent else ring.memory
+        ring.sent = True
     _write(ring.slot(slot, used), tensors, specs)
     return (_rebuild_slot, (ring.key, memory, ring.slot_bytes, slot, used, specs, skeleton))
 
@@ -297,3 +375,7 @@ def _rebuild_slot(key, memory, slot_bytes, slot, used, specs, skeleton) -> Dict[
 
 def _rebuild_block(block: torch.Tensor, specs, skeleton) -> Dict[str, Any]:
     return _fill(skeleton, _views(block, specs))
+
+
+def _raise(error: BaseException) -> Dict[str, Any]:
+    raise error

@@ -5,6 +5,9 @@ A rank's DataLoader sees only its own rows, so the sampler replays every rank's 
 sampler and sums the index side files' per-row counts (:func:`tokpack.row_counts.row_counts`)
 over each step's batches of all ranks; :meth:`PackedDataset.__getitems__` passes the counts on
 and :class:`PackedCollator` puts them in the batch, so no collective is needed.
+
+With ``balance="compute"`` the rows of each optimizer step (all ranks' batches of the step) are
+dealt out again so that every rank's compute is even, see :class:`PackedBatchSampler`.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from typing import Callable, Iterable, Iterator, List, Optional
 import numpy as np
 import torch
 
+from ..balance import Cost, cost_coefficients
+from ..balance.packed import deal_step, row_compute
 from ..errors import ConfigError
 from ..row_counts import row_counts
 from ._stream import non_negative_int
@@ -38,6 +43,16 @@ class PackedBatchSampler(torch.utils.data.Sampler):
     ``rank`` / ``world_size`` default as for the streaming datasets (``torch.distributed``, else
     ``RANK`` / ``WORLD_SIZE``). Every rank computes the counts of all ranks: one pass over each
     rank's sampler per epoch (a ``randperm`` of the rows per rank for ``DistributedSampler``).
+
+    ``balance="compute"`` re-deals each optimizer step's rows (the same rows, each as often as
+    before) among the ranks so that their compute, ``Σ a·L + b·L²`` over the segments of their
+    rows (``cost``: ``"attention"``, ``"tokens"`` or ``(a, b)``, see
+    :func:`tokpack.balance.cost_coefficients`), is as even as a balanced partition with equal
+    row counts gets it, and within a rank among its ``grad_accum_steps`` batches, heaviest
+    first. The step's normalisers do not change; every rank computes the same deal, so the
+    order is still a pure function of the epoch (resume by skipping batches, as before). A
+    step whose ranks have unequal row counts (the last one, with ``drop_last``) keeps its rows.
+    :meth:`step_imbalance` gives each step's max / mean rank compute.
     """
 
     def __init__(
@@ -52,6 +67,8 @@ class PackedBatchSampler(torch.utils.data.Sampler):
         drop_last: bool = False,
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
+        balance: Optional[str] = None,
+        cost: Cost = "attention",
     ) -> None:
         if not isinstance(dataset, PackedDataset):
             raise ConfigError(
@@ -69,10 +86,23 @@ class PackedBatchSampler(torch.utils.data.Sampler):
                     dataset, num_replicas=self.world_size, rank=r, shuffle=shuffle, seed=seed
                 )
 
+        if balance not in (None, "compute"):
+            raise ConfigError(f'balance must be None or "compute", got {balance!r}')
+        self.balance = balance
         self._samplers = [sampler(r) for r in range(self.world_size)]
+        self._cost = cost_coefficients(cost)
+        self._row_compute: Optional[np.ndarray] = None
         counts = row_counts(dataset.packed)
         self._terms, self._samples = counts.loss_terms, counts.samples
         self._num_rows = len(dataset)
+        self._packed = dataset.packed
+
+    @property
+    def _compute(self) -> np.ndarray:
+        """Each row's compute (its ``seq_lengths`` read on first use)."""
+        if self._row_compute is None:
+            self._row_compute = row_compute(self._packed, self._cost)
+        return self._row_compute
 
     def set_epoch(self, epoch: int) -> None:
         """Passed on to every rank's sampler that has ``set_epoch``."""
@@ -98,8 +128,36 @@ class PackedBatchSampler(torch.utils.data.Sampler):
     def __len__(self) -> int:
         return self._batches(len(self._rank_rows(self.rank)))
 
-    def __iter__(self) -> Iterator[List[int]]:
+    def _steps(self) -> List[np.ndarray]:
+        """Every rank's rows in order, re-dealt per step with ``balance="compute"``."""
         per_rank = [self._rank_rows(r) for r in range(self.world_size)]
+        if self.balance is None:
+            return per_rank
+        step_rows = self.batch_rows * self.grad_accum_steps
+        out: List[List[np.ndarray]] = [[] for _ in per_rank]
+        n_steps = max((-(-len(rows) // step_rows) for rows in per_rank), default=0)
+        for m in range(n_steps):
+            step = [rows[m * step_rows : (m + 1) * step_rows] for rows in per_rank]
+            step = deal_step(step, self._compute, self.grad_accum_steps)
+            for r, rows in enumerate(step):
+                out[r].append(rows)
+        return [np.concatenate(parts) if parts else rows for parts, rows in zip(out, per_rank)]
+
+    def step_imbalance(self) -> np.ndarray:
+        """Max over mean of the ranks' compute in each optimizer step of this epoch."""
+        per_rank = self._steps()
+        step_rows = self.batch_rows * self.grad_accum_steps
+        n_steps = max((-(-len(rows) // step_rows) for rows in per_rank), default=0)
+        loads = np.zeros((n_steps, len(per_rank)))
+        for r, rows in enumerate(per_rank):
+            cum = np.concatenate([[0.0], np.cumsum(self._compute[rows])])
+            ends = np.minimum(np.arange(n_steps + 1) * step_rows, len(rows))
+            loads[:, r] = np.diff(cum[ends])
+        mean = loads.mean(axis=1)
+        return np.where(mean > 0, loads.max(axis=1) / np.where(mean > 0, mean, 1), 1.0)
+
+    def __iter__(self) -> Iterator[List[int]]:
+        per_rank = self._steps()
         step_rows = self.batch_rows * self.grad_accum_steps
         n_steps = max((-(-len(rows) // step_rows) for rows in per_rank), default=0)
         terms = np.zeros(n_steps, np.int64)
@@ -120,5 +178,6 @@ class PackedBatchSampler(torch.utils.data.Sampler):
         return (
             f"PackedBatchSampler(batch_rows={self.batch_rows},"
             f" grad_accum_steps={self.grad_accum_steps}, rank={self.rank},"
-            f" world_size={self.world_size}, drop_last={self.drop_last})"
+            f" world_size={self.world_size}, drop_last={self.drop_last},"
+            f" balance={self.balance!r})"
         )

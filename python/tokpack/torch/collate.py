@@ -18,7 +18,7 @@ import torch
 from .._contract import IGNORE_INDEX
 from ..errors import ConfigError, DataError
 from ._transport import ship
-from .pairs import PAIR_FORMATS, add_pair_fields
+from .pairs import PAIR_FORMATS, add_pair_fields, row_tensor
 
 __all__ = ["PackedCollator", "FORMATS", "IGNORE_INDEX"]
 
@@ -45,7 +45,7 @@ def _segments(lens: torch.Tensor, total: int) -> "tuple[torch.Tensor, torch.Tens
 
 
 def _as_tensor(value: Any, name: str, row: int) -> torch.Tensor:
-    t = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+    t = row_tensor(value)
     if t.dim() != 1:
         raise DataError(f"row {row}: column {name!r} must be 1-D, got shape {tuple(t.shape)}")
     return t
@@ -388,7 +388,7 @@ def _add_carried(batch: Dict[str, Any], rows: Sequence[Mapping[str, Any]]) -> No
         if isinstance(values[0], list):
             batch[name] = [v for part in values for v in part]
         else:
-            batch[name] = torch.cat([torch.as_tensor(v) for v in values])
+            batch[name] = torch.cat([row_tensor(v) for v in values])
 
 
 def _per_segment(value: Any, n_segments: int) -> bool:

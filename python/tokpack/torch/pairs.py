@@ -16,6 +16,7 @@ batch (``logp_terms``), so ``sequence_logps`` is one gather and one scatter-add 
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
@@ -32,6 +33,20 @@ ROLE_SEQUENCE, ROLE_CHOSEN, ROLE_REJECTED, ROLE_PROMPT = map(
 PAIR_FORMATS = ("hf", "flash", "padded")
 
 
+def row_tensor(value: Any) -> torch.Tensor:
+    """A row's column as a tensor, sharing a numpy array's memory. The collators only read
+    row tensors (every batch tensor is a new one: cat, index_select, copies), so a read-only
+    array (Ray's batches over Arrow memory, via ``rows_collate``) is shared without a copy, and
+    torch's warning that writes to it would be undefined does not apply."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, np.ndarray) and not value.flags.writeable:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+            return torch.as_tensor(value)
+    return torch.as_tensor(value)
+
+
 def prompt_segments(roles: np.ndarray, pair: np.ndarray) -> np.ndarray:
     """Per segment, the index of the shared prompt segment it also attends to, -1 if none."""
     # One spare entry: unpaired segments (pair -1) read it.
@@ -46,7 +61,7 @@ def _row_roles(rows: Sequence[Mapping[str, Any]], seg_lens: List[torch.Tensor]) 
     roles = []
     for i, (row, s) in enumerate(zip(rows, seg_lens)):
         r = row.get("seq_roles")
-        r = np.zeros(s.numel(), np.int64) if r is None else torch.as_tensor(r).cpu().numpy()
+        r = np.zeros(s.numel(), np.int64) if r is None else row_tensor(r).cpu().numpy()
         r = r.astype(np.int64, copy=False)
         if r.shape != (s.numel(),):
             raise DataError(
@@ -99,7 +114,7 @@ def _carried(rows: Sequence[Mapping[str, Any]], name: str, n_segs: List[int]):
     for i, (row, n) in enumerate(zip(rows, n_segs)):
         if name not in row:
             raise DataError(f"row {i}: missing column {name!r} (other rows of the batch have it)")
-        t = torch.as_tensor(row[name])
+        t = row_tensor(row[name])
         if t.shape != (n,):
             raise DataError(f"row {i}: column {name!r} must have one entry per segment ({n})")
         parts.append(t)

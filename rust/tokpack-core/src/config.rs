@@ -1,7 +1,7 @@
 //! `PackConfig`: the one owner of a pack job's options (the plan, the input columns, the pair
 //! layout, the carried columns and the shard layout). Its constructor is the only validation;
 //! every path (`plan`, `pack_tokens`, `pack_files`, `tokpack.ray.pack`, `stats`, the CLI) builds
-//! one, and a path that does not support a field refuses it by name ([`PackConfig::refuse`]).
+//! one, and a path that does not support a field refuses it by name (`tokpack.pack_config`).
 
 use crate::error::{CoreError, Result};
 use crate::format::check_carry_name;
@@ -51,6 +51,24 @@ pub const FIELDS: &[(&str, &[&str], &str)] = &[
     ("row_group_rows", &[], "packed rows per Parquet row group"),
     ("compression", &[], "zstd[:LEVEL], snappy, lz4, none"),
 ];
+
+/// The pair layout of inputs of `kind` (`inputs` names them in messages): preference pairs
+/// get one (`separate` when none is given); other kinds refuse any but `separate`.
+pub fn pair_layout_for(
+    kind: SampleKind,
+    layout: Option<PairLayout>,
+    inputs: &str,
+) -> Result<Option<PairLayout>> {
+    match (kind, layout) {
+        (SampleKind::Preference, layout) => Ok(Some(layout.unwrap_or(PairLayout::Separate))),
+        (_, Some(layout)) if layout != PairLayout::Separate => Err(CoreError::Config(format!(
+            "pair_layout {:?} applies to preference pairs; {inputs} holds {} samples",
+            layout.name(),
+            kind.name()
+        ))),
+        _ => Ok(None),
+    }
+}
 
 /// The values a config is made from, as the caller gives them (checked by [`PackConfig::new`]).
 #[derive(Clone, Debug)]
@@ -163,24 +181,11 @@ impl PackConfig {
         }
     }
 
-    /// This config for inputs of `kind` (`inputs` names them in messages): preference pairs
-    /// get a pair layout (the default when none was given), other kinds refuse one; KTO
-    /// carries its `label` first, other kinds refuse that name.
+    /// This config for inputs of `kind` (`inputs` names them in messages): the pair layout
+    /// of [`pair_layout_for`]; KTO carries its `label` first, other kinds refuse that name.
     pub fn for_kind(&self, kind: SampleKind, inputs: &str) -> Result<Self> {
         let mut out = self.clone();
-        match (kind, self.pair_layout) {
-            (SampleKind::Preference, layout) => {
-                out.pair_layout = Some(layout.unwrap_or(PairLayout::Separate))
-            }
-            (_, Some(layout)) if layout != PairLayout::Separate => {
-                return Err(CoreError::Config(format!(
-                    "pair_layout {:?} applies to preference pairs; {inputs} holds {} samples",
-                    layout.name(),
-                    kind.name()
-                )))
-            }
-            _ => out.pair_layout = None,
-        }
+        out.pair_layout = pair_layout_for(kind, self.pair_layout, inputs)?;
         let label = crate::format::col::KTO_LABEL;
         if kind == SampleKind::Kto {
             out.carry.retain(|c| c != label);
@@ -189,35 +194,6 @@ impl PackConfig {
             check_carry_name(label, false)?;
         }
         Ok(out)
-    }
-
-    /// Refuses the first field that differs from its default and is not in `supported`,
-    /// naming it and `path` (the path that cannot honour it).
-    pub fn refuse(&self, path: &str, supported: &[&str]) -> Result<()> {
-        let given = self.fields();
-        let default = PackFields::defaults(given.max_len);
-        let differs = |name: &str| match name {
-            "strategy" => given.strategy != default.strategy,
-            "overlong" => given.overlong != default.overlong,
-            "seed" => given.seed != default.seed,
-            "tokens_column" => given.tokens_column != default.tokens_column,
-            "labels_column" => given.labels_column != default.labels_column,
-            "loss_mask_column" => given.loss_mask_column != default.loss_mask_column,
-            "pair_layout" => given.pair_layout != default.pair_layout,
-            "carry" => given.carry != default.carry,
-            "rows_per_shard" => given.rows_per_shard != default.rows_per_shard,
-            "row_group_rows" => given.row_group_rows != default.row_group_rows,
-            "compression" => given.compression != default.compression,
-            _ => false,
-        };
-        for &(name, _, _) in FIELDS {
-            if differs(name) && !supported.contains(&name) {
-                return Err(CoreError::Config(format!(
-                    "{path} does not support {name}; leave it at its default"
-                )));
-            }
-        }
-        Ok(())
     }
 
     /// How labels are read: the loss mask when given, else the labels column (required when
@@ -284,18 +260,11 @@ mod tests {
     }
 
     #[test]
-    fn for_kind_and_refuse() {
+    fn for_kind() {
         let c = config(|f| f.carry = vec!["turn".into()]).unwrap();
         let kto = c.for_kind(SampleKind::Kto, "k.parquet").unwrap();
         assert_eq!(kto.carry, ["label", "turn"]);
         let shared = config(|f| f.pair_layout = Some("shared-prompt".into())).unwrap();
         assert!(shared.for_kind(SampleKind::Sft, "s").is_err());
-        assert_eq!(
-            c.refuse("tokpack.ray.pack", &["strategy"])
-                .unwrap_err()
-                .to_string(),
-            "tokpack.ray.pack does not support carry; leave it at its default"
-        );
-        assert!(c.refuse("x", &["carry"]).is_ok());
     }
 }

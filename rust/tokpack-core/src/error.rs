@@ -103,6 +103,16 @@ pub enum CoreError {
         length: i64,
         max_len: u32,
     },
+    /// Sample `index` is longer than a micro-batch's max_tokens and the policy is `error`.
+    #[error(
+        "sample {index} has {length} tokens, more than max_tokens={max_tokens}; pass \
+         overlong=\"alone\" to give it a micro-batch of its own, or filter it out first"
+    )]
+    OverCap {
+        index: usize,
+        length: i64,
+        max_tokens: u64,
+    },
     /// The data itself is invalid (negative length, mismatched labels, ...).
     #[error("{}{what}", prefix(at))]
     Data { at: Box<Location>, what: String },

@@ -74,7 +74,8 @@ pub const INDEX_COLUMNS: [&str; 4] = [
 ];
 
 /// Names a carried column may not take: every shard column, and KTO's `label` (carried by
-/// tokpack itself from KTO inputs).
+/// tokpack itself from KTO inputs): two columns of one name, or one a reader takes for another
+/// meaning.
 pub fn is_reserved(name: &str) -> bool {
     SHARD_COLUMNS.contains(&name) || name == col::KTO_LABEL
 }
@@ -83,17 +84,15 @@ pub fn is_reserved(name: &str) -> bool {
 pub fn check_carry_name(name: &str, kto: bool) -> Result<()> {
     if name.is_empty() {
         return Err(CoreError::Config(
-            "carry: column names must be non-empty strings, got \"\"".into(),
+            "carry: column names must be non-empty strings, got ''".into(),
         ));
     }
     if is_reserved(name) && !(kto && name == col::KTO_LABEL) {
-        let what = if name == col::KTO_LABEL {
-            "KTO's label column"
-        } else {
-            "a column of every packed shard"
-        };
         return Err(CoreError::Config(format!(
-            "carry: {name:?} is reserved ({what}); rename the input column to carry it"
+            "carry: '{name}' is a column of packed shards (reserved: {}, {}); rename the input \
+             column to carry it",
+            SHARD_COLUMNS.join(", "),
+            col::KTO_LABEL
         )));
     }
     Ok(())
@@ -113,5 +112,15 @@ mod tests {
         assert!(check_carry_name("label", false).is_err());
         assert!(check_carry_name("label", true).is_ok());
         assert!(check_carry_name("source", false).is_ok());
+    }
+
+    #[test]
+    fn every_shard_column_is_reserved() {
+        for (labels, pairs) in [(true, true), (false, false)] {
+            for field in crate::io::writer::shard_schema(labels, pairs, &[]).fields() {
+                let name = field.name().as_str();
+                assert!(is_reserved(name), "{name} is written, not reserved");
+            }
+        }
     }
 }

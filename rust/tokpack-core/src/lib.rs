@@ -3,7 +3,8 @@
 //! [`plan`] turns sample lengths into rows of segments (best-fit / first-fit decreasing,
 //! next-fit, padding, random concatenation); [`materialize`] copies tokens into those rows.
 //! [`bpe`] and [`template`] tokenize chat data: byte-level BPE encoding and chat templates;
-//! [`records`] takes JSONL chat records through both.
+//! [`records`] takes JSONL chat records through both. [`balance`] splits work evenly across
+//! data-parallel ranks and capped micro-batches.
 //!
 //! Unix only: [`io`] reads spill files and checked shards with positioned reads
 //! (`std::os::unix::fs::FileExt`), which keep one file handle shareable between threads.
@@ -13,6 +14,7 @@ compile_error!(
     "tokpack-core is Unix-only: io::spill and io::checked use std::os::unix::fs::FileExt"
 );
 
+pub mod balance;
 pub mod bpe;
 mod capacity_index;
 pub mod config;

@@ -106,6 +106,30 @@ named!(
         Preference = "preference",
         Kto = "kto",
     }
+    /// How `balance::partition` splits items.
+    PartitionMethod, "partition method", {
+        /// The better (lower maximum) of Karmarkar-Karp and LPT, each refined by local search.
+        Best = "best",
+        /// Karmarkar-Karp largest differencing (verl's algorithm), unrefined.
+        Kk = "kk",
+        /// Longest processing time first: each item, largest first, to the lightest part.
+        Lpt = "lpt",
+    }
+    /// The order of a rank's micro-batches.
+    MicroBatchOrder, "micro-batch order", {
+        /// Heaviest first on every rank: the i-th micro-batches of all ranks cost about the same.
+        Descending = "descending",
+        /// Lightest at both ends, heaviest in the middle: small pipeline warm-up and cool-down.
+        Pp = "pp",
+        /// By smallest sample index.
+        Input = "input",
+    }
+    /// What `balance::micro_batches` does with a sample longer than max_tokens.
+    OverCap, "over-cap policy", {
+        Error = "error",
+        /// A micro-batch of its own.
+        Alone = "alone",
+    }
 );
 
 impl PairLayout {

@@ -7,10 +7,10 @@ use numpy::{IntoPyArray, PyArray1};
 use pyo3::exceptions::{PyOverflowError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PyString, PyTuple};
-use tokpack_core::config::{PackFields, FIELDS};
+use tokpack_core::config::{self, PackFields, FIELDS};
 use tokpack_core::error::CoreError;
 use tokpack_core::io::{ByteRange, ShardInfo};
-use tokpack_core::policy::check_range;
+use tokpack_core::policy::{check_range, PairLayout};
 use tokpack_core::{PackConfig, PackReport, SampleKind};
 
 fn config_error(what: String) -> PyErr {
@@ -271,13 +271,6 @@ impl PyPackConfig {
         self.0.for_kind(kind, inputs).map(Self).map_err(to_py)
     }
 
-    /// Refuses (ConfigError naming it) the first field set to other than its default that
-    /// ``path`` does not list in ``supported``.
-    fn refuse_unsupported(&self, path: &str, supported: Vec<String>) -> PyResult<()> {
-        let names: Vec<&str> = supported.iter().map(String::as_str).collect();
-        self.0.refuse(path, &names).map_err(to_py)
-    }
-
     fn __reduce__<'py>(
         slf: &Bound<'py, Self>,
     ) -> PyResult<(Bound<'py, PyAny>, (Bound<'py, PyDict>,))> {
@@ -325,6 +318,8 @@ pub fn shard_info(d: &Bound<'_, PyAny>) -> PyResult<ShardInfo> {
         checksum: d.get_item("checksum")?.extract()?,
         row_group_bytes: groups?,
         footer_bytes: byte_range(&d.get_item("footer_bytes")?)?,
+        index_size: d.get_item("index_size")?.extract()?,
+        index_checksum: d.get_item("index_checksum")?.extract()?,
     })
 }
 
@@ -402,52 +397,12 @@ impl PyPackReport {
         self.0.has_labels
     }
     #[getter]
-    fn max_len(&self) -> u32 {
-        self.0.max_len
-    }
-    #[getter]
-    fn n_samples(&self) -> u64 {
-        self.0.n_samples
-    }
-    #[getter]
-    fn rows(&self) -> u64 {
-        self.0.rows
-    }
-    #[getter]
-    fn segments(&self) -> u64 {
-        self.0.segments
-    }
-    #[getter]
-    fn tokens(&self) -> u64 {
-        self.0.tokens
-    }
-    #[getter]
-    fn input_tokens(&self) -> u64 {
-        self.0.input_tokens
-    }
-    #[getter]
-    fn lower_bound(&self) -> u64 {
-        self.0.lower_bound()
-    }
-    #[getter]
-    fn efficiency(&self) -> f64 {
-        self.0.efficiency()
-    }
-    #[getter]
     fn dropped<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i64>> {
         ids(py, &self.0.dropped)
     }
     #[getter]
     fn empty<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i64>> {
         ids(py, &self.0.empty)
-    }
-    #[getter]
-    fn truncated<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i64>> {
-        ids(py, &self.0.truncated)
-    }
-    #[getter]
-    fn split<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i64>> {
-        ids(py, &self.0.split)
     }
     /// The shards' manifest entries.
     #[getter]
@@ -503,6 +458,21 @@ impl PyPackReport {
             .call((slf.get_type(),), Some(&kw))?;
         Ok((partial, PyTuple::empty(py)))
     }
+}
+
+/// The pair layout of inputs of ``kind`` (``inputs`` names them in messages): preference pairs
+/// get one (``"separate"`` when none is given); other kinds refuse any but ``"separate"``.
+#[pyfunction]
+#[pyo3(signature = (kind, pair_layout, inputs))]
+pub fn pair_layout_for(
+    kind: &str,
+    pair_layout: Option<&str>,
+    inputs: &str,
+) -> PyResult<Option<&'static str>> {
+    let layout: Option<PairLayout> = pair_layout.map(str::parse).transpose().map_err(to_py)?;
+    let kind: SampleKind = kind.parse().map_err(to_py)?;
+    let layout = config::pair_layout_for(kind, layout, inputs).map_err(to_py)?;
+    Ok(layout.map(|l| l.name()))
 }
 
 /// The file name of packed shard `shard` (`part-NNNNN.parquet`).

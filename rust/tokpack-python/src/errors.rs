@@ -19,7 +19,7 @@ pub fn to_py(err: CoreError) -> PyErr {
     let message = err.to_string();
     match err {
         CoreError::Config(_) => ConfigError::new_err(message),
-        CoreError::Overlong { .. } => OverlongError::new_err(message),
+        CoreError::Overlong { .. } | CoreError::OverCap { .. } => OverlongError::new_err(message),
         CoreError::Data { .. } => DataError::new_err(message),
         CoreError::Unreadable { source, .. } if source.kind() == ErrorKind::PermissionDenied => {
             InputPermissionError::new_err(message)

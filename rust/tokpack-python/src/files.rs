@@ -41,6 +41,21 @@ fn progress_of(p: Option<&Bound<'_, Progress>>) -> Arc<io::Progress> {
     p.map_or_else(|| Arc::new(io::Progress::new()), |p| Arc::clone(&p.get().0))
 }
 
+/// The columns `pack_files` would read from the token shards `paths` with `config` (a config
+/// `for_kind` of the inputs; its rules, its errors): `(labels column, is a loss mask)`, or None
+/// without labels.
+#[pyfunction]
+#[pyo3(signature = (*, paths, config))]
+pub fn input_columns(
+    py: Python<'_>,
+    paths: Vec<PathBuf>,
+    config: &PyPackConfig,
+) -> PyResult<Option<(String, bool)>> {
+    let c = config.0.clone();
+    py.detach(|| io::input_columns(&paths, &c.tokens_column, &c.labels(), &c.carry))
+        .map_err(to_py)
+}
+
 /// Packs token shards into `out_dir` as `config` says (a config `for_kind` of the inputs);
 /// returns the job's report.
 #[pyfunction]
@@ -84,22 +99,29 @@ pub fn file_checksum(py: Python<'_>, path: PathBuf) -> PyResult<(u64, String)> {
     py.detach(|| io::file_checksum(&path)).map_err(to_py)
 }
 
-/// Lengths (int64) of the token column across `paths`, and the rows of each file.
+/// Lengths (int64) of the token column across `paths` (with `pair_layout`: the footprints of
+/// preference pairs in that layout), and the rows of each file.
 #[pyfunction]
-#[pyo3(signature = (*, paths, tokens_column, batch_rows, threads=None, progress=None))]
+#[pyo3(signature = (*, paths, tokens_column, batch_rows, pair_layout=None, threads=None, progress=None))]
+#[allow(clippy::too_many_arguments)]
 pub fn read_lengths<'py>(
     py: Python<'py>,
     paths: Vec<PathBuf>,
     tokens_column: String,
     batch_rows: usize,
+    pair_layout: Option<&str>,
     threads: Option<usize>,
     progress: Option<&Bound<'py, Progress>>,
 ) -> PyResult<(Bound<'py, PyArray1<i64>>, Vec<u64>)> {
+    let pairs = pair_layout
+        .map(str::parse::<io::PairLayout>)
+        .transpose()
+        .map_err(to_py)?;
     let progress = progress_of(progress);
     let (lengths, rows) = py
         .detach(|| {
             pool::install(threads, || {
-                io::read_lengths(&paths, &tokens_column, batch_rows, &progress)
+                io::read_lengths(&paths, &tokens_column, pairs, batch_rows, &progress)
             })
         })
         .map_err(to_py)?;

@@ -2,6 +2,7 @@
 //! The public API, docstrings and defaults live in the Python package (`python/tokpack`).
 
 mod arrow_in;
+mod balance;
 mod bpe;
 mod config;
 mod errors;
@@ -14,7 +15,9 @@ use pyo3::prelude::*;
 use pyo3::types::{IntoPyDict, PyDict, PyTuple};
 use tokpack_core::bpe::{LLAMA3_REGEX, QWEN2_REGEX};
 use tokpack_core::format;
-use tokpack_core::policy::{self, Overlong, PairLayout, SampleKind, Strategy};
+use tokpack_core::policy::{
+    self, MicroBatchOrder, OverCap, Overlong, PairLayout, PartitionMethod, SampleKind, Strategy,
+};
 
 #[pymodule]
 fn _tokpack(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -61,6 +64,7 @@ fn _tokpack(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(config::check_int, m)?)?;
     m.add_function(wrap_pyfunction!(config::shard_name, m)?)?;
     m.add_function(wrap_pyfunction!(config::index_name, m)?)?;
+    m.add_function(wrap_pyfunction!(config::pair_layout_for, m)?)?;
     m.add_function(wrap_pyfunction!(plan::plan, m)?)?;
     m.add_function(wrap_pyfunction!(plan::pack_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(plan::flatten_samples, m)?)?;
@@ -75,5 +79,20 @@ fn _tokpack(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(files::read_row_group, m)?)?;
     m.add_function(wrap_pyfunction!(files::file_checksum, m)?)?;
     m.add_function(wrap_pyfunction!(shards::write_held_shard, m)?)?;
+    m.add(
+        "PARTITION_METHODS",
+        PyTuple::new(m.py(), PartitionMethod::NAMES)?,
+    )?;
+    m.add(
+        "MICRO_BATCH_ORDERS",
+        PyTuple::new(m.py(), MicroBatchOrder::NAMES)?,
+    )?;
+    m.add("OVER_CAP_POLICIES", PyTuple::new(m.py(), OverCap::NAMES)?)?;
+    let attention = tokpack_core::balance::CostModel::ATTENTION;
+    m.add("ATTENTION_COST", (attention.a, attention.b))?;
+    m.add_function(wrap_pyfunction!(balance::partition, m)?)?;
+    m.add_function(wrap_pyfunction!(balance::micro_batches, m)?)?;
+    m.add_class::<balance::MicroBatchParts>()?;
+    m.add_function(wrap_pyfunction!(files::input_columns, m)?)?;
     Ok(())
 }

@@ -7,6 +7,7 @@ use crate::errors::to_py;
 use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1};
 use pyo3::prelude::*;
 use tokpack_core::format::col;
+use tokpack_core::io::carry::check_carried_in_memory;
 use tokpack_core::io::columns::{flatten_in_memory, Flat, Role};
 use tokpack_core::{materialize, pool, CoreError, Plan};
 
@@ -125,17 +126,22 @@ pub fn pack_tokens(
 
 /// The samples of in-memory Arrow data (a table's `tokens_column`, and `labels_column` or
 /// `mask_column`), checked by the rules of `pack_files`: flat int32 tokens, int64 offsets from
-/// 0, and int32 labels (from the loss mask when given one) or None.
+/// 0, and int32 labels (from the loss mask when given one) or None. The `carry` columns are
+/// checked as `pack_files` checks carried columns (a scalar type, no null).
 #[pyfunction]
-#[pyo3(signature = (*, table, tokens_column, labels_column, mask_column))]
+#[pyo3(signature = (*, table, tokens_column, labels_column, mask_column, carry=Vec::new()))]
 pub fn flatten_samples<'py>(
     py: Python<'py>,
     table: &Bound<'py, PyAny>,
     tokens_column: &str,
     labels_column: Option<&str>,
     mask_column: Option<&str>,
+    carry: Vec<String>,
 ) -> PyResult<FlatSamples<'py>> {
     let input = Chunks::import(table)?;
+    for name in &carry {
+        check_carried_in_memory(&input.column(name)?, name).map_err(to_py)?;
+    }
     let tokens = input.column(tokens_column)?;
     let labels = match (labels_column, mask_column) {
         (Some(name), None) => Some((input.column(name)?, name, Role::Labels)),

@@ -1,11 +1,13 @@
 //! `write_held_shard`: one packed shard from the samples a `tokpack.ray` shard task holds, with
 //! the writer of `pack_files` (identical bytes for the same plan rows).
 
+use crate::arrow_in::Chunks;
 use crate::errors::to_py;
 use numpy::PyReadonlyArray1;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use std::path::PathBuf;
+use tokpack_core::io::carry::Carried;
 use tokpack_core::io::{self, HeldSamples, ShardInfo};
 use tokpack_core::Plan;
 
@@ -34,15 +36,18 @@ pub fn shard_dict<'py>(py: Python<'py>, s: &ShardInfo) -> PyResult<Bound<'py, Py
     }
     d.set_item("row_group_bytes", groups)?;
     d.set_item("footer_bytes", byte_range_dict(py, &s.footer_bytes)?)?;
+    d.set_item("index_size", s.index_size)?;
+    d.set_item("index_checksum", &s.index_checksum)?;
     Ok(d)
 }
 
 /// Writes shard `shard` into `out_dir`: plan rows given as CSR arrays (`bin_offsets` from 0,
 /// global `sample_ids`), tokens gathered from the held samples `ids` (ascending) with
-/// `offsets` into `tokens` / `labels`. Returns the shard's manifest entry.
+/// `offsets` into `tokens` / `labels`, and `carried`: `(name, Arrow array)` with one value per
+/// held sample. Returns the shard's manifest entry.
 #[pyfunction]
 #[pyo3(signature = (*, out_dir, shard, max_len, bin_offsets, sample_ids, starts, lengths, ids,
-    offsets, tokens, labels, row_group_rows, compression))]
+    offsets, tokens, labels, row_group_rows, compression, carried=Vec::new()))]
 #[allow(clippy::too_many_arguments)]
 pub fn write_held_shard<'py>(
     py: Python<'py>,
@@ -59,7 +64,18 @@ pub fn write_held_shard<'py>(
     labels: Option<PyReadonlyArray1<'py, i32>>,
     row_group_rows: usize,
     compression: &str,
+    carried: Vec<(String, Bound<'py, PyAny>)>,
 ) -> PyResult<Bound<'py, PyDict>> {
+    let carried = carried
+        .iter()
+        .map(|(name, values)| {
+            Ok(Carried {
+                name: name.clone(),
+                values: Chunks::import(values)?.column(name)?,
+                ids: Some(ids.as_slice()?.to_vec()),
+            })
+        })
+        .collect::<PyResult<Vec<_>>>()?;
     let rows = Plan {
         max_len,
         bin_offsets: bin_offsets.as_slice()?.to_vec(),
@@ -87,6 +103,7 @@ pub fn write_held_shard<'py>(
                 shard,
                 &rows,
                 &samples,
+                &carried,
                 row_group_rows,
                 compression,
             )

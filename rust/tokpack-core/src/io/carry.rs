@@ -8,10 +8,12 @@ use crate::error::{Context, CoreError, Location, Result};
 use arrow::array::{Array, ArrayRef, UInt64Array};
 use arrow::datatypes::DataType;
 
-/// A carried column: its name and one value per input sample, in sample order.
+/// A carried column: its name and one value per sample: `values[s]` is sample `s`'s, or with
+/// `ids` (the held samples of a `tokpack.ray` shard task, ascending) `values[i]` is `ids[i]`'s.
 pub struct Carried {
     pub name: String,
     pub values: ArrayRef,
+    pub ids: Option<Vec<i64>>,
 }
 
 fn is_scalar(t: &DataType) -> bool {
@@ -64,6 +66,34 @@ pub fn carried_types(sources: &[Source], columns: &[String]) -> Result<Vec<DataT
     Ok(types)
 }
 
+/// An in-memory column to carry (a `tokpack.ray` block's), checked as a file's: a scalar type
+/// and no null (errors name the row and column).
+pub fn check_carried_in_memory(array: &ArrayRef, column: &str) -> Result<()> {
+    let t = array.data_type();
+    if !is_scalar(t) {
+        return Err(CoreError::Schema {
+            at: Box::new(Location {
+                column: Some(column.to_string()),
+                ..Location::default()
+            }),
+            what: format!(
+                "cannot carry a column of type {t}: carried columns hold one bool, integer, \
+                 float or string per sample"
+            ),
+        });
+    }
+    let unit = Location::default();
+    carried_values(
+        array,
+        column,
+        &BatchAt {
+            unit: &unit,
+            row_base: 0,
+        },
+    )
+    .map(|_| ())
+}
+
 /// A batch's values of a carried column, which must hold no null (its row named otherwise).
 pub fn carried_values(array: &ArrayRef, column: &str, loc: &BatchAt) -> Result<ArrayRef> {
     if array.null_count() > 0 {
@@ -84,6 +114,16 @@ pub fn concat(chunks: &[ArrayRef], data_type: &DataType) -> Result<ArrayRef> {
 
 /// The values of the samples `samples` (one per segment).
 pub fn per_segment(carried: &Carried, samples: &[i64], dir: &std::path::Path) -> Result<ArrayRef> {
-    let indices = UInt64Array::from_iter_values(samples.iter().map(|&s| s as u64));
+    let indices = match &carried.ids {
+        None => UInt64Array::from_iter_values(samples.iter().map(|&s| s as u64)),
+        Some(ids) => samples
+            .iter()
+            .map(|s| {
+                ids.binary_search(s)
+                    .map(|i| i as u64)
+                    .map_err(|_| CoreError::data(format!("sample {s} was not sent to this shard")))
+            })
+            .collect::<Result<UInt64Array>>()?,
+    };
     arrow::compute::take(carried.values.as_ref(), &indices, None).output(dir)
 }

@@ -12,6 +12,7 @@ pub mod carry;
 pub mod checked;
 pub mod columns;
 pub mod pack;
+mod pagecache;
 pub mod pairs;
 pub mod progress;
 pub mod shard;
@@ -20,7 +21,9 @@ pub mod spill;
 pub mod writer;
 
 pub use checked::{file_checksum, read_checked_row_group, GroupCheck};
-pub use pack::{pack_files, read_lengths, LabelSource, PackFilesConfig, PackOutcome};
+pub use pack::{
+    input_columns, pack_files, read_lengths, LabelSource, PackFilesConfig, PackOutcome,
+};
 pub use pairs::PairLayout;
 pub use progress::{Phase, Progress};
 pub use shard::{write_held_shard, HeldSamples};

@@ -82,29 +82,31 @@ pub const PAIR_COLUMNS: [&str; 5] = [
 ];
 
 /// The spilled samples, found through each sample's spill location (and, for pairs, the
-/// rejected sequence's).
+/// rejected sequence's) and length.
 struct Spilled<'a> {
     locations: &'a [u64],
     rejected: &'a [u64],
+    lengths: &'a [i64],
+    pairs: &'a [PairLengths],
     reader: &'a SpillReader,
 }
 
-impl Spilled<'_> {
-    fn location(&self, sample: i64, seq: u8) -> u64 {
-        if seq == SEQ_REJECTED {
-            self.rejected[sample as usize]
-        } else {
-            self.locations[sample as usize]
-        }
-    }
-}
-
 impl SampleSource for Spilled<'_> {
-    fn tokens(&self, sample: i64, seq: u8, start: i64, out: &mut [i32]) -> Result<()> {
-        self.reader.tokens(self.location(sample, seq), start, out)
-    }
-    fn labels(&self, sample: i64, seq: u8, start: i64, out: &mut [i32]) -> Result<()> {
-        self.reader.labels(self.location(sample, seq), start, out)
+    fn read(
+        &self,
+        sample: i64,
+        seq: u8,
+        start: i64,
+        tokens: &mut [i32],
+        labels: Option<&mut [i32]>,
+    ) -> Result<()> {
+        let s = sample as usize;
+        let (loc, n) = match (seq == SEQ_REJECTED, self.pairs.get(s)) {
+            (true, Some(p)) => (self.rejected[s], i64::from(p.rejected)),
+            (false, Some(p)) => (self.locations[s], i64::from(p.chosen)),
+            (_, None) => (self.locations[s], self.lengths[s]),
+        };
+        self.reader.read(loc, n, start, tokens, labels)
     }
 }
 
@@ -267,21 +269,17 @@ fn read_sequence(
     Ok((flat, labels))
 }
 
-/// Spills the sequences of a batch; returns the location of each row's first value.
+/// Spills the sequences of a batch; returns the location of each row.
 fn spill_rows(
     spill: Option<&Spill>,
     worker: usize,
     flat: &Flat,
     labels: Option<&[i32]>,
 ) -> Result<Vec<u64>> {
-    let Some(spill) = spill else {
-        return Ok(Vec::new());
-    };
-    let base = spill.append(worker, &flat.values, labels)?;
-    Ok(flat.offsets[..flat.offsets.len() - 1]
-        .iter()
-        .map(|&o| base + o as u64)
-        .collect())
+    match spill {
+        Some(spill) => spill.append(worker, &flat.values, &flat.offsets, labels),
+        None => Ok(Vec::new()),
+    }
 }
 
 fn read_unit(
@@ -384,6 +382,22 @@ fn read_all(
     Ok((all, rows))
 }
 
+/// The columns `pack_files` reads from token shards `paths` (plain sequences), by its rules and
+/// with its errors (a file lacking the labels the others have is named, carried columns need
+/// one scalar type across the files): the labels column and whether it is a loss mask.
+pub fn input_columns(
+    paths: &[PathBuf],
+    tokens: &str,
+    labels: &LabelSource,
+    carry: &[String],
+) -> Result<Option<(String, bool)>> {
+    let sources = open_all(paths)?;
+    let columns = resolve_columns(&sources, tokens, labels, None, carry)?;
+    Ok(columns
+        .labels
+        .map(|(name, role)| (name, matches!(role, Role::LossMask))))
+}
+
 fn open_all(paths: &[PathBuf]) -> Result<Vec<Source>> {
     if paths.is_empty() {
         return Err(CoreError::Config("no input files given".into()));
@@ -411,21 +425,32 @@ fn locate(sources: &[Source], rows: &[u64], index: usize) -> Location {
     Location::default()
 }
 
-/// Sample lengths of the token column of every input (for `stats`), and rows per file.
+/// Sample lengths of the token column of every input (for `stats`), and rows per file. With
+/// `pairs`, the inputs are preference shards and a sample's length is its pair's footprint in
+/// that layout, as `pack_files` plans it (0 for a pair it drops as empty).
 pub fn read_lengths(
     paths: &[PathBuf],
     tokens_column: &str,
+    pairs: Option<PairLayout>,
     batch_rows: usize,
     progress: &Progress,
 ) -> Result<(Vec<i64>, Vec<u64>)> {
     let sources = open_all(paths)?;
-    let columns = resolve_columns(&sources, tokens_column, &LabelSource::None, None, &[])?;
+    let columns = resolve_columns(&sources, tokens_column, &LabelSource::None, pairs, &[])?;
     let (read, rows) = read_all(&sources, &columns, batch_rows, None, progress)?;
     if read.rows == 0 {
         return Err(no_samples(paths));
     }
     progress.start(Phase::Done, 0);
-    Ok((read.lengths, rows))
+    let lengths = match pairs {
+        Some(layout) => read
+            .pairs
+            .iter()
+            .map(|p| if p.is_empty() { 0 } else { p.footprint(layout) })
+            .collect(),
+        None => read.lengths,
+    };
+    Ok((lengths, rows))
 }
 
 /// The output layout must be positive and a row group's tokens must fit int32 offsets.
@@ -512,6 +537,7 @@ pub fn pack_files(config: &PackFilesConfig, progress: &Progress) -> Result<PackO
             Ok(Carried {
                 name: name.clone(),
                 values: concat(&chunks, data_type)?,
+                ids: None,
             })
         })
         .collect::<Result<Vec<_>>>()?;
@@ -527,6 +553,8 @@ pub fn pack_files(config: &PackFilesConfig, progress: &Progress) -> Result<PackO
         source: &Spilled {
             locations: &read.locations,
             rejected: &read.rejected,
+            lengths: &read.lengths,
+            pairs: &read.pairs,
             reader: &reader,
         },
         has_labels,

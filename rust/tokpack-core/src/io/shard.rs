@@ -2,6 +2,7 @@
 //! plan rows of their shard and the samples those rows use, and write them with the same
 //! writer as [`super::pack_files`], so the shard's bytes are those `pack_files` writes.
 
+use super::carry::Carried;
 use super::pack::check_layout;
 use super::progress::Progress;
 use super::writer::{write_shard, SampleSource, ShardContext, ShardInfo};
@@ -62,27 +63,32 @@ impl HeldSamples<'_> {
 
 // Held samples are plain sequences: `seq` is always 0 (shard tasks write no pairs).
 impl SampleSource for HeldSamples<'_> {
-    fn tokens(&self, sample: i64, _seq: u8, start: i64, out: &mut [i32]) -> Result<()> {
-        let span = self.span(sample, start, out.len())?;
-        out.copy_from_slice(&self.tokens[span]);
-        Ok(())
-    }
-    fn labels(&self, sample: i64, _seq: u8, start: i64, out: &mut [i32]) -> Result<()> {
-        let span = self.span(sample, start, out.len())?;
-        if let Some(labels) = self.labels {
-            out.copy_from_slice(&labels[span]);
+    fn read(
+        &self,
+        sample: i64,
+        _seq: u8,
+        start: i64,
+        tokens: &mut [i32],
+        labels: Option<&mut [i32]>,
+    ) -> Result<()> {
+        let span = self.span(sample, start, tokens.len())?;
+        tokens.copy_from_slice(&self.tokens[span.clone()]);
+        if let (Some(out), Some(held)) = (labels, self.labels) {
+            out.copy_from_slice(&held[span]);
         }
         Ok(())
     }
 }
 
 /// Writes shard `shard` into `dir` from `rows`, a plan holding exactly the shard's rows (its
-/// segments keep their global sample ids), gathering tokens from `samples`.
+/// segments keep their global sample ids), gathering tokens from `samples` and the carried
+/// columns' values from `carried` (each with the held `ids`).
 pub fn write_held_shard(
     dir: &Path,
     shard: usize,
     rows: &Plan,
     samples: &HeldSamples,
+    carried: &[Carried],
     row_group_rows: usize,
     compression: Compression,
 ) -> Result<ShardInfo> {
@@ -95,7 +101,7 @@ pub fn write_held_shard(
         source: samples,
         has_labels: samples.labels.is_some(),
         pairs: None,
-        carried: &[],
+        carried,
         row_group_rows,
         compression,
         progress: &progress,

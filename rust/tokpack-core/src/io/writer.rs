@@ -8,6 +8,7 @@
 //! [`super::checked`]).
 
 use super::carry::{per_segment, Carried};
+use super::pagecache::WriteBehind;
 use super::pairs::{Pairs, Part};
 use super::progress::Progress;
 use crate::error::{Context, CoreError, Result};
@@ -53,6 +54,9 @@ pub struct ShardInfo {
     pub row_group_bytes: Vec<ByteRange>,
     /// Everything after the last row group: page indexes and the footer.
     pub footer_bytes: ByteRange,
+    /// The index side file's size in bytes and `xxh3_128:<hex>` of its bytes.
+    pub index_size: u64,
+    pub index_checksum: String,
 }
 
 /// The checksum notation of the manifest.
@@ -179,10 +183,16 @@ impl<W: Write> Write for Hashing<W> {
 /// `seq` is the sequence of the sample (0 for a plain sample; a pair's chosen or rejected one,
 /// see [`super::pairs`]).
 pub trait SampleSource: Sync {
-    /// Tokens `start..start+out.len()` of sequence `seq` of input sample `sample`.
-    fn tokens(&self, sample: i64, seq: u8, start: i64, out: &mut [i32]) -> Result<()>;
-    /// Labels of the same span (called only when the shard has labels).
-    fn labels(&self, sample: i64, seq: u8, start: i64, out: &mut [i32]) -> Result<()>;
+    /// Tokens `start..start+tokens.len()` of sequence `seq` of input sample `sample`, and the
+    /// labels of the same span into `labels` (given only when the shard has labels).
+    fn read(
+        &self,
+        sample: i64,
+        seq: u8,
+        start: i64,
+        tokens: &mut [i32],
+        labels: Option<&mut [i32]>,
+    ) -> Result<()>;
 }
 
 /// Everything a shard writer needs besides its row range.
@@ -227,6 +237,7 @@ pub fn write_shard(ctx: &ShardContext, shard: usize, rows: Range<usize>) -> Resu
     // bytes written so far: first the magic, then one range per row group.
     writer.sync().output(&path)?;
     writer.inner_mut().cut();
+    let mut write_behind = WriteBehind::default();
     let mut index = IndexColumns::default();
     let mut info = ShardInfo {
         file: name,
@@ -243,7 +254,10 @@ pub fn write_shard(ctx: &ShardContext, shard: usize, rows: Range<usize>) -> Resu
         writer.write(&batch).output(&path)?;
         writer.flush().output(&path)?;
         writer.sync().output(&path)?;
-        let range = writer.inner_mut().cut();
+        let sink = writer.inner_mut();
+        let range = sink.cut();
+        sink.inner.flush().output(&path)?;
+        write_behind.advance(sink.inner.get_ref(), sink.pos);
         check_group_range(&path, writer.flushed_row_groups(), info.row_groups, &range)?;
         info.row_group_bytes.push(range);
         info.row_groups += 1;
@@ -255,7 +269,7 @@ pub fn write_shard(ctx: &ShardContext, shard: usize, rows: Range<usize>) -> Resu
     info.footer_bytes = sink.cut();
     info.size = sink.pos;
     info.checksum = xxh3_hex(sink.hasher.finish_128());
-    write_index(&ctx.dir.join(&index_file), index)?;
+    (info.index_size, info.index_checksum) = write_index(&ctx.dir.join(&index_file), index)?;
     Ok(info)
 }
 
@@ -292,7 +306,9 @@ struct IndexColumns {
     num_loss_tokens: Vec<i32>,
 }
 
-fn write_index(path: &Path, index: IndexColumns) -> Result<()> {
+/// Writes the index side file; returns its size and checksum (the manifest records both, so
+/// every reader and the cache check catch a damaged index as they do a damaged shard).
+fn write_index(path: &Path, index: IndexColumns) -> Result<(u64, String)> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).output(dir)?;
     }
@@ -307,10 +323,13 @@ fn write_index(path: &Path, index: IndexColumns) -> Result<()> {
     )
     .output(path)?;
     let file = File::create(path).output(path)?;
-    let mut w = FileWriter::try_new_buffered(file, &index_schema()).output(path)?;
+    let sink = Hashing::new(BufWriter::new(file));
+    let mut w = FileWriter::try_new(sink, &index_schema()).output(path)?;
     w.write(&batch).output(path)?;
     w.finish().output(path)?;
-    Ok(())
+    let mut sink = w.into_inner().output(path)?;
+    sink.flush().output(path)?;
+    Ok((sink.pos, xxh3_hex(sink.hasher.finish_128())))
 }
 
 /// The segments of plan rows `rows`: each plan unit is one segment, or a pair's two or three.
@@ -368,13 +387,14 @@ fn row_group(
     for &(sample, part) in &segments {
         let len = part.len as usize;
         let span = pos..pos + len;
-        ctx.source
-            .tokens(sample, part.seq, part.start, &mut tokens[span.clone()])?;
+        let out = &mut tokens[span.clone()];
         if ctx.has_labels {
+            let labels = &mut labels[span];
             ctx.source
-                .labels(sample, part.seq, part.start, &mut labels[span.clone()])?;
-            seg_loss.push(labels[span].iter().filter(|&&v| v != IGNORE_INDEX).count() as i32);
+                .read(sample, part.seq, part.start, out, Some(&mut *labels))?;
+            seg_loss.push(labels.iter().filter(|&&v| v != IGNORE_INDEX).count() as i32);
         } else {
+            ctx.source.read(sample, part.seq, part.start, out, None)?;
             seg_loss.push(len as i32);
         }
         pos += len;

@@ -1,0 +1,1 @@
+"""Drop-ins for the planners other trainers ship (``verl``; OpenRLHF and others copy it)."""

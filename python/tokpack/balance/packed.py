@@ -1,0 +1,76 @@
+"""Balanced optimizer steps of packed rows: the compute of a packed directory's rows
+(``Σ a·L + b·L²`` over each row's segments: the attention of a packed row is per segment, read
+from its ``seq_lengths`` column only) and the deal of one step's rows to ranks and batches that
+``PackedBatchSampler(balance="compute")`` and ``tokpack stats`` share."""
+
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+import numpy as np
+
+from ..packed_dir import PackedDir
+from . import Cost, cost_coefficients, partition
+
+__all__ = ["deal_step", "row_compute", "segment_compute", "step_imbalance"]
+
+
+def row_compute(packed: PackedDir, cost: Cost = "attention") -> np.ndarray:
+    """float64 compute of every row of ``packed`` (global numbering) under ``cost``."""
+    parts = []
+    for g in range(packed.num_groups):
+        lengths, offsets = packed.decode(g, ["seq_lengths"])["seq_lengths"]
+        parts.append(segment_compute(lengths, offsets, cost))
+    return np.concatenate(parts) if parts else np.zeros(0, np.float64)
+
+
+def segment_compute(
+    seq_lengths: np.ndarray, row_offsets: np.ndarray, cost: Cost = "attention"
+) -> np.ndarray:
+    """Per-row compute of rows whose segments are
+    ``seq_lengths[row_offsets[r]:row_offsets[r + 1]]``."""
+    a, b = cost_coefficients(cost)
+    seg = np.asarray(seq_lengths, dtype=np.float64)
+    cum = np.concatenate([[0.0], np.cumsum(a * seg + b * seg * seg)])
+    return cum[row_offsets[1:]] - cum[row_offsets[:-1]]
+
+
+def deal_step(ranks: List[np.ndarray], compute: np.ndarray, batches: int = 1) -> List[np.ndarray]:
+    """One optimizer step's rows, ``ranks[r]`` those of rank ``r`` (``compute[row]`` the
+    compute of a row), dealt again with the same count per rank and even compute, each rank's
+    rows ordered as ``batches`` equal batches of even compute, heaviest first. ``ranks`` back
+    when the ranks' counts differ, or when the new deal's heaviest rank would not be lighter or
+    as light (a partition heuristic is not optimal)."""
+    if len({len(r) for r in ranks}) != 1 or not len(ranks[0]):
+        return ranks
+    rows = np.concatenate(ranks)
+    out = []
+    for part in partition(compute[rows], len(ranks), equal_size=True, threads=1):
+        mine = rows[part]
+        if batches > 1:
+            split = partition(compute[mine], batches, equal_size=True, threads=1)
+            mine = np.concatenate([mine[b] for b in split])
+        out.append(mine)
+    heaviest = [max(float(compute[r].sum()) for r in x) for x in (out, ranks)]
+    return out if heaviest[0] <= heaviest[1] else ranks
+
+
+def step_imbalance(
+    compute: np.ndarray, batch_size: int, world_size: int, seed: int = 0
+) -> Optional[Tuple[float, float]]:
+    """Mean over optimizer steps of max / mean rank compute when rows of ``compute`` are
+    shuffled (``seed``) into steps of ``batch_size`` rows, each dealt to ``world_size`` ranks
+    (rank ``r`` takes every ``world_size``-th row, as ``DistributedSampler``): as dealt, and
+    re-dealt by :func:`deal_step`. None without a whole step."""
+    if len(compute) < batch_size:
+        return None
+    order = np.random.default_rng(seed).permutation(len(compute))
+    plain: List[float] = []
+    balanced: List[float] = []
+    for m in range(len(order) // batch_size):
+        step = order[m * batch_size : (m + 1) * batch_size]
+        dealt = [step[r::world_size] for r in range(world_size)]
+        for out, ranks in ((plain, dealt), (balanced, deal_step(dealt, compute))):
+            loads = np.array([compute[r].sum() for r in ranks])
+            out.append(loads.max() / loads.mean() if loads.mean() > 0 else 1.0)
+    return float(np.mean(plain)), float(np.mean(balanced))

@@ -1,0 +1,260 @@
+//! Balanced multiway partition of item costs: Karmarkar-Karp largest differencing, LPT, and the
+//! better of both after local search.
+
+use super::refine::Layout;
+use super::{checked_costs, cmp_cost};
+use crate::error::{CoreError, Result};
+use crate::policy::PartitionMethod;
+use crate::pool;
+use std::cmp::{Ordering, Reverse};
+use std::collections::BinaryHeap;
+
+/// `k` parts of item indices, each ascending.
+pub type Partition = Vec<Vec<u32>>;
+
+/// Exchanges the local search may make: a few per part (each is the best for the heaviest).
+pub(super) fn budget(parts: usize) -> usize {
+    8 * parts + 32
+}
+
+/// Splits items `0..costs.len()` into `k` non-empty parts whose cost sums are as even as
+/// `method` gets them; `equal_size` makes the item counts differ by at most one. The parts are
+/// ordered by decreasing sum (ties: smallest first item), each part ascending. `threads` runs
+/// the two candidates of [`PartitionMethod::Best`] side by side; the result does not depend on it.
+pub fn partition(
+    costs: &[f64],
+    k: usize,
+    equal_size: bool,
+    method: PartitionMethod,
+    threads: Option<usize>,
+) -> Result<Partition> {
+    let n = costs.len();
+    if k == 0 || k > n {
+        return Err(CoreError::Config(format!(
+            "cannot split {n} items into {k} non-empty parts (need 1 <= k <= the number of items)"
+        )));
+    }
+    if n > u32::MAX as usize {
+        return Err(CoreError::Config(format!(
+            "at most {} items, got {n}",
+            u32::MAX
+        )));
+    }
+    checked_costs(costs)?;
+    let parts = match method {
+        PartitionMethod::Kk => karmarkar_karp(costs, k, equal_size),
+        PartitionMethod::Lpt => lpt(costs, k, equal_size),
+        PartitionMethod::Best => pool::install(threads, || {
+            let (a, b) = rayon::join(
+                || refined(costs, karmarkar_karp(costs, k, equal_size), equal_size),
+                || refined(costs, lpt(costs, k, equal_size), equal_size),
+            );
+            // The lower maximum; Karmarkar-Karp on a tie.
+            Ok(
+                if cmp_cost(max_sum(costs, &b), max_sum(costs, &a)).is_lt() {
+                    b
+                } else {
+                    a
+                },
+            )
+        })?,
+    };
+    Ok(sorted(costs, parts))
+}
+
+pub(super) fn max_sum(costs: &[f64], parts: &[Vec<u32>]) -> f64 {
+    parts
+        .iter()
+        .map(|p| p.iter().map(|&i| costs[i as usize]).sum::<f64>())
+        .fold(0.0, f64::max)
+}
+
+/// Parts ascending inside, by decreasing sum (ties: smallest first item) outside.
+fn sorted(costs: &[f64], mut parts: Partition) -> Partition {
+    for p in &mut parts {
+        p.sort_unstable();
+    }
+    let sums: Vec<f64> = parts
+        .iter()
+        .map(|p| p.iter().map(|&i| costs[i as usize]).sum())
+        .collect();
+    let mut order: Vec<usize> = (0..parts.len()).collect();
+    order
+        .sort_by(|&a, &b| cmp_cost(sums[b], sums[a]).then(parts[a].first().cmp(&parts[b].first())));
+    order
+        .into_iter()
+        .map(|i| std::mem::take(&mut parts[i]))
+        .collect()
+}
+
+/// Items by decreasing cost, ties by index.
+fn by_cost_desc(costs: &[f64]) -> Vec<u32> {
+    let mut order: Vec<u32> = (0..costs.len() as u32).collect();
+    order.sort_by(|&a, &b| cmp_cost(costs[b as usize], costs[a as usize]).then(a.cmp(&b)));
+    order
+}
+
+pub(super) fn refined(costs: &[f64], parts: Partition, equal_size: bool) -> Partition {
+    let lens = vec![0; costs.len()];
+    let k = parts.len();
+    let mut layout = Layout::new(costs, &lens, u64::MAX, &parts, (0..k as u32).collect(), k);
+    layout.refine(!equal_size, budget(k));
+    layout.bins()
+}
+
+/// Longest processing time first: each item, largest first, to the part with the smallest sum
+/// (ties: fewest items, lowest index) that may still take one.
+pub(super) fn lpt(costs: &[f64], k: usize, equal_size: bool) -> Partition {
+    let n = costs.len();
+    let (base, mut extra) = if equal_size { (n / k, n % k) } else { (n, 0) };
+    let mut parts = vec![Vec::new(); k];
+    let mut heap: BinaryHeap<Reverse<(Sum, usize, usize)>> =
+        (0..k).map(|p| Reverse((Sum(0.0), 0, p))).collect();
+    for i in by_cost_desc(costs) {
+        while let Some(Reverse((Sum(s), count, p))) = heap.pop() {
+            if equal_size && count == base && extra == 0 {
+                continue; // full for good: no part may take a (base + 1)-th item any more
+            }
+            parts[p].push(i);
+            if equal_size && count == base {
+                extra -= 1;
+            } else {
+                heap.push(Reverse((Sum(s + costs[i as usize]), count + 1, p)));
+            }
+            break;
+        }
+    }
+    parts
+}
+
+/// A sum in a heap key (costs are finite).
+#[derive(Clone, Copy, PartialEq)]
+struct Sum(f64);
+
+impl Eq for Sum {}
+
+impl Ord for Sum {
+    fn cmp(&self, other: &Self) -> Ordering {
+        cmp_cost(self.0, other.0)
+    }
+}
+
+impl PartialOrd for Sum {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// One part of a Karmarkar-Karp state: its sum and items (a linked list through `next`).
+#[derive(Clone, Copy)]
+struct Entry {
+    sum: f64,
+    head: u32,
+    tail: u32,
+}
+
+const END: u32 = u32::MAX;
+
+/// Karmarkar-Karp largest differencing, as verl's `karmarkar_karp`: every item (with
+/// `equal_size`: every run of `k` items of similar cost, one per part) starts a state of `k`
+/// parts; the two states of largest spread merge, the heaviest part of one with the lightest of
+/// the other, until one state is left. A state keeps only its non-empty parts (heaviest first):
+/// the others are empty, so a state of one item costs one entry, not `k`.
+pub(super) fn karmarkar_karp(costs: &[f64], k: usize, equal_size: bool) -> Partition {
+    let mut next = vec![END; costs.len()];
+    let singleton = |i: u32| Entry {
+        sum: costs[i as usize],
+        head: i,
+        tail: i,
+    };
+    let order = by_cost_desc(costs);
+    let mut states: Vec<Vec<Entry>> = if equal_size {
+        order
+            .chunks(k)
+            .map(|run| run.iter().map(|&i| singleton(i)).collect())
+            .collect()
+    } else {
+        order.iter().map(|&i| vec![singleton(i)]).collect()
+    };
+    let spread = |s: &[Entry]| s[0].sum - if s.len() < k { 0.0 } else { s[s.len() - 1].sum };
+    let mut heap: BinaryHeap<(Sum, Reverse<usize>)> = states
+        .iter()
+        .enumerate()
+        .map(|(id, s)| (Sum(spread(s)), Reverse(id)))
+        .collect();
+    while heap.len() > 1 {
+        let (_, Reverse(a)) = heap.pop().expect("two states");
+        let (_, Reverse(b)) = heap.pop().expect("two states");
+        let (sa, sb) = (
+            std::mem::take(&mut states[a]),
+            std::mem::take(&mut states[b]),
+        );
+        let mut merged = Vec::with_capacity(k.min(sa.len() + sb.len()));
+        for i in 0..k {
+            let x = sa.get(i);
+            let y = (k - 1 - i < sb.len()).then(|| &sb[k - 1 - i]);
+            match (x, y) {
+                (Some(x), Some(y)) => {
+                    next[x.tail as usize] = y.head;
+                    merged.push(Entry {
+                        sum: x.sum + y.sum,
+                        head: x.head,
+                        tail: y.tail,
+                    });
+                }
+                (Some(e), None) | (None, Some(e)) => merged.push(*e),
+                (None, None) => {}
+            }
+        }
+        merged.sort_by(|x, y| cmp_cost(y.sum, x.sum).then(x.head.cmp(&y.head)));
+        heap.push((Sum(spread(&merged)), Reverse(states.len())));
+        states.push(merged);
+    }
+    let (_, Reverse(last)) = heap.pop().expect("n >= k >= 1 items");
+    states[last]
+        .iter()
+        .map(|e| {
+            let mut items = Vec::new();
+            let mut i = e.head;
+            while i != END {
+                items.push(i);
+                i = next[i as usize];
+            }
+            items
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kk_balances_a_classic_case() {
+        // {8, 7, 6, 5, 4} into 2: KK gives 16 / 14 (the optimum is 15 / 15); best finds 15.
+        let costs = [8.0, 7.0, 6.0, 5.0, 4.0];
+        let kk = karmarkar_karp(&costs, 2, false);
+        assert_eq!(max_sum(&costs, &kk), 16.0);
+        let best = partition(&costs, 2, false, PartitionMethod::Best, Some(1)).unwrap();
+        assert_eq!(max_sum(&costs, &best), 15.0);
+    }
+
+    #[test]
+    fn equal_size_counts_differ_by_at_most_one() {
+        let costs: Vec<f64> = (0..23).map(|i| (i * 7 % 11) as f64).collect();
+        for method in PartitionMethod::ALL {
+            let parts = partition(&costs, 5, true, *method, Some(1)).unwrap();
+            let counts: Vec<usize> = parts.iter().map(Vec::len).collect();
+            assert!(
+                counts.iter().max().unwrap() - counts.iter().min().unwrap() <= 1,
+                "{counts:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn too_many_parts_is_a_config_error() {
+        let err = partition(&[1.0, 2.0], 3, false, PartitionMethod::Best, Some(1)).unwrap_err();
+        assert!(matches!(err, CoreError::Config(_)), "{err}");
+    }
+}

@@ -1,0 +1,252 @@
+//! Local search shared by [`super::partition`] and [`super::micro_batches`]: items sit in bins
+//! (with a token cap), bins in groups; while some exchange lowers the heaviest group, move one
+//! item from it to a lighter group, or swap one item of each. Every accepted exchange lowers
+//! the heaviest group or the number of groups that heavy and strictly lowers the sum of squared
+//! group sums, so the search ends; a budget bounds it anyway. Bins never become empty.
+
+use super::cmp_cost;
+use std::cmp::Ordering;
+use std::collections::BTreeSet;
+
+/// Lightest groups tried against the heaviest before giving up.
+const TRIES: usize = 8;
+/// Items looked at on each side of the ideal swap partner before giving up on a direction.
+const WINDOW: usize = 16;
+
+/// A group's sum and id, ordered by sum then id.
+#[derive(Clone, Copy, PartialEq)]
+struct Key(f64, u32);
+
+impl Eq for Key {}
+
+impl Ord for Key {
+    fn cmp(&self, other: &Self) -> Ordering {
+        cmp_cost(self.0, other.0).then(self.1.cmp(&other.1))
+    }
+}
+
+impl PartialOrd for Key {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// One exchange: item `x` of the heavy group goes to bin `to` (a move) or trades places with
+/// item `y` (a swap). `score` is how far the change in sums is from half the gap (lower wins).
+#[derive(Clone, Copy)]
+struct Exchange {
+    score: f64,
+    x: u32,
+    y: Option<u32>,
+    to: u32,
+}
+
+impl Exchange {
+    fn better_than(&self, other: &Option<Exchange>) -> bool {
+        match other {
+            None => true,
+            Some(o) => cmp_cost(self.score, o.score)
+                .then(self.x.cmp(&o.x))
+                .then(self.y.cmp(&o.y))
+                .is_lt(),
+        }
+    }
+}
+
+pub(super) struct Layout<'a> {
+    cost: &'a [f64],
+    len: &'a [u64],
+    cap: u64,
+    bin_of: Vec<u32>,
+    bin_tokens: Vec<u64>,
+    bin_count: Vec<u32>,
+    bin_group: Vec<u32>,
+    group_bins: Vec<Vec<u32>>,
+    group_sum: Vec<f64>,
+    members: Vec<Vec<u32>>,
+    pos: Vec<u32>,
+    order: BTreeSet<Key>,
+}
+
+impl<'a> Layout<'a> {
+    /// `bins[b]` lists the items of bin `b` (every item of `cost` in exactly one bin), which
+    /// belongs to group `bin_group[b]` (< `n_groups`).
+    pub fn new(
+        cost: &'a [f64],
+        len: &'a [u64],
+        cap: u64,
+        bins: &[Vec<u32>],
+        bin_group: Vec<u32>,
+        n_groups: usize,
+    ) -> Self {
+        let n = cost.len();
+        let mut layout = Self {
+            cost,
+            len,
+            cap,
+            bin_of: vec![0; n],
+            bin_tokens: vec![0; bins.len()],
+            bin_count: vec![0; bins.len()],
+            group_bins: vec![Vec::new(); n_groups],
+            group_sum: vec![0.0; n_groups],
+            members: vec![Vec::new(); n_groups],
+            pos: vec![0; n],
+            order: BTreeSet::new(),
+            bin_group,
+        };
+        for (b, items) in bins.iter().enumerate() {
+            let g = layout.bin_group[b] as usize;
+            layout.group_bins[g].push(b as u32);
+            for &i in items {
+                layout.bin_of[i as usize] = b as u32;
+                layout.bin_tokens[b] += len[i as usize];
+                layout.bin_count[b] += 1;
+                layout.group_sum[g] += cost[i as usize];
+                layout.pos[i as usize] = layout.members[g].len() as u32;
+                layout.members[g].push(i);
+            }
+        }
+        layout.order = (0..n_groups)
+            .map(|g| Key(layout.group_sum[g], g as u32))
+            .collect();
+        layout
+    }
+
+    /// The items of each bin, ascending.
+    pub fn bins(&self) -> Vec<Vec<u32>> {
+        let mut bins = vec![Vec::new(); self.bin_tokens.len()];
+        for (i, &b) in self.bin_of.iter().enumerate() {
+            bins[b as usize].push(i as u32);
+        }
+        bins
+    }
+
+    /// Improves the layout for at most `budget` exchanges; `moves` allows single-item moves
+    /// (off when every group must keep its item count).
+    pub fn refine(&mut self, moves: bool, budget: usize) {
+        let mean = self.group_sum.iter().sum::<f64>() / self.group_sum.len().max(1) as f64;
+        for _ in 0..budget {
+            let Some(&Key(heavy_sum, p)) = self.order.iter().next_back() else {
+                return;
+            };
+            if heavy_sum - mean <= mean * 1e-12 {
+                return; // as even as sums get
+            }
+            let light: Vec<Key> = self.order.iter().take(TRIES).copied().collect();
+            let found = light
+                .into_iter()
+                .take_while(|k| k.1 != p)
+                .find_map(|Key(s, q)| {
+                    self.best_exchange(p, q, heavy_sum - s, moves)
+                        .map(|e| (q, e))
+                });
+            match found {
+                Some((q, e)) => self.apply(p, q, e),
+                None => return,
+            }
+        }
+    }
+
+    fn fits(&self, bin: u32, out: u32, into: u32) -> bool {
+        let b = bin as usize;
+        (self.bin_tokens[b] - self.len[out as usize]).saturating_add(self.len[into as usize])
+            <= self.cap
+    }
+
+    fn best_exchange(&self, p: u32, q: u32, gap: f64, moves: bool) -> Option<Exchange> {
+        if gap <= 0.0 {
+            return None;
+        }
+        let half = gap / 2.0;
+        let cost = self.cost;
+        let mut light = self.members[q as usize].clone();
+        light.sort_by(|&a, &b| cmp_cost(cost[a as usize], cost[b as usize]).then(a.cmp(&b)));
+        // The light group's bin with the fewest tokens, for moves.
+        let roomiest = self.group_bins[q as usize]
+            .iter()
+            .copied()
+            .min_by_key(|&b| (self.bin_tokens[b as usize], b));
+        let mut best: Option<Exchange> = None;
+        for &x in &self.members[p as usize] {
+            let (cx, bx) = (cost[x as usize], self.bin_of[x as usize]);
+            if moves && self.bin_count[bx as usize] > 1 && cx > 0.0 && cx < gap {
+                if let Some(to) = roomiest {
+                    let room = self.bin_tokens[to as usize].saturating_add(self.len[x as usize]);
+                    let e = Exchange {
+                        score: (cx - half).abs(),
+                        x,
+                        y: None,
+                        to,
+                    };
+                    if room <= self.cap && e.better_than(&best) {
+                        best = Some(e);
+                    }
+                }
+            }
+            // Swap partners: cost in (cx - gap, cx), ideally cx - half.
+            let split = light.partition_point(|&y| cost[y as usize] < cx - half);
+            let below = light[..split].iter().rev();
+            let above = light[split..].iter();
+            for side in [
+                below.take(WINDOW).collect::<Vec<_>>(),
+                above.take(WINDOW).collect(),
+            ] {
+                for &y in side {
+                    let delta = cx - cost[y as usize];
+                    if !(delta > 0.0 && delta < gap) {
+                        break;
+                    }
+                    let by = self.bin_of[y as usize];
+                    if self.fits(bx, x, y) && self.fits(by, y, x) {
+                        let e = Exchange {
+                            score: (delta - half).abs(),
+                            x,
+                            y: Some(y),
+                            to: by,
+                        };
+                        if e.better_than(&best) {
+                            best = Some(e);
+                        }
+                        break;
+                    }
+                }
+            }
+        }
+        best
+    }
+
+    fn apply(&mut self, p: u32, q: u32, e: Exchange) {
+        let bx = self.bin_of[e.x as usize];
+        self.relocate(e.x, bx, p, e.to, q);
+        if let Some(y) = e.y {
+            self.relocate(y, e.to, q, bx, p);
+        }
+    }
+
+    fn relocate(&mut self, item: u32, from: u32, from_group: u32, to: u32, to_group: u32) {
+        let (i, c, l) = (
+            item as usize,
+            self.cost[item as usize],
+            self.len[item as usize],
+        );
+        self.bin_tokens[from as usize] -= l;
+        self.bin_count[from as usize] -= 1;
+        self.bin_tokens[to as usize] += l;
+        self.bin_count[to as usize] += 1;
+        self.bin_of[i] = to;
+        let members = &mut self.members[from_group as usize];
+        let at = self.pos[i] as usize;
+        members.swap_remove(at);
+        if let Some(&moved) = members.get(at) {
+            self.pos[moved as usize] = at as u32;
+        }
+        self.pos[i] = self.members[to_group as usize].len() as u32;
+        self.members[to_group as usize].push(item);
+        for (g, change) in [(from_group, -c), (to_group, c)] {
+            let sum = &mut self.group_sum[g as usize];
+            self.order.remove(&Key(*sum, g));
+            *sum += change;
+            self.order.insert(Key(*sum, g));
+        }
+    }
+}

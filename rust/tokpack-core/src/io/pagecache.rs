@@ -1,0 +1,57 @@
+//! Page-cache hints for the files `pack_files` writes once (Linux; no-ops elsewhere). At scale
+//! the spill must stay in the page cache while shards are written: shards are written once and
+//! not read back, so their pages are handed to the disk early and dropped, instead of pushing
+//! the spill out; the spill is read at random, so readahead would only read what is not needed.
+
+use std::fs::File;
+
+/// Write-behind for a file written from start to end: each [`WriteBehind::advance`] starts the
+/// writeback of the bytes written since the previous call and drops from the page cache the
+/// bytes whose writeback the previous call started (those already on disk; it never waits).
+#[derive(Default)]
+pub struct WriteBehind {
+    started: u64,
+    dropped: u64,
+}
+
+impl WriteBehind {
+    /// `written`: the file's length so far (everything before it is in the file, not in a
+    /// user-space buffer).
+    pub fn advance(&mut self, file: &File, written: u64) {
+        if written <= self.started {
+            return;
+        }
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::fd::AsRawFd;
+            let fd = file.as_raw_fd();
+            let (start, len) = (self.started as i64, (written - self.started) as i64);
+            let (old, old_len) = (self.dropped as i64, (self.started - self.dropped) as i64);
+            // SAFETY: plain system calls on an open descriptor; a failure only loses the hint.
+            unsafe {
+                libc::sync_file_range(fd, start, len, libc::SYNC_FILE_RANGE_WRITE);
+                if old_len > 0 {
+                    libc::posix_fadvise(fd, old, old_len, libc::POSIX_FADV_DONTNEED);
+                }
+            }
+        }
+        #[cfg(not(target_os = "linux"))]
+        let _ = file;
+        self.dropped = self.started;
+        self.started = written;
+    }
+}
+
+/// Tells the kernel `file` will be read at random: no readahead.
+pub fn random_reads(file: &File) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: as above.
+        unsafe {
+            libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM);
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = file;
+}
