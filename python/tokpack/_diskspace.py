@@ -96,7 +96,12 @@ def estimate(
 
 def _free(path: Path) -> Tuple[int, int]:
     """(free bytes for an unprivileged writer, device) of the filesystem holding ``path``."""
+    # The nearest existing directory: before the run, OUT and the spill may not exist yet.
+    while not path.exists() and path.parent != path:
+        path = path.parent
     stat = os.statvfs(path)
+    if stat.f_blocks == 0:  # a pseudo file system (/proc, some FUSE): its free space says nothing
+        return 1 << 62, os.stat(path).st_dev
     return stat.f_bavail * stat.f_frsize, os.stat(path).st_dev
 
 

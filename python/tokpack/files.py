@@ -31,6 +31,7 @@ from ._format import (
     FORMAT,
     FORMAT_VERSION,
     KTO_LABEL,
+    MANIFEST_NAME,
     packed_manifest,
     write_dropped,
 )
@@ -48,8 +49,8 @@ from ._tokpack import pair_layout_for
 from .errors import ConfigError, OverlongError
 from .pack_config import PackConfig, pack_config, refuse_unsupported
 from .planning import checked_threads
+from .tokenize.encoder import RecordEncoder
 from .tokenize.options import TokenizeOptions
-from .tokenize.pipeline import RecordEncoder
 from .tokenize.schema import kind_of_files, kind_of_format
 from .tokenize.writer import REJECTED_NAME, stream_into, write_arrow
 
@@ -173,9 +174,7 @@ def pack_files(
         spill = _spill_in(tmp, spill_dir)
         try:
             if encoding is None:
-                tokens, labels = _read_columns(config)
-                compressed = config.compression != "none"
-                check_disk_space(paths, tokens, labels, compressed, tmp, spill)
+                preflight(tmp, spill)
             sources, staged, tokenized = paths, None, None
             if encoding is not None:
                 # Tokenized into one uncompressed Arrow IPC file in the spill directory (removed
@@ -221,6 +220,15 @@ def pack_files(
             manifest["tokenize"] = tokenized
         return manifest
 
+    def preflight(tmp: Path, spill: Path) -> None:
+        tokens, labels = _read_columns(config)
+        check_disk_space(paths, tokens, labels, config.compression != "none", tmp, spill)
+
+    if encoding is None and not (out / MANIFEST_NAME).exists():
+        # Before the inputs are fingerprinted for the cache key (a minute at 10M samples): a
+        # run the disk cannot hold is refused first. An OUT with a manifest may be a cache hit,
+        # which needs no space: checked again inside the run, where it is known not to be.
+        preflight(out, Path(spill_dir) / ".spill" if spill_dir is not None else out / ".spill")
     manifest, hit, rebuilt_because = cached_run(
         out, "pack", paths, recorded, build, threads=threads, force=force, verify=verify_cache
     )

@@ -1,0 +1,557 @@
+"""Records to token samples: a :class:`RecordEncoder` holds a loaded tokenizer, the chat
+template and the :class:`TokenizeOptions`, renders each chunk of records, encodes it (tokpack's
+byte-level BPE in Rust with the GIL released when it reproduces the tokenizer, otherwise
+``tokenizers`` with labels from its offsets), applies the over-long policy and gives back its
+:class:`~tokpack.tokenize.samples.Tokens`, counts and rejected records. Preference and KTO
+records become the texts TRL tokenizes (the prompt, then the prompt with each completion);
+:meth:`RecordEncoder.finish` makes one sample of each record's texts."""
+
+from __future__ import annotations
+
+from typing import (
+    Any,
+    Dict,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+)
+
+import numpy as np
+import pyarrow as pa
+
+from .._contract import OVERLONG_HINT
+from .._inputs import is_parquet
+from ..errors import ConfigError, InvalidRecordError, OverlongError
+from .formats import Record, parse_record
+from .masks import IGNORE_INDEX, labels_from_spans
+from .options import TokenizeOptions
+from .samples import (
+    Chat,
+    ChunkResult,
+    JsonlTokens,
+    PairChat,
+    PathLike,
+    Prepared,
+    RejectSink,
+    TokenizeStats,
+    Tokens,
+)
+from .schema import PAIR_ROLES, kind_of_format, token_schema
+from .template import ChatTemplate, resolve_template
+from .tokenizer import LoadedTokenizer, load_tokenizer
+
+# The columns whose presence makes a record of format "auto" other than a chat (detect_format).
+_DETECTED = ("chosen", "rejected", "prompt", "completion", "label")
+
+
+class RecordEncoder:
+    """A loaded tokenizer and chat template with :class:`TokenizeOptions`: turns chunks of
+    records into token samples. Holds no per-run state (counts and rejections go to the
+    caller), so worker processes share one and the cache key can be known before a run."""
+
+    def __init__(
+        self, tokenizer: Union[PathLike, LoadedTokenizer], options: TokenizeOptions
+    ) -> None:
+        self.options = options
+        self.kind = kind_of_format(options.format)
+        if self.kind != "sft" and options.overlong == "split":
+            raise ConfigError(
+                f"overlong 'split' cannot apply to {self.kind} samples (a prompt and its "
+                "completions stay together); choose 'error', 'truncate' or 'drop'"
+            )
+        clash = [c for c in options.carry if c in token_schema(self.kind, sources=True).names]
+        if clash:
+            raise ConfigError(
+                f"carry: {', '.join(map(repr, clash))} would replace a column of the {self.kind}"
+                " token shards; a carried record field needs another name"
+            )
+        if self.kind != "sft" and options.train_on != "assistant":
+            raise ConfigError(
+                f"train_on {options.train_on!r} does not apply to {self.kind} samples: they are "
+                "trained on their completions, as TRL trains them"
+            )
+        self.tokenizer = (
+            tokenizer if isinstance(tokenizer, LoadedTokenizer) else load_tokenizer(tokenizer)
+        )
+        source, info = resolve_template(self.tokenizer.chat_template, options.chat_template)
+        self.template = ChatTemplate(
+            source,
+            self.tokenizer.special_tokens,
+            self.tokenizer.special_token_strings,
+            renderer=options.renderer,
+            train_on=options.train_on,
+        )
+        self.template_info = {
+            **info,
+            "hash": self.template.hash,
+            "generation_markers": self.template.has_generation,
+        }
+        # Which renderer runs (not in the cache key: both render the same texts).
+        self.renderer_info = self.template.renderer_info
+        self._eos_id = self.tokenizer.eos_id()
+        self._fast = self.tokenizer.fast if options.encoder == "auto" else None
+        if self._fast is not None:
+            self.encoder_info: Dict[str, Any] = {"name": "tokpack-bpe"}
+        elif options.encoder == "tokenizers":
+            self.encoder_info = {"name": "tokenizers", "reason": "requested"}
+        else:
+            self.encoder_info = {"name": "tokenizers", "reason": self.tokenizer.fast_unsupported}
+        eos = self.tokenizer.eos_token
+        if eos is not None and self._eos_id is None and options.add_eos is not False:
+            # Otherwise samples meant to end with EOS would silently go without it.
+            raise ConfigError(
+                f"eos_token {eos!r} of {self.tokenizer.config_path} is not in the vocabulary of "
+                f"{self.tokenizer.path}; fix the tokenizer config, or turn add_eos off "
+                "(--no-add-eos) to append no EOS"
+            )
+        if options.add_eos and self._eos_id is None:
+            raise ConfigError(
+                "add_eos needs an EOS token: the tokenizer config names none (or it is not in "
+                "the vocabulary)"
+            )
+
+    def schema(
+        self, sources: bool = False, carried: Optional[Mapping[str, pa.DataType]] = None
+    ) -> pa.Schema:
+        """The schema of the batches (:mod:`tokpack.tokenize.schema`); a carried field is of
+        type ``carried[name]``, null while no sample has shown it."""
+        types = carried or {}
+        fields = [(c, types.get(c, pa.null())) for c in self.options.carry]
+        return token_schema(self.kind, sources, fields)
+
+    def config(self) -> Dict[str, Any]:
+        """Everything besides the input bytes that determines the output (for the cache key)."""
+        import tokenizers
+
+        return {
+            **self.options.config(),
+            "tokenizer": self.tokenizer.fingerprint,
+            "tokenizers_version": tokenizers.__version__,
+            "template": self.template_info,
+        }
+
+    def run(self, records: List[Record]) -> ChunkResult:
+        """One chunk from start to end (what a worker process does)."""
+        stats, rejected = TokenizeStats(), []
+        prepared = self.prepare(records, stats, rejected.append)
+        return self.finish(prepared, self.encode(prepared), stats), stats, rejected
+
+    # --- stages ------------------------------------------------------------------------------
+
+    def prepare(
+        self, records: List[Record], stats: TokenizeStats, reject: RejectSink
+    ) -> List[Prepared]:
+        """Parse each record, render the chats in one batch, then take the records in order: a
+        rejected one is counted and sent to ``reject`` (without ``skip_invalid``, the first
+        one in input order raises)."""
+        parsed: List[Union[List[Prepared], Chat, PairChat, InvalidRecordError]] = []
+        chats: List[Chat] = []
+        pairs: List[PairChat] = []
+        for record in records:
+            try:
+                item = self._prepare(record)
+            except InvalidRecordError as exc:
+                item = exc
+            if isinstance(item, Chat):
+                chats.append(item)
+            elif isinstance(item, PairChat):
+                pairs.append(item)
+            parsed.append(item)
+        train_on = self.options.train_on
+        rendered = iter(
+            self.template.trained_spans_many([(c.messages, c.record) for c in chats], train_on)
+        )
+        pair_texts = iter(self._render_pairs(pairs))
+        prepared = []
+        for record, item in zip(records, parsed):
+            if isinstance(item, Chat):
+                item = self._chat_prepared(item, next(rendered))
+            elif isinstance(item, PairChat):
+                item = next(pair_texts)
+            if isinstance(item, InvalidRecordError):
+                if not self.options.skip_invalid:
+                    raise item
+                stats.rejected += 1
+                reject(record.to_rejection(item.reason))
+                continue
+            prepared.extend(item)
+            fmt = self.kind if self.kind != "sft" else "text" if item[0].spans is None else "chat"
+            stats.formats[fmt] = stats.formats.get(fmt, 0) + 1
+        return prepared
+
+    def _render_pairs(
+        self, pairs: List["PairChat"]
+    ) -> List[Union[List[Prepared], InvalidRecordError]]:
+        """Each conversational preference / KTO record's texts (its prompt with the generation
+        prompt, then the prompt with each completion), the chunk's rendered in two batches; a
+        record whose render fails is its first error, in that order."""
+        prompts = self.template.render_many(
+            [(p.prompt, p.record) for p in pairs], add_generation_prompt=True
+        )
+        fulls = iter(
+            self.template.render_many(
+                [(p.prompt + c, p.record) for p in pairs for c in p.completions]
+            )
+        )
+        out: List[Union[List[Prepared], InvalidRecordError]] = []
+        for pair, prompt in zip(pairs, prompts):
+            texts = [prompt] + [next(fulls) for _ in pair.completions]
+            error = next((t for t in texts if isinstance(t, InvalidRecordError)), None)
+            # A chat text's labels come from the prompt length (finish), hence empty spans.
+            out.append(
+                error
+                if error is not None
+                else [Prepared(pair.record, t, [], False, pair.label) for t in texts]  # type: ignore[arg-type]
+            )
+        return out
+
+    def _prepare(self, record: Record) -> Union[List[Prepared], "Chat", "PairChat"]:
+        """The record's texts: one, or for a preference / KTO record ``1 + roles``; a chat
+        to render (with the chunk's others, :meth:`prepare`)."""
+        sample = parse_record(record, self.options.format, self.options.columns or {})
+        if self.options.carry:
+            record.carried = tuple(_carried_value(record, name) for name in self.options.carry)
+        if sample.completions is not None:
+            return self._prepare_pair(record, sample.prompt, sample.completions, sample.label)
+        if sample.text is not None:
+            return [Prepared(record, sample.text, None, True)]
+        return Chat(record, sample.messages or [])
+
+    def _chat_prepared(
+        self, chat: "Chat", rendered: Union[Tuple[str, List[Tuple[int, int]]], InvalidRecordError]
+    ) -> Union[List[Prepared], InvalidRecordError]:
+        if isinstance(rendered, InvalidRecordError):
+            return rendered
+        text, spans = rendered
+        if not text:
+            return chat.record.fail("the chat template rendered an empty text")
+        train_on = self.options.train_on
+        last_trained = train_on == "all" or chat.messages[-1].get("role") == "assistant"
+        return [Prepared(chat.record, text, spans, last_trained)]
+
+    def _prepare_pair(
+        self, record: Record, prompt: Any, completions: List[Any], label: Optional[bool]
+    ) -> Union[List[Prepared], "PairChat"]:
+        """As TRL's DPO and KTO trainers prepare them: the prompt alone, then the prompt with
+        each completion. Strings (the standard shape) are joined, each completion ending with
+        the EOS text unless it already does (or ``add_eos`` is off), and encoded with the
+        tokenizer's special tokens; conversations are rendered with the chat template, the
+        prompt with the generation prompt, and encoded without them."""
+        if not isinstance(prompt, str):
+            return PairChat(record, prompt, completions, label)  # rendered with the chunk's
+        eos = self.tokenizer.eos_token if self.options.add_eos is not False else None
+        ends = [eos if eos and not c.endswith(eos) else "" for c in completions]
+        texts = [prompt] + [prompt + c + end for c, end in zip(completions, ends)]
+        return [Prepared(record, text, None, False, label) for text in texts]
+
+    def jsonl_in_rust(self, inputs: Sequence[PathLike]) -> bool:
+        """Whether chunks of ``inputs`` go through :meth:`encode_jsonl`: JSONL chat records
+        (format ``messages``, or ``auto`` for SFT) rendered and encoded in Rust."""
+        return (
+            self.kind == "sft"
+            and not self.options.carry  # carried fields are read from records parsed in Python
+            and self.options.format in ("auto", "messages")
+            and self.template.rust is not None
+            and self._fast is not None
+            and not any(is_parquet(path) for path in inputs)
+        )
+
+    def encode_jsonl(self, records: List[Record], threads: int) -> JsonlTokens:
+        """Parses, renders and encodes JSONL ``records`` in Rust (``threads`` threads, the GIL
+        released); what it leaves to Python is listed in ``fallback``."""
+        columns = self.options.columns or {}
+        (ids, labels, offsets, fallback), last = self.template.rust.tokenize_jsonl(
+            encoder=self._fast,
+            lines=[r.raw if not r.decoded else "" for r in records],  # "": not JSON, Python's
+            mode=self.options.train_on,
+            messages_key=columns["messages"],
+            system_key=columns["system"],
+            detect_keys=[columns[k] for k in _DETECTED] if self.options.format == "auto" else None,
+            threads=threads,
+        )
+        return Tokens(offsets, ids, labels), fallback, last
+
+    def finish_jsonl(
+        self,
+        records: List[Record],
+        encoded: JsonlTokens,
+        stats: TokenizeStats,
+        reject: RejectSink,
+    ) -> Optional[Tokens]:
+        """The samples of :meth:`encode_jsonl`'s records, those it left to Python prepared and
+        encoded here (rejections counted and sent to ``reject`` as :meth:`prepare` does),
+        then finished as :meth:`finish` does."""
+        flat, fallback, last = encoded
+        n_rust = len(records) - len(fallback)
+        if n_rust:
+            stats.formats["chat"] = stats.formats.get("chat", 0) + n_rust
+        if not len(fallback) and not self.options.add_eos:
+            done = self._flat_samples(flat, records, stats)
+            if done is not None:
+                return done
+        left = fallback.tolist()
+        prepared = self.prepare([records[i] for i in left], stats, reject)
+        by_record = {id(p.record): p for p in prepared}
+        python_pairs = iter(self.encode(prepared).pairs())
+        rust_pairs = flat.pairs()
+        trained_all = self.options.train_on == "all"
+        chunk: List[Prepared] = []
+        pairs: List[Tuple[np.ndarray, np.ndarray]] = []
+        is_left = np.zeros(len(records), dtype=bool)
+        is_left[left] = True
+        for i, record in enumerate(records):
+            if not is_left[i]:
+                chunk.append(Prepared(record, "", [], trained_all or bool(last[i])))
+                pairs.append(rust_pairs[i])
+            elif id(record) in by_record:  # else rejected
+                chunk.append(by_record[id(record)])
+                pairs.append(next(python_pairs))
+        return self.finish(chunk, Tokens.from_pairs(pairs), stats)
+
+    def encode(self, chunk: List[Prepared]) -> Tokens:
+        """Ids and labels of a chunk (chat text without the tokenizer's added special tokens,
+        as ``apply_chat_template``; plain text with them)."""
+        if self._fast is None or not chunk:
+            return Tokens.from_pairs(_encode_part(self.tokenizer.tokenizer, chunk))
+        # Plain text gets the post-processor's tokens (BOS, ...) with add_special_tokens=True;
+        # tokpack's encoder has no post-processor, so such text goes to tokenizers.
+        slow = self._fast.post_processor_adds_tokens
+        items = [p for p in chunk if p.spans is not None or not slow]
+        counts = np.zeros(len(items) + 1, dtype=np.int64)
+        starts: List[int] = []
+        ends: List[int] = []
+        for i, p in enumerate(items):
+            spans = p.spans if p.spans is not None else [(0, len(p.text))]
+            counts[i + 1] = len(spans)
+            for a, b in spans:
+                starts.append(a)
+                ends.append(b)
+        # One thread: tokpack's worker processes are the parallelism.
+        ids, labels, offsets, fallback = self._fast.encode_batch(
+            texts=[p.text for p in items],
+            span_offsets=np.cumsum(counts),
+            span_starts=np.array(starts, dtype=np.int64),
+            span_ends=np.array(ends, dtype=np.int64),
+            threads=1,
+        )
+        flat = Tokens(offsets, ids, labels)
+        if len(items) == len(chunk) and not len(fallback):
+            return flat
+        pairs = flat.pairs()
+        # Text the encoder leaves to tokenizers (not in NFC, for an NFC tokenizer).
+        missing = fallback.tolist()
+        tok = self.tokenizer.tokenizer
+        for i, pair in zip(missing, _encode_part(tok, [items[i] for i in missing])):
+            pairs[i] = pair
+        if len(items) < len(chunk):
+            plain = iter(_encode_part(tok, [p for p in chunk if p.spans is None]))
+            fast = iter(pairs)
+            pairs = [next(plain) if p.spans is None else next(fast) for p in chunk]
+        return Tokens.from_pairs(pairs)
+
+    def finish(
+        self, chunk: List[Prepared], encoded: Tokens, stats: TokenizeStats
+    ) -> Optional[Tokens]:
+        """The chunk's samples with EOS, over-long policy and sources; None if none is left."""
+        if not chunk:
+            return None
+        if self.kind != "sft":
+            return self._finish_pairs(chunk, encoded.pairs(), stats)
+        done = self._finish_flat(chunk, encoded, stats)
+        return done if done is not None else self._finish_each(chunk, encoded.pairs(), stats)
+
+    def _finish_flat(
+        self, chunk: List[Prepared], flat: Tokens, stats: TokenizeStats
+    ) -> Optional[Tokens]:
+        """The encoder's flat arrays as they are when no sample needs an EOS or a max_len
+        policy (the usual case); None otherwise (then :meth:`_finish_each` handles it)."""
+        add_eos = self.options.add_eos
+        if add_eos or (add_eos is None and any(p.spans is None for p in chunk)):
+            return None
+        return self._flat_samples(flat, [p.record for p in chunk], stats)
+
+    def _flat_samples(
+        self, flat: Tokens, records: List[Record], stats: TokenizeStats
+    ) -> Optional[Tokens]:
+        """``flat`` (one sequence per record, no EOS to add) as the samples of ``records``;
+        None when one is over ``max_len``."""
+        max_len = self.options.max_len
+        if max_len is not None and np.diff(flat.offsets).max() > max_len:
+            return None
+        stats.samples_in += len(records)
+        flat.files = np.fromiter((r.file_index for r in records), np.int32, len(records))
+        flat.lines = np.fromiter((r.line for r in records), np.int64, len(records))
+        flat.carried = self._carried(records)
+        return flat.count(stats)
+
+    def _finish_each(
+        self,
+        chunk: List[Prepared],
+        encoded: List[Tuple[np.ndarray, np.ndarray]],
+        stats: TokenizeStats,
+    ) -> Optional[Tokens]:
+        pieces: List[Tuple[np.ndarray, np.ndarray]] = []
+        records: List[Record] = []
+        eos_id = self._eos_id
+        for item, (ids, labels) in zip(chunk, encoded):
+            add_eos = self.options.add_eos
+            if add_eos is None:
+                add_eos = item.spans is None
+            if add_eos and eos_id is not None and (not len(ids) or ids[-1] != eos_id):
+                eos = np.array([eos_id], dtype=np.int32)
+                ids = np.concatenate([ids, eos])
+                eos_label = eos if item.eos_trained else np.array([IGNORE_INDEX], dtype=np.int32)
+                labels = np.concatenate([labels, eos_label])
+            stats.samples_in += 1
+            kept = self._apply_max_len(item.record, ids, labels, stats)
+            pieces.extend(kept)
+            records.extend([item.record] * len(kept))
+        if not pieces:
+            return None
+        done = Tokens.from_pairs(pieces)
+        done.files = np.array([r.file_index for r in records], dtype=np.int32)
+        done.lines = np.array([r.line for r in records], dtype=np.int64)
+        done.carried = self._carried(records)
+        return done.count(stats)
+
+    def _finish_pairs(
+        self,
+        chunk: List[Prepared],
+        encoded: List[Tuple[np.ndarray, np.ndarray]],
+        stats: TokenizeStats,
+    ) -> Optional[Tokens]:
+        """Preference / KTO samples from each record's encoded prompt and prompt+completions.
+        As TRL (``common_prefix_length``), the prompt is the tokens the encoded prompt shares
+        with every prompt+completion, and each sequence (the whole prompt+completion) is
+        labelled from there on."""
+        width = 1 + (len(PAIR_ROLES) if self.kind == "preference" else 1)
+        sequences: List[Tuple[np.ndarray, np.ndarray]] = []
+        prompt_lengths: List[int] = []
+        kept_items: List[Prepared] = []
+        for at in range(0, len(chunk), width):
+            item, prompt = chunk[at], encoded[at][0]
+            full = [ids for ids, _ in encoded[at + 1 : at + width]]
+            n = min(_common_prefix(prompt, ids) for ids in full)
+            stats.samples_in += 1
+            kept = self._pair_max_len(item.record, n, full, stats)
+            if kept is None:
+                continue
+            for ids in kept:
+                labels = ids.copy()
+                labels[:n] = IGNORE_INDEX
+                sequences.append((ids, labels))
+            prompt_lengths.append(n)
+            kept_items.append(item)
+        if not kept_items:
+            return None
+        done = Tokens.from_pairs(sequences)
+        done.kind = self.kind
+        done.files = np.fromiter((p.record.file_index for p in kept_items), np.int32)
+        done.lines = np.fromiter((p.record.line for p in kept_items), np.int64)
+        done.prompt_lengths = np.array(prompt_lengths, dtype=np.int32)
+        if self.kind == "kto":
+            done.kto_labels = np.array([p.label for p in kept_items], dtype=bool)
+        done.carried = self._carried([p.record for p in kept_items])
+        return done.count(stats)
+
+    def _carried(self, records: List[Record]) -> Optional[List[List[Any]]]:
+        """Per carried field, the value of each of ``records`` (None without any)."""
+        if not self.options.carry:
+            return None
+        return [[r.carried[i] for r in records] for i in range(len(self.options.carry))]
+
+    def _pair_max_len(
+        self, record: Record, prompt_length: int, full: List[np.ndarray], stats: TokenizeStats
+    ) -> Optional[List[np.ndarray]]:
+        """A preference / KTO sample's sequences under ``max_len`` (which applies to each, as
+        TRL's ``max_length``): kept whole, truncated (each keeps its start, as TRL's
+        ``keep_start``; a sample whose prompt alone fills ``max_len`` is dropped, as TRL drops
+        it), dropped (None), or an error."""
+        max_len = self.options.max_len
+        longest = max(len(ids) for ids in full)
+        if max_len is None or longest <= max_len:
+            return full
+        stats.overlong += 1
+        overlong = self.options.overlong
+        if overlong == "error":
+            raise _overlong_error(record, longest, max_len, 'pass overlong="truncate" or "drop"')
+        if overlong == "truncate" and prompt_length < max_len:
+            stats.truncated += 1
+            return [ids[:max_len] for ids in full]
+        stats.dropped += 1
+        return None
+
+    def _apply_max_len(
+        self, record: Record, ids: np.ndarray, labels: np.ndarray, stats: TokenizeStats
+    ) -> List[Tuple[np.ndarray, np.ndarray]]:
+        max_len = self.options.max_len
+        n = len(ids)
+        if max_len is None or n <= max_len:
+            return [(ids, labels)]
+        stats.overlong += 1
+        overlong = self.options.overlong
+        if overlong == "error":
+            raise _overlong_error(record, n, max_len, OVERLONG_HINT)
+        if overlong == "truncate":
+            stats.truncated += 1
+            return [(ids[:max_len], labels[:max_len])]
+        if overlong == "drop":
+            stats.dropped += 1
+            return []
+        stats.split += 1
+        pieces = [(ids[i : i + max_len], labels[i : i + max_len]) for i in range(0, n, max_len)]
+        stats.split_pieces += len(pieces)
+        return pieces
+
+
+def _carried_value(record: Record, name: str) -> Any:
+    """Field ``name`` of a parsed record, to carry: one bool, integer (64 bits), float or
+    string."""
+    value = record.value[name] if name in record.value else None  # type: ignore[index,operator]
+    if value is None:
+        state = "is null" if name in record.value else "is missing"  # type: ignore[operator]
+        raise record.fail(f"carried field {name!r} {state}")
+    if not isinstance(value, (bool, int, float, str)):
+        raise record.fail(
+            f"carried field {name!r} must be a bool, number or string, got {type(value).__name__}"
+        )
+    if isinstance(value, int) and not -(2**63) <= value < 2**63:
+        raise record.fail(f"carried field {name!r} is an integer beyond 64 bits")
+    return value
+
+
+def _overlong_error(record: Record, n: int, max_len: int, hint: str) -> OverlongError:
+    where = f"{record.path}:{'row ' if record.is_row else ''}{record.line}"
+    return OverlongError(f"{where}: sample of {n} tokens, more than max_len={max_len}; {hint}")
+
+
+def _common_prefix(ids: np.ndarray, other: np.ndarray) -> int:
+    """How many leading tokens the two share."""
+    n = min(len(ids), len(other))
+    differ = np.flatnonzero(ids[:n] != other[:n])
+    return int(differ[0]) if len(differ) else n
+
+
+def _ids(encoding: Any) -> np.ndarray:
+    return np.array(encoding.ids, dtype=np.int32)
+
+
+def _encode_part(tokenizer: Any, part: List[Prepared]) -> List[Tuple[np.ndarray, np.ndarray]]:
+    """``tokenizers`` route: ids, and labels from the encoding's offsets."""
+    chat = [p.text for p in part if p.spans is not None]
+    plain = [p.text for p in part if p.spans is None]
+    chat_encs = iter(tokenizer.encode_batch(chat, add_special_tokens=False) if chat else [])
+    plain_encs = iter(tokenizer.encode_batch(plain, add_special_tokens=True) if plain else [])
+    out = []
+    for p in part:
+        if p.spans is None:
+            ids = _ids(next(plain_encs))
+            out.append((ids, ids.copy()))
+        else:
+            enc = next(chat_encs)
+            ids = _ids(enc)
+            out.append((ids, labels_from_spans(enc, ids, p.spans)))
+    return out
