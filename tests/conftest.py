@@ -1,5 +1,6 @@
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 # "ci" (the default): derandomized, so every run tries the same examples and a test cannot pass
@@ -16,3 +17,24 @@ settings.register_profile(
     "long", max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _manifests_follow_their_schema():
+    """Every packed-directory manifest the suite writes is checked against the format's JSON
+    Schema (``tokpack/manifest.schema.json``) as it is written."""
+    import jsonschema
+
+    from tokpack import _format
+
+    validator = jsonschema.Draft202012Validator(_format.manifest_schema())
+    write = _format.write_manifest
+
+    def checked(out_dir, manifest):
+        if manifest.get("format") == _format.FORMAT:
+            validator.validate(manifest)
+        write(out_dir, manifest)
+
+    _format.write_manifest = checked
+    yield
+    _format.write_manifest = write

@@ -208,7 +208,7 @@ def test_pairs_are_never_cut(tmp_path):
         tokpack.pack_files(src, tmp_path / "out", 64, overlong="split")
     with pytest.raises(ConfigError, match="random.*never cut"):
         tokpack.pack_files(src, tmp_path / "out", 64, strategy="random")
-    with pytest.raises(ConfigError, match="unknown pair_layout"):
+    with pytest.raises(ConfigError, match='unknown pair layout "interleaved"'):
         tokpack.pack_files(src, tmp_path / "out", 64, pair_layout="interleaved")
     assert not (tmp_path / "out").exists()
 
@@ -311,7 +311,7 @@ def test_mixed_kinds_and_layout_on_sft_are_refused(tmp_path):
     )
     with pytest.raises(ConfigError, match="mix kinds of samples"):
         tokpack.pack_files([src, sft], tmp_path / "out", 64)
-    with pytest.raises(ConfigError, match="pair_layout 'shared-prompt' applies to preference"):
+    with pytest.raises(ConfigError, match='pair_layout "shared-prompt" applies to preference'):
         tokpack.pack_files(sft, tmp_path / "out", 64, pair_layout="shared-prompt")
 
 

@@ -23,6 +23,8 @@ _LAZY = {
     "mixture_stats": "mixture",
     "pack_sequences": "compat",
     "pack_files": "files",
+    "PackConfig": "pack_config",
+    "PackReport": "pack_config",
     "pack_tokens": "packing",
     "Plan": "planning",
     "plan": "planning",

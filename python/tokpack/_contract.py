@@ -1,10 +1,9 @@
 """The names and constants the Rust core owns (``tokpack-core``'s ``policy`` module), for the
-Python side: every Python use imports them from here, so each has exactly one definition."""
+Python side: every Python use imports them from here, so each has exactly one definition. The
+packed-directory format's names are in ``_format``."""
 
 from ._tokpack import (
     ATTENTION_COST,
-    FORMAT,
-    FORMAT_VERSION,
     IGNORE_INDEX,
     MICRO_BATCH_ORDERS,
     OVER_CAP_POLICIES,
@@ -13,9 +12,7 @@ from ._tokpack import (
     PAIR_LAYOUTS,
     PAIR_SEGMENT_ROLES,
     PARTITION_METHODS,
-    RESERVED_COLUMNS,
     SEGMENT_ROLES,
-    SIDE_DIR,
     SPLIT_REGEXES,
     STRATEGIES,
     default_threads,
@@ -23,8 +20,6 @@ from ._tokpack import (
 
 __all__ = [
     "ATTENTION_COST",
-    "FORMAT",
-    "FORMAT_VERSION",
     "IGNORE_INDEX",
     "MICRO_BATCH_ORDERS",
     "OVER_CAP_POLICIES",
@@ -32,10 +27,8 @@ __all__ = [
     "OVERLONG_POLICIES",
     "PAIR_LAYOUTS",
     "PAIR_SEGMENT_ROLES",
-    "RESERVED_COLUMNS",
     "PARTITION_METHODS",
     "SEGMENT_ROLES",
-    "SIDE_DIR",
     "SPLIT_REGEXES",
     "STRATEGIES",
     "default_threads",

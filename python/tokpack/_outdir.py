@@ -33,13 +33,12 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 import pyarrow as pa
 
-from . import _tokpack
-from ._contract import FORMAT, SIDE_DIR
+from . import _format, _tokpack
+from ._format import MANIFEST_NAME, SIDE_DIR, read_manifest, read_packed_manifest, write_json_atomic  # noqa: F401 (re-exported)
 from ._inputs import input_error, shown_path
 from .errors import (
     ConfigError,
     CorruptOutputError,
-    InputNotFoundError,
     OutputError,
     OutputExistsError,
     TokpackError,
@@ -49,7 +48,6 @@ from .errors import (
 # skip: pyarrow.dataset ignores names starting with "_", Hugging Face datasets ignores directories
 # starting with "__". So `pyarrow.dataset.dataset(OUT_DIR)` and
 # `datasets.load_dataset("parquet", data_dir=OUT_DIR)` both see only the data files.
-MANIFEST_NAME = f"{SIDE_DIR}/_manifest.json"
 _TMP_TAG = ".tmp-"
 _OLD_TAG = ".old-"
 _LOCK_SUFFIX = ".lock"
@@ -87,30 +85,6 @@ def cache_key(kind: str, inputs: List[Dict[str, Any]], config: Dict[str, Any]) -
     """A digest of everything that determines the output bytes."""
     blob = json.dumps({"kind": kind, "inputs": inputs, "config": config}, sort_keys=True)
     return hashlib.blake2b(blob.encode(), digest_size=16).hexdigest()
-
-
-def read_manifest(out_dir: os.PathLike) -> Optional[Dict[str, Any]]:
-    """The manifest of a complete output directory, or None when there is none."""
-    path = Path(out_dir) / MANIFEST_NAME
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        raise CorruptOutputError(f"{path}: unreadable manifest ({exc})") from None
-
-
-def read_packed_manifest(out_dir: os.PathLike) -> Dict[str, Any]:
-    """The manifest of a packed directory (``tokpack pack``'s output)."""
-    shown = shown_path(out_dir)
-    manifest = read_manifest(out_dir)
-    if manifest is None:
-        raise InputNotFoundError(f"{shown}: no {MANIFEST_NAME} (not a tokpack output directory)")
-    if manifest.get("format") != FORMAT:
-        found = manifest.get("format")
-        raise CorruptOutputError(f"{shown}: not a packed directory (format {found})")
-    return manifest
 
 
 def is_cache_hit(out_dir: os.PathLike, key: str) -> Optional[Dict[str, Any]]:
@@ -342,8 +316,9 @@ def atomic_output_dir(out_dir: os.PathLike) -> Iterator[Path]:
             _fsync_dir(tmp)
             check_replaceable(out_dir)  # files added to OUT_DIR during the run are not lost
             old = out_dir.parent / f".{out_dir.name}{_OLD_TAG}{tag}"
-            _swap(tmp, out_dir, old)
-            shutil.rmtree(old, ignore_errors=True)
+            with _signals_deferred():  # Ctrl-C / SIGTERM land after the swap and the old's removal
+                _swap(tmp, out_dir, old)
+                shutil.rmtree(old, ignore_errors=True)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -443,14 +418,7 @@ def numpy_api_ready() -> None:
     import numpy as np
 
     with _signals_deferred():
-        _tokpack.plan(
-            lengths=np.zeros(0, np.int64),
-            max_len=1,
-            strategy="bfd",
-            overlong="error",
-            seed=0,
-            threads=1,
-        )
+        _tokpack.plan(lengths=np.zeros(0, np.int64), config=_tokpack.PackConfig(1), threads=1)
 
 
 def keep_permissions(existing: Path, new: Path) -> None:
@@ -519,19 +487,6 @@ def _fsync_dir(path: Path) -> None:
             os.close(fd)
 
 
-def write_json_atomic(path: os.PathLike, data: Dict[str, Any]) -> None:
-    """Writes JSON to a temporary name in the same directory, then renames it."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 @contextlib.contextmanager
 def writing(path: Union[str, os.PathLike]) -> Iterator[None]:
     """Turns an OSError while writing ``path`` (disk full, permissions; pyarrow raises OSError
@@ -580,5 +535,5 @@ def cached_run(
         manifest = {"tokpack_version": _tokpack.__version__, "cache_key": key}
         manifest.update(build(tmp, described))
         with writing(tmp / MANIFEST_NAME):
-            write_json_atomic(tmp / MANIFEST_NAME, manifest)
+            _format.write_manifest(tmp, manifest)
     return manifest, False, rebuilt_because

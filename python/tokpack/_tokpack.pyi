@@ -1,6 +1,6 @@
 """Type stubs of the compiled module. The public API is the Python facade in ``tokpack``."""
 
-from typing import Any, Dict, List, Optional, Tuple, Union, final
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, final
 
 import numpy as np
 import numpy.typing as npt
@@ -14,7 +14,18 @@ __all__ = [
     "FORMAT",
     "FORMAT_VERSION",
     "SIDE_DIR",
-    "RESERVED_COLUMNS",
+    "MANIFEST_NAME",
+    "DROPPED_NAME",
+    "REJECTED_NAME",
+    "SHARD_COLUMNS",
+    "INDEX_COLUMNS",
+    "KTO_LABEL",
+    "MAX_LEN",
+    "MAX_ROWS",
+    "SAMPLE_KINDS",
+    "shard_name",
+    "index_name",
+    "pair_layout_for",
     "OVERLONG_HINT",
     "STRATEGIES",
     "OVERLONG_POLICIES",
@@ -22,6 +33,9 @@ __all__ = [
     "PAIR_SEGMENT_ROLES",
     "SEGMENT_ROLES",
     "SPLIT_REGEXES",
+    "PackConfig",
+    "PackReport",
+    "check_int",
     "plan",
     "pack_tokens",
     "flatten_samples",
@@ -52,7 +66,15 @@ IGNORE_INDEX: int
 FORMAT: str
 FORMAT_VERSION: int
 SIDE_DIR: str
-RESERVED_COLUMNS: Tuple[str, ...]
+MANIFEST_NAME: str
+DROPPED_NAME: str
+REJECTED_NAME: str
+SHARD_COLUMNS: Tuple[str, ...]
+INDEX_COLUMNS: Tuple[str, ...]
+KTO_LABEL: str
+MAX_LEN: int
+MAX_ROWS: int
+SAMPLE_KINDS: Tuple[str, ...]
 OVERLONG_HINT: str
 STRATEGIES: Tuple[str, ...]
 OVERLONG_POLICIES: Tuple[str, ...]
@@ -60,6 +82,88 @@ PAIR_LAYOUTS: Tuple[str, ...]
 PAIR_SEGMENT_ROLES: Dict[str, Tuple[int, ...]]
 SEGMENT_ROLES: Tuple[str, ...]
 SPLIT_REGEXES: Dict[str, str]
+
+def shard_name(shard: int) -> str: ...
+def index_name(shard: int) -> str: ...
+def pair_layout_for(kind: str, pair_layout: Optional[str], inputs: str) -> Optional[str]: ...
+def check_int(value: Any, name: str, lo: int, hi: int) -> int:
+    """``value`` as an int in ``lo..=hi``, else a ConfigError naming ``name``."""
+
+@final
+class PackConfig:
+    """The pack options, checked once when made (``PackConfig(max_len, **fields)``); the
+    fields, their defaults and choices are in ``FIELDS``."""
+
+    FIELDS: Tuple[Tuple[str, Any, Tuple[str, ...], str], ...]
+    def __new__(
+        cls,
+        max_len: int,
+        *,
+        strategy: str = "bfd",
+        overlong: str = "error",
+        seed: int = 0,
+        tokens_column: str = "input_ids",
+        labels_column: Optional[str] = "labels",
+        loss_mask_column: Optional[str] = None,
+        pair_layout: Optional[str] = None,
+        carry: Optional[Sequence[str]] = None,
+        rows_per_shard: int = 16384,
+        row_group_rows: int = 1024,
+        compression: str = "zstd",
+    ) -> PackConfig: ...
+    max_len: int
+    strategy: str
+    overlong: str
+    seed: int
+    tokens_column: str
+    labels_column: Optional[str]
+    loss_mask_column: Optional[str]
+    pair_layout: Optional[str]
+    carry: Tuple[str, ...]
+    rows_per_shard: int
+    row_group_rows: int
+    compression: str
+    def to_dict(self) -> Dict[str, Any]: ...
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> PackConfig: ...
+    def replace(self, **fields: Any) -> PackConfig: ...
+    def for_kind(self, kind: str, inputs: str) -> PackConfig: ...
+    def __reduce__(self) -> Any: ...
+    def __eq__(self, other: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+@final
+class PackReport:
+    """What a pack job did; ``figures()`` are the manifest's figures."""
+
+    def __new__(
+        cls,
+        *,
+        input_rows: Sequence[int],
+        has_labels: bool,
+        max_len: int,
+        n_samples: int,
+        rows: int,
+        segments: int,
+        tokens: int,
+        input_tokens: int,
+        dropped: Any,
+        empty: Any,
+        truncated: Any,
+        split: Any,
+        shards: Sequence[Dict[str, Any]],
+    ) -> PackReport: ...
+    @staticmethod
+    def merge(
+        parts: Sequence[PackReport], shards: Sequence[Dict[str, Any]], input_rows: Sequence[int]
+    ) -> PackReport: ...
+    input_rows: List[int]
+    has_labels: bool
+    dropped: npt.NDArray[np.int64]
+    empty: npt.NDArray[np.int64]
+    shards: List[Dict[str, Any]]
+    def figures(self) -> Dict[str, Any]: ...
+    def __reduce__(self) -> Any: ...
 
 @final
 class PlanParts(_PlanFields):
@@ -78,20 +182,14 @@ class PackedRows:
 def plan(
     *,
     lengths: npt.NDArray[np.int32] | npt.NDArray[np.int64],
-    max_len: int,
-    strategy: str,
-    overlong: str,
-    seed: int,
+    config: PackConfig,
     threads: Optional[int],
 ) -> PlanParts: ...
 def pack_tokens(
     *,
     input_ids: Any,
     labels: Any,
-    max_len: int,
-    strategy: str,
-    overlong: str,
-    seed: int,
+    config: PackConfig,
     threads: Optional[int],
 ) -> PackedRows: ...
 def flatten_samples(
@@ -188,23 +286,11 @@ def pack_files(
     paths: List[str],
     out_dir: str,
     spill_dir: str,
-    tokens_column: str,
-    labels_column: Optional[str],
-    labels_required: bool,
-    loss_mask_column: Optional[str],
-    max_len: int,
-    strategy: str,
-    overlong: str,
-    seed: int,
-    rows_per_shard: int,
-    row_group_rows: int,
-    compression: str,
+    config: PackConfig,
     batch_rows: int,
-    pair_layout: Optional[str] = None,
-    carry: List[str] = ...,
     threads: Optional[int] = None,
     progress: Optional[Progress] = None,
-) -> Dict[str, Any]: ...
+) -> PackReport: ...
 def read_lengths(
     *,
     paths: List[str],
@@ -282,12 +368,4 @@ def micro_batches(
     order: str,
     overlong: str,
 ) -> MicroBatchParts: ...
-def input_columns(
-    *,
-    paths: List[str],
-    tokens_column: str,
-    labels_column: Optional[str],
-    labels_required: bool,
-    loss_mask_column: Optional[str],
-    carry: List[str] = ...,
-) -> Optional[Tuple[str, bool]]: ...
+def input_columns(*, paths: List[str], config: PackConfig) -> Optional[Tuple[str, bool]]: ...

@@ -17,7 +17,7 @@ from . import _tokpack
 from ._arrays import is_torch_tensor, to_numpy_1d
 from ._contract import IGNORE_INDEX
 from .errors import DataError, OverlongError
-from .planning import checked_args
+from .pack_config import PackConfig
 
 __all__ = ["pack_sequences", "concatenate_and_pack"]
 
@@ -26,14 +26,8 @@ class _Layout:
     """Where every token of a next-fit packing lands in a ``[rows, max_length]`` grid."""
 
     def __init__(self, lengths: np.ndarray, max_length: int):
-        parts = _tokpack.plan(
-            lengths=lengths,
-            max_len=max_length,
-            strategy="next_fit",
-            overlong="error",
-            seed=0,
-            threads=1,
-        )
+        config = PackConfig(max_length, strategy="next_fit")
+        parts = _tokpack.plan(lengths=lengths, config=config, threads=1)
         bin_offsets, seg_lengths = parts.bin_offsets, parts.lengths
         self.sample_ids = parts.sample_ids
         self.max_length = max_length
@@ -117,7 +111,7 @@ def pack_sequences(
     >>> pack_sequences([[1, 2, 3], [4, 5], [6, 7, 8, 9], [10, 11, 12]], max_length=8).tolist()
     [[1, 2, 3, 4, 5, 0, 0, 0], [6, 7, 8, 9, 10, 11, 12, 0]]
     """
-    max_length = checked_args(max_length, 0, None)[0]
+    max_length = PackConfig(max_length).max_len
     arrays, torch_in, device = _as_arrays(sequences, "sequences")
     layout = _Layout(_lengths(arrays, max_length, "sequences"), max_length)
     packed = _to_output(layout.fill(arrays, pad_token_id), torch_in, device)
@@ -142,7 +136,7 @@ def concatenate_and_pack(
     >>> labels.tolist()
     [[-100, 2, 3, -100, -100, 6, 7, -100]]
     """
-    max_length = checked_args(max_length, 0, None)[0]
+    max_length = PackConfig(max_length).max_len
     inputs, torch_in, device = _as_arrays(input_sequences, "input_sequences")
     labels, torch_l, _ = _as_arrays(label_sequences, "label_sequences")
     masks, torch_m, _ = _as_arrays(attention_masks, "attention_masks")

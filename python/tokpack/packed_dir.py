@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import _tokpack
-from ._contract import FORMAT, FORMAT_VERSION
+from ._format import FORMAT, FORMAT_VERSION
 from ._outdir import MANIFEST_NAME
 from .errors import CorruptOutputError, InputNotFoundError, TokpackError
 

@@ -10,21 +10,26 @@ import pyarrow as pa
 
 from . import _tokpack
 from ._arrays import as_arrow_column, list_array
-from .planning import Plan, checked_args
+from ._format import SHARD_COLUMNS
+from .pack_config import PackConfig, pack_config
+from .planning import Plan, checked_threads
+
+INPUT_IDS, LABELS, SEQ_LENGTHS, SAMPLE_IDS = SHARD_COLUMNS[:4]
 
 __all__ = ["pack_tokens", "packed_table"]
 
 
 def pack_tokens(
     input_ids: Any,
-    max_len: int,
+    max_len: Optional[int] = None,
     *,
     labels: Any = None,
-    strategy: str = "bfd",
-    overlong: str = "error",
-    seed: int = 0,
+    strategy: Optional[str] = None,
+    overlong: Optional[str] = None,
+    seed: Optional[int] = None,
     threads: Optional[int] = None,
     return_plan: bool = False,
+    config: Optional[PackConfig] = None,
 ) -> Union[pa.Table, Tuple[pa.Table, Plan]]:
     """Pack token sequences into rows of at most ``max_len`` tokens.
 
@@ -36,28 +41,26 @@ def pack_tokens(
             ``labels`` column too when it has one and ``labels`` is not given.
         labels: optional, same shape as ``input_ids``: -100 (not trained on) or a token id,
             the same rule as :func:`tokpack.pack_files`.
-        strategy, overlong, seed, threads: as in :func:`tokpack.plan`.
+        max_len, strategy, overlong, seed, config, threads: as in :func:`tokpack.plan`.
         return_plan: also return the :class:`tokpack.Plan` (to see dropped / truncated samples).
 
     Returns:
-        A ``pyarrow.Table`` with one row per packed row: ``input_ids`` (list<int32>, unpadded),
-        ``labels`` (list<int32>, when labels were given), ``seq_lengths`` (list<int32>, the
-        length of each packed segment in order) and ``sample_ids`` (list<int64>). The schema
+        A ``pyarrow.Table`` with one row per packed row, its columns named and typed as the
+        packed shards' first columns: ``input_ids`` (list<int32>, unpadded), ``labels``
+        (list<int32>, when labels were given), ``seq_lengths`` (list<int32>, the length of
+        each packed segment in order) and ``sample_ids`` (list<int64>). The schema
         metadata ``tokpack`` holds the plan's figures as JSON.
 
     >>> t = pack_tokens([[1, 2, 3], [4, 5], [6, 7, 8, 9]], max_len=5)
     >>> t.column("seq_lengths").to_pylist()
     [[4], [3, 2]]
     """
-    max_len, seed, threads = checked_args(max_len, seed, threads)
+    config = pack_config(max_len, config, dict(strategy=strategy, overlong=overlong, seed=seed))
     rows = _tokpack.pack_tokens(
-        input_ids=as_arrow_column(input_ids, "input_ids"),
-        labels=None if labels is None else as_arrow_column(labels, "labels"),
-        max_len=max_len,
-        strategy=strategy,
-        overlong=overlong,
-        seed=seed,
-        threads=threads,
+        input_ids=as_arrow_column(input_ids, INPUT_IDS),
+        labels=None if labels is None else as_arrow_column(labels, LABELS),
+        config=config,
+        threads=checked_threads(threads),
     )
     plan = Plan._from_rust(rows.plan)
     table = packed_table(plan, rows.tokens, rows.labels, rows.row_offsets)
@@ -68,11 +71,11 @@ def packed_table(
     plan: Plan, tokens: np.ndarray, labels: Optional[np.ndarray], row_offsets: np.ndarray
 ) -> pa.Table:
     """The in-memory packed-rows table, built over the Rust buffers without copying tokens."""
-    columns = {"input_ids": list_array(row_offsets, tokens, pa.int32())}
+    columns = {INPUT_IDS: list_array(row_offsets, tokens, pa.int32())}
     if labels is not None:
-        columns["labels"] = list_array(row_offsets, labels, pa.int32())
-    columns["seq_lengths"] = list_array(plan.bin_offsets, plan.lengths.astype(np.int32), pa.int32())
-    columns["sample_ids"] = list_array(plan.bin_offsets, plan.sample_ids, pa.int64())
+        columns[LABELS] = list_array(row_offsets, labels, pa.int32())
+    columns[SEQ_LENGTHS] = list_array(plan.bin_offsets, plan.lengths.astype(np.int32), pa.int32())
+    columns[SAMPLE_IDS] = list_array(plan.bin_offsets, plan.sample_ids, pa.int64())
     scalars = ("strategy", "max_len", "n_samples", "n_bins", "total_tokens", "lower_bound")
     figures = {name: getattr(plan, name) for name in (*scalars, "efficiency")}
     figures.update((name, len(getattr(plan, name))) for name in ("dropped", "truncated", "split"))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass, fields
 from typing import Any, Optional, Tuple
 
@@ -11,7 +10,7 @@ import numpy as np
 from . import _tokpack
 from ._arrays import as_lengths
 from ._contract import OVERLONG_POLICIES, STRATEGIES
-from .errors import ConfigError
+from .pack_config import PackConfig, pack_config
 
 __all__ = ["Plan", "plan", "STRATEGIES", "OVERLONG_POLICIES"]
 
@@ -99,12 +98,13 @@ class Plan:
 
 def plan(
     lengths: Any,
-    max_len: int,
+    max_len: Optional[int] = None,
     *,
-    strategy: str = "bfd",
-    overlong: str = "error",
-    seed: int = 0,
+    strategy: Optional[str] = None,
+    overlong: Optional[str] = None,
+    seed: Optional[int] = None,
     threads: Optional[int] = None,
+    config: Optional[PackConfig] = None,
 ) -> Plan:
     """Plan how to pack samples of the given lengths into rows of at most ``max_len`` tokens.
 
@@ -115,9 +115,10 @@ def plan(
         strategy: ``"bfd"`` best-fit decreasing (default), ``"ffd"`` first-fit decreasing,
             ``"next_fit"`` input order, ``"padding"`` one sample per row, ``"random"`` shuffle,
             concatenate and cut (samples may be split).
-        overlong: samples longer than ``max_len``: ``"error"``, ``"truncate"``, ``"drop"`` or
-            ``"split"`` (pieces of ``max_len`` tokens, each packed on its own).
-        seed: shuffling seed of the ``"random"`` strategy.
+        overlong: samples longer than ``max_len``: ``"error"`` (default), ``"truncate"``,
+            ``"drop"`` or ``"split"`` (pieces of ``max_len`` tokens, each packed on its own).
+        seed: shuffling seed of the ``"random"`` strategy (default 0).
+        config: a :class:`tokpack.PackConfig` instead of the four above (its plan options).
         threads: worker threads (default: ``TOKPACK_NUM_THREADS`` or all cores). The plan is
             identical for every value.
 
@@ -125,49 +126,26 @@ def plan(
     >>> p.n_bins, p.lower_bound
     (2, 2)
     """
-    max_len, seed, threads = checked_args(max_len, seed, threads)
-    parts = _tokpack.plan(
-        lengths=as_lengths(lengths),
-        max_len=max_len,
-        strategy=strategy,
-        overlong=overlong,
-        seed=seed,
-        threads=threads,
+    fields = dict(strategy=strategy, overlong=overlong, seed=seed)
+    config = pack_config(max_len, config, fields)
+    threads = checked_threads(threads)
+    return Plan._from_rust(
+        _tokpack.plan(lengths=as_lengths(lengths), config=config, threads=threads)
     )
-    return Plan._from_rust(parts)
 
 
 # Ranges of the numeric arguments. max_len: the core's row capacity (int32 token offsets);
 # row counts: a row group of row_group_rows * max_len tokens must fit in int32 anyway.
-MAX_LEN = 2**31 - 1
-MAX_ROWS = 2**31 - 1
+MAX_LEN = _tokpack.MAX_LEN
+MAX_ROWS = _tokpack.MAX_ROWS
 MAX_SEED = 2**64 - 1
 MAX_THREADS = _tokpack.MAX_THREADS
 
-
-def check_int(value: Any, name: str, lo: int, hi: int) -> int:
-    """``value`` as an int in ``lo..=hi``, else a ConfigError naming the argument and its range
-    (never an OverflowError later, in numpy or Rust). The one checker of numeric arguments."""
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        number = operator.index(value)
-    except TypeError:
-        raise ConfigError(f"{name} must be an integer in {lo}..{hi}, got {value!r}") from None
-    if not lo <= number <= hi:
-        raise ConfigError(f"{name} must be at least {lo} and at most {hi}, got {number}")
-    return number
+# ``value`` as an int in ``lo..=hi``, else a ConfigError naming the argument and its range
+# (never an OverflowError later, in numpy or Rust): the one checker of numeric arguments.
+check_int = _tokpack.check_int
 
 
 def checked_threads(threads: Any) -> Optional[int]:
     """``None`` (``TOKPACK_NUM_THREADS``, else all cores) or 1..MAX_THREADS."""
     return None if threads is None else check_int(threads, "threads", 1, MAX_THREADS)
-
-
-def checked_args(max_len: Any, seed: Any, threads: Any) -> Tuple[int, int, Optional[int]]:
-    """Validates the arguments every packing entry point shares."""
-    return (
-        check_int(max_len, "max_len", 1, MAX_LEN),
-        check_int(seed, "seed", 0, MAX_SEED),
-        checked_threads(threads),
-    )

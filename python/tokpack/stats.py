@@ -12,7 +12,8 @@ import numpy as np
 from ._arrays import as_lengths
 from ._contract import STRATEGIES
 from .errors import ConfigError, DataError
-from .planning import checked_args, plan
+from .pack_config import PackConfig
+from .planning import plan
 
 __all__ = [
     "packing_stats",
@@ -145,7 +146,7 @@ class PackingStats:
 
 def checked_max_lens(max_lens: Iterable[Any]) -> List[int]:
     """Sorted distinct candidates, each a valid ``max_len``."""
-    values = sorted({checked_args(m, 0, None)[0] for m in max_lens})
+    values = sorted({PackConfig(m).max_len for m in max_lens})
     if not values:
         raise ConfigError("give at least one max_len")
     return values

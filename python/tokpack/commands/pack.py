@@ -6,8 +6,8 @@ import argparse
 import sys
 from typing import Any, Dict
 
-from .._contract import OVERLONG_POLICIES, STRATEGIES
-from ..files import PACKING_OPTIONS, PAIR_LAYOUTS, pack_files
+from .. import pack_config
+from ..files import pack_files
 from ..report import table
 from .tokenize import (
     add_inputs_and_output,
@@ -19,33 +19,8 @@ from .tokenize import (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_inputs_and_output(parser, "files, directories or globs", "OUT_DIR")
-    parser.add_argument("--max-len", type=int, default=4096, help="row capacity (default 4096)")
-    parser.add_argument("--strategy", choices=STRATEGIES, default="bfd")
-    parser.add_argument("--tokens-column", default="input_ids")
-    parser.add_argument(
-        "--labels-column", default="labels", help="used when present (-100 = not trained on)"
-    )
-    parser.add_argument("--loss-mask-column", default=None, help="0/1 column instead of labels")
-    parser.add_argument("--overlong", choices=OVERLONG_POLICIES, default="error")
-    parser.add_argument(
-        "--pair-layout",
-        choices=PAIR_LAYOUTS,
-        default="separate",
-        help="preference pairs: chosen then rejected, each whole (separate, the default), or "
-        "the prompt once then both completions (shared-prompt)",
-    )
-    parser.add_argument(
-        "--carry",
-        nargs="+",
-        default=None,
-        metavar="COLUMN",
-        help="scalar per-sample columns kept as per-segment lists (KTO's label always is)",
-    )
-    parser.add_argument("--seed", type=int, default=0)
+    pack_config.add_arguments(parser)
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--rows-per-shard", type=int, default=16384)
-    parser.add_argument("--row-group-rows", type=int, default=1024)
-    parser.add_argument("--compression", default="zstd", help="zstd[:LEVEL], snappy, lz4, none")
     parser.add_argument("--force", action="store_true", help="rebuild even when up to date")
     parser.add_argument(
         "--verify-cache",
@@ -121,24 +96,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def packing_options(args: argparse.Namespace) -> Dict[str, Any]:
-    """The packing keywords of ``pack`` (here and ``--ray``) from its flags."""
-    return {name: getattr(args, name) for name in PACKING_OPTIONS}
-
-
 def _pack_here(args: argparse.Namespace) -> Dict[str, Any]:
     return pack_files(
         args.inputs,
         args.output,
-        args.max_len,
-        **packing_options(args),
+        config=pack_config.from_args(args),
         threads=args.threads,
         force=args.force,
         progress=not args.quiet,
         tokenizer=args.tokenizer,
         tokenize=tokenize_options(args) if args.tokenizer else None,
         verify_cache=args.verify_cache,
-        pair_layout=args.pair_layout,
-        carry=args.carry,
         spill_dir=args.spill_dir,
     )

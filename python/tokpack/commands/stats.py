@@ -12,7 +12,7 @@ from typing import Callable, List, Optional
 from .._contract import STRATEGIES
 from ..errors import ConfigError
 from ..files import PAIR_LAYOUTS, read_lengths
-from ..planning import checked_args
+from ..planning import checked_threads
 from ..report import table
 from ..stats import (
     STATS_OVERLONG,
@@ -186,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
     max_lens = parse_max_lens(args.max_len)
     overlong = args.overlong or _DEFAULT_OVERLONG
     check_options(overlong, args.batch_size, args.world_size)
-    checked_args(1, 0, args.threads)
+    checked_threads(args.threads)
     if args.plot:
         from ..stats_plot import check_plot_path
 

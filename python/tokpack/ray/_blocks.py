@@ -23,10 +23,11 @@ import pyarrow.parquet as pq
 import ray
 from ray.data.block import BlockAccessor
 
-from .. import _tokpack, files
+from .. import _tokpack
 from .._inputs import shown_path
 from ..errors import ConfigError, CorruptInputError, DataError, SchemaError, TokpackError
-from ..tokenize.schema import kind_of_schema
+from ..pack_config import PackConfig
+from ..tokenize.schema import kind_of_files, kind_of_schema
 
 # A dataset made with ``ray.data.read_parquet(..., include_paths=True)`` names each row's file:
 # the dropped-samples list then gives the file and row, as ``tokpack pack`` does.
@@ -260,63 +261,50 @@ def refuse_pairs(why: str) -> None:
     )
 
 
-def file_columns(
-    paths: List[Any],
-    tokens_column: str,
-    labels_column: Optional[str],
-    loss_mask_column: Optional[str],
-    carry: Optional[List[str]],
-) -> Tuple[str, Columns]:
-    """The kind of samples of the token files ``paths`` and the columns to read, by
-    ``tokpack pack``'s rules and with its errors (one kind; labels used when the inputs have
-    them, a file without them among files with them named; KTO's ``label`` carried)."""
-    kind = files._sample_kind(paths)
+def file_columns(paths: List[Any], config: PackConfig) -> Tuple[str, PackConfig, Columns]:
+    """The kind of samples of the token files ``paths``, ``config`` for that kind, and the
+    columns to read, by ``tokpack pack``'s rules and with its errors (one kind; labels used when
+    the inputs have them, a file without them among files with them named; KTO's ``label``
+    carried)."""
+    kind = kind_of_files(paths)
     if kind == "preference":
         refuse_pairs(f"{shown_path(paths[0])} holds preference pairs")
-    carried = files._checked_carry(carry, kind)
-    labels = _tokpack.input_columns(
-        paths=[str(p) for p in paths],
-        tokens_column=tokens_column,
-        labels_column=labels_column,
-        labels_required=labels_column not in (None, "labels"),
-        loss_mask_column=loss_mask_column,
-        carry=carried,
-    )
+    config = config.for_kind(kind, shown_path(paths[0]))
+    labels = _tokpack.input_columns(paths=[str(p) for p in paths], config=config)
     schema = pq.read_schema(paths[0])
-    return kind, Columns(
-        tokens_column,
-        None if labels is None else labels[0],
-        mask=labels is not None and labels[1],
-        carry=pa.schema([schema.field(c) for c in carried]) if carried else None,
+    return (
+        kind,
+        config,
+        Columns(
+            config.tokens_column,
+            None if labels is None else labels[0],
+            mask=labels is not None and labels[1],
+            carry=pa.schema([schema.field(c) for c in config.carry]) if config.carry else None,
+        ),
     )
 
 
-def dataset_columns(
-    refs: List[Any],
-    tokens_column: str,
-    labels_column: Optional[str],
-    loss_mask_column: Optional[str],
-    carry: Optional[List[str]],
-) -> Tuple[str, Columns]:
-    """The kind of samples of a dataset and the columns to read, by the first block's schema
-    and ``pack_files``' rules: a loss mask when given; else the labels column when the dataset
-    has it (a name other than ``"labels"`` must exist); KTO's ``label`` carried. Preference
-    pairs are refused."""
+def dataset_columns(refs: List[Any], config: PackConfig) -> Tuple[str, PackConfig, Columns]:
+    """The kind of samples of a dataset, ``config`` for that kind, and the columns to read, by
+    the first block's schema and ``pack_files``' rules: a loss mask when given; else the labels
+    column when the dataset has it (a name other than ``"labels"`` must exist); KTO's ``label``
+    carried. Preference pairs are refused."""
     schema = ray.get(_schema.remote(refs[0])) if refs else pa.schema([])
     found = kind_of_schema(schema)
     kind = "sft" if found is None else found[0]
     if found is not None and kind == "preference":
         refuse_pairs(f"the ray dataset holds preference pairs ({found[1]})")
-    carried = files._checked_carry(carry, kind)
-    for name in carried:
+    config = config.for_kind(kind, DATASET_SOURCE)
+    for name in config.carry:
         if name not in schema.names:
             raise SchemaError(f"no column {name!r} to carry (columns: {', '.join(schema.names)})")
-    carry_schema = pa.schema([schema.field(c) for c in carried]) if carried else None
-    if loss_mask_column is not None:
-        return kind, Columns(tokens_column, loss_mask_column, mask=True, carry=carry_schema)
-    if labels_column in schema.names or labels_column not in (None, "labels"):
-        return kind, Columns(tokens_column, labels_column, carry=carry_schema)
-    return kind, Columns(tokens_column, None, carry=carry_schema)
+    carry = pa.schema([schema.field(c) for c in config.carry]) if config.carry else None
+    tokens, labels, mask = config.tokens_column, config.labels_column, config.loss_mask_column
+    if mask is not None:
+        return kind, config, Columns(tokens, mask, mask=True, carry=carry)
+    if labels in schema.names or labels not in (None, "labels"):
+        return kind, config, Columns(tokens, labels, carry=carry)
+    return kind, config, Columns(tokens, None, carry=carry)
 
 
 def _arrow(block: Any) -> pa.Table:

@@ -18,7 +18,7 @@ from typing import Any, Dict, Iterator
 import ray
 import ray.data
 
-from ..commands.pack import packing_options
+from .. import pack_config
 from ..errors import ClusterError, TokpackError
 from ._pack import pack
 
@@ -53,19 +53,14 @@ def _init(address: str) -> None:
 
 
 def pack_command(args: argparse.Namespace) -> Dict[str, Any]:
-    options: Dict[str, Any] = {
-        "threads": args.threads,
-        "pair_layout": args.pair_layout,
-        "tokenizer": args.tokenizer,
-        "carry": args.carry,
-    }
     with on_cluster(args.ray, args.quiet):
         manifest = pack(
             args.inputs,
             args.output,
-            args.max_len,
             mode=args.ray_mode,
-            **packing_options(args),
-            **options,
+            config=pack_config.from_args(args),
+            threads=args.threads,
+            tokenizer=args.tokenizer,
+            spill_dir=args.spill_dir,
         )
     return {**manifest, "cache_hit": False, "rebuilt_because": None}

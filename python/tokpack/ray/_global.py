@@ -17,9 +17,10 @@ from typing import Any, Dict, List
 import numpy as np
 import ray
 
+from ..pack_config import PackConfig
 from ..planning import Plan
 from ._blocks import Columns, Measured, cancelling
-from ._shards import Layout, Rows, concat, shard_ranges, take, write_shard
+from ._shards import Rows, concat, shard_ranges, take, write_shard
 from ._store import Out
 
 
@@ -37,15 +38,15 @@ def _scatter(flat: Any, base: int, rows: np.ndarray, cuts: np.ndarray) -> Any:
 
 @ray.remote
 def _gather_write(
-    out: Out, shard: int, rows: Rows, layout: Layout, columns: Columns, *pieces: Any
+    out: Out, shard: int, rows: Rows, config: PackConfig, columns: Columns, *pieces: Any
 ) -> Dict[str, Any]:
     has_labels = columns.labels is not None
     held = concat(pieces, has_labels, columns.carry)
-    return write_shard(out, shard, rows, held, layout, has_labels)
+    return write_shard(out, shard, rows, held, config, has_labels)
 
 
 def write_global(
-    measured: Measured, plan: Plan, target: Out, layout: Layout, rows_per_shard: int
+    measured: Measured, plan: Plan, target: Out, config: PackConfig
 ) -> List[Dict[str, Any]]:
     """Writes every shard of ``plan`` into ``target``; returns their manifest entries in
     order. On failure or interrupt, the tasks still running are cancelled.
@@ -53,6 +54,7 @@ def write_global(
     Drops ``measured.flats`` block by block as their scatter tasks are submitted (a task holds
     its block until it is done), so each block leaves the store once scattered."""
     flats, bases = measured.flats, measured.bases
+    rows_per_shard = config.rows_per_shard
     ranges = shard_ranges(plan.n_bins, rows_per_shard)
     n_shards = len(ranges)
     # Segment -> shard, then the distinct (block, shard, sample) triples.
@@ -88,7 +90,7 @@ def write_global(
             for f, piece in zip(firsts, out):
                 pieces[int(shards[f])].append(piece)
         writes = [
-            _gather_write.remote(target, s, Rows.of(plan, a, b), layout, measured.columns, *p)
+            _gather_write.remote(target, s, Rows.of(plan, a, b), config, measured.columns, *p)
             for s, ((a, b), p) in enumerate(zip(ranges, pieces))
         ]
         pending.extend(writes)

@@ -11,15 +11,16 @@ after it planned): a task publishes ``.group-<g>/part-<k>.parquet`` and the driv
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import pyarrow as pa
 import ray
 
-from .._contract import OVERLONG_HINT, SIDE_DIR
+from .. import _tokpack
+from .._contract import OVERLONG_HINT
 from ..errors import DataError, OverlongError, TokpackError
+from ..pack_config import PackConfig, PackReport
 from ..planning import plan as make_plan
 from ._blocks import (
     PATH_COLUMN,
@@ -28,24 +29,14 @@ from ._blocks import (
     _runs,
     block_error,
     cancelling,
+    dataset_sources,
     read_block,
     sample_arrays,
 )
-from ._shards import Layout, Rows, accounting, shard_ranges, write_shard
+from ._shards import Rows, accounting, shard_ranges, write_shard
 from ._store import Out
 
 GROUP_PREFIX = ".group-"
-
-
-@dataclass(frozen=True)
-class Planning:
-    """The planner's arguments every group uses."""
-
-    max_len: int
-    strategy: str
-    overlong: str
-    seed: int
-    rows_per_shard: int
 
 
 @ray.remote
@@ -59,13 +50,12 @@ def _pack_group(
     group: int,
     base: int,
     columns: Columns,
-    planning: Planning,
-    layout: Layout,
+    config: PackConfig,
     *tables: pa.Table,
 ) -> Any:
     """Plans and writes one group's shards under ``.group-<group>/`` of ``out``; returns the
-    group's accounting (ids global) with the runs of its ``path`` column, or the TokpackError
-    its data raised. ``tables`` are blocks of a dataset or units of files."""
+    group's report (ids global) with the runs of its ``path`` column, or the TokpackError its
+    data raised. ``tables`` are blocks of a dataset or units of files."""
     table = pa.concat_tables([read_block(t, columns) for t in tables])
     try:
         tokens, offsets, labels, carried = sample_arrays(table, columns)
@@ -73,22 +63,16 @@ def _pack_group(
         return exc
     paths = table.column(PATH_COLUMN).to_pylist() if PATH_COLUMN in table.column_names else []
     lengths = np.diff(offsets)
-    too_long = np.flatnonzero(lengths > planning.max_len) if planning.overlong == "error" else []
+    too_long = np.flatnonzero(lengths > config.max_len) if config.overlong == "error" else []
     if len(too_long):
         k = int(too_long[0])
         # The planner would name the sample by its index in the group, not in the dataset.
         return OverlongError(
             f"sample {base + k} has {int(lengths[k])} tokens, more than "
-            f"max_len={planning.max_len}; {OVERLONG_HINT}"
+            f"max_len={config.max_len}; {OVERLONG_HINT}"
         )
     try:
-        plan = make_plan(
-            lengths,
-            planning.max_len,
-            strategy=planning.strategy,
-            overlong=planning.overlong,
-            seed=planning.seed,
-        )
+        plan = make_plan(lengths, config=config)
     except TokpackError as exc:
         return exc
     # Each file is published whole: a retried or duplicated group puts the same bytes in place.
@@ -96,10 +80,11 @@ def _pack_group(
     held = (ids, offsets, tokens, labels, carried)
     dest = f"{GROUP_PREFIX}{group}"
     shards = [
-        write_shard(out, k, Rows.of(plan, a, b, base), held, layout, labels is not None, dest)
-        for k, (a, b) in enumerate(shard_ranges(plan.n_bins, planning.rows_per_shard))
+        write_shard(out, k, Rows.of(plan, a, b, base), held, config, labels is not None, dest)
+        for k, (a, b) in enumerate(shard_ranges(plan.n_bins, config.rows_per_shard))
     ]
-    return {**accounting(plan, shards, base), "paths": _runs((p, 1) for p in paths)}
+    report = accounting(plan, shards, [len(lengths)], labels is not None, base)
+    return report, _runs((p, 1) for p in paths)
 
 
 def groups_of(sizes: List[int], min_block_samples: int) -> List[Tuple[int, int]]:
@@ -123,13 +108,14 @@ def groups_of(sizes: List[int], min_block_samples: int) -> List[Tuple[int, int]]
 def pack_local(
     refs: List[Any],
     columns: Columns,
-    planning: Planning,
-    layout: Layout,
+    config: PackConfig,
     out: Out,
     min_block_samples: int,
-) -> Dict[str, Any]:
-    """Packs group by group into ``out``; returns the merged accounting with the shards
-    renamed ``part-NNNNN`` in group order."""
+    sources: Optional[Tuple[List[str], List[int]]] = None,
+) -> Tuple[PackReport, List[str]]:
+    """Packs group by group into ``out``; returns the merged report with the shards renamed
+    ``part-NNNNN`` in group order, and the inputs' paths: ``sources`` (files and their rows),
+    else the files the dataset's ``path`` column names."""
     units = bool(refs) and isinstance(refs[0], Unit)
     sizes = [u.rows for u in refs] if units else ray.get([_rows.remote(ref) for ref in refs])
     if sum(sizes) == 0:
@@ -139,7 +125,7 @@ def pack_local(
     np.cumsum(sizes, out=bases[1:])
     with cancelling([]) as tasks:
         tasks += [
-            _pack_group.remote(out, g, int(bases[a]), columns, planning, layout, *refs[a:b])
+            _pack_group.remote(out, g, int(bases[a]), columns, config, *refs[a:b])
             for g, (a, b) in enumerate(groups)
         ]
         results = ray.get(tasks)
@@ -147,31 +133,24 @@ def pack_local(
         if isinstance(result, TokpackError):
             # (A group's rows count from its first block's.)
             raise block_error(result, refs[a], a, int(bases[a]))
-    return _merge(results, out)
+    reports = [r for r, _ in results]
+    runs = [run for _, group_runs in results for run in group_runs]
+    paths, rows = sources or dataset_sources(runs, bases)
+    return _merge(reports, out, rows), paths
 
 
-def _merge(results: List[Dict[str, Any]], out: Out) -> Dict[str, Any]:
+def _merge(results: List[PackReport], out: Out, input_rows: List[int]) -> PackReport:
     """Renames the groups' shards ``part-NNNNN`` in order. A group whose samples were all
     dropped wrote one empty shard: it is kept only when every group is empty (as ``pack_files``
     writes one empty shard then, to carry the schema)."""
-    written = [(g, info) for g, r in enumerate(results) for info in r["shards"]]
+    written = [(g, info) for g, r in enumerate(results) for info in r.shards]
     kept = [(g, info) for g, info in written if info["rows"] > 0] or written[:1]
     shards: List[Dict[str, Any]] = []
     for s, (g, info) in enumerate(kept):
-        named = {
-            **info,
-            "file": f"part-{s:05d}.parquet",
-            "index": f"{SIDE_DIR}/_index-part-{s:05d}.arrow",
-        }
+        named = {**info, "file": _tokpack.shard_name(s), "index": _tokpack.index_name(s)}
         for key in ("file", "index"):
             out.move(f"{GROUP_PREFIX}{g}/{info[key]}", named[key])
         shards.append(named)
     for g in range(len(results)):
         out.remove(f"{GROUP_PREFIX}{g}")
-    merged: Dict[str, Any] = {"shards": shards}
-    for key in ("n_samples", "rows", "segments", "tokens", "input_tokens"):
-        merged[key] = sum(r[key] for r in results)
-    for key in ("dropped", "empty", "truncated", "split"):
-        merged[key] = np.concatenate([r[key] for r in results]).astype(np.int64)
-    merged["paths"] = [run for r in results for run in r["paths"]]
-    return merged
+    return PackReport.merge(results, shards, input_rows)

@@ -2,25 +2,23 @@
 
 from __future__ import annotations
 
-import inspect
 import itertools
 import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
-import numpy as np
-
-from .. import _tokpack, files
+from .. import _tokpack
+from .._format import DROPPED_NAME, MANIFEST_NAME, packed_manifest, write_dropped, write_manifest
 from .._inputs import TOKEN_SUFFIXES, is_parquet, resolve_inputs
-from .._outdir import MANIFEST_NAME, output_target, write_json_atomic
+from .._outdir import output_target, writing
 from ..errors import ConfigError, CorruptOutputError
+from ..pack_config import PackConfig, pack_config, refuse_unsupported
 from ..packed_dir import member_path
-from ..planning import check_int, checked_args
+from ..planning import check_int
 from ..planning import plan as make_plan
 from ._blocks import (
     dataset_columns,
-    dataset_sources,
     file_columns,
     file_units,
     measure,
@@ -28,8 +26,8 @@ from ._blocks import (
     streamed,
 )
 from ._global import write_global
-from ._local import Planning, pack_local
-from ._shards import Layout, accounting, remove_attempts
+from ._local import pack_local
+from ._shards import accounting, remove_attempts
 from ._store import (
     LocalOut,
     committed_output,
@@ -40,42 +38,29 @@ from ._store import (
 )
 
 MODES = ("global", "local")
-# The options of tokpack.pack_files that apply to a dataset, with its defaults (defined there).
-_NAMES = files.PACKING_OPTIONS + ("carry",)
-_OPTIONS = {
-    name: p.default
-    for name, p in inspect.signature(files.pack_files).parameters.items()
-    if name in _NAMES
-}
-# The options of tokpack.pack_files tokpack.ray.pack does not support, with why: accepted at
-# pack_files' default only, else refused by name before any work.
+# What tokpack.ray.pack does not support, with why: refused by name before any work.
 UNSUPPORTED = {
     "pair_layout": "preference pairs are not supported with --ray (tokpack.ray), use tokpack pack",
     "threads": "Ray runs one task per block and per shard, on one CPU each; size the cluster",
     "tokenizer": "--ray packs token shards; tokenize first (tokpack tokenize --ray, or "
     "tokpack.ray.tokenize), then pack them",
+    "spill_dir": "Ray keeps the samples in its object store (spilled by Ray)",
 }
-
-
-def refuse_unsupported(options: Dict[str, Any]) -> None:
-    """ConfigError naming the first option of ``pack_files`` given a value Ray does not support
-    (the one check of ``--ray``'s options)."""
-    defaults = inspect.signature(files.pack_files).parameters
-    for name, why in UNSUPPORTED.items():
-        if options.get(name, defaults[name].default) != defaults[name].default:
-            flag = "--" + name.replace("_", "-")
-            raise ConfigError(f"{name} ({flag}) is not supported with Ray: {why}")
 
 
 def pack(
     ds: Any,
     output_dir: Union[str, os.PathLike],
-    max_len: int,
+    max_len: Optional[int] = None,
     *,
     mode: str = "global",
     min_block_samples: int = 4096,
     filesystem: Any = None,
-    **options: Any,
+    config: Optional[PackConfig] = None,
+    threads: Optional[int] = None,
+    tokenizer: Any = None,
+    spill_dir: Any = None,
+    **fields: Any,
 ) -> Dict[str, Any]:
     """Pack token files, or a ``ray.data.Dataset`` of token lists, into ``output_dir`` on the
     Ray cluster; returns the manifest as a dict.
@@ -99,54 +84,43 @@ def pack(
             the shards ``tokpack pack`` writes for the same inputs, byte for byte; ``"local"``
             packs runs of consecutive blocks of at least ``min_block_samples`` samples on their
             own (the driver holds one number per block) at a small cost in rows (README).
-        options: ``strategy``, ``overlong``, ``seed``, ``tokens_column``, ``labels_column``,
-            ``loss_mask_column``, ``rows_per_shard``, ``row_group_rows``, ``compression``,
-            ``carry``: as in :func:`tokpack.pack_files`, with its defaults (KTO samples carry
-            ``label``). Its other options are refused (ConfigError naming the option) unless
-            left at their default: ``pair_layout`` (preference pairs are not supported),
-            ``threads``, ``tokenizer``.
+        max_len, fields, config: the :class:`tokpack.PackConfig`, as in
+            :func:`tokpack.pack_files` (KTO samples carry ``label``), but ``pair_layout``
+            (preference pairs are not supported). It, ``threads``, ``tokenizer`` and
+            ``spill_dir`` are refused (ConfigError naming the option) unless left at their
+            default.
 
     Raises:
         ConfigError, DataError, SchemaError, OverlongError: as :func:`tokpack.pack_files`, naming
         the file (or the dataset block) and the sample.
     """
     started = time.perf_counter()
-    refuse_unsupported(options)
-    for name in UNSUPPORTED:
-        options.pop(name, None)
-    unknown = sorted(set(options) - set(_OPTIONS))
-    if unknown:
-        raise TypeError(f"pack() got an unexpected keyword argument {unknown[0]!r}")
-    options = {**_OPTIONS, **options}
-    max_len, seed, _ = checked_args(max_len, options["seed"], None)
+    config = pack_config(max_len, config, fields)
+    run_args = dict(threads=threads, tokenizer=tokenizer, spill_dir=spill_dir)
+    refuse_unsupported(config, "Ray", UNSUPPORTED, **run_args)
     if mode not in MODES:
         raise ConfigError(f"unknown mode {mode!r}; expected one of {MODES}")
     min_block_samples = check_int(min_block_samples, "min_block_samples", 1, 2**62)
-    names = (options["tokens_column"], options["labels_column"], options["loss_mask_column"])
     paths = None if _is_dataset(ds) else _input_files(ds, output_dir, filesystem)
     refs: List[Any] = []
     if paths is not None:  # (checked before the output is touched)
-        kind, columns = file_columns(paths, *names, options["carry"])
+        kind, config, columns = file_columns(paths, config)
         refs, file_rows = file_units(paths)
     inputs = dataset_inputs(ds) if paths is None else [str(p) for p in paths]
     with committed_output(output_dir, filesystem, inputs) as (out, local):
         clock = _Clock()
         if paths is None and mode == "local":
             refs = ordered_blocks(ds)
-            kind, columns = dataset_columns(refs, *names, options["carry"])
+            kind, config, columns = dataset_columns(refs, config)
         elif paths is None:
             blocks = streamed(ds)
             head = list(itertools.islice(blocks, 1))
-            kind, columns = dataset_columns(head, *names, options["carry"])
+            kind, config, columns = dataset_columns(head, config)
             blocks = itertools.chain(head, blocks)
             del head
-        config = files._config(
-            **{**options, "max_len": max_len, "seed": seed, "carry": columns.carried()}
-        )
-        strategy, overlong = config["strategy"], config["overlong"]
+        recorded = config.to_dict()
         if mode == "local":
-            config["ray"] = {"mode": mode, "min_block_samples": min_block_samples}
-        layout = Layout(max_len, config["row_group_rows"], config["compression"])
+            recorded["ray"] = {"mode": mode, "min_block_samples": min_block_samples}
         if mode == "global":
             if paths is not None:
                 measured = measure(refs, columns, ([str(p) for p in paths], file_rows))
@@ -155,42 +129,30 @@ def pack(
             n_blocks = len(measured.flats)
             # Reading and measuring overlap (the blocks are measured as they stream in).
             clock.lap("read+measure")
-            plan = make_plan(
-                measured.lengths, max_len, strategy=strategy, overlong=overlong, seed=seed
-            )
+            plan = make_plan(measured.lengths, config=config)
             clock.lap("plan")
-            shards = write_global(measured, plan, out, layout, config["rows_per_shard"])
-            result = accounting(plan, shards)
-            sources = measured.files, measured.file_rows
+            shards = write_global(measured, plan, out, config)
+            has_labels = columns.labels is not None
+            report = accounting(plan, shards, measured.file_rows, has_labels)
+            shown = measured.files
         else:
             n_blocks = len(refs)
             clock.lap("blocks")
-            planning = Planning(max_len, strategy, overlong, seed, config["rows_per_shard"])
-            result = pack_local(refs, columns, planning, layout, out, min_block_samples)
-            result.update(
-                max_len=max_len,
-                lower_bound=-(-result["tokens"] // max_len),
-                efficiency=result["tokens"] / (result["rows"] * max_len) if result["rows"] else 0,
-            )
-            runs = result.pop("paths")
-            if paths is not None:
-                sources = [str(p) for p in paths], file_rows
-            else:
-                sources = dataset_sources(runs, np.array([result["n_samples"]]))
+            sources = None if paths is None else ([str(p) for p in paths], file_rows)
+            report, shown = pack_local(refs, columns, config, out, min_block_samples, sources)
         clock.lap("write")
         if isinstance(out, LocalOut):
             remove_attempts(local)
-        shown, result["input_rows"] = [Path(p) for p in sources[0]], sources[1]
-        result["has_labels"] = columns.labels is not None
-        dropped_entry = files._write_dropped(local / files.DROPPED_NAME, result, shown, None)
+        with writing(local / DROPPED_NAME):
+            dropped = write_dropped(local / DROPPED_NAME, report, [Path(p) for p in shown])
         described: List[Dict[str, Any]] = [{"path": str(p)} for p in shown]
         # Never a cache hit (a Ray run has no cheap fingerprint of its inputs), hence no key.
         manifest = {"tokpack_version": _tokpack.__version__, "cache_key": None}
-        manifest.update(files._manifest(config, described, result, time.perf_counter() - started))
-        manifest.update(dropped_entry)
+        wall = time.perf_counter() - started
+        manifest.update(packed_manifest(recorded, described, report, wall, dropped))
         manifest["sample_kind"] = kind
         manifest["ray"] = {"mode": mode, "blocks": n_blocks, "stage_s": clock.stages}
-        write_json_atomic(local / MANIFEST_NAME, manifest)
+        write_manifest(local, manifest)
     return manifest
 
 

@@ -18,20 +18,12 @@ import numpy as np
 import pyarrow as pa
 
 from .. import _tokpack
+from ..pack_config import PackConfig, PackReport
 from ._store import ATTEMPT_PREFIX, Out
 
 # A shard's samples: global ids (ascending), offsets from 0, int32 tokens, labels or None, and
 # the carried columns (one row per sample) or None.
 Held = Tuple[np.ndarray, np.ndarray, np.ndarray, Optional[np.ndarray], Optional[pa.Table]]
-
-
-@dataclass(frozen=True)
-class Layout:
-    """The output layout every shard task writes with."""
-
-    max_len: int
-    row_group_rows: int
-    compression: str
 
 
 @dataclass(frozen=True)
@@ -99,15 +91,22 @@ def concat(pieces: Sequence[Held], has_labels: bool, carry: Optional[pa.Schema])
 
 
 def write_shard(
-    out: Out, shard: int, rows: Rows, held: Held, layout: Layout, has_labels: bool, dest: str = ""
+    out: Out,
+    shard: int,
+    rows: Rows,
+    held: Held,
+    config: PackConfig,
+    has_labels: bool,
+    dest: str = "",
 ) -> Dict[str, Any]:
-    """Writes ``part-<shard>.parquet`` and its index and publishes them at ``dest`` of ``out``."""
+    """Writes ``part-<shard>.parquet`` and its index (in ``config``'s layout) and publishes them
+    at ``dest`` of ``out``."""
     ids, offsets, tokens, labels, carried = held
     with out.scratch() as scratch:
         info = _tokpack.write_held_shard(
             out_dir=str(scratch),
             shard=shard,
-            max_len=layout.max_len,
+            max_len=config.max_len,
             bin_offsets=np.ascontiguousarray(rows.bin_offsets, dtype=np.int64),
             sample_ids=np.ascontiguousarray(rows.sample_ids, dtype=np.int64),
             starts=np.ascontiguousarray(rows.starts, dtype=np.int64),
@@ -116,26 +115,34 @@ def write_shard(
             offsets=np.ascontiguousarray(offsets, dtype=np.int64),
             tokens=np.ascontiguousarray(tokens, dtype=np.int32),
             labels=np.ascontiguousarray(labels, dtype=np.int32) if has_labels else None,
-            row_group_rows=layout.row_group_rows,
-            compression=layout.compression,
+            row_group_rows=config.row_group_rows,
+            compression=config.compression,
             carried=[] if carried is None else list(zip(carried.column_names, carried.columns)),
         )
         out.publish(scratch, [info["index"], info["file"]], dest)
     return info
 
 
-def accounting(plan: Any, shards: List[Dict[str, Any]], id_base: int = 0) -> Dict[str, Any]:
-    """A plan's accounting, as ``_tokpack.pack_files`` reports it (sample ids + ``id_base``)."""
-    ids = {k: getattr(plan, k) + id_base for k in ("dropped", "empty", "truncated", "split")}
-    same = ("n_samples", "input_tokens", "max_len", "lower_bound", "efficiency")
-    return {
-        **{k: getattr(plan, k) for k in same},
-        **ids,
-        "rows": plan.n_bins,
-        "segments": plan.n_segments,
-        "tokens": plan.total_tokens,
-        "shards": shards,
-    }
+def accounting(
+    plan: Any,
+    shards: List[Dict[str, Any]],
+    input_rows: List[int],
+    has_labels: bool,
+    id_base: int = 0,
+) -> PackReport:
+    """The report of a plan written as ``shards`` (sample ids + ``id_base``)."""
+    return PackReport(
+        input_rows=input_rows,
+        has_labels=has_labels,
+        max_len=plan.max_len,
+        n_samples=plan.n_samples,
+        rows=plan.n_bins,
+        segments=plan.n_segments,
+        tokens=plan.total_tokens,
+        input_tokens=plan.input_tokens,
+        **{k: getattr(plan, k) + id_base for k in ("dropped", "empty", "truncated", "split")},
+        shards=shards,
+    )
 
 
 def remove_attempts(out_tmp: Path) -> None:

@@ -9,7 +9,8 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Dict, Mapping, Optional, Sequence, Union
 
 from ..errors import ConfigError
-from ..planning import MAX_LEN, MAX_ROWS, OVERLONG_POLICIES, check_int
+from ..pack_config import PackConfig
+from ..planning import MAX_ROWS, check_int
 from .formats import FORMATS, first_format, resolve_columns
 from .schema import kind_of_format
 from .template import RENDERERS, TRAIN_ON
@@ -68,16 +69,16 @@ class TokenizeOptions:
         for name, allowed in (
             ("format", FORMATS),
             ("train_on", TRAIN_ON),
-            ("overlong", OVERLONG_POLICIES),
             ("encoder", ENCODERS),
             ("renderer", RENDERERS),
         ):
             value = getattr(self, name)
             if value not in allowed:
-                what = "overlong policy" if name == "overlong" else name
-                raise ConfigError(f"unknown {what} {value!r}; choose among {', '.join(allowed)}")
+                raise ConfigError(f"unknown {name} {value!r}; choose among {', '.join(allowed)}")
+        # max_len and overlong are pack options: checked by their owner.
+        packing = PackConfig(1 if self.max_len is None else self.max_len, overlong=self.overlong)
         if self.max_len is not None:
-            object.__setattr__(self, "max_len", check_int(self.max_len, "max_len", 1, MAX_LEN))
+            object.__setattr__(self, "max_len", packing.max_len)
         object.__setattr__(
             self, "batch_size", check_int(self.batch_size, "batch_size", 1, MAX_ROWS)
         )

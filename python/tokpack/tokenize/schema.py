@@ -18,9 +18,15 @@ which ``pack`` reads to refuse what it cannot pack yet (``sft`` shards carry no 
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence, Tuple
+import os
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .._inputs import shown_path
+from ..errors import ConfigError
 
 __all__ = [
     "KINDS",
@@ -34,6 +40,7 @@ __all__ = [
     "token_schema",
     "describe",
     "kind_of_schema",
+    "kind_of_files",
 ]
 
 KINDS = ("sft", "preference", "kto")
@@ -107,3 +114,23 @@ def kind_of_schema(schema: pa.Schema) -> Optional[Tuple[str, str]]:
     if {"chosen_input_ids", "rejected_input_ids"} <= names:
         return "preference", "it has chosen_input_ids and rejected_input_ids columns"
     return None
+
+
+def kind_of_files(paths: List[Path]) -> str:
+    """The kind of samples the token shards ``paths`` hold (``sft``, ``preference`` or ``kto``),
+    one for all of them."""
+    kinds: Dict[str, Path] = {}
+    for path in paths:
+        try:
+            with pa.OSFile(os.fsencode(path)) as source:
+                parquet = source.read(4) == b"PAR1"  # by its magic bytes, as the packer
+                source.seek(0)
+                schema = pq.read_schema(source) if parquet else pa.ipc.open_file(source).schema
+        except Exception:  # unreadable or not Arrow: the packer reports it, naming the file
+            continue
+        found = kind_of_schema(schema)
+        kinds.setdefault("sft" if found is None else found[0], path)
+    if len(kinds) > 1:
+        shown = ", ".join(f"{shown_path(p)} holds {k} samples" for k, p in kinds.items())
+        raise ConfigError(f"the inputs mix kinds of samples ({shown}); pack each kind apart")
+    return next(iter(kinds), "sft")

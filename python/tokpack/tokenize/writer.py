@@ -16,8 +16,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .. import _tokpack
+from .._format import REJECTED_NAME
 from .._inputs import RAW_SUFFIXES, resolve_inputs
-from .._outdir import SIDE_DIR, cached_run, open_for_writing, output_target, writing
+from .._outdir import cached_run, open_for_writing, output_target, writing
 from .._progress import Progress
 from ..planning import MAX_ROWS, check_int, checked_threads
 from .options import TokenizeOptions
@@ -27,7 +28,6 @@ from .tokenizer import LoadedTokenizer
 
 __all__ = ["tokenize_files", "stream_into", "write_arrow", "REJECTED_NAME", "DEFAULT_SHARD_ROWS"]
 
-REJECTED_NAME = f"{SIDE_DIR}/_rejected.jsonl"
 DEFAULT_SHARD_ROWS = 100_000
 
 

@@ -17,7 +17,9 @@ compile_error!(
 pub mod balance;
 pub mod bpe;
 mod capacity_index;
+pub mod config;
 pub mod error;
+pub mod format;
 pub mod io;
 pub mod items;
 pub mod materialize;
@@ -25,11 +27,14 @@ pub mod plan;
 pub mod policy;
 pub mod pool;
 pub mod records;
+pub mod report;
 mod rng;
 mod strategies;
 pub mod template;
 
+pub use config::PackConfig;
 pub use error::{CoreError, Result};
 pub use materialize::{materialize, FlatColumn, PackedRows};
 pub use plan::{plan, Plan, PlanConfig};
-pub use policy::{Overlong, Strategy, IGNORE_INDEX};
+pub use policy::{Overlong, SampleKind, Strategy, IGNORE_INDEX};
+pub use report::PackReport;

@@ -1,11 +1,11 @@
 //! Planning: sample lengths in, rows of segments out.
 
-use crate::error::{CoreError, Result};
+use crate::error::Result;
 use crate::items::{build_items, Length};
-use crate::policy::{Overlong, Strategy};
+use crate::policy::{check_range, Overlong, Strategy, MAX_LEN};
 use crate::strategies;
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PlanConfig {
     pub max_len: u32,
     pub strategy: Strategy,
@@ -15,12 +15,7 @@ pub struct PlanConfig {
 
 impl PlanConfig {
     pub fn new(max_len: i64, strategy: &str, overlong: &str, seed: u64) -> Result<Self> {
-        if !(1..=i64::from(u32::MAX >> 1)).contains(&max_len) {
-            return Err(CoreError::Config(format!(
-                "max_len must be between 1 and {}, got {max_len}",
-                u32::MAX >> 1
-            )));
-        }
+        let max_len = check_range("max_len", max_len.into(), 1, MAX_LEN)?;
         Ok(Self {
             max_len: max_len as u32,
             strategy: strategy.parse()?,
@@ -65,17 +60,27 @@ impl Plan {
 
     /// No packing can use fewer rows than this.
     pub fn lower_bound(&self) -> u64 {
-        self.total_tokens().div_ceil(u64::from(self.max_len))
+        lower_bound(self.total_tokens(), self.max_len)
     }
 
     /// Packed tokens over the capacity of the rows used (1.0 = no padding at all).
     pub fn efficiency(&self) -> f64 {
-        let capacity = self.n_bins() as f64 * f64::from(self.max_len);
-        if capacity == 0.0 {
-            0.0
-        } else {
-            self.total_tokens() as f64 / capacity
-        }
+        efficiency(self.total_tokens(), self.n_bins() as u64, self.max_len)
+    }
+}
+
+/// Rows no packing of `tokens` tokens into rows of `max_len` can do without.
+pub fn lower_bound(tokens: u64, max_len: u32) -> u64 {
+    tokens.div_ceil(u64::from(max_len))
+}
+
+/// `tokens` over the capacity of `rows` rows of `max_len` (0 without rows).
+pub fn efficiency(tokens: u64, rows: u64, max_len: u32) -> f64 {
+    let capacity = rows as f64 * f64::from(max_len);
+    if capacity == 0.0 {
+        0.0
+    } else {
+        tokens as f64 / capacity
     }
 }
 

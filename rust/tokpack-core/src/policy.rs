@@ -8,16 +8,6 @@ use std::str::FromStr;
 /// Label value that the loss ignores.
 pub const IGNORE_INDEX: i32 = -100;
 
-/// The `format` field of a packed directory's manifest.
-pub const FORMAT: &str = "tokpack-packed";
-
-/// The `format_version` of the packed directories this version writes and reads. 2: shards
-/// record their size and the checksums of each row group's bytes and of the footer.
-pub const FORMAT_VERSION: u32 = 2;
-
-/// Subdirectory of side files (indexes, manifest): Parquet readers skip it (see `_outdir.py`).
-pub const SIDE_DIR: &str = "__tokpack__";
-
 /// `seq_roles` of a packed segment, by value: 0 a plain sample (outputs without pairs have no
 /// roles), else which part of a preference pair it is.
 pub const SEGMENT_ROLES: [&str; 4] = ["sequence", "chosen", "rejected", "prompt"];
@@ -25,33 +15,32 @@ pub const ROLE_CHOSEN: i8 = 1;
 pub const ROLE_REJECTED: i8 = 2;
 pub const ROLE_PROMPT: i8 = 3;
 
-/// The column names a packed shard may hold besides carried columns (`io::writer::shard_schema`),
-/// and KTO's carried `label`: a carried column may not take one of them (two columns of one name,
-/// or one a reader takes for another meaning).
-pub const RESERVED_COLUMNS: [&str; 11] = [
-    "input_ids",
-    "labels",
-    "seq_lengths",
-    "sample_ids",
-    "num_tokens",
-    "num_seqs",
-    "num_loss_tokens",
-    "seq_loss_tokens",
-    "seq_roles",
-    "num_pairs",
-    "label",
-];
-
 /// What to do about a sample longer than max_len, said by every overlong error.
 pub const OVERLONG_HINT: &str =
     "pass overlong=\"truncate\", \"drop\" or \"split\", or filter it out first";
+
+/// Largest `max_len`: token offsets inside a row are int32.
+pub const MAX_LEN: i128 = i32::MAX as i128;
+/// Largest row count of a shard or a row group.
+pub const MAX_ROWS: i128 = i32::MAX as i128;
+
+/// `value` when it is in `lo..=hi`, else the one message of every numeric argument's range.
+pub fn check_range(name: &str, value: i128, lo: i128, hi: i128) -> Result<i128> {
+    if (lo..=hi).contains(&value) {
+        Ok(value)
+    } else {
+        Err(CoreError::Config(format!(
+            "{name} must be at least {lo} and at most {hi}, got {value}"
+        )))
+    }
+}
 
 /// Enums of named choices, each with its names (in the order the documentation lists them),
 /// `name()`, and a `FromStr` whose error lists the names.
 macro_rules! named {
     ($($(#[$doc:meta])* $ty:ident, $what:literal, { $($(#[$vdoc:meta])* $v:ident = $name:literal,)+ })+) => {$(
         $(#[$doc])*
-        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
         pub enum $ty { $($(#[$vdoc])* $v,)+ }
 
         impl $ty {
@@ -111,6 +100,12 @@ named!(
         /// `[prompt][chosen completion][rejected completion]`.
         SharedPrompt = "shared-prompt",
     }
+    /// What one input sample is: a plain sequence, a preference pair or a KTO record.
+    SampleKind, "sample kind", {
+        Sft = "sft",
+        Preference = "preference",
+        Kto = "kto",
+    }
     /// How `balance::partition` splits items.
     PartitionMethod, "partition method", {
         /// The better (lower maximum) of Karmarkar-Karp and LPT, each refined by local search.
@@ -150,19 +145,6 @@ impl PairLayout {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn every_shard_column_is_reserved() {
-        for (labels, pairs) in [(true, true), (false, false)] {
-            for field in crate::io::writer::shard_schema(labels, pairs, &[]).fields() {
-                let name = field.name().as_str();
-                assert!(
-                    RESERVED_COLUMNS.contains(&name),
-                    "{name} is written, not reserved"
-                );
-            }
-        }
-    }
 
     #[test]
     fn names_round_trip() {

@@ -1,17 +1,17 @@
 //! Files on disk: `pack_files`, `read_lengths` and the shared reader primitive `read_row_group`.
 //! Rust work runs with the GIL released; progress is polled through a `Progress` object.
 
+use crate::config::{PyPackConfig, PyPackReport};
 use crate::errors::to_py;
-use crate::shards::shard_dict;
 use numpy::{IntoPyArray, PyArray1};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::path::PathBuf;
 use std::sync::Arc;
+use tokpack_core::io;
 use tokpack_core::io::columns::list_parts;
-use tokpack_core::io::{self, LabelSource, PackFilesConfig};
-use tokpack_core::{pool, PlanConfig};
+use tokpack_core::pool;
 
 /// Progress counters of a running `pack_files` / `read_lengths`, and its cancel switch.
 #[pyclass(frozen, module = "tokpack._tokpack")]
@@ -41,111 +41,45 @@ fn progress_of(p: Option<&Bound<'_, Progress>>) -> Arc<io::Progress> {
     p.map_or_else(|| Arc::new(io::Progress::new()), |p| Arc::clone(&p.get().0))
 }
 
-fn label_source(
-    labels_column: Option<String>,
-    labels_required: bool,
-    loss_mask_column: Option<String>,
-) -> LabelSource {
-    match (loss_mask_column, labels_column) {
-        (Some(mask), _) => LabelSource::LossMask(mask),
-        (None, Some(column)) => LabelSource::Labels {
-            column,
-            required: labels_required,
-        },
-        (None, None) => LabelSource::None,
-    }
-}
-
-/// The columns `pack_files` would read from the token shards `paths` (its rules, its errors):
-/// `(labels column, is a loss mask)`, or None without labels.
+/// The columns `pack_files` would read from the token shards `paths` with `config` (a config
+/// `for_kind` of the inputs; its rules, its errors): `(labels column, is a loss mask)`, or None
+/// without labels.
 #[pyfunction]
-#[pyo3(signature = (*, paths, tokens_column, labels_column, labels_required, loss_mask_column,
-    carry=Vec::new()))]
+#[pyo3(signature = (*, paths, config))]
 pub fn input_columns(
     py: Python<'_>,
     paths: Vec<PathBuf>,
-    tokens_column: String,
-    labels_column: Option<String>,
-    labels_required: bool,
-    loss_mask_column: Option<String>,
-    carry: Vec<String>,
+    config: &PyPackConfig,
 ) -> PyResult<Option<(String, bool)>> {
-    let labels = label_source(labels_column, labels_required, loss_mask_column);
-    py.detach(|| io::input_columns(&paths, &tokens_column, &labels, &carry))
+    let c = config.0.clone();
+    py.detach(|| io::input_columns(&paths, &c.tokens_column, &c.labels(), &c.carry))
         .map_err(to_py)
 }
 
-/// Packs token shards into `out_dir`; returns a dict of the outcome. With `pair_layout`
-/// ("separate" or "shared-prompt") the inputs are preference token shards packed pair by pair;
-/// `carry` names scalar per-sample columns written as per-segment list columns.
+/// Packs token shards into `out_dir` as `config` says (a config `for_kind` of the inputs);
+/// returns the job's report.
 #[pyfunction]
-#[pyo3(signature = (*, paths, out_dir, spill_dir, tokens_column, labels_column, labels_required,
-    loss_mask_column, max_len, strategy, overlong, seed, rows_per_shard, row_group_rows,
-    compression, batch_rows, pair_layout=None, carry=Vec::new(), threads=None, progress=None))]
+#[pyo3(signature = (*, paths, out_dir, spill_dir, config, batch_rows, threads=None, progress=None))]
 #[allow(clippy::too_many_arguments)]
-pub fn pack_files<'py>(
-    py: Python<'py>,
+pub fn pack_files(
+    py: Python<'_>,
     paths: Vec<PathBuf>,
     out_dir: PathBuf,
     spill_dir: PathBuf,
-    tokens_column: String,
-    labels_column: Option<String>,
-    labels_required: bool,
-    loss_mask_column: Option<String>,
-    max_len: i64,
-    strategy: &str,
-    overlong: &str,
-    seed: u64,
-    rows_per_shard: usize,
-    row_group_rows: usize,
-    compression: &str,
+    config: &PyPackConfig,
     batch_rows: usize,
-    pair_layout: Option<&str>,
-    carry: Vec<String>,
     threads: Option<usize>,
-    progress: Option<&Bound<'py, Progress>>,
-) -> PyResult<Bound<'py, PyDict>> {
-    let labels = label_source(labels_column, labels_required, loss_mask_column);
-    let config = PackFilesConfig {
-        paths,
-        out_dir,
-        spill_dir,
-        tokens_column,
-        labels,
-        pairs: pair_layout
-            .map(str::parse::<io::PairLayout>)
-            .transpose()
-            .map_err(to_py)?,
-        carry,
-        plan: PlanConfig::new(max_len, strategy, overlong, seed).map_err(to_py)?,
-        rows_per_shard,
-        row_group_rows,
-        compression: io::parse_compression(compression).map_err(to_py)?,
-        batch_rows,
-    };
+    progress: Option<&Bound<'_, Progress>>,
+) -> PyResult<PyPackReport> {
+    let job = config
+        .0
+        .files_job(paths, out_dir, spill_dir, batch_rows)
+        .map_err(to_py)?;
     let progress = progress_of(progress);
     let outcome = py
-        .detach(|| pool::install(threads, || io::pack_files(&config, &progress)))
+        .detach(|| pool::install(threads, || io::pack_files(&job, &progress)))
         .map_err(to_py)?;
-    let plan = &outcome.plan;
-    let out = PyDict::new(py);
-    out.set_item("input_rows", outcome.input_rows.clone())?;
-    out.set_item("has_labels", outcome.has_labels)?;
-    out.set_item("n_samples", plan.n_samples)?;
-    out.set_item("rows", plan.n_bins())?;
-    out.set_item("segments", plan.sample_ids.len())?;
-    out.set_item("tokens", plan.total_tokens())?;
-    out.set_item("input_tokens", plan.input_tokens)?;
-    out.set_item("lower_bound", plan.lower_bound())?;
-    out.set_item("efficiency", plan.efficiency())?;
-    out.set_item("max_len", plan.max_len)?;
-    out.set_item("dropped", plan.dropped.clone().into_pyarray(py))?;
-    out.set_item("empty", plan.empty.clone().into_pyarray(py))?;
-    out.set_item("truncated", plan.truncated.clone().into_pyarray(py))?;
-    out.set_item("split", plan.split.clone().into_pyarray(py))?;
-    let shards: PyResult<Vec<_>> = outcome.shards.iter().map(|s| shard_dict(py, s)).collect();
-    out.set_item("shards", shards?)?;
-    Ok(out)
+    Ok(PyPackReport(outcome.into()))
 }
 
 /// `(offset, length, checksum)` of a byte range, as Python passes it.

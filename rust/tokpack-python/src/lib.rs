@@ -4,6 +4,7 @@
 mod arrow_in;
 mod balance;
 mod bpe;
+mod config;
 mod errors;
 mod files;
 mod plan;
@@ -13,8 +14,9 @@ mod template;
 use pyo3::prelude::*;
 use pyo3::types::{IntoPyDict, PyDict, PyTuple};
 use tokpack_core::bpe::{LLAMA3_REGEX, QWEN2_REGEX};
+use tokpack_core::format;
 use tokpack_core::policy::{
-    self, MicroBatchOrder, OverCap, Overlong, PairLayout, PartitionMethod, Strategy,
+    self, MicroBatchOrder, OverCap, Overlong, PairLayout, PartitionMethod, SampleKind, Strategy,
 };
 
 #[pymodule]
@@ -23,17 +25,29 @@ fn _tokpack(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MAX_THREADS", tokpack_core::pool::MAX_THREADS)?;
     // The shared names and constants (re-exported to Python by `tokpack/_contract.py`).
     m.add("IGNORE_INDEX", policy::IGNORE_INDEX)?;
-    m.add("FORMAT", policy::FORMAT)?;
-    m.add("FORMAT_VERSION", policy::FORMAT_VERSION)?;
-    m.add("SIDE_DIR", policy::SIDE_DIR)?;
+    // The packed-directory format (re-exported to Python by `tokpack/_format.py`).
+    m.add("FORMAT", format::FORMAT)?;
+    m.add("FORMAT_VERSION", format::FORMAT_VERSION)?;
+    m.add("SIDE_DIR", format::SIDE_DIR)?;
+    m.add("MANIFEST_NAME", format::MANIFEST_NAME)?;
+    m.add("DROPPED_NAME", format::DROPPED_NAME)?;
+    m.add("REJECTED_NAME", format::REJECTED_NAME)?;
     m.add(
-        "RESERVED_COLUMNS",
-        PyTuple::new(m.py(), policy::RESERVED_COLUMNS)?,
+        "SHARD_COLUMNS",
+        PyTuple::new(m.py(), format::SHARD_COLUMNS)?,
     )?;
+    m.add(
+        "INDEX_COLUMNS",
+        PyTuple::new(m.py(), format::INDEX_COLUMNS)?,
+    )?;
+    m.add("KTO_LABEL", format::col::KTO_LABEL)?;
+    m.add("MAX_LEN", policy::MAX_LEN)?;
+    m.add("MAX_ROWS", policy::MAX_ROWS)?;
     m.add("OVERLONG_HINT", policy::OVERLONG_HINT)?;
     m.add("STRATEGIES", PyTuple::new(m.py(), Strategy::NAMES)?)?;
     m.add("OVERLONG_POLICIES", PyTuple::new(m.py(), Overlong::NAMES)?)?;
     m.add("PAIR_LAYOUTS", PyTuple::new(m.py(), PairLayout::NAMES)?)?;
+    m.add("SAMPLE_KINDS", PyTuple::new(m.py(), SampleKind::NAMES)?)?;
     m.add(
         "SEGMENT_ROLES",
         PyTuple::new(m.py(), policy::SEGMENT_ROLES)?,
@@ -45,6 +59,12 @@ fn _tokpack(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("PAIR_SEGMENT_ROLES", roles)?;
     let regexes = [("llama3", LLAMA3_REGEX), ("qwen2", QWEN2_REGEX)];
     m.add("SPLIT_REGEXES", regexes.into_py_dict(m.py())?)?;
+    m.add_class::<config::PyPackConfig>()?;
+    m.add_class::<config::PyPackReport>()?;
+    m.add_function(wrap_pyfunction!(config::check_int, m)?)?;
+    m.add_function(wrap_pyfunction!(config::shard_name, m)?)?;
+    m.add_function(wrap_pyfunction!(config::index_name, m)?)?;
+    m.add_function(wrap_pyfunction!(config::pair_layout_for, m)?)?;
     m.add_function(wrap_pyfunction!(plan::plan, m)?)?;
     m.add_function(wrap_pyfunction!(plan::pack_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(plan::flatten_samples, m)?)?;

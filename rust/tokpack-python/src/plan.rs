@@ -2,12 +2,14 @@
 //! copying, and the plan's figures) out, the GIL released while Rust works.
 
 use crate::arrow_in::Chunks;
+use crate::config::PyPackConfig;
 use crate::errors::to_py;
 use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1};
 use pyo3::prelude::*;
+use tokpack_core::format::col;
 use tokpack_core::io::carry::check_carried_in_memory;
 use tokpack_core::io::columns::{flatten_in_memory, Flat, Role};
-use tokpack_core::{materialize, pool, CoreError, Plan, PlanConfig};
+use tokpack_core::{materialize, pool, CoreError, Plan};
 
 /// A plan as the Python `tokpack.Plan` is built from it, by name.
 #[pyclass(frozen, get_all, module = "tokpack._tokpack")]
@@ -51,19 +53,18 @@ impl PlanParts {
     }
 }
 
-/// Plans the packing of `lengths` (a contiguous int32 or int64 numpy array, read in place).
+/// Plans the packing of `lengths` (a contiguous int32 or int64 numpy array, read in place)
+/// with `config`'s plan options.
 #[pyfunction]
-#[pyo3(signature = (*, lengths, max_len, strategy, overlong, seed, threads))]
+#[pyo3(signature = (*, lengths, config, threads))]
 pub fn plan(
     py: Python<'_>,
     lengths: &Bound<'_, PyAny>,
-    max_len: i64,
-    strategy: &str,
-    overlong: &str,
-    seed: u64,
+    config: &PyPackConfig,
     threads: Option<usize>,
 ) -> PyResult<PlanParts> {
-    let config = PlanConfig::new(max_len, strategy, overlong, seed).map_err(to_py)?;
+    let strategy = config.0.plan.strategy.name();
+    let config = config.0.plan;
     let result = if let Ok(arr) = lengths.extract::<PyReadonlyArray1<i64>>() {
         let slice = arr.as_slice()?;
         py.detach(|| pool::install(threads, || tokpack_core::plan(slice, &config)))
@@ -88,29 +89,26 @@ pub struct PackedRows {
 /// `input_ids` (and `labels`, when present) columns are used. Both are checked by the rules of
 /// `pack_files`, then planned from the tokens' lengths and copied into packed rows.
 #[pyfunction]
-#[pyo3(signature = (*, input_ids, labels, max_len, strategy, overlong, seed, threads))]
-#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (*, input_ids, labels, config, threads))]
 pub fn pack_tokens(
     py: Python<'_>,
     input_ids: &Bound<'_, PyAny>,
     labels: Option<&Bound<'_, PyAny>>,
-    max_len: i64,
-    strategy: &str,
-    overlong: &str,
-    seed: u64,
+    config: &PyPackConfig,
     threads: Option<usize>,
 ) -> PyResult<PackedRows> {
-    let config = PlanConfig::new(max_len, strategy, overlong, seed).map_err(to_py)?;
+    let strategy = config.0.plan.strategy.name();
+    let config = config.0.plan;
     let input = Chunks::import(input_ids)?;
-    let tokens = input.column("input_ids")?;
+    let tokens = input.column(col::INPUT_IDS)?;
     let labels = match labels {
-        Some(labels) => Some(Chunks::import(labels)?.column("labels")?),
-        None => input.field("labels")?,
+        Some(labels) => Some(Chunks::import(labels)?.column(col::LABELS)?),
+        None => input.field(col::LABELS)?,
     };
     let result = py.detach(|| {
         pool::install(threads, || {
-            let labels = labels.as_ref().map(|l| (l, "labels", Role::Labels));
-            let (tokens, labels) = flatten_in_memory((&tokens, "input_ids"), labels)?;
+            let labels = labels.as_ref().map(|l| (l, col::LABELS, Role::Labels));
+            let (tokens, labels) = flatten_in_memory((&tokens, col::INPUT_IDS), labels)?;
             let labels = labels.as_ref().map(Flat::column);
             let plan = tokpack_core::plan(&tokens.column().lengths(), &config)?;
             let rows = materialize(&plan, &tokens.column(), labels.as_ref());

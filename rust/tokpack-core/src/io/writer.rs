@@ -12,8 +12,9 @@ use super::pagecache::WriteBehind;
 use super::pairs::{Pairs, Part};
 use super::progress::Progress;
 use crate::error::{Context, CoreError, Result};
+use crate::format::{col, index_name, shard_name};
 use crate::plan::Plan;
-use crate::policy::{IGNORE_INDEX, SIDE_DIR};
+use crate::policy::IGNORE_INDEX;
 use arrow::array::{ArrayRef, Int32Array, Int64Array, Int8Array, ListArray, RecordBatch};
 use arrow::buffer::OffsetBuffer;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
@@ -96,22 +97,22 @@ fn list_field(name: &str, child: DataType) -> Field {
 /// The packed-shard schema (see PACKED_FORMAT / README): with `pairs`, the preference columns
 /// `seq_roles` and `num_pairs`; then one list column per carried column.
 pub fn shard_schema(has_labels: bool, pairs: bool, carried: &[Carried]) -> SchemaRef {
-    let mut fields = vec![list_field("input_ids", DataType::Int32)];
+    let mut fields = vec![list_field(col::INPUT_IDS, DataType::Int32)];
     if has_labels {
-        fields.push(list_field("labels", DataType::Int32));
+        fields.push(list_field(col::LABELS, DataType::Int32));
     }
     fields.extend([
-        list_field("seq_lengths", DataType::Int32),
-        list_field("sample_ids", DataType::Int64),
-        Field::new("num_tokens", DataType::Int32, false),
-        Field::new("num_seqs", DataType::Int32, false),
-        Field::new("num_loss_tokens", DataType::Int32, false),
-        list_field("seq_loss_tokens", DataType::Int32),
+        list_field(col::SEQ_LENGTHS, DataType::Int32),
+        list_field(col::SAMPLE_IDS, DataType::Int64),
+        Field::new(col::NUM_TOKENS, DataType::Int32, false),
+        Field::new(col::NUM_SEQS, DataType::Int32, false),
+        Field::new(col::NUM_LOSS_TOKENS, DataType::Int32, false),
+        list_field(col::SEQ_LOSS_TOKENS, DataType::Int32),
     ]);
     if pairs {
         fields.extend([
-            list_field("seq_roles", DataType::Int8),
-            Field::new("num_pairs", DataType::Int32, false),
+            list_field(col::SEQ_ROLES, DataType::Int8),
+            Field::new(col::NUM_PAIRS, DataType::Int32, false),
         ]);
     }
     fields.extend(
@@ -124,10 +125,10 @@ pub fn shard_schema(has_labels: bool, pairs: bool, carried: &[Carried]) -> Schem
 
 fn index_schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
-        Field::new("offset", DataType::Int64, false),
-        Field::new("num_tokens", DataType::Int32, false),
-        Field::new("num_seqs", DataType::Int32, false),
-        Field::new("num_loss_tokens", DataType::Int32, false),
+        Field::new(col::OFFSET, DataType::Int64, false),
+        Field::new(col::NUM_TOKENS, DataType::Int32, false),
+        Field::new(col::NUM_SEQS, DataType::Int32, false),
+        Field::new(col::NUM_LOSS_TOKENS, DataType::Int32, false),
     ]))
 }
 
@@ -220,8 +221,8 @@ fn list(offsets: Vec<i32>, values: ArrayRef) -> ArrayRef {
 
 /// Writes shard `shard` holding plan rows `rows`.
 pub fn write_shard(ctx: &ShardContext, shard: usize, rows: Range<usize>) -> Result<ShardInfo> {
-    let name = format!("part-{shard:05}.parquet");
-    let index_name = format!("{SIDE_DIR}/_index-part-{shard:05}.arrow");
+    let name = shard_name(shard);
+    let index_file = index_name(shard);
     let path = ctx.dir.join(&name);
     let schema = shard_schema(ctx.has_labels, ctx.pairs.is_some(), ctx.carried);
     let props = WriterProperties::builder()
@@ -240,7 +241,7 @@ pub fn write_shard(ctx: &ShardContext, shard: usize, rows: Range<usize>) -> Resu
     let mut index = IndexColumns::default();
     let mut info = ShardInfo {
         file: name,
-        index: index_name.clone(),
+        index: index_file.clone(),
         rows: rows.len() as u64,
         ..ShardInfo::default()
     };
@@ -268,7 +269,7 @@ pub fn write_shard(ctx: &ShardContext, shard: usize, rows: Range<usize>) -> Resu
     info.footer_bytes = sink.cut();
     info.size = sink.pos;
     info.checksum = xxh3_hex(sink.hasher.finish_128());
-    (info.index_size, info.index_checksum) = write_index(&ctx.dir.join(&index_name), index)?;
+    (info.index_size, info.index_checksum) = write_index(&ctx.dir.join(&index_file), index)?;
     Ok(info)
 }
 

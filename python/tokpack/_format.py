@@ -1,0 +1,158 @@
+"""The packed-directory format on the Python side: its names (defined once, in tokpack-core's
+``format`` module), and the one reader and writer of the manifest and of the dropped-samples
+list. ``docs/format.md`` specifies the format; ``manifest.schema.json`` (beside this module) is
+the manifest's JSON Schema, versioned with ``FORMAT_VERSION``."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Union
+
+import numpy as np
+import pyarrow as pa
+
+from ._inputs import is_parquet, shown_path
+from ._tokpack import (
+    DROPPED_NAME,
+    FORMAT,
+    FORMAT_VERSION,
+    INDEX_COLUMNS,
+    KTO_LABEL,
+    MANIFEST_NAME,
+    REJECTED_NAME,
+    SHARD_COLUMNS,
+    SIDE_DIR,
+    PackReport,
+    file_checksum,
+)
+from .errors import CorruptOutputError, InputNotFoundError
+
+__all__ = [
+    "DROPPED_NAME",
+    "FORMAT",
+    "FORMAT_VERSION",
+    "INDEX_COLUMNS",
+    "KTO_LABEL",
+    "MANIFEST_NAME",
+    "REJECTED_NAME",
+    "SHARD_COLUMNS",
+    "SIDE_DIR",
+    "manifest_schema",
+    "packed_manifest",
+    "read_manifest",
+    "read_packed_manifest",
+    "write_dropped",
+    "write_json_atomic",
+    "write_manifest",
+]
+
+SCHEMA_FILE = Path(__file__).with_name("manifest.schema.json")
+
+
+def manifest_schema() -> Dict[str, Any]:
+    """The JSON Schema of a packed directory's manifest (``FORMAT_VERSION``)."""
+    return json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
+
+
+def read_manifest(out_dir: Union[str, os.PathLike]) -> Optional[Dict[str, Any]]:
+    """The manifest of a complete output directory, or None when there is none."""
+    path = Path(out_dir) / MANIFEST_NAME
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise CorruptOutputError(f"{path}: unreadable manifest ({exc})") from None
+
+
+def read_packed_manifest(out_dir: Union[str, os.PathLike]) -> Dict[str, Any]:
+    """The manifest of a packed directory (``tokpack pack``'s output)."""
+    shown = shown_path(out_dir)
+    manifest = read_manifest(out_dir)
+    if manifest is None:
+        raise InputNotFoundError(f"{shown}: no {MANIFEST_NAME} (not a tokpack output directory)")
+    if manifest.get("format") != FORMAT:
+        found = manifest.get("format")
+        raise CorruptOutputError(f"{shown}: not a packed directory (format {found})")
+    return manifest
+
+
+def write_json_atomic(path: Union[str, os.PathLike], data: Dict[str, Any]) -> None:
+    """Writes JSON to a temporary name in the same directory, then renames it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_manifest(out_dir: Union[str, os.PathLike], manifest: Dict[str, Any]) -> None:
+    """Writes ``out_dir``'s manifest (last: it makes the directory complete)."""
+    write_json_atomic(Path(out_dir) / MANIFEST_NAME, manifest)
+
+
+def packed_manifest(
+    config: Dict[str, Any],
+    described: List[Dict[str, Any]],
+    report: PackReport,
+    wall: float,
+    dropped: Dict[str, Any],
+) -> Dict[str, Any]:
+    """A packed directory's manifest: ``config`` (``PackConfig.to_dict()`` and what the path
+    adds), the inputs with their rows, the shards, the dropped list (``dropped``: what
+    :func:`write_dropped` returns) and the report's figures."""
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "config": config,
+        "inputs": [{**d, "rows": r} for d, r in zip(described, report.input_rows)],
+        "has_labels": report.has_labels,
+        "shards": report.shards,
+        "dropped_file": DROPPED_NAME,
+        **dropped,
+        "figures": {**report.figures(), "wall_time_s": round(wall, 3)},
+    }
+
+
+def write_dropped(
+    path: Path, report: PackReport, paths: List[Path], staged: Optional[Path] = None
+) -> Dict[str, Any]:
+    """Every sample that is not in the output, with its file, row (token shards, Parquet: from
+    0) or line (JSONL: from 1) and reason. With ``staged`` (one-step pack) the sample ids are
+    rows of that tokenized file, whose source columns lead back to the raw ``paths``. Returns
+    the manifest's ``dropped_size`` and ``dropped_checksum`` of the file written (readers
+    check them)."""
+    dropped = report.dropped
+    if staged is None:
+        bounds = np.cumsum([0] + list(report.input_rows))
+        file_idx = np.searchsorted(bounds, dropped, side="right") - 1
+        where = dropped - bounds[file_idx]
+        is_line = np.zeros(len(dropped), dtype=bool)
+    else:
+        with pa.memory_map(os.fsencode(staged)) as source:
+            table = pa.ipc.open_file(source).read_all()
+            file_idx = table.column("source_file").take(dropped).to_numpy()
+            where = table.column("source_line").take(dropped).to_numpy()
+        is_line = np.array([not is_parquet(p) for p in paths], dtype=bool)[file_idx]
+    reason = np.where(np.isin(dropped, report.empty), "empty", "overlong")
+    table = pa.table(
+        {
+            "sample_id": pa.array(dropped, pa.int64()),
+            "file": pa.array([shown_path(paths[i]) for i in file_idx], pa.string()),
+            "row": pa.array(where, pa.int64(), mask=is_line),
+            "line": pa.array(where, pa.int64(), mask=~is_line),
+            "reason": pa.array(reason.tolist(), pa.string()),
+        }
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with pa.OSFile(os.fsencode(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    size, checksum = file_checksum(str(path))
+    return {"dropped_size": size, "dropped_checksum": checksum}

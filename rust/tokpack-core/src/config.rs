@@ -1,0 +1,270 @@
+//! `PackConfig`: the one owner of a pack job's options (the plan, the input columns, the pair
+//! layout, the carried columns and the shard layout). Its constructor is the only validation;
+//! every path (`plan`, `pack_tokens`, `pack_files`, `tokpack.ray.pack`, `stats`, the CLI) builds
+//! one, and a path that does not support a field refuses it by name (`tokpack.pack_config`).
+
+use crate::error::{CoreError, Result};
+use crate::format::check_carry_name;
+use crate::io::pack::{LabelSource, PackFilesConfig};
+use crate::io::writer::parse_compression;
+use crate::plan::PlanConfig;
+use crate::policy::{check_range, Overlong, PairLayout, SampleKind, Strategy, MAX_LEN, MAX_ROWS};
+use std::path::PathBuf;
+
+/// The fields, in the order of the manifest's `config` and of the CLI's flags: name, the
+/// choices it takes (empty: any value of its type) and the help the CLI prints (defaults:
+/// [`PackFields::defaults`]).
+pub const FIELDS: &[(&str, &[&str], &str)] = &[
+    ("max_len", &[], "row capacity in tokens"),
+    (
+        "strategy",
+        Strategy::NAMES,
+        "bfd best-fit decreasing, ffd first-fit decreasing, \
+      next_fit input order, padding one sample per row, random shuffle, concatenate and cut",
+    ),
+    (
+        "overlong",
+        Overlong::NAMES,
+        "samples longer than max_len: error, truncate, drop, \
+      or split into pieces",
+    ),
+    ("seed", &[], "shuffling seed of the random strategy"),
+    ("tokens_column", &[], "list-of-integers column of token ids"),
+    (
+        "labels_column",
+        &[],
+        "used when present (-100 = not trained on)",
+    ),
+    ("loss_mask_column", &[], "0/1 column instead of labels"),
+    (
+        "pair_layout",
+        PairLayout::NAMES,
+        "preference pairs: chosen then rejected, each whole \
+      (separate, the default), or the prompt once then both completions (shared-prompt)",
+    ),
+    (
+        "carry",
+        &[],
+        "scalar per-sample columns kept as per-segment lists (KTO's label always is)",
+    ),
+    ("rows_per_shard", &[], "packed rows per part-NNNNN.parquet"),
+    ("row_group_rows", &[], "packed rows per Parquet row group"),
+    ("compression", &[], "zstd[:LEVEL], snappy, lz4, none"),
+];
+
+/// The pair layout of inputs of `kind` (`inputs` names them in messages): preference pairs
+/// get one (`separate` when none is given); other kinds refuse any but `separate`.
+pub fn pair_layout_for(
+    kind: SampleKind,
+    layout: Option<PairLayout>,
+    inputs: &str,
+) -> Result<Option<PairLayout>> {
+    match (kind, layout) {
+        (SampleKind::Preference, layout) => Ok(Some(layout.unwrap_or(PairLayout::Separate))),
+        (_, Some(layout)) if layout != PairLayout::Separate => Err(CoreError::Config(format!(
+            "pair_layout {:?} applies to preference pairs; {inputs} holds {} samples",
+            layout.name(),
+            kind.name()
+        ))),
+        _ => Ok(None),
+    }
+}
+
+/// The values a config is made from, as the caller gives them (checked by [`PackConfig::new`]).
+#[derive(Clone, Debug)]
+pub struct PackFields {
+    pub max_len: i128,
+    pub strategy: String,
+    pub overlong: String,
+    pub seed: i128,
+    pub tokens_column: String,
+    pub labels_column: Option<String>,
+    pub loss_mask_column: Option<String>,
+    /// None: not given (the default layout for preference pairs, nothing for other samples).
+    pub pair_layout: Option<String>,
+    pub carry: Vec<String>,
+    pub rows_per_shard: i128,
+    pub row_group_rows: i128,
+    pub compression: String,
+}
+
+impl PackFields {
+    /// The defaults, with the given `max_len`.
+    pub fn defaults(max_len: i128) -> Self {
+        Self {
+            max_len,
+            strategy: Strategy::Bfd.name().into(),
+            overlong: Overlong::Error.name().into(),
+            seed: 0,
+            tokens_column: "input_ids".into(),
+            labels_column: Some("labels".into()),
+            loss_mask_column: None,
+            pair_layout: None,
+            carry: Vec::new(),
+            rows_per_shard: 16384,
+            row_group_rows: 1024,
+            compression: "zstd".into(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PackConfig {
+    pub plan: PlanConfig,
+    pub tokens_column: String,
+    pub labels_column: Option<String>,
+    pub loss_mask_column: Option<String>,
+    pub pair_layout: Option<PairLayout>,
+    pub carry: Vec<String>,
+    pub rows_per_shard: usize,
+    pub row_group_rows: usize,
+    /// As given (`zstd:9`), checked.
+    pub compression: String,
+}
+
+impl PackConfig {
+    /// The one validation of the pack options.
+    pub fn new(f: PackFields) -> Result<Self> {
+        let max_len = check_range("max_len", f.max_len, 1, MAX_LEN)? as u32;
+        let seed = check_range("seed", f.seed, 0, u64::MAX.into())? as u64;
+        let rows_per_shard = check_range("rows_per_shard", f.rows_per_shard, 1, MAX_ROWS)?;
+        let row_group_rows = check_range("row_group_rows", f.row_group_rows, 1, MAX_ROWS)?;
+        let plan = PlanConfig {
+            max_len,
+            strategy: f.strategy.parse()?,
+            overlong: f.overlong.parse()?,
+            seed,
+        };
+        if f.loss_mask_column.is_some()
+            && !matches!(f.labels_column.as_deref(), None | Some("labels"))
+        {
+            return Err(CoreError::Config(
+                "pass either labels_column or loss_mask_column, not both".into(),
+            ));
+        }
+        let mut carry: Vec<String> = Vec::with_capacity(f.carry.len());
+        for name in f.carry {
+            check_carry_name(&name, true)?;
+            if !carry.contains(&name) {
+                carry.push(name);
+            }
+        }
+        parse_compression(&f.compression)?;
+        Ok(Self {
+            plan,
+            tokens_column: f.tokens_column,
+            labels_column: f.labels_column,
+            loss_mask_column: f.loss_mask_column,
+            pair_layout: f.pair_layout.as_deref().map(str::parse).transpose()?,
+            carry,
+            rows_per_shard: rows_per_shard as usize,
+            row_group_rows: row_group_rows as usize,
+            compression: f.compression,
+        })
+    }
+
+    /// The fields this config was made from (`PackConfig::new(c.fields()) == c`).
+    pub fn fields(&self) -> PackFields {
+        PackFields {
+            max_len: self.plan.max_len.into(),
+            strategy: self.plan.strategy.name().into(),
+            overlong: self.plan.overlong.name().into(),
+            seed: self.plan.seed.into(),
+            tokens_column: self.tokens_column.clone(),
+            labels_column: self.labels_column.clone(),
+            loss_mask_column: self.loss_mask_column.clone(),
+            pair_layout: self.pair_layout.map(|l| l.name().into()),
+            carry: self.carry.clone(),
+            rows_per_shard: self.rows_per_shard as i128,
+            row_group_rows: self.row_group_rows as i128,
+            compression: self.compression.clone(),
+        }
+    }
+
+    /// This config for inputs of `kind` (`inputs` names them in messages): the pair layout
+    /// of [`pair_layout_for`]; KTO carries its `label` first, other kinds refuse that name.
+    pub fn for_kind(&self, kind: SampleKind, inputs: &str) -> Result<Self> {
+        let mut out = self.clone();
+        out.pair_layout = pair_layout_for(kind, self.pair_layout, inputs)?;
+        let label = crate::format::col::KTO_LABEL;
+        if kind == SampleKind::Kto {
+            out.carry.retain(|c| c != label);
+            out.carry.insert(0, label.into());
+        } else if self.carry.iter().any(|c| c == label) {
+            check_carry_name(label, false)?;
+        }
+        Ok(out)
+    }
+
+    /// How labels are read: the loss mask when given, else the labels column (required when
+    /// it is not the default `labels`, which is used when every input has it).
+    pub fn labels(&self) -> LabelSource {
+        match (&self.loss_mask_column, &self.labels_column) {
+            (Some(mask), _) => LabelSource::LossMask(mask.clone()),
+            (None, Some(column)) => LabelSource::Labels {
+                column: column.clone(),
+                required: column != "labels",
+            },
+            (None, None) => LabelSource::None,
+        }
+    }
+
+    /// The `pack_files` job of this config over `paths`.
+    pub fn files_job(
+        &self,
+        paths: Vec<PathBuf>,
+        out_dir: PathBuf,
+        spill_dir: PathBuf,
+        batch_rows: usize,
+    ) -> Result<PackFilesConfig> {
+        Ok(PackFilesConfig {
+            paths,
+            out_dir,
+            spill_dir,
+            tokens_column: self.tokens_column.clone(),
+            labels: self.labels(),
+            pairs: self.pair_layout,
+            carry: self.carry.clone(),
+            plan: self.plan,
+            rows_per_shard: self.rows_per_shard,
+            row_group_rows: self.row_group_rows,
+            compression: parse_compression(&self.compression)?,
+            batch_rows,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(f: impl FnOnce(&mut PackFields)) -> Result<PackConfig> {
+        let mut fields = PackFields::defaults(64);
+        f(&mut fields);
+        PackConfig::new(fields)
+    }
+
+    #[test]
+    fn checks_once() {
+        let err = |f: fn(&mut PackFields)| config(f).unwrap_err().to_string();
+        assert_eq!(
+            err(|f| f.max_len = 0),
+            "max_len must be at least 1 and at most 2147483647, got 0"
+        );
+        assert!(err(|f| f.strategy = "best".into()).starts_with("unknown strategy"));
+        assert!(err(|f| f.carry = vec!["num_tokens".into()]).contains("reserved"));
+        assert!(err(|f| f.compression = "gzip".into()).starts_with("unknown compression"));
+        let c = config(|f| f.carry = vec!["a".into(), "a".into()]).unwrap();
+        assert_eq!(c.carry, ["a"]);
+        assert_eq!(PackConfig::new(c.fields()).unwrap(), c);
+    }
+
+    #[test]
+    fn for_kind() {
+        let c = config(|f| f.carry = vec!["turn".into()]).unwrap();
+        let kto = c.for_kind(SampleKind::Kto, "k.parquet").unwrap();
+        assert_eq!(kto.carry, ["label", "turn"]);
+        let shared = config(|f| f.pair_layout = Some("shared-prompt".into())).unwrap();
+        assert!(shared.for_kind(SampleKind::Sft, "s").is_err());
+    }
+}

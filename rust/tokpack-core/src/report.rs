@@ -1,0 +1,135 @@
+//! `PackReport`: the one owner of a pack job's outcome (counts, the ids of the samples not
+//! packed whole, the shards written) and of the figures derived from it, computed here only.
+
+use crate::io::{PackOutcome, ShardInfo};
+use crate::plan::{efficiency, lower_bound, Plan};
+
+#[derive(Clone, Debug, Default)]
+pub struct PackReport {
+    /// Samples (pairs for preference shards) in each input, in order.
+    pub input_rows: Vec<u64>,
+    pub has_labels: bool,
+    pub max_len: u32,
+    pub n_samples: u64,
+    pub rows: u64,
+    pub segments: u64,
+    pub tokens: u64,
+    pub input_tokens: u64,
+    /// Sample ids (global), ascending: not packed at all, zero-length (also in `dropped`),
+    /// cut to max_len, packed in pieces.
+    pub dropped: Vec<i64>,
+    pub empty: Vec<i64>,
+    pub truncated: Vec<i64>,
+    pub split: Vec<i64>,
+    pub shards: Vec<ShardInfo>,
+}
+
+/// The manifest's `figures` (but the wall time).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Figures {
+    pub samples_in: u64,
+    pub samples_packed: u64,
+    pub samples_truncated: u64,
+    pub samples_split: u64,
+    pub samples_dropped: u64,
+    pub samples_empty: u64,
+    pub input_tokens: u64,
+    pub rows: u64,
+    pub tokens: u64,
+    pub loss_tokens: u64,
+    pub padding_tokens: u64,
+    pub padding_tokens_unpacked: u64,
+    pub efficiency: f64,
+    pub lower_bound: u64,
+}
+
+impl PackReport {
+    /// The report of `plan`'s rows written as `shards`, sample ids offset by `id_base` (a part
+    /// of a larger job, see [`PackReport::merge`]).
+    pub fn of_plan(
+        plan: &Plan,
+        shards: Vec<ShardInfo>,
+        input_rows: Vec<u64>,
+        has_labels: bool,
+        id_base: i64,
+    ) -> Self {
+        let ids = |v: &[i64]| v.iter().map(|&i| i + id_base).collect();
+        Self {
+            input_rows,
+            has_labels,
+            max_len: plan.max_len,
+            n_samples: plan.n_samples as u64,
+            rows: plan.n_bins() as u64,
+            segments: plan.sample_ids.len() as u64,
+            tokens: plan.total_tokens(),
+            input_tokens: plan.input_tokens,
+            dropped: ids(&plan.dropped),
+            empty: ids(&plan.empty),
+            truncated: ids(&plan.truncated),
+            split: ids(&plan.split),
+            shards,
+        }
+    }
+
+    /// Parts of one job (consecutive runs of samples, ids already global) as one report with
+    /// `shards` (the parts' shards as they were renamed) and `input_rows`.
+    pub fn merge(parts: &[PackReport], shards: Vec<ShardInfo>, input_rows: Vec<u64>) -> Self {
+        let cat = |f: fn(&PackReport) -> &Vec<i64>| parts.iter().flat_map(f).copied().collect();
+        let sum = |f: fn(&PackReport) -> u64| parts.iter().map(f).sum();
+        Self {
+            input_rows,
+            has_labels: parts.iter().any(|p| p.has_labels),
+            max_len: parts.first().map_or(0, |p| p.max_len),
+            n_samples: sum(|p| p.n_samples),
+            rows: sum(|p| p.rows),
+            segments: sum(|p| p.segments),
+            tokens: sum(|p| p.tokens),
+            input_tokens: sum(|p| p.input_tokens),
+            dropped: cat(|p| &p.dropped),
+            empty: cat(|p| &p.empty),
+            truncated: cat(|p| &p.truncated),
+            split: cat(|p| &p.split),
+            shards,
+        }
+    }
+
+    pub fn lower_bound(&self) -> u64 {
+        lower_bound(self.tokens, self.max_len)
+    }
+
+    pub fn efficiency(&self) -> f64 {
+        efficiency(self.tokens, self.rows, self.max_len)
+    }
+
+    pub fn figures(&self) -> Figures {
+        let count = |v: &Vec<i64>| v.len() as u64;
+        let (dropped, truncated, split) = (
+            count(&self.dropped),
+            count(&self.truncated),
+            count(&self.split),
+        );
+        let max_len = u64::from(self.max_len);
+        Figures {
+            samples_in: self.n_samples,
+            samples_packed: self.n_samples - dropped - truncated - split,
+            samples_truncated: truncated,
+            samples_split: split,
+            samples_dropped: dropped,
+            samples_empty: count(&self.empty),
+            input_tokens: self.input_tokens,
+            rows: self.rows,
+            tokens: self.tokens,
+            loss_tokens: self.shards.iter().map(|s| s.loss_tokens).sum(),
+            padding_tokens: self.rows * max_len - self.tokens,
+            padding_tokens_unpacked: self.segments * max_len - self.tokens,
+            efficiency: self.efficiency(),
+            lower_bound: self.lower_bound(),
+        }
+    }
+}
+
+impl From<PackOutcome> for PackReport {
+    fn from(o: PackOutcome) -> Self {
+        Self::of_plan(&o.plan, o.shards, o.input_rows, o.has_labels, 0)
+    }
+}

@@ -1,0 +1,488 @@
+//! `PackConfig` and `PackReport`: the core's pack options and pack outcome as frozen,
+//! picklable Python classes (re-exported as `tokpack.PackConfig` / `tokpack.PackReport`).
+
+use crate::errors::to_py;
+use crate::shards::shard_dict;
+use numpy::{IntoPyArray, PyArray1};
+use pyo3::exceptions::{PyOverflowError, PyTypeError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PyString, PyTuple};
+use tokpack_core::config::{self, PackFields, FIELDS};
+use tokpack_core::error::CoreError;
+use tokpack_core::io::{ByteRange, ShardInfo};
+use tokpack_core::policy::{check_range, PairLayout};
+use tokpack_core::{PackConfig, PackReport, SampleKind};
+
+fn config_error(what: String) -> PyErr {
+    to_py(CoreError::Config(what))
+}
+
+/// An integer argument (never a bool or a float), saturated to i128 for the core's range check.
+fn integer(value: &Bound<'_, PyAny>, name: &str) -> PyResult<i128> {
+    if value.is_instance_of::<PyBool>() {
+        return Err(config_error(format!(
+            "{name} must be an integer, got {}",
+            value.repr()?
+        )));
+    }
+    match value.extract::<i128>() {
+        Ok(v) => Ok(v),
+        Err(e) if e.is_instance_of::<PyOverflowError>(value.py()) => {
+            Ok(if value.gt(0)? { i128::MAX } else { i128::MIN })
+        }
+        Err(_) => Err(config_error(format!(
+            "{name} must be an integer, got {}",
+            value.repr()?
+        ))),
+    }
+}
+
+/// `value` as an int in `lo..=hi`, else a ConfigError naming `name` (the one checker of numeric
+/// arguments, `tokpack.planning.check_int`).
+#[pyfunction]
+pub fn check_int(value: &Bound<'_, PyAny>, name: &str, lo: i128, hi: i128) -> PyResult<i128> {
+    check_range(name, integer(value, name)?, lo, hi).map_err(to_py)
+}
+
+fn string(value: &Bound<'_, PyAny>, name: &str) -> PyResult<String> {
+    value.extract::<String>().map_err(|_| {
+        config_error(format!(
+            "{name} must be a string, got {}",
+            value.repr().map_or_else(|_| "?".into(), |r| r.to_string())
+        ))
+    })
+}
+
+fn optional_string(value: &Bound<'_, PyAny>, name: &str) -> PyResult<Option<String>> {
+    if value.is_none() {
+        Ok(None)
+    } else {
+        string(value, name).map(Some)
+    }
+}
+
+fn carry(value: &Bound<'_, PyAny>) -> PyResult<Vec<String>> {
+    if value.is_none() {
+        return Ok(Vec::new());
+    }
+    if value.is_instance_of::<PyString>() || value.is_instance_of::<PyBytes>() {
+        return Err(config_error(format!(
+            "carry must be a list of column names, not {}",
+            value.repr()?
+        )));
+    }
+    let mut names = Vec::new();
+    for item in value.try_iter()? {
+        let item = item?;
+        match item.extract::<String>() {
+            Ok(name) if !name.is_empty() => names.push(name),
+            _ => {
+                return Err(config_error(format!(
+                    "carry: column names must be non-empty strings, got {}",
+                    item.repr()?
+                )))
+            }
+        }
+    }
+    Ok(names)
+}
+
+/// The fields of `kwargs` over `fields` (unknown names: TypeError, as a Python signature).
+fn apply(fields: &mut PackFields, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
+    let Some(kwargs) = kwargs else { return Ok(()) };
+    for (key, value) in kwargs.iter() {
+        let key: String = key.extract()?;
+        let v = &value;
+        match key.as_str() {
+            "max_len" => fields.max_len = integer(v, "max_len")?,
+            "strategy" => fields.strategy = string(v, "strategy")?,
+            "overlong" => fields.overlong = string(v, "overlong")?,
+            "seed" => fields.seed = integer(v, "seed")?,
+            "tokens_column" => fields.tokens_column = string(v, "tokens_column")?,
+            "labels_column" => fields.labels_column = optional_string(v, "labels_column")?,
+            "loss_mask_column" => fields.loss_mask_column = optional_string(v, "loss_mask_column")?,
+            "pair_layout" => fields.pair_layout = optional_string(v, "pair_layout")?,
+            "carry" => fields.carry = carry(v)?,
+            "rows_per_shard" => fields.rows_per_shard = integer(v, "rows_per_shard")?,
+            "row_group_rows" => fields.row_group_rows = integer(v, "row_group_rows")?,
+            "compression" => fields.compression = string(v, "compression")?,
+            _ => {
+                return Err(PyTypeError::new_err(format!(
+                    "PackConfig got an unexpected keyword argument {key:?}"
+                )))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The pack options, checked once when made: ``PackConfig(max_len, **fields)``; the fields,
+/// their defaults and choices are listed in ``PackConfig.FIELDS``.
+#[pyclass(frozen, eq, hash, name = "PackConfig", module = "tokpack._tokpack")]
+#[derive(PartialEq, Eq, Hash)]
+pub struct PyPackConfig(pub PackConfig);
+
+impl PyPackConfig {
+    fn fields_dict<'py>(&self, py: Python<'py>, all: bool) -> PyResult<Bound<'py, PyDict>> {
+        let c = &self.0;
+        let d = PyDict::new(py);
+        d.set_item("max_len", c.plan.max_len)?;
+        d.set_item("strategy", c.plan.strategy.name())?;
+        d.set_item("overlong", c.plan.overlong.name())?;
+        d.set_item("seed", c.plan.seed)?;
+        d.set_item("tokens_column", &c.tokens_column)?;
+        d.set_item("labels_column", &c.labels_column)?;
+        d.set_item("loss_mask_column", &c.loss_mask_column)?;
+        d.set_item("rows_per_shard", c.rows_per_shard)?;
+        d.set_item("row_group_rows", c.row_group_rows)?;
+        d.set_item("compression", &c.compression)?;
+        // Only where they apply (and always with `all`), so the cache keys of SFT outputs stay
+        // what they were.
+        if all || c.pair_layout.is_some() {
+            d.set_item("pair_layout", c.pair_layout.map(|l| l.name()))?;
+        }
+        if all || !c.carry.is_empty() {
+            d.set_item("carry", PyList::new(py, &c.carry)?)?;
+        }
+        Ok(d)
+    }
+}
+
+#[pymethods]
+impl PyPackConfig {
+    #[new]
+    #[pyo3(signature = (max_len, **fields))]
+    fn new(max_len: &Bound<'_, PyAny>, fields: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+        let mut f = PackFields::defaults(integer(max_len, "max_len")?);
+        apply(&mut f, fields)?;
+        PackConfig::new(f).map(Self).map_err(to_py)
+    }
+
+    /// `(name, default, choices, help)` of every field (max_len has no default).
+    #[classattr]
+    #[allow(non_snake_case)]
+    fn FIELDS(py: Python<'_>) -> PyResult<Py<PyTuple>> {
+        let defaults = PyPackConfig(PackConfig::new(PackFields::defaults(1)).map_err(to_py)?);
+        let values = defaults.fields_dict(py, true)?;
+        let rows: PyResult<Vec<_>> = FIELDS
+            .iter()
+            .map(|&(name, choices, help)| {
+                let default = match name {
+                    "max_len" => None,
+                    name => values.get_item(name)?,
+                };
+                (name, default, PyTuple::new(py, choices)?, help).into_pyobject(py)
+            })
+            .collect();
+        Ok(PyTuple::new(py, rows?)?.unbind())
+    }
+
+    #[getter]
+    fn max_len(&self) -> u32 {
+        self.0.plan.max_len
+    }
+    #[getter]
+    fn strategy(&self) -> &'static str {
+        self.0.plan.strategy.name()
+    }
+    #[getter]
+    fn overlong(&self) -> &'static str {
+        self.0.plan.overlong.name()
+    }
+    #[getter]
+    fn seed(&self) -> u64 {
+        self.0.plan.seed
+    }
+    #[getter]
+    fn tokens_column(&self) -> &str {
+        &self.0.tokens_column
+    }
+    #[getter]
+    fn labels_column(&self) -> Option<&str> {
+        self.0.labels_column.as_deref()
+    }
+    #[getter]
+    fn loss_mask_column(&self) -> Option<&str> {
+        self.0.loss_mask_column.as_deref()
+    }
+    #[getter]
+    fn pair_layout(&self) -> Option<&'static str> {
+        self.0.pair_layout.map(|l| l.name())
+    }
+    #[getter]
+    fn carry<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, &self.0.carry)
+    }
+    #[getter]
+    fn rows_per_shard(&self) -> usize {
+        self.0.rows_per_shard
+    }
+    #[getter]
+    fn row_group_rows(&self) -> usize {
+        self.0.row_group_rows
+    }
+    #[getter]
+    fn compression(&self) -> &str {
+        &self.0.compression
+    }
+
+    /// The config as the manifest records it (``format_version`` first; ``pair_layout`` and
+    /// ``carry`` only where they apply): part of the cache key.
+    fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        d.set_item("format_version", tokpack_core::format::FORMAT_VERSION)?;
+        for (k, v) in self.fields_dict(py, false)?.iter() {
+            d.set_item(k, v)?;
+        }
+        Ok(d)
+    }
+
+    /// The config of a manifest's ``config`` dict (its ``format_version``, ``tokenize`` and
+    /// ``ray`` entries are not pack options and are ignored).
+    #[classmethod]
+    fn from_dict(_cls: &Bound<'_, pyo3::types::PyType>, d: &Bound<'_, PyDict>) -> PyResult<Self> {
+        let fields = d.copy()?;
+        for key in ["format_version", "tokenize", "ray"] {
+            if fields.contains(key)? {
+                fields.del_item(key)?;
+            }
+        }
+        let max_len = match fields.get_item("max_len")? {
+            Some(v) => v,
+            None => return Err(config_error("the config has no max_len".into())),
+        };
+        fields.del_item("max_len")?;
+        Self::new(&max_len, Some(&fields))
+    }
+
+    /// A copy with the given fields changed (checked again).
+    #[pyo3(signature = (**fields))]
+    fn replace(&self, fields: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+        let mut f = self.0.fields();
+        apply(&mut f, fields)?;
+        PackConfig::new(f).map(Self).map_err(to_py)
+    }
+
+    /// This config for inputs of ``kind`` (``"sft"``, ``"preference"``, ``"kto"``; ``inputs``
+    /// names them in messages): preference pairs get a pair layout, KTO carries its ``label``
+    /// first; a pair layout on other samples, or ``label`` carried from them, is refused.
+    fn for_kind(&self, kind: &str, inputs: &str) -> PyResult<Self> {
+        let kind: SampleKind = kind.parse().map_err(to_py)?;
+        self.0.for_kind(kind, inputs).map(Self).map_err(to_py)
+    }
+
+    fn __reduce__<'py>(
+        slf: &Bound<'py, Self>,
+    ) -> PyResult<(Bound<'py, PyAny>, (Bound<'py, PyDict>,))> {
+        let from_dict = slf.get_type().getattr("from_dict")?;
+        Ok((from_dict, (slf.get().to_dict(slf.py())?,)))
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        let parts: PyResult<Vec<String>> = self
+            .fields_dict(py, true)?
+            .iter()
+            .map(|(k, v)| Ok(format!("{k}={}", v.repr()?)))
+            .collect();
+        Ok(format!("PackConfig({})", parts?.join(", ")))
+    }
+}
+
+fn ids<'py>(py: Python<'py>, v: &[i64]) -> Bound<'py, PyArray1<i64>> {
+    v.to_vec().into_pyarray(py)
+}
+
+fn byte_range(d: &Bound<'_, PyAny>) -> PyResult<ByteRange> {
+    Ok(ByteRange {
+        offset: d.get_item("offset")?.extract()?,
+        length: d.get_item("length")?.extract()?,
+        checksum: d.get_item("checksum")?.extract()?,
+    })
+}
+
+/// A manifest shard entry (as `shard_dict` makes it) back to a `ShardInfo`.
+pub fn shard_info(d: &Bound<'_, PyAny>) -> PyResult<ShardInfo> {
+    let groups: PyResult<Vec<ByteRange>> = d
+        .get_item("row_group_bytes")?
+        .try_iter()?
+        .map(|g| byte_range(&g?))
+        .collect();
+    Ok(ShardInfo {
+        file: d.get_item("file")?.extract()?,
+        index: d.get_item("index")?.extract()?,
+        rows: d.get_item("rows")?.extract()?,
+        row_groups: d.get_item("row_groups")?.extract()?,
+        tokens: d.get_item("tokens")?.extract()?,
+        loss_tokens: d.get_item("loss_tokens")?.extract()?,
+        size: d.get_item("size")?.extract()?,
+        checksum: d.get_item("checksum")?.extract()?,
+        row_group_bytes: groups?,
+        footer_bytes: byte_range(&d.get_item("footer_bytes")?)?,
+        index_size: d.get_item("index_size")?.extract()?,
+        index_checksum: d.get_item("index_checksum")?.extract()?,
+    })
+}
+
+fn shard_infos(shards: &Bound<'_, PyAny>) -> PyResult<Vec<ShardInfo>> {
+    shards.try_iter()?.map(|s| shard_info(&s?)).collect()
+}
+
+/// What a pack job did: counts, the ids of the samples not packed whole, the shards written,
+/// and the manifest's ``figures()``, computed once here.
+#[pyclass(frozen, name = "PackReport", module = "tokpack._tokpack")]
+pub struct PyPackReport(pub PackReport);
+
+#[pymethods]
+impl PyPackReport {
+    /// A report of one part of a job (Ray's groups): its counts, sample ids (global) and shard
+    /// entries.
+    #[new]
+    #[pyo3(signature = (*, input_rows, has_labels, max_len, n_samples, rows, segments, tokens,
+        input_tokens, dropped, empty, truncated, split, shards))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        input_rows: Vec<u64>,
+        has_labels: bool,
+        max_len: u32,
+        n_samples: u64,
+        rows: u64,
+        segments: u64,
+        tokens: u64,
+        input_tokens: u64,
+        dropped: Vec<i64>,
+        empty: Vec<i64>,
+        truncated: Vec<i64>,
+        split: Vec<i64>,
+        shards: &Bound<'_, PyAny>,
+    ) -> PyResult<Self> {
+        Ok(Self(PackReport {
+            input_rows,
+            has_labels,
+            max_len,
+            n_samples,
+            rows,
+            segments,
+            tokens,
+            input_tokens,
+            dropped,
+            empty,
+            truncated,
+            split,
+            shards: shard_infos(shards)?,
+        }))
+    }
+
+    /// The parts of one job (consecutive runs of samples) as one report, with ``shards`` (the
+    /// parts' shards as renamed) and ``input_rows``.
+    #[staticmethod]
+    fn merge(
+        parts: Vec<PyRef<'_, PyPackReport>>,
+        shards: &Bound<'_, PyAny>,
+        input_rows: Vec<u64>,
+    ) -> PyResult<Self> {
+        let parts: Vec<PackReport> = parts.iter().map(|p| p.0.clone()).collect();
+        Ok(Self(PackReport::merge(
+            &parts,
+            shard_infos(shards)?,
+            input_rows,
+        )))
+    }
+
+    #[getter]
+    fn input_rows(&self) -> Vec<u64> {
+        self.0.input_rows.clone()
+    }
+    #[getter]
+    fn has_labels(&self) -> bool {
+        self.0.has_labels
+    }
+    #[getter]
+    fn dropped<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i64>> {
+        ids(py, &self.0.dropped)
+    }
+    #[getter]
+    fn empty<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i64>> {
+        ids(py, &self.0.empty)
+    }
+    /// The shards' manifest entries.
+    #[getter]
+    fn shards<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let entries: PyResult<Vec<_>> = self.0.shards.iter().map(|s| shard_dict(py, s)).collect();
+        PyList::new(py, entries?)
+    }
+
+    /// The manifest's ``figures`` (but ``wall_time_s``).
+    fn figures<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let f = self.0.figures();
+        let d = PyDict::new(py);
+        d.set_item("samples_in", f.samples_in)?;
+        d.set_item("samples_packed", f.samples_packed)?;
+        d.set_item("samples_truncated", f.samples_truncated)?;
+        d.set_item("samples_split", f.samples_split)?;
+        d.set_item("samples_dropped", f.samples_dropped)?;
+        d.set_item("samples_empty", f.samples_empty)?;
+        d.set_item("input_tokens", f.input_tokens)?;
+        d.set_item("rows", f.rows)?;
+        d.set_item("tokens", f.tokens)?;
+        d.set_item("loss_tokens", f.loss_tokens)?;
+        d.set_item("padding_tokens", f.padding_tokens)?;
+        d.set_item("padding_tokens_unpacked", f.padding_tokens_unpacked)?;
+        d.set_item("efficiency", f.efficiency)?;
+        d.set_item("lower_bound", f.lower_bound)?;
+        Ok(d)
+    }
+
+    /// Pickled through its keyword constructor (Ray tasks return reports).
+    fn __reduce__<'py>(
+        slf: &Bound<'py, Self>,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
+        let py = slf.py();
+        let r = &slf.get().0;
+        let kw = PyDict::new(py);
+        kw.set_item("input_rows", &r.input_rows)?;
+        kw.set_item("has_labels", r.has_labels)?;
+        kw.set_item("max_len", r.max_len)?;
+        kw.set_item("n_samples", r.n_samples)?;
+        kw.set_item("rows", r.rows)?;
+        kw.set_item("segments", r.segments)?;
+        kw.set_item("tokens", r.tokens)?;
+        kw.set_item("input_tokens", r.input_tokens)?;
+        kw.set_item("dropped", &r.dropped)?;
+        kw.set_item("empty", &r.empty)?;
+        kw.set_item("truncated", &r.truncated)?;
+        kw.set_item("split", &r.split)?;
+        kw.set_item("shards", slf.get().shards(py)?)?;
+        let partial = py
+            .import("functools")?
+            .getattr("partial")?
+            .call((slf.get_type(),), Some(&kw))?;
+        Ok((partial, PyTuple::empty(py)))
+    }
+}
+
+/// The pair layout of inputs of ``kind`` (``inputs`` names them in messages): preference pairs
+/// get one (``"separate"`` when none is given); other kinds refuse any but ``"separate"``.
+#[pyfunction]
+#[pyo3(signature = (kind, pair_layout, inputs))]
+pub fn pair_layout_for(
+    kind: &str,
+    pair_layout: Option<&str>,
+    inputs: &str,
+) -> PyResult<Option<&'static str>> {
+    let layout: Option<PairLayout> = pair_layout.map(str::parse).transpose().map_err(to_py)?;
+    let kind: SampleKind = kind.parse().map_err(to_py)?;
+    let layout = config::pair_layout_for(kind, layout, inputs).map_err(to_py)?;
+    Ok(layout.map(|l| l.name()))
+}
+
+/// The file name of packed shard `shard` (`part-NNNNN.parquet`).
+#[pyfunction]
+pub fn shard_name(shard: usize) -> String {
+    tokpack_core::format::shard_name(shard)
+}
+
+/// The file name of shard `shard`'s index, under the side directory.
+#[pyfunction]
+pub fn index_name(shard: usize) -> String {
+    tokpack_core::format::index_name(shard)
+}

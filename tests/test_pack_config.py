@@ -1,0 +1,179 @@
+"""PackConfig (the one owner of the pack options), PackReport (the one owner of the outcome) and
+the format room (names defined once, reserved names refused)."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import random
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
+import pytest
+
+import tokpack
+from tokpack import ConfigError, PackConfig
+from tokpack._format import INDEX_COLUMNS, SHARD_COLUMNS, manifest_schema
+from tokpack.cli import main
+from tokpack.pack_config import refuse_unsupported
+
+from .test_pack_pairs import gen_pairs, sft_table, write_pairs
+
+
+def test_config_is_a_frozen_picklable_value():
+    c = PackConfig(2048, strategy="ffd", carry=["source", "source"], compression="zstd:9")
+    assert c.carry == ("source",) and c.max_len == 2048
+    assert pickle.loads(pickle.dumps(c)) == c and hash(pickle.loads(pickle.dumps(c))) == hash(c)
+    assert PackConfig.from_dict(c.to_dict()) == c
+    assert c.replace(seed=3) == PackConfig(
+        2048, strategy="ffd", carry=["source"], seed=3, compression="zstd:9"
+    )
+    assert c.replace(seed=3) != c
+    assert repr(c).startswith("PackConfig(max_len=2048, strategy='ffd', overlong='error'")
+    with pytest.raises(AttributeError):
+        c.max_len = 3  # type: ignore[misc]
+    with pytest.raises(TypeError, match='unexpected keyword argument "stratgy"'):
+        PackConfig(8, stratgy="bfd")
+
+
+def test_to_dict_is_the_manifest_config(tmp_path):
+    pq.write_table(sft_table(30, random.Random(1), w=pa.array([1.0] * 30)), tmp_path / "s.parquet")
+    config = PackConfig(64, strategy="next_fit", carry=["w"], rows_per_shard=7)
+    m = tokpack.pack_files(tmp_path / "s.parquet", tmp_path / "out", config=config)
+    assert m["config"] == config.to_dict()
+    assert PackConfig.from_dict(m["config"]) == config
+    # Keyword fields build the same config: same cache key, so a cache hit.
+    again = tokpack.pack_files(
+        tmp_path / "s.parquet",
+        tmp_path / "out",
+        64,
+        strategy="next_fit",
+        carry=["w"],
+        rows_per_shard=7,
+    )
+    assert again["cache_hit"] and again["cache_key"] == m["cache_key"]
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda c: tokpack.plan([1, 2], 8, config=c),
+        lambda c: tokpack.plan([1, 2], strategy="ffd", config=c),
+        lambda c: tokpack.pack_tokens([[1, 2]], 8, config=c),
+        lambda c: tokpack.pack_files("x.parquet", "out", seed=1, config=c),
+    ],
+)
+def test_config_or_fields_not_both(call):
+    with pytest.raises(ConfigError, match="pass config= or its fields"):
+        call(PackConfig(8))
+
+
+def test_one_check_one_message():
+    """Each rule is checked by the config, with policy.rs's wording, wherever it is reached."""
+    for call in (
+        lambda: PackConfig(8, strategy="best"),
+        lambda: tokpack.plan([1], 8, strategy="best"),
+        lambda: tokpack.pack_tokens([[1]], 8, strategy="best"),
+    ):
+        with pytest.raises(ConfigError, match=r'^unknown strategy "best"; expected one of "bfd"'):
+            call()
+    with pytest.raises(ConfigError, match=r'^unknown overlong policy "cut"'):
+        tokpack.TokenizeOptions(overlong="cut")
+    with pytest.raises(ConfigError, match="^max_len must be at least 1 and at most 2147483647"):
+        tokpack.TokenizeOptions(max_len=0)
+
+
+def test_refuse_unsupported_names_the_field():
+    c = PackConfig(8, carry=["source"])
+    refuse_unsupported(c, "X", {"strategy": "why"})
+    refuse_unsupported(PackConfig(8), "X", {"carry": "why"})  # defaults are always supported
+    with pytest.raises(ConfigError, match=r"^carry \(--carry\) is not supported with X: why$"):
+        refuse_unsupported(c, "X", {"carry": "why"})
+    with pytest.raises(ConfigError, match=r"^threads \(--threads\) is not supported with X: t$"):
+        refuse_unsupported(c, "X", {"threads": "t"}, threads=2)
+    refuse_unsupported(c, "X", {"threads": "t"}, threads=None)
+
+
+def test_ray_pack_refuses_pair_layout_and_spill_dir_by_name():
+    """Was silently ignored (pair_layout, spill_dir)."""
+    pytest.importorskip("ray")
+    from tokpack.ray import pack
+
+    for name, value in (("pair_layout", "shared-prompt"), ("spill_dir", "/tmp")):
+        with pytest.raises(ConfigError, match=f"^{name} .* is not supported with Ray"):
+            pack(None, "never-written", 64, **{name: value})
+    assert not Path("never-written").exists()
+
+
+def test_one_step_pack_refuses_columns_before_any_work(tmp_path, capsys):
+    """Was: the columns given were silently replaced by the tokenizer's."""
+    from ._tokenizer_factory import build_tokenizer, write_jsonl
+
+    tok = build_tokenizer(tmp_path / "tok")
+    path = write_jsonl(tmp_path / "t.jsonl", [{"text": "a b c"}] * 3)
+    out = tmp_path / "out"
+    refused = r"^tokens_column \(--tokens-column\) is not supported with a one-step pack"
+    with pytest.raises(ConfigError, match=refused):
+        tokpack.pack_files(path, out, 64, tokenizer=tok, tokens_column="ids")
+    argv = ["pack", str(path), "-o", str(out), "--tokenizer", str(tok), "--tokens-column", "ids"]
+    assert main(argv + ["--quiet"]) == 2
+    assert "the tokenizer writes the columns" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_cli_flags_come_from_the_config_fields():
+    from tokpack.cli import build_parser
+
+    parser = build_parser()
+    pack = parser._subparsers._group_actions[0].choices["pack"]  # type: ignore[union-attr]
+    flags = {a.dest: a for a in pack._actions}
+    for name, default, choices, help_text in PackConfig.FIELDS:
+        assert name in flags and help_text in flags[name].help
+        assert tuple(flags[name].choices or ()) == tuple(choices)
+        if name not in ("max_len", "carry"):
+            assert flags[name].default == default
+    args = parser.parse_args(["pack", "in", "-o", "out", "--strategy", "ffd", "--carry", "a"])
+    from tokpack.pack_config import from_args
+
+    assert from_args(args) == PackConfig(4096, strategy="ffd", carry=["a"])
+
+
+def test_shard_and_index_columns_are_the_format_rooms(tmp_path):
+    pairs = gen_pairs(random.Random(4), 20)
+    write_pairs(tmp_path / "p.parquet", pairs, source=["s"] * 20)
+    m = tokpack.pack_files(tmp_path / "p.parquet", tmp_path / "out", 200, carry=["source"])
+    shard = pq.read_schema(tmp_path / "out" / m["shards"][0]["file"])
+    assert shard.names == [*SHARD_COLUMNS, "source"]
+    with ipc.open_file(tmp_path / "out" / m["shards"][0]["index"]) as index:
+        assert tuple(index.schema.names) == INDEX_COLUMNS
+    table = tokpack.pack_tokens([[1, 2, 3], [4]], 8, labels=[[1, 2, 3], [4]])
+    assert table.column_names == list(SHARD_COLUMNS[:4])
+
+
+def test_schema_is_versioned_with_the_format():
+    schema = manifest_schema()
+    assert schema["properties"]["format_version"]["const"] == tokpack._format.FORMAT_VERSION
+    assert schema["properties"]["format"]["const"] == tokpack._format.FORMAT
+    fields = schema["$defs"]["config"]["properties"]
+    assert {f[0] for f in PackConfig.FIELDS} <= set(fields)
+
+
+def test_report_merge_derives_the_figures_once():
+    """Ray's local mode merges reports; lower_bound and efficiency come from the totals."""
+    pytest.importorskip("ray")
+    from tokpack.ray._shards import accounting
+
+    parts = [tokpack.plan([5, 3, 7], 8, strategy="padding"), tokpack.plan([6, 6], 8)]
+    reports = [accounting(p, [], [p.n_samples], True, base) for p, base in zip(parts, (0, 3))]
+    merged = tokpack.PackReport.merge(reports, [], [5])
+    whole = tokpack.plan([5, 3, 7, 6, 6], 8, strategy="padding")
+    figures = merged.figures()
+    assert figures["tokens"] == whole.total_tokens and figures["rows"] == 5
+    assert figures["lower_bound"] == whole.lower_bound == 4
+    assert figures["efficiency"] == whole.efficiency
+    assert pickle.loads(pickle.dumps(merged)).figures() == merged.figures()
+    assert json.dumps(merged.figures())
+    assert np.array_equal(merged.dropped, np.zeros(0, np.int64))
