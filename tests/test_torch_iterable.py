@@ -299,7 +299,7 @@ def test_balanced_stream_deals_each_step_with_even_compute(corpus):
                     [t.tolist() for t in b["sample_ids"]] for b in ranks[-1]
                 ]
         runs[balance] = ranks
-    _assert_exactly_once([[int(x) for t in b["sample_ids"] for x in t] for r in runs["compute"] for b in r])
+    _assert_exactly_once([[x for t in b for x in t] for r in runs["compute"] for b in _ids(r)])
     plain, even = runs[None], runs["compute"]
     assert [[len(b["sample_ids"]) for b in r] for r in even] == [
         [len(b["sample_ids"]) for b in r] for r in plain
@@ -312,7 +312,7 @@ def test_balanced_stream_deals_each_step_with_even_compute(corpus):
             per_step.append(max(loads) / np.mean(loads))
         imbalance[balance] = np.array(per_step)
         rows = [
-            sorted(int(x) for r in ranks for b in r[m : m + steps] for t in b["sample_ids"] for x in t)
+            sorted(x for r in ranks for b in _ids(r[m : m + steps]) for t in b for x in t)
             for m in range(0, len(ranks[0]), steps)
         ]
         if balance is None:
