@@ -102,12 +102,22 @@ def _dataset(kind, corpora, **kw):
     return PackedMixture(corpora, {"sft": 0.6, "text": 0.4}, batch_rows=2, seed=3, **kw)
 
 
+@pytest.mark.parametrize("balance", [None, "compute"])
 @pytest.mark.parametrize("kind", ["single", "mixture"])
 @pytest.mark.parametrize("world_size, grad_accum, cp", [(1, 1, 1), (3, 2, 1), (2, 3, 2), (2, 2, 4)])
-def test_global_normalisers_give_the_global_batch_loss(corpora, kind, world_size, grad_accum, cp):
+def test_global_normalisers_give_the_global_batch_loss(
+    corpora, kind, world_size, grad_accum, cp, balance
+):
     per_rank = []
     for rank in range(world_size):
-        ds = _dataset(kind, corpora, rank=rank, world_size=world_size, grad_accum_steps=grad_accum)
+        ds = _dataset(
+            kind,
+            corpora,
+            rank=rank,
+            world_size=world_size,
+            grad_accum_steps=grad_accum,
+            balance=balance,
+        )
         per_rank.append([(_rows(b), _counts(b)) for b in ds])
     _check_steps(per_rank, world_size, grad_accum, cp)
 

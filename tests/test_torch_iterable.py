@@ -6,6 +6,8 @@ import os
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 import tokpack
@@ -263,3 +265,139 @@ def test_open_dataset_raises_when_the_directory_is_rebuilt(tmp_path):
     write_packed_dir(out, samples, labels, max_len=40, rows_per_shard=60, row_group_rows=8)
     with pytest.raises(tokpack.CorruptOutputError, match="changed since the dataset was opened"):
         list(DataLoader(ds, batch_size=None, num_workers=0))
+
+
+# -- balance="compute" ------------------------------------------------------------------------
+
+
+def _compute(batch):
+    """Attention compute of a batch's rows (``24576·L + L²`` over their segments)."""
+    return sum(float((24576 * s + s * s).sum()) for s in (t.double() for t in batch["seq_lengths"]))
+
+
+def _stream(path, rank, world_size, state=None, **kw):
+    ds = PackedIterableDataset(path, rank=rank, world_size=world_size, seed=7, **kw)
+    if state is not None:
+        ds.load_state_dict(state)
+    return ds
+
+
+def test_balanced_stream_deals_each_step_with_even_compute(corpus):
+    """The same rows per optimizer step as the plain stream, the same batch sizes, every row
+    exactly once, the same batches with workers, and even compute per step."""
+    world, steps = 3, 2
+    runs = {}
+    for balance in (None, "compute"):
+        ranks = []
+        for rank in range(world):
+            ds = _stream(corpus, rank, world, batch_rows=3, grad_accum_steps=steps, balance=balance)
+            ranks.append(list(ds))
+            if balance:
+                loader = DataLoader(ds, batch_size=None, num_workers=2)
+                with_workers = [b["sample_ids"] for b in loader]
+                assert [[t.tolist() for t in b] for b in with_workers] == [
+                    [t.tolist() for t in b["sample_ids"]] for b in ranks[-1]
+                ]
+        runs[balance] = ranks
+    _assert_exactly_once([[x for t in b for x in t] for r in runs["compute"] for b in _ids(r)])
+    plain, even = runs[None], runs["compute"]
+    assert [[len(b["sample_ids"]) for b in r] for r in even] == [
+        [len(b["sample_ids"]) for b in r] for r in plain
+    ]
+    imbalance = {}
+    for balance, ranks in runs.items():
+        per_step = []
+        for m in range(0, len(ranks[0]), steps):
+            loads = [sum(_compute(b) for b in r[m : m + steps]) for r in ranks]
+            per_step.append(max(loads) / np.mean(loads))
+        imbalance[balance] = np.array(per_step)
+        rows = [
+            sorted(x for r in ranks for b in _ids(r[m : m + steps]) for t in b for x in t)
+            for m in range(0, len(ranks[0]), steps)
+        ]
+        if balance is None:
+            plain_rows = rows
+        else:
+            assert rows == plain_rows
+    assert np.all(imbalance["compute"] <= imbalance[None] + 1e-12)
+    assert imbalance["compute"].mean() < imbalance[None].mean()
+
+
+def _at(state):
+    """Where a state or a batch's position stands in the stream."""
+    return {k: state[k] for k in ("epoch", "rows_consumed", "mid_step") if k in state}
+
+
+def _ids(batches):
+    return [[t.tolist() for t in b["sample_ids"]] for b in batches]
+
+
+@settings(max_examples=25)
+@given(
+    world=st.integers(1, 4),
+    batch_rows=st.integers(1, 4),
+    steps=st.integers(1, 3),
+    tail=st.sampled_from(["even", "drop"]),
+    stop=st.integers(0, 40),
+)
+def test_balanced_stream_resumes_exactly_once(corpus, world, batch_rows, steps, tail, stop):
+    """Stopped after any batch (inside a step or at its end) and resumed from that batch's
+    position, every rank gets the rest of its uninterrupted batches, and all together deliver
+    the plain stream's rows, each exactly once."""
+    kw = dict(batch_rows=batch_rows, grad_accum_steps=steps, tail=tail, balance="compute")
+    whole = [list(_stream(corpus, r, world, **kw)) for r in range(world)]
+    stop = min(stop, len(whole[0]))
+    state = _stream(corpus, 0, world, **kw).state_dict(batches_consumed=stop)
+    if stop:
+        assert _at(whole[0][stop - 1]["position"]) == _at(state)
+    assert ("mid_step" in state) == (0 < stop < len(whole[0]) and stop % steps != 0)
+    delivered = []
+    for r in range(world):
+        rest = list(_stream(corpus, r, world, state=state, **kw))
+        assert _ids(rest) == _ids(whole[r][stop:])
+        delivered += [x for b in _ids(whole[r][:stop] + rest) for t in b for x in t]
+    plain = [
+        x
+        for r in range(world)
+        for b in _ids(_stream(corpus, r, world, batch_rows=batch_rows, tail=tail))
+        for t in b
+        for x in t
+    ]
+    assert sorted(delivered) == sorted(plain) and len(set(delivered)) == len(delivered)
+
+
+def test_balanced_mid_step_state_needs_the_same_deal(corpus):
+    kw = dict(batch_rows=3, grad_accum_steps=2, balance="compute")
+    ds = _stream(corpus, 0, 2, **kw)
+    state = ds.state_dict(batches_consumed=3)
+    assert state["mid_step"]["batches"] == 1
+    assert state["rows_consumed"] == 2 * 2 * 3
+    with pytest.raises(tokpack.ConfigError, match=r"world_size=2, this stream has world_size=3"):
+        _stream(corpus, 0, 3, state=state, **kw)
+    with pytest.raises(tokpack.ConfigError, match=r"needs balance=\"compute\""):
+        _stream(corpus, 0, 2, state=state, batch_rows=3, grad_accum_steps=2)
+    # At a step boundary: any topology, with or without balancing.
+    boundary = ds.state_dict(batches_consumed=4)
+    assert "mid_step" not in boundary and boundary["rows_consumed"] == 4 * 2 * 3
+    rest = [b for r in range(3) for b in _stream(corpus, r, 3, state=boundary, batch_rows=2)]
+    head = [b for r in range(2) for b in list(_stream(corpus, r, 2, **kw))[:4]]
+    _assert_exactly_once([[int(x) for t in b["sample_ids"] for x in t] for b in head + rest])
+    with pytest.raises(tokpack.ConfigError, match='balance must be None or "compute"'):
+        PackedIterableDataset(corpus, batch_rows=2, balance="tokens")
+
+
+def test_balanced_stream_resumes_mid_step_with_other_workers(corpus):
+    """A mid-step position resumed with two DataLoader workers (and state_dict counting from
+    the resumed position)."""
+    kw = dict(batch_rows=2, grad_accum_steps=3, balance="compute")
+    full = [list(_stream(corpus, r, 2, **kw)) for r in range(2)]
+    state = full[0][4]["position"]
+    assert state["mid_step"]["batches"] == 2
+    for r in range(2):
+        ds = _stream(corpus, r, 2, state=state, **kw)
+        assert len(ds) == len(full[r]) - 5
+        got = [b["sample_ids"] for b in DataLoader(ds, batch_size=None, num_workers=2)]
+        assert [[t.tolist() for t in b] for b in got] == [
+            [t.tolist() for t in b["sample_ids"]] for b in full[r][5:]
+        ]
+        assert _at(ds.state_dict(batches_consumed=1)) == _at(full[r][5]["position"])

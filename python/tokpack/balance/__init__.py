@@ -95,10 +95,11 @@ def partition(
 
     ``costs``: non-negative numbers (a list, numpy array or torch tensor; used as float64).
     ``equal_size``: item counts differ by at most one (verl requires ``len % k == 0``; here any
-    length works). ``method``: ``"best"`` (the lower maximum of Karmarkar-Karp and LPT, each
-    refined by single-item moves and swaps: never worse than either), ``"kk"`` (verl's
-    Karmarkar-Karp largest differencing) or ``"lpt"`` (largest first to the lightest part).
-    ``threads`` runs ``"best"``'s two candidates in parallel; it never changes the result.
+    length works). ``method``: ``"best"`` (the one of Karmarkar-Karp and LPT with the lower
+    maximum, refined by single-item moves and swaps: never worse than either), ``"kk"``
+    (verl's Karmarkar-Karp largest differencing) or ``"lpt"`` (largest first to the lightest
+    part). ``threads`` is accepted for symmetry with tokpack's other calls and changes nothing:
+    the work runs on the calling thread (a pool's wake-ups cost more than it on a busy host).
     """
     k = _positive_int("k", k)
     values = _vector("costs", costs, np.float64)

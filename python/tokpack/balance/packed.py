@@ -5,14 +5,22 @@ from its ``seq_lengths`` column only) and the deal of one step's rows to ranks a
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
+from ..errors import ConfigError
 from ..packed_dir import PackedDir
 from . import Cost, cost_coefficients, partition
 
-__all__ = ["deal_step", "row_compute", "segment_compute", "step_imbalance"]
+__all__ = ["checked_balance", "deal_step", "row_compute", "segment_compute", "step_imbalance"]
+
+
+def checked_balance(balance: Any) -> Optional[str]:
+    """The ``balance`` option of the torch readers: None or ``"compute"``."""
+    if balance not in (None, "compute"):
+        raise ConfigError(f'balance must be None or "compute", got {balance!r}')
+    return balance
 
 
 def row_compute(packed: PackedDir, cost: Cost = "attention") -> np.ndarray:

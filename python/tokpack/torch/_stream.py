@@ -1,6 +1,7 @@
 """What the streaming datasets share: a global stream of rows per epoch, split into batches over
 ranks and DataLoader workers, resumable in global rows consumed, with the exact global
-normalisers of each optimizer step.
+normalisers of each optimizer step and, with ``balance="compute"``, each step's rows dealt out
+again so that the ranks' compute is even.
 
 A subclass says how long an epoch's stream is, where its rows are (``_locate``) and what a
 resumption state must match (``_fingerprint``); :class:`RowStream` does the rest for the
@@ -17,6 +18,8 @@ import numpy as np
 import torch
 
 from .._order import TAILS, RankSplit
+from ..balance import Cost, cost_coefficients
+from ..balance.packed import checked_balance, deal_step, row_compute
 from ..errors import ConfigError
 from ..packed_dir import ROW_COLUMNS, PackedDir
 from ..row_counts import RowCounts
@@ -61,6 +64,8 @@ class RowStream(torch.utils.data.IterableDataset):
         tail: str,
         shuffle_window: int,
         grad_accum_steps: Optional[int],
+        balance: Optional[str] = None,
+        cost: Cost = "attention",
     ) -> None:
         self.batch_rows = non_negative_int("batch_rows", batch_rows, 1)
         self.seed = non_negative_int("seed", seed)
@@ -75,9 +80,14 @@ class RowStream(torch.utils.data.IterableDataset):
             if grad_accum_steps is None
             else non_negative_int("grad_accum_steps", grad_accum_steps, 1)
         )
+        self.balance = checked_balance(balance)
+        self._cost = cost_coefficients(cost)
         self.epoch = 0
         self._start = 0
-        # Batches of this rank's sequence (from _start) before the next one this process makes.
+        # Batches of the split from _start already taken when the state was loaded (only a state
+        # saved inside a balanced optimizer step has some: the step restarts at _start).
+        self._skip = 0
+        # The split's index (from _start) of the next batch this process makes.
         self._next_batch = 0
         # Workers share up to three windows of groups: the window the slowest worker reads, the
         # one the fastest reads and the one being read ahead (see `_prefetch`).
@@ -94,6 +104,10 @@ class RowStream(torch.utils.data.IterableDataset):
         # Per-row counts for the global normalisers: read once here, before workers copy it.
         self._counts: Optional[List[RowCounts]] = (
             None if self.grad_accum_steps is None else self._row_counts()
+        )
+        # Each source's per-row compute (their seq_lengths read once, here) for the deal.
+        self._compute: Optional[List[np.ndarray]] = (
+            None if self.balance is None else [row_compute(p, self._cost) for p in self.sources]
         )
 
     # -- what a subclass provides ----------------------------------------------------------
@@ -130,13 +144,39 @@ class RowStream(torch.utils.data.IterableDataset):
         """Batches this rank yields from the current state to the end of the epoch."""
         if self._stream_rows() is None:
             raise TypeError("an endless stream (stop='never') has no length")
-        return self._split().num_batches
+        return self._split().num_batches - self._skip
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch's order; a new epoch starts from its first row."""
         epoch = non_negative_int("epoch", epoch)
         if epoch != self.epoch:
-            self.epoch, self._start, self._next_batch = epoch, 0, 0
+            self.epoch, self._start, self._skip, self._next_batch = epoch, 0, 0, 0
+
+    def _step_batches(self) -> int:
+        """Local batches per optimizer step (a step's rows are what the balance deals)."""
+        return self.grad_accum_steps or 1
+
+    def _deal_key(self) -> Dict[str, Any]:
+        """What must match to resume inside a balanced optimizer step: the same deal."""
+        return {
+            "world_size": self.world_size,
+            "batch_rows": self.batch_rows,
+            "grad_accum_steps": self._step_batches(),
+            "tail": self.tail,
+            "cost": list(self._cost),
+        }
+
+    def _consumed(self, split: RankSplit, batches: int) -> Dict[str, Any]:
+        """Where the stream stands once every rank has taken its first ``batches`` batches of
+        ``split``: the global rows consumed, plus, inside a balanced optimizer step (whose rows
+        are not a prefix of the stream), the step's first row and the batches taken of it."""
+        into = batches % self._step_batches()
+        if self.balance is None or into == 0 or batches >= split.num_batches:
+            return {"rows_consumed": split.round_end(batches - 1)}
+        return {
+            "rows_consumed": split.round_end(batches - into - 1),
+            "mid_step": {"batches": into, **self._deal_key()},
+        }
 
     def state_dict(self, batches_consumed: Optional[int] = None) -> Dict[str, Any]:
         """The resumption state, in global rows consumed this epoch.
@@ -152,17 +192,21 @@ class RowStream(torch.utils.data.IterableDataset):
             n = self._next_batch
         else:
             n = non_negative_int("batches_consumed", batches_consumed)
-            if n > split.num_batches:
-                raise ConfigError(f"batches_consumed={n} but this epoch has {split.num_batches}")
+            if n > split.num_batches - self._skip:
+                raise ConfigError(
+                    f"batches_consumed={n} but this epoch has {split.num_batches - self._skip}"
+                )
+            n += self._skip
         state = {
             "epoch": self.epoch,
-            "rows_consumed": split.round_end(min(n, split.num_batches) - 1),
+            **self._consumed(split, min(n, split.num_batches)),
             **self._fingerprint(),
         }
         _, num_workers = worker_slot()
         if batches_consumed is None and num_workers > 1:
             state["worker"] = {
                 "from_rows": self._start,
+                "skip": self._skip,
                 "next_batch": n,
                 "num_workers": num_workers,
                 "world_size": self.world_size,
@@ -184,6 +228,7 @@ class RowStream(torch.utils.data.IterableDataset):
         total = self._stream_rows()
         if total is not None and rows > total:
             raise ConfigError(f"rows_consumed={rows} > the epoch's {total} rows")
+        skip = self._mid_step(state.get("mid_step"))
         worker = state.get("worker")
         same = worker is not None and all(
             worker.get(k) == v
@@ -197,9 +242,37 @@ class RowStream(torch.utils.data.IterableDataset):
         if same:
             # A worker's own state (StatefulDataLoader): resume at that worker's next batch.
             self.epoch, self._start = epoch, int(worker["from_rows"])
+            self._skip = int(worker.get("skip", 0))
             self._next_batch = int(worker["next_batch"])
         else:
-            self.epoch, self._start, self._next_batch = epoch, rows, 0
+            self.epoch, self._start, self._skip, self._next_batch = epoch, rows, skip, skip
+
+    def _mid_step(self, mid: Any) -> int:
+        """Batches already taken of the balanced optimizer step a state was saved in (0 at a
+        step boundary). Its other rows are dealt by the step's deal: resuming needs the same."""
+        if mid is None:
+            return 0
+        if self.balance is None:
+            raise ConfigError(
+                f"state was saved {mid.get('batches')} batches into an optimizer step of a"
+                ' balance="compute" stream; resuming inside that step needs balance="compute"'
+            )
+        mine = self._deal_key()
+        differ = [key for key in mine if mid.get(key) != mine[key]]
+        if differ:
+            saved = ", ".join(f"{key}={mid.get(key)!r}" for key in differ)
+            here = ", ".join(f"{key}={mine[key]!r}" for key in differ)
+            raise ConfigError(
+                f"state was saved {mid.get('batches')} batches into a balanced optimizer step"
+                f" with {saved}, this stream has {here}; resuming inside a step needs the same"
+                " deal (resume from a state saved at a step boundary to change them)"
+            )
+        batches = non_negative_int("mid_step batches", mid.get("batches"))
+        if batches >= mine["grad_accum_steps"]:
+            raise ConfigError(
+                f"mid_step batches={batches} but a step has {mine['grad_accum_steps']} batches"
+            )
+        return batches
 
     # -- global normalisers ----------------------------------------------------------------
 
@@ -216,6 +289,35 @@ class RowStream(torch.utils.data.IterableDataset):
         return terms, samples
 
     # -- iteration -------------------------------------------------------------------------
+
+    def _dealt(self, split: RankSplit, m: int) -> Tuple[Tuple[np.ndarray, ...], List[np.ndarray]]:
+        """Optimizer step ``m`` (local batches ``[m G, (m + 1) G)`` of every rank) dealt with
+        even compute: its rows as ``_locate`` gives them, and this rank's batches as indices
+        into them. Every rank computes the same deal from the same rows. Only the epoch's last
+        round can have batches of other than ``batch_rows`` rows: it keeps its plain split."""
+        span = self._step_batches()
+        first, last = m * span, min((m + 1) * span, split.num_batches)
+        a = split.round_end(first - 1)
+        located = self._locate(a, split.round_end(last - 1))
+        slots = [
+            [np.arange(*split.batch(r, k)) - a for k in range(first, last)]
+            for r in range(self.world_size)
+        ]
+        full = last - first
+        if any(len(slots[r][-1]) != self.batch_rows for r in range(self.world_size)):
+            full -= 1
+        if full > 0:
+            assert self._compute is not None
+            src, groups, rows = located
+            compute = np.empty(len(src))
+            for s in np.unique(src):
+                mask = src == s
+                index = self.sources[s].group_start[groups[mask]] + rows[mask]
+                compute[mask] = self._compute[s][index]
+            dealt = deal_step([np.concatenate(r[:full]) for r in slots], compute, full)
+            for r, mine in enumerate(dealt):
+                slots[r][:full] = np.split(mine, full)
+        return located, slots[self.rank]
 
     def _batch(self, src: np.ndarray, groups: np.ndarray, rows: np.ndarray) -> Dict[str, Any]:
         batch_rows = [self._caches[s].get(int(g)).row(int(r)) for s, g, r in zip(src, groups, rows)]
@@ -254,10 +356,14 @@ class RowStream(torch.utils.data.IterableDataset):
                 stacklevel=2,
             )
         if self._next_batch >= split.num_batches:
-            self._next_batch = 0  # the previous pass finished: a new pass replays the epoch
-        first = self._next_batch + (worker - self._next_batch) % num_workers
+            # The previous pass finished: a new pass replays the epoch from the state.
+            self._next_batch = self._skip
+        # Worker w makes batches skip + w, skip + w + n, ... (the DataLoader takes them in turn).
+        first = self._next_batch + (worker - self._next_batch + self._skip) % num_workers
         steps = self.grad_accum_steps
         step_counts: Tuple[int, Tuple[int, int]] = (-1, (0, 0))
+        span = self._step_batches()
+        deal: Tuple[int, Any] = (-1, None)
         # With several workers, the groups a window of rows ahead are decoded in the background
         # (by whichever worker gets there first), so workers seldom wait for a decode; checked
         # every few batches (shuffled windows spread each window's groups over its rows).
@@ -266,7 +372,13 @@ class RowStream(torch.utils.data.IterableDataset):
             a, b = split.batch(self.rank, k)
             if num_workers > 1 and i % _PREFETCH_EVERY == 0:
                 self._prefetch(a + ahead, b + ahead)
-            batch = self._batch(*self._locate(a, b))
+            if self.balance is None:
+                batch = self._batch(*self._locate(a, b))
+            else:
+                if deal[0] != k // span:
+                    deal = (k // span, self._dealt(split, k // span))
+                located, mine = deal[1]
+                batch = self._batch(*(x[mine[k % span]] for x in located))
             if steps is not None:
                 # The optimizer step of local batch k: rounds [m G, (m + 1) G) of every rank.
                 m = k // steps
@@ -275,8 +387,7 @@ class RowStream(torch.utils.data.IterableDataset):
                     a, b = split.round_end(m * steps - 1), split.round_end(last)
                     step_counts = (m, self._step_counts(a, b))
                 batch["global_num_loss_tokens"], batch["global_num_samples"] = step_counts[1]
-            consumed = split.round_end(k)
-            batch["position"] = {"epoch": self.epoch, "batch": k, "rows_consumed": consumed}
+            batch["position"] = {"epoch": self.epoch, "batch": k, **self._consumed(split, k + 1)}
             self._next_batch = k + 1
             yield ship(batch)
         # This worker's share of the pass is done; in a worker, `_next_batch` only saw its own

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ..balance import Cost, cost_coefficients
-from ..balance.packed import deal_step, row_compute
+from ..balance.packed import checked_balance, deal_step, row_compute
 from ..errors import ConfigError
 from ..row_counts import row_counts
 from ._stream import non_negative_int
@@ -86,9 +86,7 @@ class PackedBatchSampler(torch.utils.data.Sampler):
                     dataset, num_replicas=self.world_size, rank=r, shuffle=shuffle, seed=seed
                 )
 
-        if balance not in (None, "compute"):
-            raise ConfigError(f'balance must be None or "compute", got {balance!r}')
-        self.balance = balance
+        self.balance = checked_balance(balance)
         self._samplers = [sampler(r) for r in range(self.world_size)]
         self._cost = cost_coefficients(cost)
         self._row_compute: Optional[np.ndarray] = None

@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import numpy as np
 
 from .._order import EpochOrder
+from ..balance import Cost
 from ..errors import ConfigError
 from ..packed_dir import PackedDir
 from ..row_counts import RowCounts, row_counts
@@ -45,6 +46,18 @@ class PackedIterableDataset(RowStream):
     ``global_num_samples``, the loss terms and samples of its whole optimizer step (local
     batches ``[m G, (m + 1) G)`` of every rank, counted from the epoch's start or the resumed
     position), from the index side files (see :mod:`tokpack.row_counts`), with no collective.
+
+    ``balance="compute"`` deals each optimizer step's rows (``grad_accum_steps`` rounds, one
+    without it) out again among the ranks, the same number to each, so that their compute,
+    ``Σ a·L + b·L²`` over the segments of their rows (``cost``: ``"attention"``, ``"tokens"``
+    or ``(a, b)``, see :func:`tokpack.balance.cost_coefficients`), is even, and within a rank
+    among its batches of the step, heaviest first (never dealt worse than the plain split). The
+    step's rows, batch sizes and global normalisers do not change; the epoch's last round, when
+    short, keeps its plain split. A step's rows are not a prefix of the stream until the step
+    is over, so a ``position`` inside one carries ``mid_step`` (the batches taken of it and the
+    deal's settings): resuming there needs the same ``world_size``, ``batch_rows``,
+    ``grad_accum_steps``, ``tail`` and ``cost`` (any ``num_workers``); a position at a step's
+    end resumes with any topology, as without balancing.
     """
 
     def __init__(
@@ -60,6 +73,8 @@ class PackedIterableDataset(RowStream):
         tail: str = "even",
         shuffle_window: int = 4,
         grad_accum_steps: Optional[int] = None,
+        balance: Optional[str] = None,
+        cost: Cost = "attention",
     ) -> None:
         self.shuffle = bool(shuffle)
         self.packed = PackedDir(path)
@@ -74,6 +89,8 @@ class PackedIterableDataset(RowStream):
             tail=tail,
             shuffle_window=shuffle_window,
             grad_accum_steps=grad_accum_steps,
+            balance=balance,
+            cost=cost,
         )
         if self.packed.num_rows < self.world_size:
             raise ConfigError(

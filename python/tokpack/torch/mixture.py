@@ -7,6 +7,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
+from ..balance import Cost
 from ..errors import ConfigError
 from ..mixture import Mixture, Number
 from ..row_counts import RowCounts
@@ -19,7 +20,7 @@ class PackedMixture(RowStream):
     """Batches mixed from several packed directories by weight, split over ranks and workers as
     :class:`PackedIterableDataset` splits one directory (same ``batch_rows``, ``rank``,
     ``world_size``, ``tail``, ``collate_fn``, ``position``, ``state_dict`` / ``load_state_dict``,
-    ``set_epoch`` and ``grad_accum_steps``).
+    ``set_epoch``, ``grad_accum_steps`` and ``balance`` / ``cost``).
 
     ``PackedMixture({"code": "packed/code", "chat": "packed/chat"}, {"code": 0.3, "chat": 0.7},
     batch_rows=8, seed=0)``: a fixed periodic schedule keeps every source within one row of its
@@ -49,6 +50,8 @@ class PackedMixture(RowStream):
         shuffle: bool = True,
         shuffle_window: int = 4,
         grad_accum_steps: Optional[int] = None,
+        balance: Optional[str] = None,
+        cost: Cost = "attention",
     ) -> None:
         self.mixture = Mixture(
             sources,
@@ -72,6 +75,8 @@ class PackedMixture(RowStream):
             tail=tail,
             shuffle_window=shuffle_window,
             grad_accum_steps=grad_accum_steps,
+            balance=balance,
+            cost=cost,
         )
         rows = self.mixture.num_rows
         if rows is not None and rows < self.world_size:

@@ -22,9 +22,11 @@ pub fn partition<'py>(
     threads: Option<usize>,
 ) -> PyResult<Flat<'py>> {
     let method: PartitionMethod = method.parse().map_err(to_py)?;
+    // Accepted so that callers may pass it as elsewhere: partition runs on the calling thread.
+    let _ = threads;
     let costs = costs.as_slice()?;
     let parts = py
-        .detach(|| balance::partition(costs, k, equal_size, method, threads))
+        .detach(|| balance::partition(costs, k, equal_size, method))
         .map_err(to_py)?;
     let mut offsets = Vec::with_capacity(parts.len() + 1);
     offsets.push(0i64);

@@ -10,7 +10,7 @@
 //!    search moving and swapping single samples between the heaviest rank's micro-batches and
 //!    the lightest ranks', again under the cap.
 
-use super::partition::{budget, partition, Partition};
+use super::partition::{budget, by_cost_desc, partition, Partition};
 use super::refine::Layout;
 use super::{cmp_cost, CostModel};
 use crate::error::{CoreError, Result};
@@ -116,7 +116,9 @@ pub fn micro_batches(lengths: &[i64], cfg: &MicroBatchConfig) -> Result<MicroBat
     let packed = lpt_capped(&fitting, &cost, &len, cap, open)
         .unwrap_or_else(|| fill_empty(bfd, open, &cost));
     bins.extend(packed);
-    let mut layout = Layout::new(&cost, &len, cap, &bins, (0..total as u32).collect(), total);
+    let order = by_cost_desc(&cost);
+    let groups = (0..total as u32).collect();
+    let mut layout = Layout::new(&cost, &len, cap, &bins, groups, total, &order);
     layout.refine(true, budget(total));
     let bins = layout.bins();
 
@@ -125,14 +127,14 @@ pub fn micro_batches(lengths: &[i64], cfg: &MicroBatchConfig) -> Result<MicroBat
         .iter()
         .map(|b| b.iter().map(|&i| cost[i as usize]).sum())
         .collect();
-    let ranks: Partition = partition(&bin_cost, dp, true, PartitionMethod::Best, Some(1))?;
+    let ranks: Partition = partition(&bin_cost, dp, true, PartitionMethod::Best)?;
     let mut bin_rank = vec![0u32; total];
     for (r, part) in ranks.iter().enumerate() {
         for &b in part {
             bin_rank[b as usize] = r as u32;
         }
     }
-    let mut layout = Layout::new(&cost, &len, cap, &bins, bin_rank, dp);
+    let mut layout = Layout::new(&cost, &len, cap, &bins, bin_rank, dp, &order);
     layout.refine(true, budget(dp));
     let bins = layout.bins();
 

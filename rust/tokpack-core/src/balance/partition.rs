@@ -1,11 +1,10 @@
 //! Balanced multiway partition of item costs: Karmarkar-Karp largest differencing, LPT, and the
-//! better of both after local search.
+//! better of both refined by local search.
 
 use super::refine::Layout;
 use super::{checked_costs, cmp_cost};
 use crate::error::{CoreError, Result};
 use crate::policy::PartitionMethod;
-use crate::pool;
 use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
 
@@ -19,14 +18,13 @@ pub(super) fn budget(parts: usize) -> usize {
 
 /// Splits items `0..costs.len()` into `k` non-empty parts whose cost sums are as even as
 /// `method` gets them; `equal_size` makes the item counts differ by at most one. The parts are
-/// ordered by decreasing sum (ties: smallest first item), each part ascending. `threads` runs
-/// the two candidates of [`PartitionMethod::Best`] side by side; the result does not depend on it.
+/// ordered by decreasing sum (ties: smallest first item), each part ascending. It runs on the
+/// calling thread.
 pub fn partition(
     costs: &[f64],
     k: usize,
     equal_size: bool,
     method: PartitionMethod,
-    threads: Option<usize>,
 ) -> Result<Partition> {
     let n = costs.len();
     if k == 0 || k > n {
@@ -41,23 +39,22 @@ pub fn partition(
         )));
     }
     checked_costs(costs)?;
+    let order = by_cost_desc(costs);
     let parts = match method {
-        PartitionMethod::Kk => karmarkar_karp(costs, k, equal_size),
-        PartitionMethod::Lpt => lpt(costs, k, equal_size),
-        PartitionMethod::Best => pool::install(threads, || {
-            let (a, b) = rayon::join(
-                || refined(costs, karmarkar_karp(costs, k, equal_size), equal_size),
-                || refined(costs, lpt(costs, k, equal_size), equal_size),
-            );
-            // The lower maximum; Karmarkar-Karp on a tie.
-            Ok(
-                if cmp_cost(max_sum(costs, &b), max_sum(costs, &a)).is_lt() {
-                    b
-                } else {
-                    a
-                },
-            )
-        })?,
+        PartitionMethod::Kk => karmarkar_karp(costs, &order, k, equal_size),
+        PartitionMethod::Lpt => lpt(costs, &order, k, equal_size),
+        PartitionMethod::Best => {
+            let kk = karmarkar_karp(costs, &order, k, equal_size);
+            let lpt = lpt(costs, &order, k, equal_size);
+            // The lower maximum (Karmarkar-Karp on a tie), refined: one local search, on the
+            // calling thread (a thread pool's wake-ups cost more than this work on a busy host).
+            let start = if cmp_cost(max_sum(costs, &lpt), max_sum(costs, &kk)).is_lt() {
+                lpt
+            } else {
+                kk
+            };
+            refined(costs, &order, start, equal_size)
+        }
     };
     Ok(sorted(costs, parts))
 }
@@ -87,30 +84,37 @@ fn sorted(costs: &[f64], mut parts: Partition) -> Partition {
         .collect()
 }
 
-/// Items by decreasing cost, ties by index.
-fn by_cost_desc(costs: &[f64]) -> Vec<u32> {
-    let mut order: Vec<u32> = (0..costs.len() as u32).collect();
-    order.sort_by(|&a, &b| cmp_cost(costs[b as usize], costs[a as usize]).then(a.cmp(&b)));
-    order
+/// Items by decreasing cost, ties by index. Non-negative finite costs order as their bit
+/// patterns (`+ 0.0` makes a `-0.0` one), so integer keys sort them.
+pub(super) fn by_cost_desc(costs: &[f64]) -> Vec<u32> {
+    let mut keyed: Vec<(u64, u32)> = costs
+        .iter()
+        .enumerate()
+        .map(|(i, &c)| (!(c + 0.0).to_bits(), i as u32))
+        .collect();
+    keyed.sort_unstable();
+    keyed.into_iter().map(|(_, i)| i).collect()
 }
 
-pub(super) fn refined(costs: &[f64], parts: Partition, equal_size: bool) -> Partition {
+fn refined(costs: &[f64], order: &[u32], parts: Partition, equal_size: bool) -> Partition {
     let lens = vec![0; costs.len()];
     let k = parts.len();
-    let mut layout = Layout::new(costs, &lens, u64::MAX, &parts, (0..k as u32).collect(), k);
+    let groups = (0..k as u32).collect();
+    let mut layout = Layout::new(costs, &lens, u64::MAX, &parts, groups, k, order);
     layout.refine(!equal_size, budget(k));
     layout.bins()
 }
 
 /// Longest processing time first: each item, largest first, to the part with the smallest sum
 /// (ties: fewest items, lowest index) that may still take one.
-pub(super) fn lpt(costs: &[f64], k: usize, equal_size: bool) -> Partition {
+/// `order`: the items by decreasing cost ([`by_cost_desc`]).
+pub(super) fn lpt(costs: &[f64], order: &[u32], k: usize, equal_size: bool) -> Partition {
     let n = costs.len();
     let (base, mut extra) = if equal_size { (n / k, n % k) } else { (n, 0) };
     let mut parts = vec![Vec::new(); k];
     let mut heap: BinaryHeap<Reverse<(Sum, usize, usize)>> =
         (0..k).map(|p| Reverse((Sum(0.0), 0, p))).collect();
-    for i in by_cost_desc(costs) {
+    for &i in order {
         while let Some(Reverse((Sum(s), count, p))) = heap.pop() {
             if equal_size && count == base && extra == 0 {
                 continue; // full for good: no part may take a (base + 1)-th item any more
@@ -160,14 +164,18 @@ const END: u32 = u32::MAX;
 /// parts; the two states of largest spread merge, the heaviest part of one with the lightest of
 /// the other, until one state is left. A state keeps only its non-empty parts (heaviest first):
 /// the others are empty, so a state of one item costs one entry, not `k`.
-pub(super) fn karmarkar_karp(costs: &[f64], k: usize, equal_size: bool) -> Partition {
+pub(super) fn karmarkar_karp(
+    costs: &[f64],
+    order: &[u32],
+    k: usize,
+    equal_size: bool,
+) -> Partition {
     let mut next = vec![END; costs.len()];
     let singleton = |i: u32| Entry {
         sum: costs[i as usize],
         head: i,
         tail: i,
     };
-    let order = by_cost_desc(costs);
     let mut states: Vec<Vec<Entry>> = if equal_size {
         order
             .chunks(k)
@@ -233,9 +241,9 @@ mod tests {
     fn kk_balances_a_classic_case() {
         // {8, 7, 6, 5, 4} into 2: KK gives 16 / 14 (the optimum is 15 / 15); best finds 15.
         let costs = [8.0, 7.0, 6.0, 5.0, 4.0];
-        let kk = karmarkar_karp(&costs, 2, false);
+        let kk = karmarkar_karp(&costs, &by_cost_desc(&costs), 2, false);
         assert_eq!(max_sum(&costs, &kk), 16.0);
-        let best = partition(&costs, 2, false, PartitionMethod::Best, Some(1)).unwrap();
+        let best = partition(&costs, 2, false, PartitionMethod::Best).unwrap();
         assert_eq!(max_sum(&costs, &best), 15.0);
     }
 
@@ -243,7 +251,7 @@ mod tests {
     fn equal_size_counts_differ_by_at_most_one() {
         let costs: Vec<f64> = (0..23).map(|i| (i * 7 % 11) as f64).collect();
         for method in PartitionMethod::ALL {
-            let parts = partition(&costs, 5, true, *method, Some(1)).unwrap();
+            let parts = partition(&costs, 5, true, *method).unwrap();
             let counts: Vec<usize> = parts.iter().map(Vec::len).collect();
             assert!(
                 counts.iter().max().unwrap() - counts.iter().min().unwrap() <= 1,
@@ -254,7 +262,7 @@ mod tests {
 
     #[test]
     fn too_many_parts_is_a_config_error() {
-        let err = partition(&[1.0, 2.0], 3, false, PartitionMethod::Best, Some(1)).unwrap_err();
+        let err = partition(&[1.0, 2.0], 3, false, PartitionMethod::Best).unwrap_err();
         assert!(matches!(err, CoreError::Config(_)), "{err}");
     }
 }

@@ -31,6 +31,11 @@ impl PartialOrd for Key {
     }
 }
 
+/// Ascending cost, ties by decreasing index (the reverse of `partition::by_cost_desc`).
+fn by_cost(cost: &[f64], a: u32, b: u32) -> Ordering {
+    cmp_cost(cost[a as usize], cost[b as usize]).then(b.cmp(&a))
+}
+
 /// One exchange: item `x` of the heavy group goes to bin `to` (a move) or trades places with
 /// item `y` (a swap). `score` is how far the change in sums is from half the gap (lower wins).
 #[derive(Clone, Copy)]
@@ -63,14 +68,15 @@ pub(super) struct Layout<'a> {
     bin_group: Vec<u32>,
     group_bins: Vec<Vec<u32>>,
     group_sum: Vec<f64>,
+    /// Each group's items by ascending (cost, index): swap partners are found by one merge.
     members: Vec<Vec<u32>>,
-    pos: Vec<u32>,
     order: BTreeSet<Key>,
 }
 
 impl<'a> Layout<'a> {
     /// `bins[b]` lists the items of bin `b` (every item of `cost` in exactly one bin), which
-    /// belongs to group `bin_group[b]` (< `n_groups`).
+    /// belongs to group `bin_group[b]` (< `n_groups`); `order`: every item by decreasing cost,
+    /// ties by index (`partition::by_cost_desc`).
     pub fn new(
         cost: &'a [f64],
         len: &'a [u64],
@@ -78,6 +84,7 @@ impl<'a> Layout<'a> {
         bins: &[Vec<u32>],
         bin_group: Vec<u32>,
         n_groups: usize,
+        order: &[u32],
     ) -> Self {
         let n = cost.len();
         let mut layout = Self {
@@ -90,7 +97,6 @@ impl<'a> Layout<'a> {
             group_bins: vec![Vec::new(); n_groups],
             group_sum: vec![0.0; n_groups],
             members: vec![Vec::new(); n_groups],
-            pos: vec![0; n],
             order: BTreeSet::new(),
             bin_group,
         };
@@ -102,9 +108,12 @@ impl<'a> Layout<'a> {
                 layout.bin_tokens[b] += len[i as usize];
                 layout.bin_count[b] += 1;
                 layout.group_sum[g] += cost[i as usize];
-                layout.pos[i as usize] = layout.members[g].len() as u32;
-                layout.members[g].push(i);
             }
+        }
+        // Each group's members in [`by_cost`] order, without a sort per group.
+        for &i in order.iter().rev() {
+            let g = layout.bin_group[layout.bin_of[i as usize] as usize] as usize;
+            layout.members[g].push(i);
         }
         layout.order = (0..n_groups)
             .map(|g| Key(layout.group_sum[g], g as u32))
@@ -132,11 +141,12 @@ impl<'a> Layout<'a> {
             if heavy_sum - mean <= mean * 1e-12 {
                 return; // as even as sums get
             }
-            let light: Vec<Key> = self.order.iter().take(TRIES).copied().collect();
-            let found = light
-                .into_iter()
+            let found = self
+                .order
+                .iter()
+                .take(TRIES)
                 .take_while(|k| k.1 != p)
-                .find_map(|Key(s, q)| {
+                .find_map(|&Key(s, q)| {
                     self.best_exchange(p, q, heavy_sum - s, moves)
                         .map(|e| (q, e))
                 });
@@ -159,14 +169,15 @@ impl<'a> Layout<'a> {
         }
         let half = gap / 2.0;
         let cost = self.cost;
-        let mut light = self.members[q as usize].clone();
-        light.sort_by(|&a, &b| cmp_cost(cost[a as usize], cost[b as usize]).then(a.cmp(&b)));
+        let light = &self.members[q as usize];
         // The light group's bin with the fewest tokens, for moves.
         let roomiest = self.group_bins[q as usize]
             .iter()
             .copied()
             .min_by_key(|&b| (self.bin_tokens[b as usize], b));
         let mut best: Option<Exchange> = None;
+        // Heavy items ascend, so the ideal partner `cx - half` does too: `split` only advances.
+        let mut split = 0;
         for &x in &self.members[p as usize] {
             let (cx, bx) = (cost[x as usize], self.bin_of[x as usize]);
             if moves && self.bin_count[bx as usize] > 1 && cx > 0.0 && cx < gap {
@@ -183,36 +194,51 @@ impl<'a> Layout<'a> {
                     }
                 }
             }
-            // Swap partners: cost in (cx - gap, cx), ideally cx - half.
-            let split = light.partition_point(|&y| cost[y as usize] < cx - half);
+            // Swap partners: cost in (cx - gap, cx), ideally cx - half; the nearest that fits
+            // the cap on each side.
+            while split < light.len() && cost[light[split] as usize] < cx - half {
+                split += 1;
+            }
             let below = light[..split].iter().rev();
             let above = light[split..].iter();
-            for side in [
-                below.take(WINDOW).collect::<Vec<_>>(),
-                above.take(WINDOW).collect(),
-            ] {
-                for &y in side {
-                    let delta = cx - cost[y as usize];
-                    if !(delta > 0.0 && delta < gap) {
-                        break;
-                    }
-                    let by = self.bin_of[y as usize];
-                    if self.fits(bx, x, y) && self.fits(by, y, x) {
-                        let e = Exchange {
-                            score: (delta - half).abs(),
-                            x,
-                            y: Some(y),
-                            to: by,
-                        };
-                        if e.better_than(&best) {
-                            best = Some(e);
-                        }
-                        break;
-                    }
+            let partners = [
+                self.swap_partner(x, gap, below),
+                self.swap_partner(x, gap, above),
+            ];
+            for y in partners.into_iter().flatten() {
+                let e = Exchange {
+                    score: (cx - cost[y as usize] - half).abs(),
+                    x,
+                    y: Some(y),
+                    to: self.bin_of[y as usize],
+                };
+                if e.better_than(&best) {
+                    best = Some(e);
                 }
             }
         }
         best
+    }
+
+    /// The first of (at most [`WINDOW`]) `candidates` that `x` may swap with: `x` costs more,
+    /// by less than `gap`, and both bins stay under the cap.
+    fn swap_partner<'b>(
+        &self,
+        x: u32,
+        gap: f64,
+        candidates: impl Iterator<Item = &'b u32>,
+    ) -> Option<u32> {
+        let bx = self.bin_of[x as usize];
+        for &y in candidates.take(WINDOW) {
+            let delta = self.cost[x as usize] - self.cost[y as usize];
+            if !(delta > 0.0 && delta < gap) {
+                return None;
+            }
+            if self.fits(bx, x, y) && self.fits(self.bin_of[y as usize], y, x) {
+                return Some(y);
+            }
+        }
+        None
     }
 
     fn apply(&mut self, p: u32, q: u32, e: Exchange) {
@@ -234,14 +260,17 @@ impl<'a> Layout<'a> {
         self.bin_tokens[to as usize] += l;
         self.bin_count[to as usize] += 1;
         self.bin_of[i] = to;
-        let members = &mut self.members[from_group as usize];
-        let at = self.pos[i] as usize;
-        members.swap_remove(at);
-        if let Some(&moved) = members.get(at) {
-            self.pos[moved as usize] = at as u32;
-        }
-        self.pos[i] = self.members[to_group as usize].len() as u32;
-        self.members[to_group as usize].push(item);
+        let cost = self.cost;
+        let from_members = &mut self.members[from_group as usize];
+        let at = from_members
+            .binary_search_by(|&m| by_cost(cost, m, item))
+            .expect("an item is among its group's members");
+        from_members.remove(at);
+        let to_members = &mut self.members[to_group as usize];
+        let at = to_members
+            .binary_search_by(|&m| by_cost(cost, m, item))
+            .unwrap_or_else(|at| at);
+        to_members.insert(at, item);
         for (g, change) in [(from_group, -c), (to_group, c)] {
             let sum = &mut self.group_sum[g as usize];
             self.order.remove(&Key(*sum, g));
