@@ -1,0 +1,123 @@
+"""Tiny Qwen2-VL-style pieces built from configs (no network): a BPE tokenizer with the
+vision special tokens, the Qwen2-VL chat template (with generation markers on assistant
+turns), transformers' processor over them, synthetic images and image chats."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+from tests._tokenizer_factory import build_tokenizer, sentence
+
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+
+# Qwen2-VL's chat template, with {% generation %} around assistant turns so transformers'
+# return_assistant_tokens_mask gives the labels to compare with.
+QWEN2_VL_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['role'] == 'assistant' %}{% generation %}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "<|im_end|>{% endgeneration %}\n"
+    "{% else %}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "<|im_end|>\n"
+    "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+# Small pixel bounds keep images (and the tiny model's vision tower) cheap.
+PREPROCESSOR = {
+    "patch_size": 14,
+    "merge_size": 2,
+    "temporal_patch_size": 2,
+    "min_pixels": 28 * 28 * 4,
+    "max_pixels": 28 * 28 * 24,
+}
+
+
+def build_vl_tokenizer(directory: Path) -> Path:
+    """tokenizer.json + tokenizer_config.json (Qwen2-VL template) + preprocessor_config.json."""
+    from tokenizers import AddedToken, Tokenizer
+
+    build_tokenizer(directory, chat_template=QWEN2_VL_TEMPLATE)
+    tok = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in VISION_TOKENS])
+    tok.save(str(directory / "tokenizer.json"))
+    (directory / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR))
+    return directory
+
+
+def image_processor(config: Dict[str, Any] = PREPROCESSOR):
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil,
+    )
+
+    return Qwen2VLImageProcessorPil(**config)
+
+
+def processor(directory: Path):
+    from transformers import PreTrainedTokenizerFast, Qwen2VLProcessor
+
+    tok = PreTrainedTokenizerFast(
+        tokenizer_file=str(directory / "tokenizer.json"),
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+    )
+    return Qwen2VLProcessor(
+        image_processor=image_processor(), tokenizer=tok, chat_template=QWEN2_VL_TEMPLATE
+    )
+
+
+def write_image(path: Path, size: Tuple[int, int], seed: int) -> Path:
+    """A deterministic noise image of ``size`` (width, height); format from the suffix."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    pixels = rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(path)
+    return path
+
+
+def image_chats(
+    n: int, image_dir: Path, seed: int = 0, max_images: int = 3
+) -> List[Dict[str, Any]]:
+    """Records with ``messages`` (image parts in user turns) and ``images`` (relative paths)."""
+    rng = random.Random(seed)
+    image_dir.mkdir(parents=True, exist_ok=True)
+    records = []
+    for i in range(n):
+        messages: List[Dict[str, Any]] = []
+        images: List[str] = []
+        for turn in range(rng.randint(1, 2)):
+            content: List[Dict[str, Any]] = []
+            for k in range(rng.randint(0 if turn else 1, max_images)):
+                name = f"img-{i}-{turn}-{k}.{rng.choice(['png', 'jpg', 'webp'])}"
+                size = (rng.randint(20, 300), rng.randint(20, 300))
+                write_image(image_dir / name, size, seed=rng.randint(0, 1 << 30))
+                images.append(f"{image_dir.name}/{name}")
+                content.append({"type": "image"})
+                if rng.random() < 0.5:
+                    content.append({"type": "text", "text": sentence(rng, rng.randint(1, 6))})
+            content.append({"type": "text", "text": sentence(rng, rng.randint(1, 8))})
+            rng.shuffle(content)
+            messages.append({"role": "user", "content": content})
+            messages.append({"role": "assistant", "content": sentence(rng, rng.randint(1, 12))})
+        records.append({"messages": messages, "images": images})
+    return records
+
+
+def write_jsonl(path: Path, records: List[Dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
