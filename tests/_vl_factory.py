@@ -67,14 +67,24 @@ def image_processor(config: Dict[str, Any] = PREPROCESSOR):
 
 
 def processor(directory: Path):
+    """transformers' Qwen2VLProcessor without its video processor (which needs torchvision,
+    not installed here); images and text go through the processor's own code."""
     from transformers import PreTrainedTokenizerFast, Qwen2VLProcessor
+    from transformers.processing_utils import ProcessorMixin
+
+    class ImageOnlyQwen2VLProcessor(Qwen2VLProcessor):
+        def __init__(self, image_processor=None, tokenizer=None, chat_template=None):
+            self.image_token, self.video_token = "<|image_pad|>", "<|video_pad|>"
+            self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
+            self.video_token_id = tokenizer.convert_tokens_to_ids(self.video_token)
+            ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template)
 
     tok = PreTrainedTokenizerFast(
         tokenizer_file=str(directory / "tokenizer.json"),
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
     )
-    return Qwen2VLProcessor(
+    return ImageOnlyQwen2VLProcessor(
         image_processor=image_processor(), tokenizer=tok, chat_template=QWEN2_VL_TEMPLATE
     )
 
