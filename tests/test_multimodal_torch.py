@@ -1,0 +1,233 @@
+"""mRoPE positions against the model's own get_rope_index, the multimodal collator through
+DataLoader workers, and the exactness of packed training: a tiny random Qwen2.5-VL in float64
+gives each sample the per-token losses it gets alone, and plain 1-D positions do not."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("PIL")
+pytest.importorskip("transformers")
+
+from tests._vl_factory import (  # noqa: E402
+    build_vl_tokenizer,
+    image_chats,
+    image_processor,
+    write_image,
+    write_jsonl,
+)
+from tokpack import DataError, InputNotFoundError  # noqa: E402
+from tokpack.multimodal import (  # noqa: E402
+    MultimodalCollator,
+    pack_files,
+    packed_positions,
+    sample_positions,
+    tokenize_files,
+)
+from tokpack.multimodal.media import MediaReader  # noqa: E402
+from tokpack.torch import PackedDataset  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vl-torch")
+    tok = build_vl_tokenizer(root / "tok")
+    records = image_chats(24, root / "imgs", seed=11)
+    tokenize_files(write_jsonl(root / "chats.jsonl", records), root / "tokens", tok, vision=tok)
+    samples = pq.read_table(sorted((root / "tokens").glob("part-*.parquet"))).to_pylist()
+    max_len = max(s["length"] for s in samples) + 40
+    pack_files(root / "tokens", root / "packed", max_len, row_group_rows=4)
+    return root, tok, samples
+
+
+def _token_id(tok, text):
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(tok / "tokenizer.json")).token_to_id(text)
+
+
+@pytest.fixture(scope="module")
+def model(corpus):
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    _, tok, _ = corpus
+    from tokenizers import Tokenizer
+
+    vocab = Tokenizer.from_file(str(tok / "tokenizer.json")).get_vocab_size()
+    torch.manual_seed(0)
+    config = Qwen2_5_VLConfig(
+        text_config={
+            "vocab_size": vocab,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 2048,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "mrope_section": [2, 3, 3],
+            },
+            "use_cache": False,
+        },
+        vision_config={
+            "depth": 2,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_heads": 2,
+            "out_hidden_size": 64,
+            "patch_size": 14,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "window_size": 56,
+            "fullatt_block_indexes": [1],
+        },
+        image_token_id=_token_id(tok, "<|image_pad|>"),
+        video_token_id=_token_id(tok, "<|video_pad|>"),
+        vision_start_token_id=_token_id(tok, "<|vision_start|>"),
+        vision_end_token_id=_token_id(tok, "<|vision_end|>"),
+        attn_implementation="sdpa",
+    )
+    return Qwen2_5_VLForConditionalGeneration(config).to(torch.float64).eval()
+
+
+def _alone(model, sample, reader, processor):
+    """Per-token losses of one sample run alone, positions from the model's get_rope_index."""
+    ids = torch.tensor(sample["input_ids"])[None]
+    media = json.loads(sample["media"])
+    kwargs = {}
+    if media:
+        out = processor(
+            images=[reader.image(m["ref"], m["hash"]) for m in media], return_tensors="pt"
+        )
+        kwargs = {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
+    kwargs["mm_token_type_ids"] = (ids == model.config.image_token_id).to(torch.int32)
+    with torch.no_grad():
+        logits = model(input_ids=ids, use_cache=False, **kwargs).logits[0]
+    labels = torch.tensor(sample["labels"])
+    return _token_losses(logits, labels)
+
+
+def _token_losses(logits, labels):
+    losses = torch.nn.functional.cross_entropy(
+        logits[:-1], labels[1:].clamp(min=0), reduction="none"
+    )
+    return torch.where(labels[1:] == -100, torch.zeros_like(losses), losses)
+
+
+def test_positions_equal_get_rope_index_on_each_sample(corpus, model):
+    _, _, samples = corpus
+    with_images = 0
+    for sample in samples:
+        media = json.loads(sample["media"])
+        ids = torch.tensor(sample["input_ids"])[None]
+        ours = sample_positions(len(sample["input_ids"]), media, merge_size=2)
+        if not media:
+            assert (ours == np.arange(len(sample["input_ids"]))).all()
+            continue
+        with_images += 1
+        theirs, _ = model.model.get_rope_index(
+            ids,
+            mm_token_type_ids=(ids == model.config.image_token_id).to(torch.int32),
+            image_grid_thw=torch.tensor([m["grid"] for m in media]),
+        )
+        assert np.array_equal(ours, theirs[:, 0].numpy())
+    assert with_images > 10
+
+
+def test_packed_positions_restart_per_segment():
+    media = [[], [{"grid": [1, 4, 6], "span": [2, 6]}]]
+    pos = packed_positions([3, 10], media, merge_size=2)
+    assert pos.shape == (4, 13)
+    assert pos[0].tolist() == [0, 1, 2] + list(range(10))
+    assert pos[1].tolist() == [0, 1, 2] + [0, 1] + [2] * 6 + [5, 6]
+    assert pos[2].tolist() == [0, 1, 2] + [0, 1] + [2, 2, 2, 3, 3, 3] + [5, 6]
+    assert pos[3].tolist() == [0, 1, 2] + [0, 1] + [2, 3, 4, 2, 3, 4] + [5, 6]
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_packed_losses_equal_each_sample_alone(corpus, model, context):
+    root, _, samples = corpus
+    ds = PackedDataset(root / "packed")
+    processor = image_processor()
+    collator = MultimodalCollator(processor)
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=1, num_workers=2, collate_fn=collator, multiprocessing_context=context
+    )
+    reader = MediaReader()
+    alone = {}
+    checked = multi = 0
+    for i, batch in enumerate(loader):
+        row = ds[i]
+        assert batch["position_ids"].shape == (4, 1, batch["input_ids"].shape[1])
+        n_images = sum(len(json.loads(m)) for m in row["media"])
+        assert batch.get("image_grid_thw", torch.zeros(0, 3)).shape[0] == n_images
+        kwargs = {
+            k: batch[k]
+            for k in ("input_ids", "position_ids", "pixel_values", "image_grid_thw")
+            if k in batch
+        }
+        with torch.no_grad():
+            logits = model(**kwargs, use_cache=False).logits[0]
+            flat = batch["position_ids"].clone()
+            flat[1:] = flat[0]
+            plain = model(**{**kwargs, "position_ids": flat}, use_cache=False).logits[0]
+        packed = _token_losses(logits, batch["labels"][0])
+        packed_plain = _token_losses(plain, batch["labels"][0])
+        offset = 0
+        for sid, n in zip(row["sample_ids"].tolist(), row["seq_lengths"].tolist()):
+            if sid not in alone:
+                alone[sid] = _alone(model, samples[sid], reader, processor)
+            mine = packed[offset : offset + n - 1]
+            assert torch.allclose(mine, alone[sid], rtol=0, atol=1e-9), sid
+            if json.loads(samples[sid]["media"]) and alone[sid].abs().sum() > 0:
+                plain_part = packed_plain[offset : offset + n - 1]
+                assert not torch.allclose(plain_part, alone[sid], rtol=0, atol=1e-6)
+            offset += n
+            checked += 1
+        multi += len(row["sample_ids"]) > 1 and n_images > 1
+    assert checked == len(samples) and multi >= 3
+
+
+def test_missing_or_corrupt_media_is_an_error_naming_the_file(tmp_path):
+    tok = build_vl_tokenizer(tmp_path / "tok")
+    write_image(tmp_path / "a.png", (80, 80), seed=0)
+    write_image(tmp_path / "b.png", (80, 80), seed=1)
+    user = [{"type": "image"}, {"type": "text", "text": "what"}]
+    records = [
+        {
+            "messages": [{"role": "user", "content": user}, {"role": "assistant", "content": "x"}],
+            "images": [name],
+        }
+        for name in ("a.png", "b.png")
+    ]
+    tokenize_files(write_jsonl(tmp_path / "c.jsonl", records), tmp_path / "t", tok, vision=tok)
+    pack_files(tmp_path / "t", tmp_path / "p", 400)
+    ds = PackedDataset(tmp_path / "p")
+    collator = MultimodalCollator(image_processor())
+    batch = collator([ds[0]])
+    assert batch["image_grid_thw"].shape == (2, 3) and batch["position_ids"].shape[0] == 4
+    three = MultimodalCollator(image_processor(), mrope_rows=3)([ds[0]])["position_ids"]
+    assert torch.equal(three, batch["position_ids"][1:])
+    (tmp_path / "b.png").unlink()
+    with pytest.raises(InputNotFoundError, match="b.png"):
+        collator([ds[0]])
+    (tmp_path / "b.png").write_bytes(b"garbage")
+    with pytest.raises(DataError, match="b.png: the image changed"):
+        collator([ds[0]])
+    loader = torch.utils.data.DataLoader(ds, batch_size=1, num_workers=1, collate_fn=collator)
+    with pytest.raises(DataError, match="b.png"):
+        next(iter(loader))
+    other = MultimodalCollator(
+        image_processor({"min_pixels": 28 * 28 * 16, "max_pixels": 28 * 28 * 40})
+    )
+    (tmp_path / "b.png").unlink()
+    write_image(tmp_path / "b.png", (80, 80), seed=1)
+    with pytest.raises(DataError, match="a.png: the image processor gives grid"):
+        other([ds[0]])
