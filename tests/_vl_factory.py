@@ -89,6 +89,52 @@ def processor(directory: Path):
     )
 
 
+def tiny_qwen2_5_vl(directory: Path):
+    """A randomly initialised two-layer Qwen2.5-VL (vision tower included) in float64, its
+    vocabulary and vision token ids those of the tokenizer in ``directory``."""
+    import torch
+    from tokenizers import Tokenizer
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    tok = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    torch.manual_seed(0)
+    config = Qwen2_5_VLConfig(
+        text_config={
+            "vocab_size": tok.get_vocab_size(),
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 2048,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "mrope_section": [2, 3, 3],
+            },
+            "use_cache": False,
+        },
+        vision_config={
+            "depth": 2,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_heads": 2,
+            "out_hidden_size": 64,
+            "patch_size": PREPROCESSOR["patch_size"],
+            "spatial_merge_size": PREPROCESSOR["merge_size"],
+            "temporal_patch_size": PREPROCESSOR["temporal_patch_size"],
+            "window_size": 56,
+            "fullatt_block_indexes": [1],
+        },
+        image_token_id=tok.token_to_id("<|image_pad|>"),
+        video_token_id=tok.token_to_id("<|video_pad|>"),
+        vision_start_token_id=tok.token_to_id("<|vision_start|>"),
+        vision_end_token_id=tok.token_to_id("<|vision_end|>"),
+        attn_implementation="sdpa",
+    )
+    return Qwen2_5_VLForConditionalGeneration(config).to(torch.float64).eval()
+
+
 def write_image(path: Path, size: Tuple[int, int], seed: int) -> Path:
     """A deterministic noise image of ``size`` (width, height); format from the suffix."""
     import numpy as np

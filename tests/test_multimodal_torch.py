@@ -18,6 +18,7 @@ from tests._vl_factory import (  # noqa: E402
     build_vl_tokenizer,
     image_chats,
     image_processor,
+    tiny_qwen2_5_vl,
     write_image,
     write_jsonl,
 )
@@ -45,56 +46,9 @@ def corpus(tmp_path_factory):
     return root, tok, samples
 
 
-def _token_id(tok, text):
-    from tokenizers import Tokenizer
-
-    return Tokenizer.from_file(str(tok / "tokenizer.json")).token_to_id(text)
-
-
 @pytest.fixture(scope="module")
 def model(corpus):
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
-
-    _, tok, _ = corpus
-    from tokenizers import Tokenizer
-
-    vocab = Tokenizer.from_file(str(tok / "tokenizer.json")).get_vocab_size()
-    torch.manual_seed(0)
-    config = Qwen2_5_VLConfig(
-        text_config={
-            "vocab_size": vocab,
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "max_position_embeddings": 2048,
-            "rope_parameters": {
-                "rope_type": "default",
-                "rope_theta": 10000.0,
-                "mrope_section": [2, 3, 3],
-            },
-            "use_cache": False,
-        },
-        vision_config={
-            "depth": 2,
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_heads": 2,
-            "out_hidden_size": 64,
-            "patch_size": 14,
-            "spatial_merge_size": 2,
-            "temporal_patch_size": 2,
-            "window_size": 56,
-            "fullatt_block_indexes": [1],
-        },
-        image_token_id=_token_id(tok, "<|image_pad|>"),
-        video_token_id=_token_id(tok, "<|video_pad|>"),
-        vision_start_token_id=_token_id(tok, "<|vision_start|>"),
-        vision_end_token_id=_token_id(tok, "<|vision_end|>"),
-        attn_implementation="sdpa",
-    )
-    return Qwen2_5_VLForConditionalGeneration(config).to(torch.float64).eval()
+    return tiny_qwen2_5_vl(corpus[1])
 
 
 def _alone(model, sample, reader, processor):
