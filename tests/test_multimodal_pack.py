@@ -103,3 +103,18 @@ def test_truncation_before_an_image_is_allowed(tokens, tmp_path):
         pytest.skip("no cut clear of every image in this corpus")
     manifest = pack_files(tokens, tmp_path / "t", max_len, overlong="truncate")
     assert manifest["figures"]["samples_truncated"] == sum(s["length"] > max_len for s in samples)
+
+
+def test_stats_count_vision_tokens(tokens, capsys):
+    from tokpack.cli import main
+
+    samples = _samples(tokens)
+    assert main(["stats", str(tokens), "--json", "--quiet", "--max-len", "4096"]) == 0
+    vision = json.loads(capsys.readouterr().out)["vision"]
+    media = [json.loads(s["media"]) for s in samples]
+    assert vision["images"] == sum(map(len, media)) > 0
+    assert vision["vision_tokens"] == sum(m["span"][1] for ms in media for m in ms)
+    assert vision["tokens"] == sum(s["length"] for s in samples)
+    assert vision["samples_with_images"] == sum(bool(ms) for ms in media)
+    assert main(["stats", str(tokens), "--quiet", "--max-len", "4096"]) == 0
+    assert "Vision tokens (counted in the lengths above)" in capsys.readouterr().out
