@@ -89,16 +89,38 @@ def processor(directory: Path):
     )
 
 
-def tiny_qwen2_5_vl(directory: Path):
-    """A randomly initialised two-layer Qwen2.5-VL (vision tower included) in float64, its
-    vocabulary and vision token ids those of the tokenizer in ``directory``."""
+def tiny_qwen2_5_vl(directory: Path, family: str = "qwen2_5_vl"):
+    """A randomly initialised two-layer Qwen2.5-VL (``family="qwen2_vl"``: Qwen2-VL), vision
+    tower included, in float64; its vocabulary and vision token ids are those of the tokenizer
+    in ``directory``."""
     import torch
+    import transformers
     from tokenizers import Tokenizer
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     tok = Tokenizer.from_file(str(directory / "tokenizer.json"))
     torch.manual_seed(0)
-    config = Qwen2_5_VLConfig(
+    vision = {
+        "depth": 2,
+        "num_heads": 2,
+        "patch_size": PREPROCESSOR["patch_size"],
+        "spatial_merge_size": PREPROCESSOR["merge_size"],
+        "temporal_patch_size": PREPROCESSOR["temporal_patch_size"],
+    }
+    if family == "qwen2_5_vl":
+        config_class = transformers.Qwen2_5_VLConfig
+        model_class = transformers.Qwen2_5_VLForConditionalGeneration
+        vision.update(
+            hidden_size=32,
+            intermediate_size=64,
+            out_hidden_size=64,
+            window_size=56,
+            fullatt_block_indexes=[1],
+        )
+    else:
+        config_class = transformers.Qwen2VLConfig
+        model_class = transformers.Qwen2VLForConditionalGeneration
+        vision.update(embed_dim=32, mlp_ratio=2, hidden_size=64)
+    config = config_class(
         text_config={
             "vocab_size": tok.get_vocab_size(),
             "hidden_size": 64,
@@ -114,25 +136,14 @@ def tiny_qwen2_5_vl(directory: Path):
             },
             "use_cache": False,
         },
-        vision_config={
-            "depth": 2,
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_heads": 2,
-            "out_hidden_size": 64,
-            "patch_size": PREPROCESSOR["patch_size"],
-            "spatial_merge_size": PREPROCESSOR["merge_size"],
-            "temporal_patch_size": PREPROCESSOR["temporal_patch_size"],
-            "window_size": 56,
-            "fullatt_block_indexes": [1],
-        },
+        vision_config=vision,
         image_token_id=tok.token_to_id("<|image_pad|>"),
         video_token_id=tok.token_to_id("<|video_pad|>"),
         vision_start_token_id=tok.token_to_id("<|vision_start|>"),
         vision_end_token_id=tok.token_to_id("<|vision_end|>"),
         attn_implementation="sdpa",
     )
-    return Qwen2_5_VLForConditionalGeneration(config).to(torch.float64).eval()
+    return model_class(config).to(torch.float64).eval()
 
 
 def write_image(path: Path, size: Tuple[int, int], seed: int) -> Path:

@@ -1,5 +1,5 @@
 """mRoPE positions against the model's own get_rope_index, the multimodal collator through
-DataLoader workers, and the exactness of packed training: a tiny random Qwen2.5-VL in float64
+DataLoader workers, and the exactness of packed training: tiny random Qwen2.5-VL and Qwen2-VL in float64
 gives each sample the per-token losses it gets alone, and plain 1-D positions do not."""
 
 from __future__ import annotations
@@ -46,9 +46,13 @@ def corpus(tmp_path_factory):
     return root, tok, samples
 
 
-@pytest.fixture(scope="module")
-def model(corpus):
-    return tiny_qwen2_5_vl(corpus[1])
+_MODELS = {}
+
+
+def _model(corpus, family):
+    if family not in _MODELS:
+        _MODELS[family] = tiny_qwen2_5_vl(corpus[1], family)
+    return _MODELS[family]
 
 
 def _alone(model, sample, reader, processor):
@@ -75,7 +79,9 @@ def _token_losses(logits, labels):
     return torch.where(labels[1:] == -100, torch.zeros_like(losses), losses)
 
 
-def test_positions_equal_get_rope_index_on_each_sample(corpus, model):
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen2_vl"])
+def test_positions_equal_get_rope_index_on_each_sample(corpus, family):
+    model = _model(corpus, family)
     _, _, samples = corpus
     with_images = 0
     for sample in samples:
@@ -105,8 +111,11 @@ def test_packed_positions_restart_per_segment():
     assert pos[3].tolist() == [0, 1, 2] + [0, 1] + [2, 3, 4, 2, 3, 4] + [5, 6]
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])
-def test_packed_losses_equal_each_sample_alone(corpus, model, context):
+@pytest.mark.parametrize(
+    "family, context", [("qwen2_5_vl", "fork"), ("qwen2_5_vl", "spawn"), ("qwen2_vl", "fork")]
+)
+def test_packed_losses_equal_each_sample_alone(corpus, family, context):
+    model = _model(corpus, family)
     root, _, samples = corpus
     ds = PackedDataset(root / "packed")
     processor = image_processor()
