@@ -1,6 +1,7 @@
 """mRoPE positions against the model's own get_rope_index, the multimodal collator through
-DataLoader workers, and the exactness of packed training: tiny random Qwen2.5-VL and Qwen2-VL in float64
-gives each sample the per-token losses it gets alone, and plain 1-D positions do not."""
+DataLoader workers, and the exactness of packed training: tiny random Qwen2.5-VL and Qwen2-VL
+models in float64 give each sample the per-token losses it gets alone, and plain 1-D positions
+do not."""
 
 from __future__ import annotations
 
