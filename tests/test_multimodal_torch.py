@@ -195,3 +195,23 @@ def test_missing_or_corrupt_media_is_an_error_naming_the_file(tmp_path):
     write_image(tmp_path / "b.png", (80, 80), seed=1)
     with pytest.raises(DataError, match="a.png: the image processor gives grid"):
         other([ds[0]])
+
+
+def test_streaming_reader_batches(corpus):
+    """PackedIterableDataset with the collator in two workers: every row once, each batch's
+    pixels matching its grids and its image pads."""
+    from tokpack.torch import PackedIterableDataset
+
+    root, _, samples = corpus
+    ds = PackedIterableDataset(
+        root / "packed", batch_rows=2, collate_fn=MultimodalCollator(image_processor())
+    )
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
+    images = 0
+    for batch in loader:
+        grids = batch.get("image_grid_thw", torch.zeros(0, 3, dtype=torch.int64))
+        if len(grids):
+            assert batch["pixel_values"].shape[0] == int(grids.prod(dim=1).sum())
+        assert batch["position_ids"].shape == (4, 1, batch["input_ids"].shape[1])
+        images += len(grids)
+    assert images == sum(len(json.loads(s["media"])) for s in samples)
