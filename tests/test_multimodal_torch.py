@@ -215,3 +215,32 @@ def test_streaming_reader_batches(corpus):
         assert batch["position_ids"].shape == (4, 1, batch["input_ids"].shape[1])
         images += len(grids)
     assert images == sum(len(json.loads(s["media"])) for s in samples)
+
+
+def test_a_row_cut_inside_an_image_is_refused(corpus):
+    """Rows of a plain ``pack --carry media ...`` that truncated a sample inside an image (which
+    tokpack.multimodal.pack_files refuses) are refused by the collator, naming row and image."""
+    _, _, samples = corpus
+    sample = next(s for s in samples if s["vision_tokens"] > 4)
+    start, n = json.loads(sample["media"])[0]["span"]
+    cut = start + n // 2
+    row = {
+        "input_ids": torch.tensor(sample["input_ids"][:cut]),
+        "labels": torch.tensor(sample["labels"][:cut]),
+        "seq_lengths": torch.tensor([cut]),
+        "media": [sample["media"]],
+    }
+    with pytest.raises(DataError, match="row 0, segment 0: the sample was cut inside its image 0"):
+        MultimodalCollator(image_processor())([row])
+    before = start - 1  # a cut right before the image's vision_start keeps no image
+    batch = MultimodalCollator(image_processor())(
+        [
+            {
+                **row,
+                "input_ids": row["input_ids"][:before],
+                "labels": row["labels"][:before],
+                "seq_lengths": torch.tensor([before]),
+            }
+        ]
+    )
+    assert "pixel_values" not in batch and batch["position_ids"].shape == (4, 1, before)
