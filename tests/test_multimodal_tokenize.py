@@ -254,3 +254,19 @@ def test_changed_or_missing_media_is_refused_when_read(tmp_path):
     path.unlink()
     with pytest.raises(InputNotFoundError, match="a.png"):
         reader.read(ref, digest)
+
+
+def test_cli(tok, data, tmp_path, capsys):
+    from tokpack.cli import main
+
+    _, records, jsonl = data
+    api = tokenize_files(jsonl, tmp_path / "api", tok, vision=tok, max_len=300, overlong="split")
+    args = ["tokenize", str(jsonl), "--tokenizer", str(tok), "--vision", str(tok)]
+    assert (
+        main(args + ["-o", str(tmp_path / "cli"), "--max-len", "300", "--overlong", "split"]) == 0
+    )
+    out = capsys.readouterr().out
+    assert f"{api['counts']['images']:,} images" in out
+    assert pq.read_table(tmp_path / "cli").equals(pq.read_table(tmp_path / "api"))
+    assert main(args + ["-o", str(tmp_path / "x"), "--carry", "id"]) == 2
+    assert "--vision does not take --carry" in capsys.readouterr().err
