@@ -3,7 +3,7 @@ expanded from the image headers, packed with their media carried per segment, an
 with per-segment mRoPE positions and the images' ``pixel_values``.
 
 ``tokpack.multimodal`` imports neither torch nor transformers; ``MultimodalCollator`` (torch)
-is imported on first use.
+is imported on first use (and is not in ``__all__``: ``import *`` does not import torch).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ __all__ = [
     "pack_files",
     "sample_positions",
     "packed_positions",
-    "MultimodalCollator",
 ]
 
 _LAZY = {

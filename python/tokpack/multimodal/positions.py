@@ -13,6 +13,8 @@ from typing import Any, Dict, List, Sequence
 
 import numpy as np
 
+from ..errors import DataError
+
 __all__ = ["sample_positions", "packed_positions"]
 
 
@@ -27,7 +29,7 @@ def sample_positions(length: int, media: Sequence[Dict[str, Any]], merge_size: i
         t, h, w = (int(g) for g in m["grid"])
         h, w = h // merge_size, w // merge_size
         if t * h * w != n or start < at or start + n > length:
-            raise ValueError(f"image span {m['span']} does not match its grid {m['grid']}")
+            raise DataError(f"image span {m['span']} does not match its grid {m['grid']}")
         out[:, at:start] = pos + np.arange(start - at)
         pos += start - at
         tt, hh, ww = np.indices((t, h, w)).reshape(3, -1)

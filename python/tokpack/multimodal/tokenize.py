@@ -238,15 +238,16 @@ class MultimodalEncoder:
         root = self.image_root or input_file.parent
         media = []
         for i, image in enumerate(images):
-            where = {
-                "file": str(Path(os.path.abspath(input_file))),
-                "row": record.line,
-                "column": self.images_column,
-                "index": i,
-            }
+            # Bytes are referenced by their Parquet row (a JSONL line cannot hold bytes).
+            where: Dict[str, Any] = {}
+            if record.is_row:
+                where = {
+                    "file": str(Path(os.path.abspath(input_file))),
+                    "row": record.line,
+                    "column": self.images_column,
+                    "index": i,
+                }
             try:
-                if not record.is_row:
-                    where = {}
                 ref, data = resolve_image(image, root, where)
                 width, height = image_size(io.BytesIO(data), name=ref.get("path", ""))
                 grid = self.rules.grid(width, height)
