@@ -44,8 +44,23 @@ def _tiny_llama(vocab_size, seed=0):
         attn_implementation="sdpa"))
 """
 
+# The multimodal page's inputs (a Qwen2-VL-style tokenizer in vl/, image chats) and what a
+# reader brings: the model and its image processor.
+VL_SETUP = f"""
+import sys
+from pathlib import Path
+sys.path.insert(0, {str(ROOT)!r})
+from tests._vl_factory import build_vl_tokenizer, image_chats, tiny_qwen2_5_vl, write_jsonl
+from tests._vl_factory import image_processor as _image_processor
+build_vl_tokenizer(Path("vl"))
+write_jsonl(Path("image_chats.jsonl"), image_chats(30, Path("imgs"), seed=0))
+image_processor = _image_processor()
+model = tiny_qwen2_5_vl(Path("vl"))
+"""
+
 # Names a page uses without defining them: what a reader brings (a model), nothing tokpack does.
 PAGE_SETUP = {
+    "docs/guide/multimodal.md": VL_SETUP,
     "docs/guide/preference.md": TINY_LLAMA
     + "model = _tiny_llama(1024)\nref_model = _tiny_llama(1024, seed=1)\n",
     "docs/guide/training.md": TINY_LLAMA + "model = _tiny_llama(1024)\n",

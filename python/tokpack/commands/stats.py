@@ -206,10 +206,16 @@ def run(args: argparse.Namespace) -> int:
         threads=args.threads,
         world_size=args.world_size,
     )
+    from ..multimodal.stats import render_vision_stats, vision_stats
+
+    vision = vision_stats(args.inputs)
     if args.json:
-        print(json.dumps(stats.as_dict(), indent=2))
+        print(json.dumps({**stats.as_dict(), **({"vision": vision} if vision else {})}, indent=2))
     else:
         print(render(stats, overlong_default=args.overlong is None))
+        if vision:
+            print("\nVision tokens (counted in the lengths above):")
+            print(render_vision_stats(vision))
     if args.plot:
         from ..stats_plot import write_plot
 

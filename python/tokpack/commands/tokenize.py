@@ -46,6 +46,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
     parser.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     add_ray_argument(parser, "render and encode on a Ray cluster (the same output)")
+    parser.add_argument(
+        "--vision",
+        metavar="MODEL_DIR",
+        help="image chats of the Qwen2-VL family: image parts become the vision tokens "
+        "MODEL_DIR/preprocessor_config.json gives (tokpack.multimodal.tokenize_files)",
+    )
+    parser.add_argument(
+        "--image-root",
+        metavar="DIR",
+        help="with --vision: relative image paths are relative to DIR (default: the input "
+        "file's directory)",
+    )
 
 
 def add_ray_argument(parser: argparse.ArgumentParser, what: str) -> None:
@@ -154,6 +166,8 @@ def _columns(items: List[str]) -> Optional[Dict[str, str]]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.vision is not None:
+        return _run_multimodal(args)
     from ..tokenize import tokenize_files
 
     cluster: Any = contextlib.nullcontext()
@@ -196,6 +210,62 @@ def run(args: argparse.Namespace) -> int:
             extra.append(f"{c[key]:,} over-long {key}")
     if c["untrained_samples"]:
         extra.append(f"{c['untrained_samples']:,} samples without trained tokens")
+    if extra:
+        print("  " + "; ".join(extra))
+    return 0
+
+
+def _run_multimodal(args: argparse.Namespace) -> int:
+    from ..multimodal import tokenize_files
+
+    refused = [
+        flag
+        for flag, given in (
+            ("--format", args.format not in ("auto", "messages")),
+            ("--carry", bool(args.carry)),
+            ("--ray", args.ray is not None),
+            ("--encoder", args.encoder != "auto"),
+            ("--add-eos/--no-add-eos", args.add_eos is not None),
+            ("--threads", args.threads is not None),
+        )
+        if given
+    ]
+    if refused:
+        raise ConfigError(f"--vision does not take {', '.join(refused)}")
+    columns = _columns(args.column) or {}
+    unknown = sorted(set(columns) - {"messages", "images"})
+    if unknown:
+        raise ConfigError(f"--vision reads the fields messages and images; not {unknown}")
+    manifest = tokenize_files(
+        args.inputs,
+        args.output,
+        args.tokenizer,
+        vision=args.vision,
+        chat_template=args.chat_template,
+        train_on=args.train_on,
+        max_len=args.max_len,
+        overlong=args.overlong,
+        messages_column=columns.get("messages", "messages"),
+        images_column=columns.get("images", "images"),
+        image_root=args.image_root,
+        skip_invalid=args.skip_invalid,
+        shard_rows=args.shard_rows,
+        force=args.force,
+    )
+    if args.quiet:
+        return 0
+    c = manifest["counts"]
+    if manifest.get("cache_hit"):
+        print(f"{args.output}: up to date ({c['samples']:,} samples); --force to rebuild")
+        return 0
+    print(
+        f"{args.output}: {c['samples']:,} samples with {c['images']:,} images in"
+        f" {len(manifest['shards'])} shard(s), {c['tokens']:,} tokens of which"
+        f" {c['vision_tokens']:,} vision tokens"
+    )
+    extra = [f"{c[k]:,} {k.replace('_', ' ')}" for k in ("rejected", "truncated", "split") if c[k]]
+    if c["dropped_overlong"]:
+        extra.append(f"{c['dropped_overlong']:,} over-long dropped")
     if extra:
         print("  " + "; ".join(extra))
     return 0

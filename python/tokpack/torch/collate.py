@@ -124,10 +124,15 @@ class PackedCollator:
         )
 
     def __call__(self, rows: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
+        # In a DataLoader worker the batch crosses to the main process in one shared-memory slot.
+        return ship(self.collate(rows))
+
+    def collate(self, rows: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
+        """The batch of ``rows`` as a plain dict (what ``__call__`` returns in the main
+        process), for collators that add fields to it."""
         if len(rows) == 0:
             raise DataError("PackedCollator got an empty batch")
         ids, labels, seg_lens = self._rows(rows)
-        # In a DataLoader worker the batch crosses to the main process in one shared-memory slot.
         if self.cp_size > 1:
             batch = self._context_parallel(ids, labels, seg_lens)
         elif self.format in ("hf", "flash"):
@@ -141,7 +146,7 @@ class PackedCollator:
         counts = getattr(rows, "step_counts", None)
         if counts is not None:
             batch["global_num_loss_tokens"], batch["global_num_samples"] = counts
-        return ship(batch)
+        return batch
 
     def _rows(self, rows: Sequence[Mapping[str, Any]]):
         ids: List[torch.Tensor] = []

@@ -1,0 +1,47 @@
+"""Multimodal packing (Qwen2-VL / Qwen2.5-VL): image chats tokenized with their vision tokens
+expanded from the image headers, packed with their media carried per segment, and collated
+with per-segment mRoPE positions and the images' ``pixel_values``.
+
+``tokpack.multimodal`` imports neither torch nor transformers; ``MultimodalCollator`` (torch)
+is imported on first use (and is not in ``__all__``: ``import *`` does not import torch).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__all__ = [
+    "VisionRules",
+    "smart_resize",
+    "image_size",
+    "MultimodalEncoder",
+    "tokenize_files",
+    "pack_files",
+    "sample_positions",
+    "packed_positions",
+]
+
+_LAZY = {
+    "VisionRules": "vision",
+    "smart_resize": "vision",
+    "image_size": "vision",
+    "MultimodalEncoder": "tokenize",
+    "tokenize_files": "tokenize",
+    "pack_files": "pack",
+    "sample_positions": "positions",
+    "packed_positions": "positions",
+    "MultimodalCollator": "collate",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,114 @@
+"""``MultimodalCollator``: packed multimodal rows in, a Qwen2-VL / Qwen2.5-VL training batch out.
+
+The text fields are :class:`tokpack.torch.PackedCollator`'s ``hf`` format (``input_ids`` and
+``labels`` ``[1, T]``, ``cu_seq_lens_q/k``, ``max_length_q/k``, counts). ``position_ids`` become
+``[4, 1, T]``: the text positions (restarting per segment, from which transformers builds the
+block-diagonal mask) then the three mRoPE rows, computed per segment by
+:func:`tokpack.multimodal.positions.packed_positions`. The images of the batch, in row and
+token order, are read back from their references (hash checked), decoded and run through the
+model's image processor: ``pixel_values`` and ``image_grid_thw`` (checked against the grids
+the samples were tokenized for). Runs in DataLoader workers (CPU only).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, List, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from ..errors import ConfigError, DataError
+from ..torch._transport import ship
+from ..torch.collate import PackedCollator
+from .media import MediaReader, describe_ref
+from .positions import packed_positions
+from .vision import VisionRules
+
+__all__ = ["MultimodalCollator"]
+
+
+class MultimodalCollator:
+    """Collate packed rows carrying ``media`` (a packed directory of multimodal token shards).
+
+    Args:
+        image_processor: the model's image processor (a transformers ``Qwen2VLImageProcessor``
+            or a processor holding one): called as ``image_processor(images=[PIL images],
+            return_tensors="pt")``.
+        mrope_rows: 4 (default) puts the text positions first (transformers then isolates the
+            segments with SDPA / eager attention); 3 gives the mRoPE rows only, for backends
+            that read ``cu_seq_lens_*`` instead.
+        return_loss_weights, return_seq_idx: as :class:`tokpack.torch.PackedCollator`.
+    """
+
+    def __init__(
+        self,
+        image_processor: Any,
+        *,
+        mrope_rows: int = 4,
+        return_loss_weights: bool = False,
+        return_seq_idx: bool = False,
+    ) -> None:
+        if mrope_rows not in (3, 4):
+            raise ConfigError(f"mrope_rows must be 3 or 4, got {mrope_rows!r}")
+        self.image_processor = getattr(image_processor, "image_processor", image_processor)
+        self.rules = VisionRules.from_processor(self.image_processor)
+        self.mrope_rows = mrope_rows
+        self.text = PackedCollator(
+            "hf", return_loss_weights=return_loss_weights, return_seq_idx=return_seq_idx
+        )
+        self.reader = MediaReader()
+
+    def __call__(self, rows: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
+        return ship(self.collate(rows))
+
+    def collate(self, rows: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
+        batch = self.text.collate(rows)
+        media_per_segment: List[List[Dict[str, Any]]] = []
+        lengths: List[int] = []
+        for i, row in enumerate(rows):
+            media = row.get("media")
+            seq = row["seq_lengths"]
+            seq = seq.tolist() if hasattr(seq, "tolist") else list(seq)
+            if media is None or len(media) != len(seq):
+                raise DataError(
+                    f"row {i}: no 'media' column with one entry per segment (a packed directory"
+                    " of multimodal token shards, packed with tokpack.multimodal.pack_files)"
+                )
+            lengths.extend(int(n) for n in seq)
+            for j, (entry, n) in enumerate(zip(media, seq)):
+                try:
+                    items = json.loads(entry)
+                except (TypeError, ValueError) as exc:
+                    raise DataError(f"row {i}, segment {j}: 'media' is not JSON ({exc})") from None
+                # A sample truncated by pack keeps only the images that end inside it.
+                for k, m in enumerate(items):
+                    start, count = m["span"]
+                    if start - 1 < int(n) <= start + count:
+                        raise DataError(
+                            f"row {i}, segment {j}: the sample was cut inside its image {k}"
+                            f" ({describe_ref(m['ref'])}); pack multimodal token shards with"
+                            " tokpack.multimodal.pack_files, which refuses such cuts"
+                        )
+                media_per_segment.append([m for m in items if m["span"][0] + m["span"][1] < int(n)])
+        positions = packed_positions(lengths, media_per_segment, self.rules.merge_size)
+        if self.mrope_rows == 3:
+            positions = positions[1:]
+        batch["position_ids"] = torch.from_numpy(np.ascontiguousarray(positions))[:, None, :]
+        batch.pop("media", None)
+        images = [m for segment in media_per_segment for m in segment]
+        if images:
+            pil = [self.reader.image(m["ref"], m.get("hash")) for m in images]
+            out = self.image_processor(images=pil, return_tensors="pt")
+            grids = out["image_grid_thw"]
+            expected = torch.tensor([m["grid"] for m in images], dtype=grids.dtype)
+            if not torch.equal(grids, expected):
+                bad = int((grids != expected).any(dim=1).nonzero()[0])
+                raise DataError(
+                    f"{describe_ref(images[bad]['ref'])}: the image processor gives grid"
+                    f" {grids[bad].tolist()}, the sample was tokenized for"
+                    f" {images[bad]['grid']}: tokenize with this processor's settings"
+                )
+            batch["pixel_values"] = out["pixel_values"]
+            batch["image_grid_thw"] = grids
+        return batch

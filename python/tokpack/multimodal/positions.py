@@ -1,0 +1,61 @@
+"""mRoPE position ids (Qwen2-VL / Qwen2.5-VL), tokpack's own implementation of the rule.
+
+Within one sample: text tokens take consecutive positions on all three axes; the tokens of an
+image of grid ``(t, h, w)`` (``h / merge`` rows of ``w / merge`` tokens, row-major) take
+``(p + t_i, p + h_i, p + w_i)`` from the position ``p`` the image starts at; the text after it
+resumes at one past the largest position the image used. A packed row restarts the rule at 0
+for every segment and concatenates.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Sequence
+
+import numpy as np
+
+from ..errors import DataError
+
+__all__ = ["sample_positions", "packed_positions"]
+
+
+def sample_positions(length: int, media: Sequence[Dict[str, Any]], merge_size: int) -> np.ndarray:
+    """``[3, length]`` int64 mRoPE positions of one sample whose images are ``media`` (objects
+    with ``grid`` ``[t, h, w]`` and ``span`` ``[start, n]``, in token order)."""
+    out = np.empty((3, length), dtype=np.int64)
+    at = 0  # next token
+    pos = 0  # next position
+    for m in sorted(media, key=lambda m: m["span"][0]):
+        start, n = int(m["span"][0]), int(m["span"][1])
+        t, h, w = (int(g) for g in m["grid"])
+        h, w = h // merge_size, w // merge_size
+        if t * h * w != n or start < at or start + n > length:
+            raise DataError(f"image span {m['span']} does not match its grid {m['grid']}")
+        out[:, at:start] = pos + np.arange(start - at)
+        pos += start - at
+        tt, hh, ww = np.indices((t, h, w)).reshape(3, -1)
+        out[0, start : start + n] = pos + tt
+        out[1, start : start + n] = pos + hh
+        out[2, start : start + n] = pos + ww
+        pos += max(t, h, w)
+        at = start + n
+    out[:, at:] = pos + np.arange(length - at)
+    return out
+
+
+def packed_positions(
+    seq_lengths: Sequence[int], media: Sequence[Sequence[Dict[str, Any]]], merge_size: int
+) -> np.ndarray:
+    """``[4, T]`` int64 for a packed row of segments ``seq_lengths``: row 0 the text positions
+    (0, 1, ... restarting per segment: what transformers reads segment boundaries from), rows
+    1-3 the mRoPE ``t, h, w`` positions of each segment, each restarting at 0."""
+    parts: List[np.ndarray] = []
+    for n, segment_media in zip(seq_lengths, media):
+        n = int(n)
+        parts.append(
+            np.vstack(
+                [np.arange(n, dtype=np.int64)[None], sample_positions(n, segment_media, merge_size)]
+            )
+        )
+    if not parts:
+        return np.zeros((4, 0), dtype=np.int64)
+    return np.concatenate(parts, axis=1)

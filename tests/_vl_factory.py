@@ -1,0 +1,190 @@
+"""Tiny Qwen2-VL-style pieces built from configs (no network): a BPE tokenizer with the
+vision special tokens, the Qwen2-VL chat template (with generation markers on assistant
+turns), transformers' processor over them, synthetic images and image chats."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+from tests._tokenizer_factory import build_tokenizer, sentence
+
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+
+# Qwen2-VL's chat template, with {% generation %} around assistant turns so transformers'
+# return_assistant_tokens_mask gives the labels to compare with.
+QWEN2_VL_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['role'] == 'assistant' %}{% generation %}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "<|im_end|>{% endgeneration %}\n"
+    "{% else %}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "<|im_end|>\n"
+    "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+# Small pixel bounds keep images (and the tiny model's vision tower) cheap.
+PREPROCESSOR = {
+    "patch_size": 14,
+    "merge_size": 2,
+    "temporal_patch_size": 2,
+    "min_pixels": 28 * 28 * 4,
+    "max_pixels": 28 * 28 * 24,
+}
+
+
+def build_vl_tokenizer(directory: Path) -> Path:
+    """tokenizer.json + tokenizer_config.json (Qwen2-VL template) + preprocessor_config.json."""
+    from tokenizers import AddedToken, Tokenizer
+
+    build_tokenizer(directory, chat_template=QWEN2_VL_TEMPLATE)
+    tok = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in VISION_TOKENS])
+    tok.save(str(directory / "tokenizer.json"))
+    (directory / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR))
+    return directory
+
+
+def image_processor(config: Dict[str, Any] = PREPROCESSOR):
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil,
+    )
+
+    return Qwen2VLImageProcessorPil(**config)
+
+
+def processor(directory: Path):
+    """transformers' Qwen2VLProcessor without its video processor (which needs torchvision,
+    not installed here); images and text go through the processor's own code."""
+    from transformers import PreTrainedTokenizerFast, Qwen2VLProcessor
+    from transformers.processing_utils import ProcessorMixin
+
+    class ImageOnlyQwen2VLProcessor(Qwen2VLProcessor):
+        def __init__(self, image_processor=None, tokenizer=None, chat_template=None):
+            self.image_token, self.video_token = "<|image_pad|>", "<|video_pad|>"
+            self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
+            self.video_token_id = tokenizer.convert_tokens_to_ids(self.video_token)
+            ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template)
+
+    tok = PreTrainedTokenizerFast(
+        tokenizer_file=str(directory / "tokenizer.json"),
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+    )
+    return ImageOnlyQwen2VLProcessor(
+        image_processor=image_processor(), tokenizer=tok, chat_template=QWEN2_VL_TEMPLATE
+    )
+
+
+def tiny_qwen2_5_vl(directory: Path, family: str = "qwen2_5_vl"):
+    """A randomly initialised two-layer Qwen2.5-VL (``family="qwen2_vl"``: Qwen2-VL), vision
+    tower included, in float64; its vocabulary and vision token ids are those of the tokenizer
+    in ``directory``."""
+    import torch
+    import transformers
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    torch.manual_seed(0)
+    vision = {
+        "depth": 2,
+        "num_heads": 2,
+        "patch_size": PREPROCESSOR["patch_size"],
+        "spatial_merge_size": PREPROCESSOR["merge_size"],
+        "temporal_patch_size": PREPROCESSOR["temporal_patch_size"],
+    }
+    if family == "qwen2_5_vl":
+        config_class = transformers.Qwen2_5_VLConfig
+        model_class = transformers.Qwen2_5_VLForConditionalGeneration
+        vision.update(
+            hidden_size=32,
+            intermediate_size=64,
+            out_hidden_size=64,
+            window_size=56,
+            fullatt_block_indexes=[1],
+        )
+    else:
+        config_class = transformers.Qwen2VLConfig
+        model_class = transformers.Qwen2VLForConditionalGeneration
+        vision.update(embed_dim=32, mlp_ratio=2, hidden_size=64)
+    config = config_class(
+        text_config={
+            "vocab_size": tok.get_vocab_size(),
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 2048,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "mrope_section": [2, 3, 3],
+            },
+            "use_cache": False,
+        },
+        vision_config=vision,
+        image_token_id=tok.token_to_id("<|image_pad|>"),
+        video_token_id=tok.token_to_id("<|video_pad|>"),
+        vision_start_token_id=tok.token_to_id("<|vision_start|>"),
+        vision_end_token_id=tok.token_to_id("<|vision_end|>"),
+        attn_implementation="sdpa",
+    )
+    return model_class(config).to(torch.float64).eval()
+
+
+def write_image(path: Path, size: Tuple[int, int], seed: int) -> Path:
+    """A deterministic noise image of ``size`` (width, height); format from the suffix."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    pixels = rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(path)
+    return path
+
+
+def image_chats(
+    n: int, image_dir: Path, seed: int = 0, max_images: int = 3
+) -> List[Dict[str, Any]]:
+    """Records with ``messages`` (image parts in user turns) and ``images`` (relative paths)."""
+    rng = random.Random(seed)
+    image_dir.mkdir(parents=True, exist_ok=True)
+    records = []
+    for i in range(n):
+        messages: List[Dict[str, Any]] = []
+        images: List[str] = []
+        for turn in range(rng.randint(1, 2)):
+            content: List[Dict[str, Any]] = []
+            for k in range(rng.randint(0 if turn else 1, max_images)):
+                name = f"img-{i}-{turn}-{k}.{rng.choice(['png', 'jpg', 'webp'])}"
+                size = (rng.randint(20, 300), rng.randint(20, 300))
+                write_image(image_dir / name, size, seed=rng.randint(0, 1 << 30))
+                images.append(f"{image_dir.name}/{name}")
+                content.append({"type": "image"})
+                if rng.random() < 0.5:
+                    content.append({"type": "text", "text": sentence(rng, rng.randint(1, 6))})
+            content.append({"type": "text", "text": sentence(rng, rng.randint(1, 8))})
+            rng.shuffle(content)
+            messages.append({"role": "user", "content": content})
+            messages.append({"role": "assistant", "content": sentence(rng, rng.randint(1, 12))})
+        records.append({"messages": messages, "images": images})
+    return records
+
+
+def write_jsonl(path: Path, records: List[Dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
