@@ -118,3 +118,30 @@ def test_stats_count_vision_tokens(tokens, capsys):
     assert vision["samples_with_images"] == sum(bool(ms) for ms in media)
     assert main(["stats", str(tokens), "--quiet", "--max-len", "4096"]) == 0
     assert "Vision tokens (counted in the lengths above)" in capsys.readouterr().out
+
+
+def test_plain_pack_carries_the_media_of_multimodal_shards(tokens, tmp_path, capsys):
+    """Failed before: `tokpack pack` (and `tokpack.pack_files`) packed multimodal shards without
+    their media columns unless told `--carry media vision_tokens vision_patches`: rows with image
+    tokens and no images, silently; nor did they refuse a cut inside an image."""
+    from tokpack.cli import main
+
+    max_len = max(s["length"] for s in _samples(tokens))
+    out = tmp_path / "cli"
+    assert main(["pack", str(tokens), "-o", str(out), "--max-len", str(max_len), "--quiet"]) == 0
+    manifest = json.loads((out / "__tokpack__" / "_manifest.json").read_text())
+    assert manifest["config"]["carry"] == ["media", "vision_tokens", "vision_patches"]
+    got = tokpack.pack_files(tokens, tmp_path / "api", max_len, carry=["vision_tokens"])
+    assert got["config"]["carry"] == ["media", "vision_tokens", "vision_patches"]
+    with_images = [s for s in _samples(tokens) if json.loads(s["media"])]
+    inside = json.loads(with_images[0]["media"])[0]["span"][0] + 1
+    with pytest.raises(ConfigError, match="cut inside image"):
+        tokpack.pack_files(tokens, tmp_path / "cut", inside, overlong="truncate")
+
+
+def test_text_and_multimodal_shards_are_not_packed_together(tokens, tmp_path):
+    from tokpack.synthetic import write_token_shards
+
+    (text,) = write_token_shards(tmp_path / "t", 10, n_files=1)
+    with pytest.raises(tokpack.SchemaError, match="text token shard among multimodal"):
+        tokpack.pack_files([*sorted(tokens.glob("*.parquet")), text], tmp_path / "o", 4096)

@@ -43,6 +43,7 @@ from .errors import (
     OutputExistsError,
     TokpackError,
 )
+from .integrity import cache_problem
 
 # Side files (manifest, indexes, accounting) live in SIDE_DIR, a subdirectory Parquet readers
 # skip: pyarrow.dataset ignores names starting with "_", Hugging Face datasets ignores directories
@@ -520,8 +521,6 @@ def cached_run(
     the existing output if built with that key and intact (``verify``: checksums too) -> else
     ``build(tmp, described)`` fills an :func:`atomic_output_dir` and returns the manifest,
     written last with the key. Returns (manifest, cache hit?, why a current output was rebuilt)."""
-    from .integrity import cache_problem  # (integrity reads manifests with this module)
-
     described = describe_inputs(inputs, threads)
     key = cache_key(kind, described, config)
     rebuilt_because = None

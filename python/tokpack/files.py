@@ -47,6 +47,7 @@ from ._outdir import cached_run, open_for_writing, output_target, writing
 from ._progress import run_with_progress
 from ._tokpack import pair_layout_for
 from .errors import ConfigError, OverlongError
+from .multimodal.pack import media_config
 from .pack_config import PackConfig, pack_config, refuse_unsupported
 from .planning import checked_threads
 from .tokenize.encoder import RecordEncoder
@@ -163,7 +164,7 @@ def pack_files(
     else:
         paths = resolve_inputs(inputs, TOKEN_SUFFIXES, output_dir=out)
         kind = kind_of_files(paths)
-        config = config.for_kind(kind, shown_path(paths[0]))
+        config = media_config(paths, config.for_kind(kind, shown_path(paths[0])))
     recorded = config.to_dict()
     if encoding is not None:
         recorded["tokenize"] = encoding.config()

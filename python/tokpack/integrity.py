@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from . import _tokpack
 from ._contract import PAIR_SEGMENT_ROLES
-from ._outdir import read_manifest
+from ._format import read_manifest
 from .errors import CorruptOutputError
 from .packed_dir import PackedDir, member_path
 

@@ -26,8 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import _tokpack
-from ._format import FORMAT, FORMAT_VERSION
-from ._outdir import MANIFEST_NAME
+from ._format import FORMAT, FORMAT_VERSION, MANIFEST_NAME
 from .errors import CorruptOutputError, InputNotFoundError, TokpackError
 
 __all__ = ["PackedDir", "decode_row_group", "member_path", "ROW_COLUMNS", "PAIR_COLUMNS"]

@@ -15,18 +15,15 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, Optional, Sequence, Union
+from typing import Any, Sequence
 
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .._inputs import resolve_inputs
 from ..errors import ConfigError, SchemaError
-from .tokenize import MEDIA_COLUMNS
+from .tokenize import MEDIA_COLUMNS, MULTIMODAL_KEY
 
-__all__ = ["pack_files", "check_cuts"]
-
-_TOKEN_SUFFIXES = (".parquet", ".pq")
+__all__ = ["check_cuts", "media_config"]
 
 
 def check_cuts(files: Sequence[os.PathLike], max_len: int, overlong: str) -> None:
@@ -63,28 +60,24 @@ def check_cuts(files: Sequence[os.PathLike], max_len: int, overlong: str) -> Non
                     )
 
 
-def pack_files(
-    inputs: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]],
-    output_dir: Union[str, os.PathLike],
-    max_len: int,
-    *,
-    overlong: str = "error",
-    carry: Optional[Sequence[str]] = None,
-    **options: Any,
-) -> Dict[str, Any]:
-    """:func:`tokpack.pack_files` for multimodal token shards (:func:`tokenize_files`'s
-    output): the same options and output, plus the carried ``media``, ``vision_tokens`` and
-    ``vision_patches`` columns, after :func:`check_cuts`."""
-    from .._outdir import output_target
-    from ..files import pack_files as pack_token_files
+def media_config(files: Sequence[os.PathLike], config: Any) -> Any:
+    """``config`` for packing ``files``: unchanged for text token shards; for multimodal ones
+    (:func:`tokenize_files`' schema metadata), the media columns carried per segment, after
+    :func:`check_cuts`. Without them a packed row would hold image tokens and no images."""
+    multimodal = [_is_multimodal(f) for f in files]
+    if not any(multimodal):
+        return config
+    if not all(multimodal):
+        plain = files[multimodal.index(False)]
+        raise SchemaError(f"{plain}: a text token shard among multimodal ones (no media columns)")
+    check_cuts(files, config.max_len, config.overlong)
+    carry = [*MEDIA_COLUMNS, *(c for c in config.carry if c not in MEDIA_COLUMNS)]
+    return config.replace(carry=carry)
 
-    files = resolve_inputs(inputs, _TOKEN_SUFFIXES, output_dir=output_target(output_dir))
-    check_cuts(files, max_len, overlong)
-    return pack_token_files(
-        files,
-        output_dir,
-        max_len,
-        overlong=overlong,
-        carry=[*MEDIA_COLUMNS, *(carry or ())],
-        **options,
-    )
+
+def _is_multimodal(path: os.PathLike) -> bool:
+    try:
+        metadata = pq.read_schema(path).metadata or {}
+    except Exception:  # not Parquet, or unreadable: the packer names the problem
+        return False
+    return MULTIMODAL_KEY in metadata

@@ -2,10 +2,13 @@
 //! each to its own exception class), the place it happened as a [`Location`], and the arrow,
 //! parquet or OS error under it as a [`Cause`]. Messages are composed here only.
 
-use crate::policy::OVERLONG_HINT;
 use std::fmt;
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
+
+/// What to do about a sample longer than max_len, said by every overlong error.
+pub const OVERLONG_HINT: &str =
+    "pass overlong=\"truncate\", \"drop\" or \"split\", or filter it out first";
 
 /// The library error under a core error: what the OS, arrow or parquet said.
 #[derive(Debug, thiserror::Error)]

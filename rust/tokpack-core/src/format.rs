@@ -113,14 +113,4 @@ mod tests {
         assert!(check_carry_name("label", true).is_ok());
         assert!(check_carry_name("source", false).is_ok());
     }
-
-    #[test]
-    fn every_shard_column_is_reserved() {
-        for (labels, pairs) in [(true, true), (false, false)] {
-            for field in crate::io::writer::shard_schema(labels, pairs, &[]).fields() {
-                let name = field.name().as_str();
-                assert!(is_reserved(name), "{name} is written, not reserved");
-            }
-        }
-    }
 }

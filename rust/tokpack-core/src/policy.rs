@@ -15,9 +15,8 @@ pub const ROLE_CHOSEN: i8 = 1;
 pub const ROLE_REJECTED: i8 = 2;
 pub const ROLE_PROMPT: i8 = 3;
 
-/// What to do about a sample longer than max_len, said by every overlong error.
-pub const OVERLONG_HINT: &str =
-    "pass overlong=\"truncate\", \"drop\" or \"split\", or filter it out first";
+/// What to do about a sample longer than max_len (defined with the overlong error).
+pub use crate::error::OVERLONG_HINT;
 
 /// Largest `max_len`: token offsets inside a row are int32.
 pub const MAX_LEN: i128 = i32::MAX as i128;
