@@ -124,10 +124,10 @@ def capped(sb, sizes, cap: int, repeat: int) -> str:
 
 
 def packed_sft(n: int, world: int, batch_rows: int) -> str:
-    import torch  # noqa: F401 (the sampler needs it)
-
     import sys
     from pathlib import Path
+
+    import torch  # noqa: F401 (the sampler needs it)
 
     # The test suite's corpus helper, from the repository this script is in (any cwd).
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
