@@ -268,5 +268,8 @@ def test_cli(tok, data, tmp_path, capsys):
     out = capsys.readouterr().out
     assert f"{api['counts']['images']:,} images" in out
     assert pq.read_table(tmp_path / "cli").equals(pq.read_table(tmp_path / "api"))
+    cli = args + ["-o", str(tmp_path / "cli"), "--max-len", "300", "--overlong", "split"]
+    assert main(cli) == 0 and "up to date" in capsys.readouterr().out
+    assert main(cli + ["--quiet"]) == 0 and capsys.readouterr().out == ""
     assert main(args + ["-o", str(tmp_path / "x"), "--carry", "id"]) == 2
     assert "--vision does not take --carry" in capsys.readouterr().err

@@ -122,6 +122,25 @@ def test_global_normalisers_give_the_global_batch_loss(
     _check_steps(per_rank, world_size, grad_accum, cp)
 
 
+def _rank_samplers(ds, world_size, grad_accum, drop_last, balance, *, seed, epoch):
+    """Every rank's PackedBatchSampler (two rows per batch) of one run, set to ``epoch``."""
+    samplers = []
+    for rank in range(world_size):
+        bs = PackedBatchSampler(
+            ds,
+            2,
+            grad_accum_steps=grad_accum,
+            rank=rank,
+            world_size=world_size,
+            seed=seed,
+            drop_last=drop_last,
+            balance=balance,
+        )
+        bs.set_epoch(epoch)
+        samplers.append(bs)
+    return samplers
+
+
 @pytest.mark.parametrize("balance", [None, "compute"])
 @pytest.mark.parametrize(
     "world_size, grad_accum, cp, drop_last",
@@ -132,18 +151,7 @@ def test_map_style_batch_sampler_gives_the_global_batch_loss(
 ):
     ds = PackedDataset(corpora["sft"])
     per_rank = []
-    for rank in range(world_size):
-        bs = PackedBatchSampler(
-            ds,
-            2,
-            grad_accum_steps=grad_accum,
-            rank=rank,
-            world_size=world_size,
-            seed=5,
-            drop_last=drop_last,
-            balance=balance,
-        )
-        bs.set_epoch(1)
+    for bs in _rank_samplers(ds, world_size, grad_accum, drop_last, balance, seed=5, epoch=1):
         batches = list(bs)
         assert len(batches) == len(bs)
         per_rank.append([(ds.__getitems__(b), b.step_counts) for b in batches])
@@ -278,21 +286,8 @@ def test_balanced_steps_hold_the_same_rows_with_even_compute(
     ds = PackedDataset(corpora["sft"])
 
     def ranks(balance):
-        out = []
-        for rank in range(world_size):
-            bs = PackedBatchSampler(
-                ds,
-                2,
-                grad_accum_steps=grad_accum,
-                rank=rank,
-                world_size=world_size,
-                seed=7,
-                drop_last=drop_last,
-                balance=balance,
-            )
-            bs.set_epoch(2)
-            out.append(list(bs))
-        return out, bs.step_imbalance()
+        samplers = _rank_samplers(ds, world_size, grad_accum, drop_last, balance, seed=7, epoch=2)
+        return [list(bs) for bs in samplers], samplers[-1].step_imbalance()
 
     (plain, plain_imb), (even, even_imb) = ranks(None), ranks("compute")
     assert [[len(b) for b in r] for r in even] == [[len(b) for b in r] for r in plain]

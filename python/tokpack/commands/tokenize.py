@@ -191,17 +191,7 @@ def run(args: argparse.Namespace) -> int:
             progress=not args.quiet,
             runner=runner,
         )
-    if args.quiet:
-        return 0
     c = manifest["counts"]
-    if manifest.get("cache_hit"):
-        print(f"{args.output}: up to date ({c['samples_out']:,} samples); --force to rebuild")
-        return 0
-    print(
-        f"{args.output}: {c['samples_out']:,} samples in {len(manifest['shards'])} shard(s), "
-        f"{c['tokens']:,} tokens, {c['trained_share']:.1%} trained; template "
-        f"{manifest['template']['source']}"
-    )
     extra = []
     if c["rejected"]:
         extra.append(f"{c['rejected']:,} rejected (see {manifest['rejected_file']})")
@@ -210,6 +200,24 @@ def run(args: argparse.Namespace) -> int:
             extra.append(f"{c[key]:,} over-long {key}")
     if c["untrained_samples"]:
         extra.append(f"{c['untrained_samples']:,} samples without trained tokens")
+    body = (
+        f"{c['samples_out']:,} samples in {len(manifest['shards'])} shard(s), "
+        f"{c['tokens']:,} tokens, {c['trained_share']:.1%} trained; template "
+        f"{manifest['template']['source']}"
+    )
+    return _summary(args, manifest, c["samples_out"], body, extra)
+
+
+def _summary(
+    args: argparse.Namespace, manifest: Dict[str, Any], samples: int, body: str, extra: List[str]
+) -> int:
+    """The run's summary (none with --quiet): up to date, or what it wrote and its notes."""
+    if args.quiet:
+        return 0
+    if manifest.get("cache_hit"):
+        print(f"{args.output}: up to date ({samples:,} samples); --force to rebuild")
+        return 0
+    print(f"{args.output}: {body}")
     if extra:
         print("  " + "; ".join(extra))
     return 0
@@ -252,20 +260,13 @@ def _run_multimodal(args: argparse.Namespace) -> int:
         shard_rows=args.shard_rows,
         force=args.force,
     )
-    if args.quiet:
-        return 0
     c = manifest["counts"]
-    if manifest.get("cache_hit"):
-        print(f"{args.output}: up to date ({c['samples']:,} samples); --force to rebuild")
-        return 0
-    print(
-        f"{args.output}: {c['samples']:,} samples with {c['images']:,} images in"
-        f" {len(manifest['shards'])} shard(s), {c['tokens']:,} tokens of which"
-        f" {c['vision_tokens']:,} vision tokens"
-    )
     extra = [f"{c[k]:,} {k.replace('_', ' ')}" for k in ("rejected", "truncated", "split") if c[k]]
     if c["dropped_overlong"]:
         extra.append(f"{c['dropped_overlong']:,} over-long dropped")
-    if extra:
-        print("  " + "; ".join(extra))
-    return 0
+    body = (
+        f"{c['samples']:,} samples with {c['images']:,} images in"
+        f" {len(manifest['shards'])} shard(s), {c['tokens']:,} tokens of which"
+        f" {c['vision_tokens']:,} vision tokens"
+    )
+    return _summary(args, manifest, c["samples"], body, extra)
