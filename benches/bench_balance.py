@@ -32,9 +32,9 @@ import time
 
 import numpy as np
 
+from tokpack._io.tables import table
 from tokpack.balance import micro_batches
 from tokpack.balance.compat import verl as tv
-from tokpack.report import table
 
 
 def rl_lengths(n: int, seed: int) -> np.ndarray:

@@ -21,9 +21,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 import tokpack
-from tokpack._outdir import read_manifest
-from tokpack.export import MEGATRON_DTYPES
-from tokpack.report import table
+from tokpack._io.outdir import read_manifest
+from tokpack._io.tables import table
+from tokpack.packed.export import MEGATRON_DTYPES
 from tokpack.synthetic import write_token_shards
 
 MAX_LEN = 4096

@@ -36,8 +36,8 @@ sys.path.insert(0, str(ROOT))
 
 from tests._tokenizer_factory import sentence  # noqa: E402
 from tests._vl_factory import build_vl_tokenizer, processor  # noqa: E402
+from tokpack._io.tables import table  # noqa: E402
 from tokpack.multimodal import pack_files, tokenize_files  # noqa: E402
-from tokpack.report import table  # noqa: E402
 
 DEFAULTS = {
     "patch_size": 14,

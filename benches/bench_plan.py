@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 import tokpack
-from tokpack.report import table
+from tokpack._io.tables import table
 from tokpack.synthetic import sft_lengths
 
 STRATEGIES = ("bfd", "ffd", "next_fit")

@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import tokpack
-from tokpack.report import table
+from tokpack._io.tables import table
 from tokpack.synthetic import train_chat_tokenizer
 from tokpack.tokenize import PREFERENCE_SCHEMA
 

@@ -102,7 +102,7 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the corpus and outputs")
     args = parser.parse_args()
 
-    from tokpack.report import table
+    from tokpack._io.tables import table
     from tokpack.synthetic import sft_lengths, write_token_shards
 
     work = Path(args.work)

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 import tokpack
-from tokpack.report import table
+from tokpack._io.tables import table
 from tokpack.synthetic import train_chat_tokenizer
 from tokpack.tokenize.template import CHATML_TEMPLATE
 

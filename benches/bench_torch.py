@@ -44,8 +44,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from tokpack.packed_dir import PackedDir
-from tokpack.report import table
+from tokpack._io.tables import table
+from tokpack.packed.reader import PackedDir
 from tokpack.synthetic import sft_lengths
 from tokpack.torch import (
     PackedCollator,

@@ -22,10 +22,10 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 @pytest.fixture(autouse=True, scope="session")
 def _manifests_follow_their_schema():
     """Every packed-directory manifest the suite writes is checked against the format's JSON
-    Schema (``tokpack/manifest.schema.json``) as it is written."""
+    Schema (``tokpack/packed/manifest.schema.json``) as it is written."""
     import jsonschema
 
-    from tokpack import _format
+    from tokpack.packed import format as _format
 
     validator = jsonschema.Draft202012Validator(_format.manifest_schema())
     write = _format.write_manifest

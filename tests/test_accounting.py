@@ -27,9 +27,9 @@ from hypothesis import strategies as st
 
 import tokpack
 from tokpack import _tokpack
-from tokpack._outdir import read_manifest
+from tokpack._io.outdir import read_manifest
 from tokpack.errors import OverlongError
-from tokpack.files import DROPPED_NAME
+from tokpack.pack.files import DROPPED_NAME
 
 STRATEGIES = ["bfd", "ffd", "next_fit", "padding", "random"]
 POLICIES = ["error", "truncate", "drop", "split"]
@@ -228,7 +228,7 @@ def check_exports(out: Path, root: Path) -> None:
     assert np.array_equal(got, lengths)
     dtype = {8: np.uint16, 4: np.int32}[code]
     assert np.array_equal(np.fromfile(root / "mg.bin", dtype).astype(np.int64), tokens)
-    tokpack.export.check_megatron(root / "mg")
+    tokpack.packed.export.check_megatron(root / "mg")
     nemo = pq.read_table(tokpack.export_nemo_packed(out, root / "n.parquet")["file"])
     assert nemo.column("input_ids").to_pylist() == table.column("input_ids").to_pylist()
     starts = [

@@ -224,7 +224,7 @@ def test_rearrange_micro_batches_on_torch_tensors():
 
 
 def test_stats_report_compute_and_step_imbalance():
-    from tokpack.stats import packing_stats
+    from tokpack.stats.estimate import packing_stats
     from tokpack.synthetic import sft_lengths
 
     stats = packing_stats(sft_lengths(3000, seed=1), [2048, 8192], batch_size=32, world_size=4)

@@ -14,10 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 
 import tokpack
-from tokpack import files
-from tokpack._diskspace import estimate
 from tokpack.cli import main
 from tokpack.errors import ConfigError, DiskSpaceError, OutputError
+from tokpack.pack import files
+from tokpack.pack.diskspace import estimate
 from tokpack.synthetic import write_token_shards
 
 
@@ -81,7 +81,7 @@ def test_a_run_the_disk_cannot_hold_is_refused_before_any_work(big, small_disk, 
     """Failed before: the refusal came after every input was fingerprinted for the cache key
     (81 s for the 20 GB of a 10M-sample corpus)."""
     hashed = []
-    monkeypatch.setattr(tokpack._outdir, "fingerprint_file", lambda p, *a: hashed.append(p))
+    monkeypatch.setattr(tokpack._io.outdir, "fingerprint_file", lambda p, *a: hashed.append(p))
     with pytest.raises(DiskSpaceError, match=r"needs about .* of spill files and .* of output"):
         tokpack.pack_files(big, small_disk / "out", 4096, overlong="split")
     assert hashed == [] and os.listdir(small_disk) == []

@@ -1,7 +1,7 @@
 """``tokpack export``: Megatron-LM indexed datasets and Megatron-Bridge / NeMo packed Parquet.
 
 The .bin/.idx files are read back by a reader written here from the format description in
-``tokpack/export.py`` (Megatron-LM's ``megatron/core/datasets/indexed_dataset.py``), not by
+``tokpack/packed/export.py`` (Megatron-LM's ``megatron/core/datasets/indexed_dataset.py``), not by
 tokpack's writer; the NeMo files are checked against the contract of Megatron-Bridge's
 ``GPTSFTPackedParquetDataset`` / ``GPTSFTPackedDataset`` (validate_row and collate_fn).
 """
@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import tokpack
-from tokpack._outdir import read_manifest
+from tokpack._io.outdir import read_manifest
 from tokpack.cli import main
 
 from .packed_corpus import IGNORE, random_samples, write_packed_dir
@@ -373,11 +373,11 @@ def test_preference_and_kto_outputs_are_refused(tmp_path, kind):
 def test_a_pair_torn_by_an_interrupted_force_is_detected(packed, tmp_path, monkeypatch, capsys):
     """Fails on the code before issue 20: a kill between the .bin and .idx renames of --force
     left a mismatched pair that nothing could tell from a whole one."""
-    import tokpack._outdir as outdir
+    import tokpack._io.outdir as outdir
 
     prefix = tmp_path / "train"
     tokpack.export_megatron(packed, prefix, document="sample")
-    assert tokpack.export.check_megatron(prefix)["format"] == "megatron"
+    assert tokpack.packed.export.check_megatron(prefix)["format"] == "megatron"
     assert main(["verify", str(prefix)]) == 0
     capsys.readouterr()
     real_replace = os.replace
@@ -392,11 +392,11 @@ def test_a_pair_torn_by_an_interrupted_force_is_detected(packed, tmp_path, monke
         tokpack.export_megatron(packed, prefix, dtype="int32", force=True)
     monkeypatch.setattr(outdir.os, "replace", real_replace)
     with pytest.raises(tokpack.CorruptOutputError, match=r"train\.idx: does not match"):
-        tokpack.export.check_megatron(prefix)
+        tokpack.packed.export.check_megatron(prefix)
     assert main(["verify", str(prefix)]) == 2
     assert "train.idx: does not match" in capsys.readouterr().err
     tokpack.export_megatron(packed, prefix, dtype="int32", force=True)
-    tokpack.export.check_megatron(prefix)
+    tokpack.packed.export.check_megatron(prefix)
     assert read_megatron(prefix)[0] is np.int32
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "train.bin",

@@ -6,8 +6,8 @@ import os
 import pytest
 
 import tokpack
-from tokpack._inputs import RAW_SUFFIXES, TOKEN_SUFFIXES, resolve_inputs
-from tokpack._outdir import describe_inputs
+from tokpack._io.inputs import RAW_SUFFIXES, TOKEN_SUFFIXES, resolve_inputs
+from tokpack._io.outdir import describe_inputs
 from tokpack.cli import main
 from tokpack.synthetic import write_token_shards
 
@@ -100,7 +100,7 @@ def test_permission_denied_is_its_own_error(tmp_path, monkeypatch):
     assert isinstance(info.value, PermissionError)
     assert not isinstance(info.value, FileNotFoundError)
     with monkeypatch.context() as m:
-        m.setattr("tokpack._outdir.fingerprint_file", denied)
+        m.setattr("tokpack._io.outdir.fingerprint_file", denied)
         with pytest.raises(tokpack.InputPermissionError):
             describe_inputs([tmp_path / "d/a.parquet"])
     with monkeypatch.context() as m:

@@ -160,7 +160,7 @@ def test_interrupted_exports_leave_a_whole_or_a_detected_output(tmp_path, inputs
     temporary behind."""
     import pyarrow.parquet as pq
 
-    from tokpack.export import check_megatron
+    from tokpack.packed.export import check_megatron
 
     packed = tmp_path / "packed"
     proc = start(["pack", str(inputs["tokens"]), "-o", str(packed), "--max-len", "2048", "--quiet"])

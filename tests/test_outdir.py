@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 import tokpack
-from tokpack._outdir import (
+from tokpack._io.outdir import (
     MANIFEST_NAME,
     atomic_output_dir,
     cache_key,
@@ -53,7 +53,7 @@ def test_killed_run_leaves_nothing_and_the_next_run_cleans_up(tmp_path):
     script = textwrap.dedent(
         f"""
         import os, signal
-        from tokpack._outdir import atomic_output_dir
+        from tokpack._io.outdir import atomic_output_dir
         with atomic_output_dir({str(out)!r}) as tmp:
             (tmp / "part").write_text("x")
             os.kill(os.getpid(), signal.SIGKILL)
@@ -418,7 +418,7 @@ def test_manifest_paths_outside_the_directory_are_refused(shards, tmp_path, caps
     name = entry[key]
     entry[key] = f"../elsewhere/{name}" if where != "absolute" else str(elsewhere / name)
     write_json_atomic(out / MANIFEST_NAME, manifest)
-    from tokpack.packed_dir import PackedDir
+    from tokpack.packed.reader import PackedDir
 
     readers = [
         lambda: tokpack.verify(out),

@@ -16,9 +16,9 @@ import pytest
 
 import tokpack
 from tokpack import ConfigError, PackConfig
-from tokpack._format import INDEX_COLUMNS, SHARD_COLUMNS, manifest_schema
 from tokpack.cli import main
-from tokpack.pack_config import refuse_unsupported
+from tokpack.pack.config import refuse_unsupported
+from tokpack.packed.format import INDEX_COLUMNS, SHARD_COLUMNS, manifest_schema
 
 from .test_pack_pairs import gen_pairs, sft_table, write_pairs
 
@@ -136,7 +136,7 @@ def test_cli_flags_come_from_the_config_fields():
         if name not in ("max_len", "carry"):
             assert flags[name].default == default
     args = parser.parse_args(["pack", "in", "-o", "out", "--strategy", "ffd", "--carry", "a"])
-    from tokpack.pack_config import from_args
+    from tokpack.pack.config import from_args
 
     assert from_args(args) == PackConfig(4096, strategy="ffd", carry=["a"])
 
@@ -155,8 +155,8 @@ def test_shard_and_index_columns_are_the_format_rooms(tmp_path):
 
 def test_schema_is_versioned_with_the_format():
     schema = manifest_schema()
-    assert schema["properties"]["format_version"]["const"] == tokpack._format.FORMAT_VERSION
-    assert schema["properties"]["format"]["const"] == tokpack._format.FORMAT
+    assert schema["properties"]["format_version"]["const"] == tokpack.packed.format.FORMAT_VERSION
+    assert schema["properties"]["format"]["const"] == tokpack.packed.format.FORMAT
     fields = schema["$defs"]["config"]["properties"]
     assert {f[0] for f in PackConfig.FIELDS} <= set(fields)
 

@@ -11,7 +11,7 @@ import pytest
 
 import tokpack
 from tokpack import _tokpack
-from tokpack._outdir import MANIFEST_NAME
+from tokpack._io.outdir import MANIFEST_NAME
 from tokpack.errors import (
     ConfigError,
     CorruptInputError,
@@ -20,7 +20,7 @@ from tokpack.errors import (
     OverlongError,
     SchemaError,
 )
-from tokpack.files import DROPPED_NAME, pack_files
+from tokpack.pack.files import DROPPED_NAME, pack_files
 from tokpack.synthetic import write_token_shards
 
 MAX_LEN = 512

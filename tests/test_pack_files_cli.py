@@ -9,7 +9,7 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from tokpack._outdir import MANIFEST_NAME
+from tokpack._io.outdir import MANIFEST_NAME
 from tokpack.cli import main
 from tokpack.synthetic import write_token_shards
 

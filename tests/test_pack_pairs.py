@@ -24,7 +24,7 @@ import tokpack
 from tokpack import ConfigError, DataError, OverlongError, SchemaError
 from tokpack.cli import main
 from tokpack.errors import CorruptOutputError
-from tokpack.integrity import pair_problem
+from tokpack.packed.integrity import pair_problem
 from tokpack.tokenize import PREFERENCE_SCHEMA, TOKEN_SCHEMA
 
 IGNORE = -100

@@ -12,9 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 
 import tokpack
-from tokpack._outdir import MANIFEST_NAME
+from tokpack._io.outdir import MANIFEST_NAME
 from tokpack.cli import main
-from tokpack.files import DROPPED_NAME
+from tokpack.pack.files import DROPPED_NAME
 from tokpack.tokenize.writer import REJECTED_NAME
 
 from ._tokenizer_factory import CHATML_GEN, build_tokenizer, conversations, write_jsonl

@@ -11,7 +11,7 @@ import time
 import pytest
 
 import tokpack
-from tokpack._progress import _Flag, run_with_progress
+from tokpack._io.progress import _Flag, run_with_progress
 
 
 def test_ctrl_c_waits_for_the_work_to_stop():

@@ -23,7 +23,7 @@ pytest.importorskip("ray.data", reason="ray[data] is not installed: pip install 
 
 import tokpack  # noqa: E402
 import tokpack.ray  # noqa: E402
-from tokpack._outdir import read_manifest  # noqa: E402
+from tokpack._io.outdir import read_manifest  # noqa: E402
 from tokpack.ray._local import groups_of  # noqa: E402
 from tokpack.ray._runner import RayRunner  # noqa: E402
 from tokpack.ray._shards import take  # noqa: E402

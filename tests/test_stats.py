@@ -16,8 +16,8 @@ import tokpack
 from tokpack import packing_stats, plan
 from tokpack.cli import main
 from tokpack.commands.stats import render
-from tokpack.planning import STRATEGIES
-from tokpack.stats import MaxLenFigures, PackingStats, advice, default_max_lens
+from tokpack.pack.plan import STRATEGIES
+from tokpack.stats.estimate import MaxLenFigures, PackingStats, advice, default_max_lens
 from tokpack.synthetic import sft_lengths, write_token_shards
 
 
@@ -178,7 +178,7 @@ def test_cli_advice_regression_mean_above_half_max_len(tmp_path, capsys):
 def test_cli_json_equals_the_api(corpus, capsys):
     assert main(["stats", str(corpus), "--json", "--overlong", "drop", "--quiet"]) == 0
     printed = json.loads(capsys.readouterr().out)
-    from tokpack.files import read_lengths
+    from tokpack.pack.files import read_lengths
 
     expected = packing_stats(read_lengths([corpus]), overlong="drop").as_dict()
     assert printed == json.loads(json.dumps(expected))
@@ -237,7 +237,7 @@ def test_plotted_figures_equal_the_tables(batch_size):
     pytest.importorskip("matplotlib")
     import matplotlib.pyplot as plt
 
-    from tokpack.stats_plot import PLOT_STRATEGIES, stats_figure
+    from tokpack.stats.plot import PLOT_STRATEGIES, stats_figure
 
     lengths = np.concatenate([sft_lengths(3000, seed=2, max_length=3000), [27_189, 9000]])
     stats = packing_stats(lengths, batch_size=batch_size)

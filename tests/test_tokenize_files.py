@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import tokpack
-from tokpack._outdir import MANIFEST_NAME
+from tokpack._io.outdir import MANIFEST_NAME
 from tokpack.cli import main
 from tokpack.tokenize.writer import REJECTED_NAME
 
@@ -204,7 +204,7 @@ def test_cli_bad_record_names_file_and_line(tmp_path, tok_dir, capsys):
 def test_progress_bar_shows_rate_and_eta():
     import io
 
-    from tokpack._progress import Progress
+    from tokpack._io.progress import Progress
 
     class Terminal(io.StringIO):
         def isatty(self):

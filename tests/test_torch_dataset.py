@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 import tokpack
-from tokpack._outdir import MANIFEST_NAME
+from tokpack._io.outdir import MANIFEST_NAME
 from tokpack.torch import PackedCollator, PackedDataset
 
 from .packed_corpus import random_samples, write_packed_dir

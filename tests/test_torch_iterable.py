@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 import tokpack
-from tokpack._order import EpochOrder
+from tokpack.packed.order import EpochOrder
 from tokpack.torch import PackedCollator, PackedDataset, PackedIterableDataset
 
 from .packed_corpus import random_samples, small_packed_dir, write_packed_dir

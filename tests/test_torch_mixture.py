@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 
 import tokpack
 from tokpack.cli import main
-from tokpack.mixture import MAX_PERIOD, Mixture, Schedule, integer_weights
+from tokpack.packed.mixture import MAX_PERIOD, Mixture, Schedule, integer_weights
 from tokpack.torch import PackedCollator, PackedMixture
 
 from .packed_corpus import random_samples, write_packed_dir
@@ -318,7 +318,7 @@ def dropped_source(tmp_path_factory):
 def test_the_mixture_and_mix_stats_refuse_the_same_options_alike(
     sources, dropped_source, capsys, options, match
 ):
-    """One validation (tokpack.mixture.Mixture) for PackedMixture, mixture_stats and mix-stats:
+    """One validation (packed.mixture.Mixture) for PackedMixture, mixture_stats and mix-stats:
     the same ConfigError, never a ZeroDivisionError, OverflowError or numpy ValueError (issue
     20, items 14 and 19: each of these was a traceback in mix-stats, and an empty source was
     reported as "less than one row")."""

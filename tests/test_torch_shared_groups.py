@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import tokpack
-from tokpack.packed_dir import PackedDir
+from tokpack.packed.reader import PackedDir
 from tokpack.torch import PackedCollator, PackedDataset, PackedIterableDataset
 from tokpack.torch._shared import SharedGroups
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import tokpack
-from tokpack._outdir import MANIFEST_NAME
+from tokpack._io.outdir import MANIFEST_NAME
 from tokpack.cli import main
 from tokpack.torch import PackedDataset, PackedIterableDataset
 
@@ -225,7 +225,7 @@ def test_every_sample_dropped_gives_an_empty_shard_that_reads_and_verifies(tmp_p
 
 def test_tokpack_verify_is_the_function_after_any_import():
     # A submodule named like the function replaced it on the package once imported.
-    import tokpack.files  # noqa: F401  (imports the integrity module)
+    import tokpack.pack.files  # noqa: F401  (imports the integrity module)
 
     assert callable(tokpack.verify)
 
@@ -274,8 +274,8 @@ def test_a_damaged_side_file_is_refused_by_every_reader_and_the_cache(tmp_path, 
     """Fails on the code before issue 20: the index side files and the dropped list had no
     checksum, so a flipped bit in num_loss_tokens changed global_num_loss_tokens and mix-stats,
     and a cache hit, even with --verify-cache, accepted it."""
-    from tokpack.packed_dir import PackedDir
-    from tokpack.row_counts import row_counts
+    from tokpack.packed.reader import PackedDir
+    from tokpack.packed.row_counts import row_counts
 
     samples, labels = random_samples(200, 40, seed=4)
     samples[5] = samples[5][:0]  # an empty sample: the dropped list has a row

@@ -115,7 +115,7 @@ def main(argv: Optional[List[str]] = None, *, _exiting: bool = False) -> int:
         args = build_parser().parse_args(argv)
         name = f"tokpack {args.command}"
         command = importlib.import_module(args._module)
-        from ._outdir import numpy_api_ready
+        from ._io.outdir import numpy_api_ready
 
         numpy_api_ready()
         return int(command.run(args) or 0)

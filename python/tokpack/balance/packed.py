@@ -10,7 +10,7 @@ from typing import Any, List, Optional, Tuple
 import numpy as np
 
 from ..errors import ConfigError
-from ..packed_dir import PackedDir
+from ..packed.reader import PackedDir
 from . import Cost, cost_coefficients, partition
 
 __all__ = ["checked_balance", "deal_step", "row_compute", "segment_compute", "step_imbalance"]

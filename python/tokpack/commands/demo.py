@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 
 from .._contract import STRATEGIES
-from ..files import pack_files, read_lengths
-from ..planning import plan
-from ..report import table
+from .._io.tables import table
+from ..pack.files import pack_files, read_lengths
+from ..pack.plan import plan
 from ..synthetic import write_token_shards
 from .pack import summary
 

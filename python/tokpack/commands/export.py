@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..export import DOCUMENT_MODES, MEGATRON_DTYPES, export_megatron, export_nemo_packed
+from ..packed.export import DOCUMENT_MODES, MEGATRON_DTYPES, export_megatron, export_nemo_packed
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, Tuple
 
 from .._contract import SEGMENT_ROLES
+from .._io.tables import table
 from ..errors import ConfigError, CorruptOutputError
-from ..integrity import cache_problem
-from ..packed_dir import PackedDir
-from ..report import table
-from ..stats import check_options
+from ..packed.integrity import cache_problem
+from ..packed.reader import PackedDir
+from ..stats.estimate import check_options
 
 # ``seq_roles`` of preference outputs.
 
@@ -92,7 +92,7 @@ def _rows(packed: PackedDir) -> Iterator[Tuple[str, Dict[str, Any]]]:
 
 def _step_imbalance(packed: PackedDir, batch_size: int, world_size: int) -> str:
     from ..balance.packed import row_compute, step_imbalance
-    from ..stats import COMPUTE_COST
+    from ..stats.estimate import COMPUTE_COST
 
     figures = step_imbalance(row_compute(packed, COMPUTE_COST), batch_size, world_size)
     if figures is None:

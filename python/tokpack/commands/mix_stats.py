@@ -8,7 +8,7 @@ import json
 from typing import Dict, Union
 
 from ..errors import ConfigError
-from ..mixture import STOPS, WEIGHT_UNITS, mixture_stats
+from ..packed.mixture import STOPS, WEIGHT_UNITS, mixture_stats
 
 
 def _pairs(text: str, what: str) -> Dict[str, str]:

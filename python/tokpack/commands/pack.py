@@ -6,9 +6,9 @@ import argparse
 import sys
 from typing import Any, Dict
 
-from .. import pack_config
-from ..files import pack_files
-from ..report import table
+from .._io.tables import table
+from ..pack import config as pack_config
+from ..pack.files import pack_files
 from .tokenize import (
     add_inputs_and_output,
     add_ray_argument,

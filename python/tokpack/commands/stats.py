@@ -10,11 +10,11 @@ import sys
 from typing import Callable, List, Optional
 
 from .._contract import STRATEGIES
+from .._io.tables import table
 from ..errors import ConfigError
-from ..files import PAIR_LAYOUTS, read_lengths
-from ..planning import checked_threads
-from ..report import table
-from ..stats import (
+from ..pack.files import PAIR_LAYOUTS, read_lengths
+from ..pack.plan import checked_threads
+from ..stats.estimate import (
     STATS_OVERLONG,
     MaxLenFigures,
     PackingStats,
@@ -188,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
     check_options(overlong, args.batch_size, args.world_size)
     checked_threads(args.threads)
     if args.plot:
-        from ..stats_plot import check_plot_path
+        from ..stats.plot import check_plot_path
 
         check_plot_path(args.plot)
     lengths = read_lengths(
@@ -217,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
             print("\nVision tokens (counted in the lengths above):")
             print(render_vision_stats(vision))
     if args.plot:
-        from ..stats_plot import write_plot
+        from ..stats.plot import write_plot
 
         write_plot(stats, lengths, args.plot)
         print(f"plot written to {args.plot}", file=sys.stderr if args.json else sys.stdout)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from ..export import MARKER_SUFFIX, check_megatron
-from ..integrity import verify
+from ..packed.export import MARKER_SUFFIX, check_megatron
+from ..packed.integrity import verify
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

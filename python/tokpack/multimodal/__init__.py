@@ -27,7 +27,7 @@ _LAZY = {
     "image_size": "vision",
     "MultimodalEncoder": "tokenize",
     "tokenize_files": "tokenize",
-    "pack_files": ".files",  # tokpack.pack_files: it carries the media of multimodal shards
+    "pack_files": ".pack.files",  # tokpack.pack_files: it carries the media of multimodal shards
     "sample_positions": "positions",
     "packed_positions": "positions",
     "MultimodalCollator": "collate",

@@ -8,8 +8,8 @@ from typing import Any, Dict, Optional, Sequence, Union
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .._inputs import TOKEN_SUFFIXES, is_parquet, resolve_inputs
-from ..report import table
+from .._io.inputs import TOKEN_SUFFIXES, is_parquet, resolve_inputs
+from .._io.tables import table
 
 __all__ = ["vision_stats", "render_vision_stats"]
 

@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 
 from .._contract import IGNORE_INDEX
-from .._inputs import RAW_SUFFIXES, resolve_inputs
+from .._io.inputs import RAW_SUFFIXES, resolve_inputs
 from ..errors import ConfigError, DataError, InputNotFoundError, InvalidRecordError, OverlongError
 from ..tokenize.formats import Record, read_records
 from ..tokenize.masks import labels_from_spans
@@ -425,7 +425,7 @@ def tokenize_files(
     Returns the manifest; ``counts`` holds records, samples, rejected, truncated, split,
     dropped_overlong, images, tokens, vision_tokens and trained_tokens.
     """
-    from .._outdir import cached_run, output_target
+    from .._io.outdir import cached_run, output_target
     from ..tokenize.writer import REJECTED_NAME, _RejectedFile, _ShardWriter
 
     out = output_target(output_dir)

@@ -24,9 +24,9 @@ import ray
 from ray.data.block import BlockAccessor
 
 from .. import _tokpack
-from .._inputs import shown_path
+from .._io.inputs import shown_path
 from ..errors import ConfigError, CorruptInputError, DataError, SchemaError, TokpackError
-from ..pack_config import PackConfig
+from ..pack.config import PackConfig
 from ..tokenize.schema import kind_of_files, kind_of_schema
 
 # A dataset made with ``ray.data.read_parquet(..., include_paths=True)`` names each row's file:

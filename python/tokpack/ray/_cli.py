@@ -18,8 +18,8 @@ from typing import Any, Dict, Iterator
 import ray
 import ray.data
 
-from .. import pack_config
 from ..errors import ClusterError, TokpackError
+from ..pack import config as pack_config
 from ._pack import pack
 
 

@@ -17,8 +17,8 @@ from typing import Any, Dict, List
 import numpy as np
 import ray
 
-from ..pack_config import PackConfig
-from ..planning import Plan
+from ..pack.config import PackConfig
+from ..pack.plan import Plan
 from ._blocks import Columns, Measured, cancelling
 from ._shards import Rows, concat, shard_ranges, take, write_shard
 from ._store import Out

@@ -20,8 +20,8 @@ import ray
 from .. import _tokpack
 from .._contract import OVERLONG_HINT
 from ..errors import DataError, OverlongError, TokpackError
-from ..pack_config import PackConfig, PackReport
-from ..planning import plan as make_plan
+from ..pack.config import PackConfig, PackReport
+from ..pack.plan import plan as make_plan
 from ._blocks import (
     PATH_COLUMN,
     Columns,

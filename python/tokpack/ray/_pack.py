@@ -9,14 +9,20 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 from .. import _tokpack
-from .._format import DROPPED_NAME, MANIFEST_NAME, packed_manifest, write_dropped, write_manifest
-from .._inputs import TOKEN_SUFFIXES, is_parquet, resolve_inputs
-from .._outdir import output_target, writing
+from .._io.inputs import TOKEN_SUFFIXES, is_parquet, resolve_inputs
+from .._io.outdir import output_target, writing
 from ..errors import ConfigError, CorruptOutputError
-from ..pack_config import PackConfig, pack_config, refuse_unsupported
-from ..packed_dir import member_path
-from ..planning import check_int
-from ..planning import plan as make_plan
+from ..pack.config import PackConfig, pack_config, refuse_unsupported
+from ..pack.plan import check_int
+from ..pack.plan import plan as make_plan
+from ..packed.format import (
+    DROPPED_NAME,
+    MANIFEST_NAME,
+    packed_manifest,
+    write_dropped,
+    write_manifest,
+)
+from ..packed.reader import member_path
 from ._blocks import (
     dataset_columns,
     file_columns,

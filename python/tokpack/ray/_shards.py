@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from .. import _tokpack
-from ..pack_config import PackConfig, PackReport
+from ..pack.config import PackConfig, PackReport
 from ._store import ATTEMPT_PREFIX, Out
 
 # A shard's samples: global ids (ascending), offsets from 0, int32 tokens, labels or None, and

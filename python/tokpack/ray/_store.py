@@ -44,7 +44,7 @@ from typing import (
 
 import pyarrow.fs as pafs
 
-from .._outdir import (
+from .._io.outdir import (
     MANIFEST_NAME,
     SIDE_DIR,
     atomic_output_dir,
@@ -340,7 +340,7 @@ def committed_output(
 
 def read_manifest_at(output_dir: Union[str, os.PathLike], filesystem: Any = None):
     """``(manifest or None, fs or None, root)`` of a packed output, local or on a store."""
-    from .._outdir import read_manifest
+    from .._io.outdir import read_manifest
 
     local_dir = local_path(output_dir, filesystem)
     if local_dir is not None:
@@ -391,7 +391,7 @@ def _read_shard(shard: Dict[str, Any], root: str, fs: Any, columns: Optional[Lis
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from ..packed_dir import decode_row_group
+    from ..packed.reader import decode_row_group
 
     name = shard["file"]
     try:

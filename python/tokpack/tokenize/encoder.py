@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from .._contract import OVERLONG_HINT
-from .._inputs import is_parquet
+from .._io.inputs import is_parquet
 from ..errors import ConfigError, InvalidRecordError, OverlongError
 from .formats import Record, parse_record
 from .masks import IGNORE_INDEX, labels_from_spans

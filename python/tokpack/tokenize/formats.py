@@ -33,7 +33,7 @@ from typing import (
     Union,
 )
 
-from .._inputs import input_error, is_parquet, require_file, shown_path
+from .._io.inputs import input_error, is_parquet, require_file, shown_path
 from ..errors import ConfigError, InvalidRecordError
 from .schema import kind_of_format
 

@@ -38,10 +38,10 @@ from typing import (
 import pyarrow as pa
 
 from .. import _tokpack
-from .._inputs import RAW_SUFFIXES, is_parquet, resolve_inputs, shown_path
-from .._progress import Progress
+from .._io.inputs import RAW_SUFFIXES, is_parquet, resolve_inputs, shown_path
+from .._io.progress import Progress
 from ..errors import ConfigError, InvalidRecordError
-from ..planning import checked_threads
+from ..pack.plan import checked_threads
 from .encoder import RecordEncoder
 from .formats import Record, read_records
 from .options import TokenizeOptions
@@ -409,7 +409,7 @@ def tokenize_to_batches(
             ``TOKPACK_NUM_THREADS`` or all cores; 1: everything in this process); the output
             is identical for every value.
         on_reject: called with each rejected record (default: kept in ``.rejected``).
-        progress: a :class:`tokpack._progress.Progress`, told the input bytes read and the
+        progress: a :class:`tokpack._io.progress.Progress`, told the input bytes read and the
             records done.
         sources: add the columns of :data:`SOURCE_SCHEMA` (each sample's input file and line
             or row) to every batch.

@@ -25,7 +25,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .._inputs import shown_path
+from .._io.inputs import shown_path
 from ..errors import ConfigError
 
 __all__ = [

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple, Union
 
-from .._outdir import fingerprint_file
+from .._io.outdir import fingerprint_file
 from ..errors import ConfigError, InputNotFoundError
 
 __all__ = ["LoadedTokenizer", "load_tokenizer", "SPECIAL_TOKEN_KEYS", "ENCODERS"]

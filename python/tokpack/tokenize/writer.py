@@ -16,11 +16,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .. import _tokpack
-from .._format import REJECTED_NAME
-from .._inputs import RAW_SUFFIXES, resolve_inputs
-from .._outdir import cached_run, open_for_writing, output_target, writing
-from .._progress import Progress
-from ..planning import MAX_ROWS, check_int, checked_threads
+from .._io.inputs import RAW_SUFFIXES, resolve_inputs
+from .._io.outdir import cached_run, open_for_writing, output_target, writing
+from .._io.progress import Progress
+from ..pack.plan import MAX_ROWS, check_int, checked_threads
+from ..packed.format import REJECTED_NAME
 from .options import TokenizeOptions
 from .pipeline import ChunkRunner, PathLike, RecordEncoder, TokenStream
 from .schema import describe

@@ -10,7 +10,7 @@ from typing import Any, Dict, Tuple, Union
 import numpy as np
 import torch
 
-from ..packed_dir import Column, PackedDir
+from ..packed.reader import Column, PackedDir
 from ._shared import SharedGroups, readahead
 from ._workers import worker_slot
 

@@ -40,8 +40,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .._outdir import pid_alive
-from ..packed_dir import Column
+from .._io.outdir import pid_alive
+from ..packed.reader import Column
 
 __all__ = ["SharedGroups", "readahead"]
 

@@ -17,12 +17,12 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import numpy as np
 import torch
 
-from .._order import TAILS, RankSplit
 from ..balance import Cost, cost_coefficients
 from ..balance.packed import checked_balance, deal_step, row_compute
 from ..errors import ConfigError
-from ..packed_dir import ROW_COLUMNS, PackedDir
-from ..row_counts import RowCounts
+from ..packed.order import TAILS, RankSplit
+from ..packed.reader import ROW_COLUMNS, PackedDir
+from ..packed.row_counts import RowCounts
 from ._rows import GroupCache
 from ._transport import ship
 from ._workers import resolve_rank, worker_slot

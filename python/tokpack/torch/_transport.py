@@ -34,7 +34,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from .._outdir import pid_alive
+from .._io.outdir import pid_alive
 from ..errors import OutputError
 
 __all__ = ["WorkerBatch", "ship"]

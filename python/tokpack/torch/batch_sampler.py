@@ -2,7 +2,7 @@
 the exact global normalisers of its optimizer step.
 
 A rank's DataLoader sees only its own rows, so the sampler replays every rank's deterministic
-sampler and sums the index side files' per-row counts (:func:`tokpack.row_counts.row_counts`)
+sampler and sums the index side files' per-row counts (:func:`tokpack.packed.row_counts.row_counts`)
 over each step's batches of all ranks; :meth:`PackedDataset.__getitems__` passes the counts on
 and :class:`PackedCollator` puts them in the batch, so no collective is needed.
 
@@ -20,7 +20,7 @@ import torch
 from ..balance import Cost, cost_coefficients
 from ..balance.packed import checked_balance, deal_step, row_compute
 from ..errors import ConfigError
-from ..row_counts import row_counts
+from ..packed.row_counts import row_counts
 from ._stream import non_negative_int
 from ._workers import resolve_rank
 from .dataset import PackedDataset, StepBatch

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-from ..packed_dir import PackedDir
+from ..packed.reader import PackedDir
 from ._rows import GroupCache
 from ._workers import worker_slot
 

@@ -7,11 +7,11 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
-from .._order import EpochOrder
 from ..balance import Cost
 from ..errors import ConfigError
-from ..packed_dir import PackedDir
-from ..row_counts import RowCounts, row_counts
+from ..packed.order import EpochOrder
+from ..packed.reader import PackedDir
+from ..packed.row_counts import RowCounts, row_counts
 from ._stream import Collate, RowStream
 
 __all__ = ["PackedIterableDataset"]
@@ -26,7 +26,7 @@ class PackedIterableDataset(RowStream):
     ``world_size * batch_rows`` rows, and DataLoader worker ``w`` of ``n`` produces that rank's
     batches ``w, w + n, ...``, which the DataLoader hands out in order: the sequence of batches a
     rank sees does not depend on ``num_workers``. Every rank yields the same number of batches
-    (``len(ds)``); see :mod:`tokpack._order` for the ``tail`` policies (``"even"``: every row
+    (``len(ds)``); see :mod:`tokpack.packed.order` for the ``tail`` policies (``"even"``: every row
     exactly once, the last batch may be smaller; ``"drop"``: full batches only).
 
     Each batch is ``collate_fn(rows)`` (for example a :class:`PackedCollator`), or without one a
@@ -45,7 +45,7 @@ class PackedIterableDataset(RowStream):
     ``grad_accum_steps=G``: every batch also carries ``global_num_loss_tokens`` and
     ``global_num_samples``, the loss terms and samples of its whole optimizer step (local
     batches ``[m G, (m + 1) G)`` of every rank, counted from the epoch's start or the resumed
-    position), from the index side files (see :mod:`tokpack.row_counts`), with no collective.
+    position), from the index side files (see :mod:`tokpack.packed.row_counts`), with no collective.
 
     ``balance="compute"`` deals each optimizer step's rows (``grad_accum_steps`` rounds, one
     without it) out again among the ranks, the same number to each, so that their compute,

@@ -9,8 +9,8 @@ import numpy as np
 
 from ..balance import Cost
 from ..errors import ConfigError
-from ..mixture import Mixture, Number
-from ..row_counts import RowCounts
+from ..packed.mixture import Mixture, Number
+from ..packed.row_counts import RowCounts
 from ._stream import Collate, RowStream
 
 __all__ = ["PackedMixture"]
@@ -26,8 +26,8 @@ class PackedMixture(RowStream):
     batch_rows=8, seed=0)``: a fixed periodic schedule keeps every source within one row of its
     share after any number of rows from the epoch's start; a source that runs out restarts with
     its next epoch and the epoch ends as ``stop`` says (``"first"``, ``"all"``, ``"never"``: see
-    :class:`tokpack.mixture.Mixture` and the README). ``weight_unit="tokens"`` takes the weights
-    as shares of tokens.
+    :class:`tokpack.packed.mixture.Mixture` and the README). ``weight_unit="tokens"`` takes the
+    weights as shares of tokens.
 
     Every batch also carries ``sources``: the source index of each row (a list of ints, names in
     ``ds.names``), for per-source loss logging.

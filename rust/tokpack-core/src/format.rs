@@ -1,6 +1,6 @@
 //! The packed-directory format, defined once: file names, shard and index columns, the names a
 //! carried column may not take, and the format's version (`docs/format.md` describes it; `_tokpack`
-//! exports these names and `tokpack/_format.py` is the Python side's one reader and writer of
+//! exports these names and `tokpack/packed/format.py` is the Python side's one reader and writer of
 //! the manifest and the dropped list). A leaf module: it imports nothing else of the crate but
 //! the error type.
 

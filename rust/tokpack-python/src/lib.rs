@@ -25,7 +25,7 @@ fn _tokpack(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MAX_THREADS", tokpack_core::pool::MAX_THREADS)?;
     // The shared names and constants (re-exported to Python by `tokpack/_contract.py`).
     m.add("IGNORE_INDEX", policy::IGNORE_INDEX)?;
-    // The packed-directory format (re-exported to Python by `tokpack/_format.py`).
+    // The packed-directory format (re-exported to Python by `tokpack/packed/format.py`).
     m.add("FORMAT", format::FORMAT)?;
     m.add("FORMAT_VERSION", format::FORMAT_VERSION)?;
     m.add("SIDE_DIR", format::SIDE_DIR)?;

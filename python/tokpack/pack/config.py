@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 from typing import Any, Dict, Mapping, Optional
 
-from ._tokpack import PackConfig, PackReport
-from .errors import ConfigError
+from .._tokpack import PackConfig, PackReport
+from ..errors import ConfigError
 
 __all__ = [
     "PackConfig",

@@ -25,13 +25,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import _tokpack
-from ._arrays import list_array
-from ._contract import IGNORE_INDEX
-from ._inputs import shown_path
-from ._outdir import atomic_output_files, output_file, write_json_atomic, writing
-from .errors import ConfigError, CorruptOutputError, DataError
-from .packed_dir import PackedDir
+from .. import _tokpack
+from .._contract import IGNORE_INDEX
+from .._io.arrays import list_array
+from .._io.inputs import shown_path
+from .._io.outdir import atomic_output_files, output_file, write_json_atomic, writing
+from ..errors import ConfigError, CorruptOutputError, DataError
+from .reader import PackedDir
 
 __all__ = [
     "export_megatron",

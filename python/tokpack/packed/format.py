@@ -13,8 +13,8 @@ from typing import Any, Dict, List, Optional, Union
 import numpy as np
 import pyarrow as pa
 
-from ._inputs import is_parquet, shown_path
-from ._tokpack import (
+from .._io.inputs import is_parquet, shown_path
+from .._tokpack import (
     DROPPED_NAME,
     FORMAT,
     FORMAT_VERSION,
@@ -27,7 +27,7 @@ from ._tokpack import (
     PackReport,
     file_checksum,
 )
-from .errors import CorruptOutputError, InputNotFoundError
+from ..errors import CorruptOutputError, InputNotFoundError
 
 __all__ = [
     "DROPPED_NAME",

@@ -7,10 +7,10 @@ from typing import Any, Optional, Tuple
 
 import numpy as np
 
-from . import _tokpack
-from ._arrays import as_lengths
-from ._contract import OVERLONG_POLICIES, STRATEGIES
-from .pack_config import PackConfig, pack_config
+from .. import _tokpack
+from .._contract import OVERLONG_POLICIES, STRATEGIES
+from .._io.arrays import as_lengths
+from .config import PackConfig, pack_config
 
 __all__ = ["Plan", "plan", "STRATEGIES", "OVERLONG_POLICIES"]
 

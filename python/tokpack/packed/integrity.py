@@ -20,11 +20,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from . import _tokpack
-from ._contract import PAIR_SEGMENT_ROLES
-from ._format import read_manifest
-from .errors import CorruptOutputError
-from .packed_dir import PackedDir, member_path
+from .. import _tokpack
+from .._contract import PAIR_SEGMENT_ROLES
+from ..errors import CorruptOutputError
+from .format import read_manifest
+from .reader import PackedDir, member_path
 
 __all__ = ["verify", "cache_problem"]
 

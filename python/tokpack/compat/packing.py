@@ -13,11 +13,11 @@ from typing import Any, List, Sequence, Tuple
 
 import numpy as np
 
-from . import _tokpack
-from ._arrays import is_torch_tensor, to_numpy_1d
-from ._contract import IGNORE_INDEX
-from .errors import DataError, OverlongError
-from .pack_config import PackConfig
+from .. import _tokpack
+from .._contract import IGNORE_INDEX
+from .._io.arrays import is_torch_tensor, to_numpy_1d
+from ..errors import DataError, OverlongError
+from ..pack.config import PackConfig
 
 __all__ = ["pack_sequences", "concatenate_and_pack"]
 

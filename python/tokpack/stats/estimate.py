@@ -9,11 +9,11 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ._arrays import as_lengths
-from ._contract import STRATEGIES
-from .errors import ConfigError, DataError
-from .pack_config import PackConfig
-from .planning import plan
+from .._contract import STRATEGIES
+from .._io.arrays import as_lengths
+from ..errors import ConfigError, DataError
+from ..pack.config import PackConfig
+from ..pack.plan import plan
 
 __all__ = [
     "packing_stats",
@@ -289,8 +289,8 @@ def _compute_figures(
 ) -> Tuple[float, float, Optional[Tuple[float, float]]]:
     """A plan's compute per epoch (per segment, over whole rows) and, with a world size, the
     mean step imbalance of its rows (``tokpack.balance.packed.step_imbalance``)."""
-    from .balance import cost_coefficients
-    from .balance.packed import segment_compute, step_imbalance
+    from ..balance import cost_coefficients
+    from ..balance.packed import segment_compute, step_imbalance
 
     per_row = segment_compute(p.lengths, p.bin_offsets, COMPUTE_COST)
     a, b = cost_coefficients(COMPUTE_COST)

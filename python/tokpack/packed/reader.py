@@ -25,9 +25,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import _tokpack
-from ._format import FORMAT, FORMAT_VERSION, MANIFEST_NAME
-from .errors import CorruptOutputError, InputNotFoundError, TokpackError
+from .. import _tokpack
+from ..errors import CorruptOutputError, InputNotFoundError, TokpackError
+from .format import FORMAT, FORMAT_VERSION, MANIFEST_NAME
 
 __all__ = ["PackedDir", "decode_row_group", "member_path", "ROW_COLUMNS", "PAIR_COLUMNS"]
 

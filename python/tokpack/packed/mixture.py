@@ -14,7 +14,7 @@ within one row of each share; at ``n = T`` every count is exact, so the period r
 count of any row is closed-form.
 
 **Stream.** Source ``s``'s ``j``-th row in mixture epoch ``e`` is row ``j mod N_s`` of that
-source's own epoch ``j div N_s``, in :class:`tokpack._order.EpochOrder`'s order seeded by
+source's own epoch ``j div N_s``, in :class:`tokpack.packed.order.EpochOrder`'s order seeded by
 ``(seed, e, s)``; ``stop`` ends the epoch on the sources' budgets (``epochs_per_source x N_s``).
 """
 
@@ -28,10 +28,10 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from ._order import EpochOrder
-from .errors import ConfigError, TokpackError
-from .packed_dir import PackedDir
-from .planning import MAX_SEED, check_int
+from ..errors import ConfigError, TokpackError
+from ..pack.plan import MAX_SEED, check_int
+from .order import EpochOrder
+from .reader import PackedDir
 from .row_counts import RowCounts, row_counts
 
 __all__ = [
@@ -324,7 +324,7 @@ class Mixture:
         return src, groups, rows
 
     def row_counts(self) -> List[RowCounts]:
-        """Each source's per-row counts (read once, see :mod:`tokpack.row_counts`)."""
+        """Each source's per-row counts (read once, see :mod:`tokpack.packed.row_counts`)."""
         if self._counts is None:
             self._counts = [row_counts(p) for p in self.packed]
         return self._counts

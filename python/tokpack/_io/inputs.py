@@ -24,7 +24,7 @@ import stat
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple, Union
 
-from .errors import ConfigError, InputNotFoundError, InputPermissionError, TokpackError
+from ..errors import ConfigError, InputNotFoundError, InputPermissionError, TokpackError
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 # Token shards: Parquet and Arrow IPC (the Rust reader recognises the format by its magic bytes).

@@ -33,17 +33,24 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 import pyarrow as pa
 
-from . import _format, _tokpack
-from ._format import MANIFEST_NAME, SIDE_DIR, read_manifest, read_packed_manifest, write_json_atomic  # noqa: F401 (re-exported)
-from ._inputs import input_error, shown_path
-from .errors import (
+from .. import _tokpack
+from ..errors import (
     ConfigError,
     CorruptOutputError,
     OutputError,
     OutputExistsError,
     TokpackError,
 )
-from .integrity import cache_problem
+from ..packed import format as _format
+from ..packed.format import (  # noqa: F401 (re-exported)
+    MANIFEST_NAME,
+    SIDE_DIR,
+    read_manifest,
+    read_packed_manifest,
+    write_json_atomic,
+)
+from ..packed.integrity import cache_problem
+from .inputs import input_error, shown_path
 
 # Side files (manifest, indexes, accounting) live in SIDE_DIR, a subdirectory Parquet readers
 # skip: pyarrow.dataset ignores names starting with "_", Hugging Face datasets ignores directories

@@ -23,10 +23,22 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import _tokpack
-from ._contract import PAIR_LAYOUTS
-from ._diskspace import check_disk_space
-from ._format import (
+from .. import _tokpack
+from .._contract import PAIR_LAYOUTS
+from .._io.inputs import (
+    RAW_SUFFIXES,
+    TOKEN_SUFFIXES,
+    PathsLike,
+    is_parquet,
+    resolve_inputs,
+    shown_path,
+)
+from .._io.outdir import cached_run, open_for_writing, output_target, writing
+from .._io.progress import run_with_progress
+from .._tokpack import pair_layout_for
+from ..errors import ConfigError, OverlongError
+from ..multimodal.pack import media_config
+from ..packed.format import (
     DROPPED_NAME,
     FORMAT,
     FORMAT_VERSION,
@@ -35,25 +47,13 @@ from ._format import (
     packed_manifest,
     write_dropped,
 )
-from ._inputs import (
-    RAW_SUFFIXES,
-    TOKEN_SUFFIXES,
-    PathsLike,
-    is_parquet,
-    resolve_inputs,
-    shown_path,
-)
-from ._outdir import cached_run, open_for_writing, output_target, writing
-from ._progress import run_with_progress
-from ._tokpack import pair_layout_for
-from .errors import ConfigError, OverlongError
-from .multimodal.pack import media_config
-from .pack_config import PackConfig, pack_config, refuse_unsupported
-from .planning import checked_threads
-from .tokenize.encoder import RecordEncoder
-from .tokenize.options import TokenizeOptions
-from .tokenize.schema import kind_of_files, kind_of_format
-from .tokenize.writer import REJECTED_NAME, stream_into, write_arrow
+from ..tokenize.encoder import RecordEncoder
+from ..tokenize.options import TokenizeOptions
+from ..tokenize.schema import kind_of_files, kind_of_format
+from ..tokenize.writer import REJECTED_NAME, stream_into, write_arrow
+from .config import PackConfig, pack_config, refuse_unsupported
+from .diskspace import check_disk_space
+from .plan import checked_threads
 
 __all__ = ["pack_files", "read_lengths", "FORMAT", "FORMAT_VERSION", "PAIR_LAYOUTS"]
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ConfigError, OutputError
-from .stats import OVERLONG_DONE, PackingStats
+from ..errors import ConfigError, OutputError
+from .estimate import OVERLONG_DONE, PackingStats
 
 __all__ = ["PLOT_STRATEGIES", "PLOT_FORMATS", "check_plot_path", "stats_figure", "write_plot"]
 

@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Any, Callable, Optional, TextIO
 
-from . import _tokpack
+from .. import _tokpack
 
 # Phase -> what its counts count ("bytes" are shown in MB).
 _UNITS = {"tokenize": "bytes", "reading": "units", "planning": "", "writing": "rows"}

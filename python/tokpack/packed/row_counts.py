@@ -16,9 +16,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._contract import IGNORE_INDEX
+from .._contract import IGNORE_INDEX
 from .integrity import _read_index
-from .packed_dir import PackedDir
+from .reader import PackedDir
 
 __all__ = ["RowCounts", "row_counts"]
 

@@ -21,7 +21,7 @@ from typing import Iterable, List, Optional, Sequence, Tuple
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .errors import DiskSpaceError
+from ..errors import DiskSpaceError
 
 __all__ = ["check_disk_space", "estimate"]
 

@@ -8,11 +8,11 @@ from typing import Any, Optional, Tuple, Union
 import numpy as np
 import pyarrow as pa
 
-from . import _tokpack
-from ._arrays import as_arrow_column, list_array
-from ._format import SHARD_COLUMNS
-from .pack_config import PackConfig, pack_config
-from .planning import Plan, checked_threads
+from .. import _tokpack
+from .._io.arrays import as_arrow_column, list_array
+from ..packed.format import SHARD_COLUMNS
+from .config import PackConfig, pack_config
+from .plan import Plan, checked_threads
 
 INPUT_IDS, LABELS, SEQ_LENGTHS, SAMPLE_IDS = SHARD_COLUMNS[:4]
 

@@ -8,7 +8,7 @@ from typing import Any, Optional
 import numpy as np
 import pyarrow as pa
 
-from .errors import DataError
+from ..errors import DataError
 
 INT32_MAX = np.iinfo(np.int32).max
 
