@@ -456,7 +456,7 @@ def test_an_object_store_prefix_holding_another_dataset_is_refused_untouched(tmp
     import pyarrow as pa
     import pyarrow.dataset as pads
 
-    from tokpack.ray._store import committed_output
+    from tokpack._io.store import committed_output
 
     fs = _bucket(tmp_path / "bucket")
     table = pa.table({"input_ids": pa.array([[1, 2], [3]], pa.list_(pa.int32()))})
@@ -475,7 +475,7 @@ def test_an_object_store_prefix_holding_another_dataset_is_refused_untouched(tmp
 
 def test_an_object_store_run_claims_its_prefix_and_a_dead_runs_objects_are_its(tmp_path):
     pytest.importorskip("ray")
-    from tokpack.ray._store import RUN_MARKER, committed_output
+    from tokpack._io.store import RUN_MARKER, committed_output
 
     fs = _bucket(tmp_path / "bucket")
     out = tmp_path / "bucket" / "packed"
@@ -509,7 +509,7 @@ def test_a_file_uri_or_a_local_filesystem_is_a_local_directory(tmp_path, monkeyp
     pytest.importorskip("ray")
     import pyarrow.fs as pafs
 
-    from tokpack.ray._store import committed_output, read_manifest_at
+    from tokpack._io.store import committed_output, read_manifest_at
 
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "out"

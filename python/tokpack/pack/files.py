@@ -5,8 +5,9 @@ The heavy lifting is in Rust (``tokpack_core::io``): units are read in parallel 
 needed columns, tokens are spilled to flat files in the run's temporary directory (next to
 OUT_DIR), the plan is made from lengths alone and shards are written in parallel, so memory
 grows with the number of samples and the row-group size, not with the number of tokens. This
-module resolves the inputs (``_inputs``), runs the cached-output skeleton
-(``_outdir.cached_run``) and writes the manifest and the dropped-samples list.
+module resolves the inputs (``_io.inputs``), runs the cached-output skeleton
+(``_io.store.cached_run_at``: a local directory or object storage) and writes the manifest and
+the dropped-samples list.
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ from .._io.inputs import (
     resolve_inputs,
     shown_path,
 )
-from .._io.outdir import cached_run, open_for_writing, output_target, writing
+from .._io.outdir import open_for_writing, writing
 from .._io.progress import run_with_progress
+from .._io.store import cached_run_at, destination
 from .._tokpack import pair_layout_for
 from ..errors import ConfigError, OverlongError
 from ..multimodal.pack import media_config
@@ -106,6 +108,7 @@ def pack_files(
     tokenize: Optional[Union[TokenizeOptions, Dict[str, Any]]] = None,
     verify_cache: bool = False,
     spill_dir: Optional[Union[str, os.PathLike]] = None,
+    filesystem: Any = None,
     **fields: Any,
 ) -> Dict[str, Any]:
     """Pack token shards on disk into ``output_dir``; returns the manifest as a dict.
@@ -117,6 +120,11 @@ def pack_files(
         output_dir: written atomically: absent or complete, even after kill -9. It must be
             absent, empty or a tokpack output holding only what tokpack wrote, and must not
             overlap the inputs (else ConfigError / OutputExistsError, and nothing is touched).
+            A URI (``s3://bucket/packed``, ``gs://...``) or a path on ``filesystem`` (a
+            ``pyarrow.fs`` or fsspec file system) is object storage: the output is built in a
+            local temporary directory (in ``spill_dir`` if given) and uploaded object by
+            object, the manifest last (a prefix without one is not an output), under the same
+            ownership rule.
         max_len, fields: the :class:`tokpack.PackConfig` of the job (``strategy``,
             ``overlong``, ``seed``, ``tokens_column``, ``labels_column``, ``loss_mask_column``,
             ``pair_layout``, ``carry``, ``rows_per_shard``, ``row_group_rows``,
@@ -146,7 +154,8 @@ def pack_files(
     started = time.perf_counter()
     config = pack_config(max_len, config, fields)
     threads = checked_threads(threads)
-    out = output_target(output_dir)
+    dest = destination(output_dir, filesystem)
+    out = dest.local  # None on object storage
     encoding = None
     if tokenizer is not None:
         refuse_unsupported(config, "a one-step pack (tokenizer=)", ONE_STEP_REFUSED)
@@ -225,13 +234,21 @@ def pack_files(
         tokens, labels = _read_columns(config)
         check_disk_space(paths, tokens, labels, config.compression != "none", tmp, spill)
 
-    if encoding is None and not (out / MANIFEST_NAME).exists():
+    if out is not None and encoding is None and not (out / MANIFEST_NAME).exists():
         # Before the inputs are fingerprinted for the cache key (a minute at 10M samples): a
         # run the disk cannot hold is refused first. An OUT with a manifest may be a cache hit,
         # which needs no space: checked again inside the run, where it is known not to be.
         preflight(out, Path(spill_dir) / ".spill" if spill_dir is not None else out / ".spill")
-    manifest, hit, rebuilt_because = cached_run(
-        out, "pack", paths, recorded, build, threads=threads, force=force, verify=verify_cache
+    manifest, hit, rebuilt_because = cached_run_at(
+        dest,
+        "pack",
+        paths,
+        recorded,
+        build,
+        threads=threads,
+        force=force,
+        verify=verify_cache,
+        staging=spill_dir,
     )
     return {**manifest, "cache_hit": hit, "rebuilt_because": rebuilt_because}
 

@@ -17,11 +17,11 @@ from typing import Any, Dict, List
 import numpy as np
 import ray
 
+from .._io.store import Out
 from ..pack.config import PackConfig
 from ..pack.plan import Plan
 from ._blocks import Columns, Measured, cancelling
 from ._shards import Rows, concat, shard_ranges, take, write_shard
-from ._store import Out
 
 
 @ray.remote

@@ -19,6 +19,7 @@ import ray
 
 from .. import _tokpack
 from .._contract import OVERLONG_HINT
+from .._io.store import Out
 from ..errors import DataError, OverlongError, TokpackError
 from ..pack.config import PackConfig, PackReport
 from ..pack.plan import plan as make_plan
@@ -34,7 +35,6 @@ from ._blocks import (
     sample_arrays,
 )
 from ._shards import Rows, accounting, shard_ranges, write_shard
-from ._store import Out
 
 GROUP_PREFIX = ".group-"
 

@@ -11,6 +11,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 from .. import _tokpack
 from .._io.inputs import TOKEN_SUFFIXES, is_parquet, resolve_inputs
 from .._io.outdir import output_target, writing
+from .._io.store import LocalOut, committed_output, local_path, read_manifest_at
 from ..errors import ConfigError, CorruptOutputError
 from ..pack.config import PackConfig, pack_config, refuse_unsupported
 from ..pack.plan import check_int
@@ -33,15 +34,8 @@ from ._blocks import (
 )
 from ._global import write_global
 from ._local import pack_local
+from ._read import dataset_inputs, read_checked_shards
 from ._shards import accounting, remove_attempts
-from ._store import (
-    LocalOut,
-    committed_output,
-    dataset_inputs,
-    local_path,
-    read_checked_shards,
-    read_manifest_at,
-)
 
 MODES = ("global", "local")
 # What tokpack.ray.pack does not support, with why: refused by name before any work.

@@ -1,7 +1,7 @@
 """Writing packed shards from Ray tasks, idempotently.
 
 A shard task writes the shard and its index into a scratch directory of its own, then publishes
-them into the output (:mod:`tokpack.ray._store`: renamed into the run's temporary directory, or
+them into the output (:mod:`tokpack._io.store`: renamed into the run's temporary directory, or
 uploaded to object storage), each file whole: a retried or duplicated task puts the same bytes
 in place, a task killed half-way leaves only its scratch directory, which the driver removes
 before the commit (:func:`remove_attempts`).
@@ -18,8 +18,8 @@ import numpy as np
 import pyarrow as pa
 
 from .. import _tokpack
+from .._io.store import ATTEMPT_PREFIX, Out
 from ..pack.config import PackConfig, PackReport
-from ._store import ATTEMPT_PREFIX, Out
 
 # A shard's samples: global ids (ascending), offsets from 0, int32 tokens, labels or None, and
 # the carried columns (one row per sample) or None.

@@ -17,8 +17,9 @@ import pyarrow.parquet as pq
 
 from .. import _tokpack
 from .._io.inputs import RAW_SUFFIXES, resolve_inputs
-from .._io.outdir import cached_run, open_for_writing, output_target, writing
+from .._io.outdir import open_for_writing, writing
 from .._io.progress import Progress
+from .._io.store import cached_run_at, destination
 from ..pack.plan import MAX_ROWS, check_int, checked_threads
 from ..packed.format import REJECTED_NAME
 from .options import TokenizeOptions
@@ -195,9 +196,12 @@ def tokenize_files(
     progress: bool = False,
     options: Optional[TokenizeOptions] = None,
     runner: Optional[ChunkRunner] = None,
+    filesystem: Any = None,
     **option_values: Any,
 ) -> Dict[str, Any]:
-    """Tokenize chat / instruction / text files into Parquet token shards in ``output_dir``.
+    """Tokenize chat / instruction / text files into Parquet token shards in ``output_dir``
+    (a local directory, or object storage as in :func:`tokpack.pack_files`: a URI or a path on
+    ``filesystem``).
 
     Options are those of :func:`tokpack.tokenize.tokenize_to_batches` (the fields of
     :class:`TokenizeOptions`, ``threads``), plus ``force`` (rebuild even when the output is
@@ -211,8 +215,8 @@ def tokenize_files(
     """
     shard_rows = check_int(shard_rows, "shard_rows", 1, MAX_ROWS)
     threads = checked_threads(threads)
-    out = output_target(output_dir)
-    inputs = resolve_inputs(inputs, RAW_SUFFIXES, output_dir=out)
+    dest = destination(output_dir, filesystem)
+    inputs = resolve_inputs(inputs, RAW_SUFFIXES, output_dir=dest.local)
     chosen = TokenizeOptions.of(options, **option_values).for_inputs(inputs)
     encoding = RecordEncoder(tokenizer, chosen)
     config = {**encoding.config(), "shard_rows": shard_rows}
@@ -244,7 +248,7 @@ def tokenize_files(
             "columns": describe(stream.schema),
         }
 
-    manifest, hit, _ = cached_run(
-        out, "tokenize", inputs, config, build, threads=threads, force=force
+    manifest, hit, _ = cached_run_at(
+        dest, "tokenize", inputs, config, build, threads=threads, force=force
     )
     return {**manifest, "cache_hit": True} if hit else manifest

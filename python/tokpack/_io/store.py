@@ -1,21 +1,26 @@
-"""Where a Ray run's files go: a local (or shared) directory, or object storage.
+"""Where a run's files go: a local (or shared) directory, or object storage.
 
-Shard tasks write each file into a scratch directory of their own, then *publish* it into the
-output: on a file system by renaming it into the run's temporary directory (renamed into place
-when the run is complete, as ``tokpack pack`` does); on object storage (any ``pyarrow.fs``
-file system, or an fsspec one, that is not the local one: ``s3://``, ``gs://``, ...) by
-uploading it under its final key, one whole object at a time. Object stores have no rename of a
-directory, so there the manifest is the commit marker: a run first removes the previous
-output's manifest (from then on readers refuse the prefix), writes every shard and side file,
-and writes the manifest last. Readers (:func:`tokpack.ray.read_packed`) refuse a prefix without
-one.
+``tokpack pack`` / ``tokenize`` (:func:`destination`, :func:`cached_run_at`) build their output
+in a local directory and commit it: on a file system by renaming it into place; on object
+storage by uploading each file whole, the manifest last.
 
-Every destination follows ``tokpack pack``'s output rule (``_outdir``): a prefix is replaced only
-when it is empty or tokpack's (a manifest listing its shards, or the claim ``RUN_MARKER`` a run
-writes before it deletes or writes anything, so the objects of a run that died are recognised
-as tokpack's); anything else there (``part-0.parquet`` of ``pyarrow.dataset.write_dataset``,
-say) is refused, never deleted. An output holding one of the dataset's input files is refused
-too. A ``file://`` URI, or a local ``filesystem=``, is a local directory written atomically.
+Ray's shard tasks write each file into a scratch directory of their own, then *publish* it
+into the output: on a file system by renaming it into the run's temporary directory (renamed
+into place when the run is complete); on object storage (any ``pyarrow.fs`` file system, or an
+fsspec one, that is not the local one: ``s3://``, ``gs://``, ...) by uploading it under its
+final key, one whole object at a time.
+
+Object stores have no rename of a directory, so there the manifest is the commit marker: a run
+first removes the previous output's manifest (from then on readers refuse the prefix), writes
+every shard and side file, and writes the manifest last. Readers refuse a prefix without one.
+
+Every destination follows ``tokpack pack``'s output rule (``outdir``): a prefix is replaced
+only when it is empty or tokpack's (a manifest listing its shards, or the claim ``RUN_MARKER``
+a run writes before it deletes or writes anything, so the objects of a run that died are
+recognised as tokpack's); anything else there (``part-0.parquet`` of
+``pyarrow.dataset.write_dataset``, say) is refused, never deleted. An output holding one of the
+run's input files is refused too. A ``file://`` URI, or a local ``filesystem=``, is a local
+directory written atomically.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import secrets
 import shutil
 import tempfile
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from pathlib import Path
 from typing import (
     Any,
@@ -44,15 +50,20 @@ from typing import (
 
 import pyarrow.fs as pafs
 
-from .._io.outdir import (
+from .. import _tokpack
+from ..errors import ConfigError, CorruptOutputError, OutputError, OutputExistsError
+from ..packed.format import write_manifest
+from .outdir import (
     MANIFEST_NAME,
     SIDE_DIR,
     atomic_output_dir,
+    cache_key,
+    cached_run,
+    describe_inputs,
     foreign_names,
     is_tokpack_manifest,
     output_target,
 )
-from ..errors import ConfigError, CorruptOutputError, OutputError, OutputExistsError
 
 ATTEMPT_PREFIX = ".attempt-"
 # The object names a tokpack run writes under its prefix (side files, shards, local mode's
@@ -177,10 +188,11 @@ class StoreOut(Out):
         except (OSError, ValueError):
             return None
 
-    def claim(self) -> None:
+    def claim(self) -> bool:
         """Checks that the prefix may be replaced (``_outdir.foreign_names``: empty, or
         tokpack's holding only what tokpack writes, a dead run's staged objects included: see
-        the module docstring), then marks it as being written by this run."""
+        the module docstring), then marks it as being written by this run. Returns whether
+        it was marked already (by a run that died)."""
         names = self.names()
         if names:
             manifest = self._manifest()
@@ -205,6 +217,7 @@ class StoreOut(Out):
             marker = Path(d, "writing")
             marker.write_text(f"{os.getpid()}\n")
             self.upload(marker, RUN_MARKER)
+        return RUN_MARKER in names
 
     def clear(self, keep_claim: bool = True) -> None:
         """Removes this run's objects and those of the output it replaces (manifest first:
@@ -216,6 +229,41 @@ class StoreOut(Out):
         for folder in sorted(self.names(pafs.FileType.Directory), reverse=True):
             if _OURS.fullmatch(f"{folder}/x") and not self.names_in(folder):
                 self.fs.delete_dir(self.key(folder))
+
+    def problem(self, manifest: Dict[str, Any], full: bool = False) -> Optional[str]:
+        """``packed.integrity.cache_problem`` on the store: why the output a matching manifest
+        describes cannot be trusted (an object missing or of another size; with ``full``, one
+        whose bytes do not match its checksum), or None."""
+        try:
+            listed = []
+            for shard in manifest["shards"]:
+                listed.append((shard["file"], shard.get("size"), shard.get("checksum")))
+                if "index" in shard:
+                    listed.append(
+                        (shard["index"], shard.get("index_size"), shard.get("index_checksum"))
+                    )
+            for key, size, checksum in (
+                ("dropped_file", "dropped_size", "dropped_checksum"),
+                ("rejected_file", None, None),
+            ):
+                if manifest.get(key):
+                    listed.append((manifest[key], manifest.get(size), manifest.get(checksum)))
+        except (KeyError, TypeError) as exc:
+            return f"the manifest is malformed (field {exc})"
+        infos = self.fs.get_file_info([self.key(str(name)) for name, _, _ in listed])
+        for (name, size, checksum), info in zip(listed, infos):
+            if info.type != pafs.FileType.File:
+                return f"{self.shown}/{name} is missing"
+            if size is not None and info.size != size:
+                return f"{self.shown}/{name} has {info.size} bytes, the manifest says {size}"
+            if full and checksum is not None:
+                with tempfile.TemporaryDirectory(prefix="tokpack-check-") as d:
+                    copy = Path(d, "object")
+                    with self.fs.open_input_stream(self.key(name)) as src, open(copy, "wb") as dst:
+                        shutil.copyfileobj(src, dst, 1 << 22)
+                    if _tokpack.file_checksum(str(copy))[1] != checksum:
+                        return f"{self.shown}/{name} does not match its checksum"
+        return None
 
     def names_in(self, folder: str) -> List[str]:
         selector = pafs.FileSelector(self.key(folder), recursive=True, allow_not_found=True)
@@ -238,27 +286,6 @@ def local_path(output_dir: Union[str, os.PathLike], filesystem: Any = None) -> O
     if not isinstance(filesystem, pafs.FileSystem) and "file" in protocols:
         return str(text)  # fsspec's LocalFileSystem
     return None
-
-
-def dataset_inputs(ds: Any) -> List[str]:
-    """The files and folders a dataset reads, from its plan (nothing is executed): its
-    ``input_files()``, and the paths its read operators were given (Ray Data's Parquet reader
-    lists its files only when it runs); empty when the plan cannot say."""
-    found: List[str] = []
-    with contextlib.suppress(Exception):
-        found.extend(str(p) for p in ds.input_files())
-    with contextlib.suppress(Exception):  # Ray's logical plan: its read operators' paths
-        pending, seen = [ds._logical_plan.dag], set()
-        while pending:
-            op = pending.pop()
-            if id(op) in seen:
-                continue
-            seen.add(id(op))
-            paths = getattr(op, "source_paths", None) or getattr(op, "paths", None)
-            if isinstance(paths, (list, tuple)):
-                found.extend(str(p) for p in paths)
-            pending.extend(getattr(op, "input_dependencies", None) or ())
-    return found
 
 
 def check_no_overlap(target: str, inputs: Sequence[str], shown: str, local: bool) -> None:
@@ -321,26 +348,109 @@ def committed_output(
     assert store is not None
     out = StoreOut(*store)
     check_no_overlap(out.prefix, inputs, out.shown, local=False)
-    out.claim()
-    with tempfile.TemporaryDirectory(prefix="tokpack-ray-driver-") as local:
+    with _committed(out) as local:
+        yield out, local
+
+
+@contextlib.contextmanager
+def _committed(out: "StoreOut", staging: Any = None, build_first: bool = False) -> Iterator[Path]:
+    """Claims ``out`` (refused unless tokpack's) and yields a local directory (under
+    ``staging``); on success uploads its files with the manifest last (the commit), then
+    removes the claim. The previous output is cleared before the body runs (Ray's tasks upload
+    into the prefix) or, with ``build_first``, only once the body has succeeded: a run that
+    fails then leaves the previous output as it was. On failure this run's objects go."""
+    dead_run = out.claim()
+    cleared = False
+    with tempfile.TemporaryDirectory(prefix="tokpack-staged-", dir=staging) as local:
         try:
-            out.clear()
-            yield out, Path(local)
-            driver_files = sorted(
-                str(p.relative_to(local)) for p in Path(local).rglob("*") if p.is_file()
-            )
-            for name in sorted(driver_files, key=lambda n: n == MANIFEST_NAME):
+            if not build_first:
+                out.clear()
+                cleared = True
+            (Path(local) / SIDE_DIR).mkdir(exist_ok=True)
+            yield Path(local)
+            if not cleared:
+                out.clear()
+                cleared = True
+            files = sorted(str(p.relative_to(local)) for p in Path(local).rglob("*") if p.is_file())
+            for name in sorted(files, key=lambda n: n == MANIFEST_NAME):
                 out.upload(Path(local, name), name)
             out.fs.delete_file(out.key(RUN_MARKER))
         except BaseException:
             with contextlib.suppress(Exception):
-                out.clear(keep_claim=False)
+                if cleared:
+                    out.clear(keep_claim=False)
+                elif not dead_run:  # else the marker keeps the dead run's objects tokpack's
+                    out.fs.delete_file(out.key(RUN_MARKER))
             raise
+
+
+@dataclass(frozen=True)
+class Destination:
+    """An output directory: ``local`` (its real path, as ``outdir.output_target`` gives it) or
+    ``store`` (``(fs, prefix, shown)`` on object storage); ``shown`` as the user wrote it."""
+
+    shown: str
+    local: Optional[Path] = None
+    store: Optional[Tuple[pafs.FileSystem, str, str]] = None
+
+
+def destination(output_dir: Union[str, os.PathLike], filesystem: Any = None) -> Destination:
+    """Where ``output_dir`` is: a local path, a ``file://`` URI or a path on a local
+    ``filesystem=`` is local; a URI of another scheme (``s3://``, ``gs://``, ``abfs://``,
+    ``hf://``) or a path on another ``filesystem=`` (pyarrow or fsspec) is object storage."""
+    shown = str(os.fspath(output_dir))
+    try:
+        local_dir = local_path(output_dir, filesystem)
+        if local_dir is not None:
+            return Destination(shown, local=output_target(local_dir))
+        return Destination(shown, store=store_of(output_dir, filesystem))
+    except ValueError as exc:  # ArrowInvalid: an unknown scheme, a malformed URI
+        raise ConfigError(f"{shown}: not a usable output location ({exc})") from None
+
+
+def cached_run_at(
+    dest: Destination,
+    kind: str,
+    inputs: Sequence[os.PathLike],
+    config: Dict[str, Any],
+    build: Callable[[Path, List[Dict[str, Any]]], Dict[str, Any]],
+    *,
+    threads: Optional[int] = None,
+    force: bool = False,
+    verify: bool = False,
+    staging: Optional[Union[str, os.PathLike]] = None,
+) -> Tuple[Dict[str, Any], bool, Optional[str]]:
+    """``outdir.cached_run`` for any destination. On object storage: a cache hit is a manifest
+    with the run's key whose listed objects are all there with their recorded sizes (with
+    ``verify``, their checksums too); otherwise the output is built in a local directory
+    (under ``staging``, default the system's temporary directory), then the prefix is claimed
+    (refused unless tokpack's, before any work), cleared and the files uploaded, the manifest
+    last; a run that fails leaves the previous output as it was."""
+    if dest.local is not None:
+        return cached_run(
+            dest.local, kind, inputs, config, build, threads=threads, force=force, verify=verify
+        )
+    assert dest.store is not None
+    described = describe_inputs(inputs, threads)
+    key = cache_key(kind, described, config)
+    out = StoreOut(*dest.store)
+    rebuilt_because = None
+    if not force:
+        hit = out._manifest()
+        if is_tokpack_manifest(hit) and hit.get("cache_key") == key:
+            rebuilt_because = out.problem(hit, full=verify)
+            if rebuilt_because is None:
+                return hit, True, None
+    with _committed(out, staging, build_first=True) as local:
+        manifest = {"tokpack_version": _tokpack.__version__, "cache_key": key}
+        manifest.update(build(local, described))
+        write_manifest(local, manifest)
+    return manifest, False, rebuilt_because
 
 
 def read_manifest_at(output_dir: Union[str, os.PathLike], filesystem: Any = None):
     """``(manifest or None, fs or None, root)`` of a packed output, local or on a store."""
-    from .._io.outdir import read_manifest
+    from .outdir import read_manifest
 
     local_dir = local_path(output_dir, filesystem)
     if local_dir is not None:
@@ -356,101 +466,3 @@ def read_manifest_at(output_dir: Union[str, os.PathLike], filesystem: Any = None
     except (OSError, ValueError) as exc:
         raise CorruptOutputError(f"{output_dir}: unreadable manifest ({exc})") from None
     return manifest, fs, prefix.rstrip("/")
-
-
-def read_checked_shards(
-    shards: Sequence[Dict[str, Any]], root: str, fs: Any, columns: Optional[Sequence[str]]
-) -> Any:
-    """A ``ray.data.Dataset`` of the shards, one task per shard, each row group decoded by the
-    checked reader (``packed_dir.decode_row_group``: its bytes and the footer against the
-    manifest's checksums), so a damaged shard raises :class:`CorruptOutputError` naming it
-    instead of yielding other tokens. A shard on object storage is downloaded whole first."""
-    import ray.data
-
-    items = [{"shard": json.dumps(s)} for s in shards]
-    return ray.data.from_items(items, override_num_blocks=max(len(items), 1)).map_batches(
-        _read_shards,
-        batch_size=1,
-        batch_format="pyarrow",
-        fn_kwargs={"root": root, "fs": fs, "columns": list(columns) if columns else None},
-    )
-
-
-def _read_shards(batch: Any, root: str, fs: Any, columns: Optional[List[str]]) -> Any:
-    import pyarrow as pa
-
-    tables = [
-        _read_shard(json.loads(text), root, fs, columns)
-        for text in batch.column("shard").to_pylist()
-    ]
-    return pa.concat_tables(tables) if len(tables) != 1 else tables[0]
-
-
-def _read_shard(shard: Dict[str, Any], root: str, fs: Any, columns: Optional[List[str]]) -> Any:
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from ..packed.reader import decode_row_group
-
-    name = shard["file"]
-    try:
-        size = int(shard["size"])
-        footer = _checked_range(shard["footer_bytes"])
-        groups = [_checked_range(r) for r in shard["row_group_bytes"]]
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CorruptOutputError(f"{root}/{MANIFEST_NAME}: shard {name}: field {exc}") from None
-    with _local_copy(root, name, fs) as path:
-        tables = []
-        for g, group in enumerate(groups):
-            decoded = decode_row_group(path, g, columns or _names(path), (size, footer, group))
-            if not tables:  # the footer was checked with the first row group
-                schema = pq.read_schema(path)
-                names = list(decoded)
-            arrays = []
-            for col in names:
-                field = schema.field(col)
-                if isinstance(decoded[col], tuple):
-                    values, offsets = decoded[col]
-                    inner = pa.array(values, type=field.type.value_type)
-                    kind = pa.LargeListArray if pa.types.is_large_list(field.type) else pa.ListArray
-                    width = np.int64 if kind is pa.LargeListArray else np.int32
-                    arrays.append(kind.from_arrays(pa.array(offsets.astype(width)), inner))
-                else:
-                    arrays.append(pa.array(decoded[col], type=field.type))
-            tables.append(pa.Table.from_arrays(arrays, names=names))
-        if not tables:  # an empty shard (every sample dropped): its schema only
-            schema = pq.read_schema(path)
-            if columns:
-                schema = pa.schema([schema.field(c) for c in columns])
-            return schema.empty_table()
-        return pa.concat_tables(tables)
-
-
-def _names(path: str) -> List[str]:
-    import pyarrow.parquet as pq
-
-    try:
-        return list(pq.read_schema(path).names)
-    except Exception as exc:
-        raise CorruptOutputError(f"{path}: not a readable shard ({exc})") from None
-
-
-def _checked_range(value: Any) -> Tuple[int, int, str]:
-    return (int(value["offset"]), int(value["length"]), str(value["checksum"]))
-
-
-@contextlib.contextmanager
-def _local_copy(root: str, name: str, fs: Any) -> Iterator[str]:
-    """The shard as a local file: itself, or downloaded from the store into a temporary file."""
-    if fs is None:
-        yield os.path.join(root, name)
-        return
-    with tempfile.TemporaryDirectory(prefix="tokpack-ray-read-") as d:
-        path = os.path.join(d, "shard.parquet")
-        try:
-            with fs.open_input_stream(f"{root}/{name}") as src, open(path, "wb") as dst:
-                shutil.copyfileobj(src, dst, 1 << 22)
-        except FileNotFoundError:
-            raise CorruptOutputError(f"{root}/{name}: listed in the manifest but missing") from None
-        yield path

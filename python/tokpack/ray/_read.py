@@ -1,0 +1,134 @@
+"""Reading a packed output with Ray: the dataset's input files (for the output's overlap
+check) and a packed directory, local or on object storage, as a ``ray.data.Dataset`` of rows
+decoded by the checked reader."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+from .._io.store import MANIFEST_NAME
+from ..errors import CorruptOutputError
+
+
+def dataset_inputs(ds: Any) -> List[str]:
+    """The files and folders a dataset reads, from its plan (nothing is executed): its
+    ``input_files()``, and the paths its read operators were given (Ray Data's Parquet reader
+    lists its files only when it runs); empty when the plan cannot say."""
+    found: List[str] = []
+    with contextlib.suppress(Exception):
+        found.extend(str(p) for p in ds.input_files())
+    with contextlib.suppress(Exception):  # Ray's logical plan: its read operators' paths
+        pending, seen = [ds._logical_plan.dag], set()
+        while pending:
+            op = pending.pop()
+            if id(op) in seen:
+                continue
+            seen.add(id(op))
+            paths = getattr(op, "source_paths", None) or getattr(op, "paths", None)
+            if isinstance(paths, (list, tuple)):
+                found.extend(str(p) for p in paths)
+            pending.extend(getattr(op, "input_dependencies", None) or ())
+    return found
+
+
+def read_checked_shards(
+    shards: Sequence[Dict[str, Any]], root: str, fs: Any, columns: Optional[Sequence[str]]
+) -> Any:
+    """A ``ray.data.Dataset`` of the shards, one task per shard, each row group decoded by the
+    checked reader (``packed_dir.decode_row_group``: its bytes and the footer against the
+    manifest's checksums), so a damaged shard raises :class:`CorruptOutputError` naming it
+    instead of yielding other tokens. A shard on object storage is downloaded whole first."""
+    import ray.data
+
+    items = [{"shard": json.dumps(s)} for s in shards]
+    return ray.data.from_items(items, override_num_blocks=max(len(items), 1)).map_batches(
+        _read_shards,
+        batch_size=1,
+        batch_format="pyarrow",
+        fn_kwargs={"root": root, "fs": fs, "columns": list(columns) if columns else None},
+    )
+
+
+def _read_shards(batch: Any, root: str, fs: Any, columns: Optional[List[str]]) -> Any:
+    import pyarrow as pa
+
+    tables = [
+        _read_shard(json.loads(text), root, fs, columns)
+        for text in batch.column("shard").to_pylist()
+    ]
+    return pa.concat_tables(tables) if len(tables) != 1 else tables[0]
+
+
+def _read_shard(shard: Dict[str, Any], root: str, fs: Any, columns: Optional[List[str]]) -> Any:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ..packed.reader import decode_row_group
+
+    name = shard["file"]
+    try:
+        size = int(shard["size"])
+        footer = _checked_range(shard["footer_bytes"])
+        groups = [_checked_range(r) for r in shard["row_group_bytes"]]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CorruptOutputError(f"{root}/{MANIFEST_NAME}: shard {name}: field {exc}") from None
+    with _local_copy(root, name, fs) as path:
+        tables = []
+        for g, group in enumerate(groups):
+            decoded = decode_row_group(path, g, columns or _names(path), (size, footer, group))
+            if not tables:  # the footer was checked with the first row group
+                schema = pq.read_schema(path)
+                names = list(decoded)
+            arrays = []
+            for col in names:
+                field = schema.field(col)
+                if isinstance(decoded[col], tuple):
+                    values, offsets = decoded[col]
+                    inner = pa.array(values, type=field.type.value_type)
+                    kind = pa.LargeListArray if pa.types.is_large_list(field.type) else pa.ListArray
+                    width = np.int64 if kind is pa.LargeListArray else np.int32
+                    arrays.append(kind.from_arrays(pa.array(offsets.astype(width)), inner))
+                else:
+                    arrays.append(pa.array(decoded[col], type=field.type))
+            tables.append(pa.Table.from_arrays(arrays, names=names))
+        if not tables:  # an empty shard (every sample dropped): its schema only
+            schema = pq.read_schema(path)
+            if columns:
+                schema = pa.schema([schema.field(c) for c in columns])
+            return schema.empty_table()
+        return pa.concat_tables(tables)
+
+
+def _names(path: str) -> List[str]:
+    import pyarrow.parquet as pq
+
+    try:
+        return list(pq.read_schema(path).names)
+    except Exception as exc:
+        raise CorruptOutputError(f"{path}: not a readable shard ({exc})") from None
+
+
+def _checked_range(value: Any) -> Tuple[int, int, str]:
+    return (int(value["offset"]), int(value["length"]), str(value["checksum"]))
+
+
+@contextlib.contextmanager
+def _local_copy(root: str, name: str, fs: Any) -> Iterator[str]:
+    """The shard as a local file: itself, or downloaded from the store into a temporary file."""
+    if fs is None:
+        yield os.path.join(root, name)
+        return
+    with tempfile.TemporaryDirectory(prefix="tokpack-ray-read-") as d:
+        path = os.path.join(d, "shard.parquet")
+        try:
+            with fs.open_input_stream(f"{root}/{name}") as src, open(path, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 22)
+        except FileNotFoundError:
+            raise CorruptOutputError(f"{root}/{name}: listed in the manifest but missing") from None
+        yield path
