@@ -41,17 +41,24 @@ def _manifests_follow_their_schema():
 
 
 @pytest.fixture
-def s3():
-    """A local S3 endpoint (moto's server, on a free port) and a pyarrow S3 file system for
-    it, with a fresh bucket; tasks get the file system (credentials included) pickled."""
+def s3_endpoint():
+    """A local S3 endpoint (moto's server, on a free port): its URL."""
     moto_server = pytest.importorskip("moto.server", reason="moto[server] is not installed")
-    import pyarrow.fs as pafs
-
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def s3(s3_endpoint):
+    """A pyarrow S3 file system for the local endpoint, with a fresh bucket ``tokpack-test``;
+    tasks get the file system (credentials included) pickled."""
+    import pyarrow.fs as pafs
+
     fs = pafs.S3FileSystem(
-        endpoint_override=f"{host}:{port}",
+        endpoint_override=s3_endpoint.split("://", 1)[1],
         scheme="http",
         access_key="tokpack",
         secret_key="tokpack",
@@ -59,5 +66,16 @@ def s3():
         allow_bucket_creation=True,
     )
     fs.create_dir("tokpack-test")
-    yield fs
-    server.stop()
+    return fs
+
+
+@pytest.fixture
+def s3_env(s3, s3_endpoint, monkeypatch, tmp_path):
+    """``s3://`` URIs resolve to the local endpoint (the AWS environment variables), and
+    tokpack's cache of object copies is a fresh directory."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "tokpack")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "tokpack")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("TOKPACK_CACHE_DIR", str(tmp_path / "tokpack-cache"))
+    return s3

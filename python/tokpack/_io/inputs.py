@@ -7,6 +7,8 @@
   HF datasets' state) and skipped with everything below them; symlinked files are followed,
   symlinked subdirectories are not (no loops, no file read twice).
 - A glob (``*``, ``?``, ``[``, ``**``) gives the files it matches, sorted.
+- A URI of object storage (``s3://bucket/tokens/``, a key, or a glob of keys) gives its objects,
+  as local copies in tokpack's cache (``objects``), named by their URIs in every message.
 - A file given twice (named twice, or found by two items) is listed, and read, twice: every
   command and ``--ray`` take its samples once per listing, as the order given says.
 
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence, Tuple, Union
 
 from ..errors import ConfigError, InputNotFoundError, InputPermissionError, TokpackError
+from .objects import is_object_uri, mirror_objects, uri_of
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 # Token shards: Parquet and Arrow IPC (the Rust reader recognises the format by its magic bytes).
@@ -38,6 +41,9 @@ PathsLike = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
 def shown_path(path: Union[str, os.PathLike]) -> str:
     """A file name as messages and side files show it: valid UTF-8 whatever the file system
     gave (undecodable bytes become ``\\xNN``, which JSON, Arrow strings and terminals accept)."""
+    uri = uri_of(path)
+    if uri is not None:  # a local copy of an object: named by the object
+        return uri
     return os.fsdecode(path).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
@@ -92,6 +98,9 @@ def resolve_inputs(
         text = os.fspath(item)
         if not text:
             raise ConfigError("an input path is empty")
+        if is_object_uri(str(text)):
+            out.extend(mirror_objects(str(text), suffixes))
+            continue
         path = Path(text)
         try:
             mode: Optional[int] = os.stat(path).st_mode

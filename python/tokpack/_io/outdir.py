@@ -51,6 +51,7 @@ from ..packed.format import (  # noqa: F401 (re-exported)
 )
 from ..packed.integrity import cache_problem
 from .inputs import input_error, shown_path
+from .objects import object_fingerprint
 
 # Side files (manifest, indexes, accounting) live in SIDE_DIR, a subdirectory Parquet readers
 # skip: pyarrow.dataset ignores names starting with "_", Hugging Face datasets ignores directories
@@ -71,6 +72,10 @@ def fingerprint_file(path: os.PathLike, chunk: int = 1 << 22) -> str:
 
 
 def _describe(path: Path) -> Dict[str, Any]:
+    remote = object_fingerprint(path)
+    if remote is not None:  # a copy of an object: described by the object, not re-hashed
+        uri, size, fingerprint = remote
+        return {"path": uri, "size": size, "fingerprint": fingerprint}
     try:
         size = path.stat().st_size
         fp = fingerprint_file(path)

@@ -12,6 +12,7 @@ import time
 from typing import Any, Callable, Optional, TextIO
 
 from .. import _tokpack
+from .objects import shown_message
 
 # Phase -> what its counts count ("bytes" are shown in MB).
 _UNITS = {"tokenize": "bytes", "reading": "units", "planning": "", "writing": "rows"}
@@ -125,7 +126,10 @@ def run_with_progress(
     finally:
         display.close()
     if "error" in result:
-        raise result["error"]
+        error = result["error"]
+        if error.args and isinstance(error.args[0], str):  # name objects, not their copies
+            error.args = (shown_message(error.args[0]), *error.args[1:])
+        raise error
     return result["value"]
 
 

@@ -1,6 +1,9 @@
-"""`pack` / `tokenize` into object storage (moto's S3 server): the objects are `pack`'s local
-bytes, the manifest is written last, a rerun is a cache hit, what tokpack did not write is
-refused and never deleted, and a run that fails leaves the previous output as it was."""
+"""`pack` / `tokenize` into and from object storage (moto's S3 server): the objects are
+`pack`'s local bytes, the manifest is written last, a rerun is a cache hit, what tokpack did not
+write is refused and never deleted, and a run that fails leaves the previous output as it was.
+Inputs given as URIs are packed from local copies with `pack`'s bytes and named by their URIs.
+
+moto keeps its buckets for the whole process: each test writes under its own prefix."""
 
 import json
 from pathlib import Path
@@ -117,16 +120,75 @@ def test_tokenize_to_s3_uploads_its_bytes(s3, tmp_path):
     tok = build_tokenizer(tmp_path / "tok")
     records = write_jsonl(tmp_path / "chat.jsonl", [{"messages": m} for m in conversations(80)])
     local = tokpack.tokenize_files([records], tmp_path / "tokens", tok)
-    remote = tokpack.tokenize_files([records], f"{BUCKET}/tokens", tok, filesystem=s3)
+    remote = tokpack.tokenize_files([records], f"{BUCKET}/tokenized", tok, filesystem=s3)
     assert remote["counts"] == local["counts"]
     for shard in local["shards"]:
         name = shard["file"]
         assert (
-            read_object(s3, f"{BUCKET}/tokens/{name}") == (tmp_path / "tokens" / name).read_bytes()
+            read_object(s3, f"{BUCKET}/tokenized/{name}")
+            == (tmp_path / "tokens" / name).read_bytes()
         )
-    assert tokpack.tokenize_files([records], f"{BUCKET}/tokens", tok, filesystem=s3)["cache_hit"]
+    assert tokpack.tokenize_files([records], f"{BUCKET}/tokenized", tok, filesystem=s3)["cache_hit"]
 
 
 def test_an_unknown_scheme_is_a_config_error(corpus):
     with pytest.raises(tokpack.ConfigError, match="not a usable output location"):
         tokpack.pack_files(corpus, "nosuchscheme://bucket/x", 512)
+
+
+def upload(fs, files, prefix):
+    for f in files:
+        with fs.open_output_stream(f"{prefix}/{Path(f).name}") as out:
+            out.write(Path(f).read_bytes())
+
+
+def test_pack_from_s3_inputs_is_packs_bytes_and_names_the_objects(corpus, s3_env, tmp_path):
+    upload(s3_env, corpus, f"{BUCKET}/tokens")
+    tokpack.pack_files(corpus, tmp_path / "local", 512, overlong="drop")
+    uri = f"s3://{BUCKET}/tokens/"
+    remote = tokpack.pack_files(uri, tmp_path / "remote", 512, overlong="drop")
+    for name, path in local_files(tmp_path / "local").items():
+        if name.endswith(".parquet") or "index" in name:
+            assert (tmp_path / "remote" / name).read_bytes() == path.read_bytes(), name
+    names = [f"s3://{BUCKET}/tokens/{Path(f).name}" for f in corpus]
+    assert [i["path"] for i in remote["inputs"]] == names
+    # A rerun with the objects unchanged is a cache hit (their copies are not downloaded again).
+    assert tokpack.pack_files(uri, tmp_path / "remote", 512, overlong="drop")["cache_hit"]
+    # A glob of keys, and a single key, name the same objects.
+    glob_run = tokpack.pack_files(f"s3://{BUCKET}/tokens/*.parquet", tmp_path / "g", 512)
+    assert [i["path"] for i in glob_run["inputs"]] == names
+
+
+def test_errors_name_the_object_not_its_copy(s3_env, tmp_path):
+    files = write_token_shards(tmp_path / "c", 50, n_files=1, max_length=900, seed=1)
+    upload(s3_env, files, f"{BUCKET}/long")
+    uri = f"s3://{BUCKET}/long/{Path(files[0]).name}"
+    with pytest.raises(tokpack.OverlongError) as err:
+        tokpack.pack_files(uri, tmp_path / "out", 64)
+    assert str(err.value).startswith(uri), str(err.value)
+    with pytest.raises(tokpack.InputNotFoundError, match="no such object or prefix"):
+        tokpack.pack_files(f"s3://{BUCKET}/nothing-here", tmp_path / "out", 64)
+    with pytest.raises(tokpack.InputNotFoundError, match="no object matches"):
+        tokpack.pack_files(f"s3://{BUCKET}/long/*.arrow", tmp_path / "out", 64)
+
+
+def test_a_changed_object_is_downloaded_again(s3_env, tmp_path):
+    a = write_token_shards(tmp_path / "a", 40, n_files=1, max_length=200, seed=1)
+    b = write_token_shards(tmp_path / "b", 60, n_files=1, max_length=200, seed=2)
+    key = f"{BUCKET}/changing/shard.parquet"
+    upload(s3_env, a, f"{BUCKET}/changing")
+    s3_env.move(f"{BUCKET}/changing/{Path(a[0]).name}", key)
+    first = tokpack.pack_files(f"s3://{key}", tmp_path / "out", 256)
+    assert first["figures"]["samples_in"] == 40
+    with s3_env.open_output_stream(key) as out:
+        out.write(Path(b[0]).read_bytes())
+    second = tokpack.pack_files(f"s3://{key}", tmp_path / "out", 256)
+    assert not second["cache_hit"]
+    assert second["figures"]["samples_in"] == 60
+
+
+def test_s3_in_s3_out(corpus, s3_env):
+    upload(s3_env, corpus, f"{BUCKET}/in")
+    manifest = tokpack.pack_files(f"s3://{BUCKET}/in/", f"s3://{BUCKET}/out", 512)
+    assert MANIFEST_NAME in objects(s3_env, f"{BUCKET}/out")
+    assert manifest["inputs"][0]["path"].startswith(f"s3://{BUCKET}/in/")

@@ -1,0 +1,174 @@
+"""Inputs on object storage: ``s3://bucket/tokens/`` (any URI ``pyarrow.fs`` knows but
+``file://``) given where a command takes input files.
+
+The Rust readers read local files, so each object is mirrored into a local cache first:
+``$TOKPACK_CACHE_DIR`` (default ``~/.cache/tokpack``) ``/objects/<scheme>/<bucket>/<key>``,
+downloaded to a temporary name and renamed when complete, and downloaded again only when the
+object's size or modification time changed (recorded beside the copy). Everything the user sees
+names the object, not the copy: messages and dropped lists (:func:`uri_of` through
+``inputs.shown_path``) and the manifest's inputs, whose fingerprint of an object is a digest of
+its URI, size and modification time (so a rerun whose objects did not change is a cache hit).
+
+A URI names one object, a prefix (its objects with the command's suffixes, recursively, sorted,
+``_`` / ``.`` names skipped as for a local directory) or a glob of keys (``s3://b/t/*.parquet``).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import glob
+import hashlib
+import json
+import os
+import secrets
+import shutil
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import pyarrow.fs as pafs
+
+from ..errors import ConfigError, InputNotFoundError
+
+__all__ = ["is_object_uri", "mirror_objects", "uri_of", "object_fingerprint", "shown_message"]
+
+_SOURCE_SUFFIX = ".tokpack-source.json"
+
+
+def cache_root() -> Path:
+    """The local cache of object copies (``$TOKPACK_CACHE_DIR/objects``)."""
+    base = os.environ.get("TOKPACK_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "tokpack"
+    )
+    return Path(base) / "objects"
+
+
+def is_object_uri(text: str) -> bool:
+    """A URI of object storage (``scheme://...``, not ``file://``)."""
+    scheme, sep, _ = text.partition("://")
+    return bool(sep) and scheme.isidentifier() and scheme.lower() != "file"
+
+
+def uri_of(path: os.PathLike) -> Optional[str]:
+    """The URI a local copy mirrors, or None for any other path."""
+    try:
+        rel = Path(os.path.abspath(path)).relative_to(cache_root().absolute())
+    except ValueError:
+        return None
+    parts = rel.parts
+    return f"{parts[0]}://{'/'.join(parts[1:])}" if len(parts) > 1 else None
+
+
+def shown_message(text: str) -> str:
+    """``text`` (a message from the Rust readers, which name the files they read) with every
+    local copy's path replaced by its object's URI."""
+    root = f"{cache_root().absolute()}{os.sep}"
+    while root in text:
+        start = text.index(root)
+        scheme, _, _ = text[start + len(root) :].partition(os.sep)
+        text = text[:start] + f"{scheme}://" + text[start + len(root) + len(scheme) + 1 :]
+    return text
+
+
+def object_fingerprint(path: os.PathLike) -> Optional[Tuple[str, int, str]]:
+    """``(uri, size, fingerprint)`` of a local copy, from the object it was downloaded from
+    (a digest of its URI, size and modification time), or None for any other path."""
+    uri = uri_of(path)
+    if uri is None:
+        return None
+    try:
+        source = json.loads(_source_file(Path(path)).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    blob = f"{uri}\0{source['size']}\0{source['mtime_ns']}".encode()
+    return uri, int(source["size"]), hashlib.blake2b(blob, digest_size=16).hexdigest()
+
+
+def _source_file(copy: Path) -> Path:
+    return copy.with_name(f".{copy.name}{_SOURCE_SUFFIX}")
+
+
+def _filesystem(uri: str) -> Tuple[pafs.FileSystem, str]:
+    try:
+        return pafs.FileSystem.from_uri(uri)
+    except ValueError as exc:  # ArrowInvalid: an unknown scheme, a malformed URI
+        raise ConfigError(f"{uri}: not a usable input location ({exc})") from None
+    except OSError as exc:  # credentials, endpoint
+        raise InputNotFoundError(f"{uri}: cannot reach the store ({exc})") from None
+
+
+def _objects(uri: str, suffixes: Tuple[str, ...]) -> Tuple[pafs.FileSystem, List[pafs.FileInfo]]:
+    """The objects a URI names (see the module docstring), sorted by key."""
+    fs, path = _filesystem(uri)
+    scheme = uri.split("://", 1)[0]
+    try:
+        info = fs.get_file_info(path)
+        if info.type == pafs.FileType.File:
+            return fs, [info]
+        if info.type == pafs.FileType.Directory:
+            selector = pafs.FileSelector(path.rstrip("/"), recursive=True)
+            found = [
+                i
+                for i in fs.get_file_info(selector)
+                if i.type == pafs.FileType.File
+                and i.path.lower().endswith(suffixes)
+                and not any(
+                    part.startswith(("_", "."))
+                    for part in i.path[len(path.rstrip("/")) + 1 :].split("/")
+                )
+            ]
+            if not found:
+                raise InputNotFoundError(f"{uri}: no {' / '.join(suffixes)} objects inside")
+            return fs, sorted(found, key=lambda i: i.path)
+        if glob.has_magic(path):
+            base = path[: min(path.index(c) for c in "*?[" if c in path)].rsplit("/", 1)[0]
+            selector = pafs.FileSelector(base, recursive=True, allow_not_found=True)
+            found = [
+                i
+                for i in fs.get_file_info(selector)
+                if i.type == pafs.FileType.File and fnmatch.fnmatchcase(i.path, path)
+            ]
+            if not found:
+                raise InputNotFoundError(f"{uri}: no object matches")
+            return fs, sorted(found, key=lambda i: i.path)
+    except OSError as exc:
+        raise InputNotFoundError(f"{uri}: cannot list ({exc})") from None
+    raise InputNotFoundError(f"{scheme}://{path}: no such object or prefix")
+
+
+def mirror_objects(uri: str, suffixes: Tuple[str, ...]) -> List[Path]:
+    """Local copies of the objects ``uri`` names, downloaded when missing or changed."""
+    fs, infos = _objects(uri, suffixes)
+    scheme = uri.split("://", 1)[0].lower()
+    return [_mirror(fs, scheme, info) for info in infos]
+
+
+def _mirror(fs: pafs.FileSystem, scheme: str, info: pafs.FileInfo) -> Path:
+    copy = cache_root() / scheme / info.path
+    mtime_ns = int(info.mtime_ns) if info.mtime_ns is not None else 0
+    source: Dict[str, Any] = {"size": int(info.size), "mtime_ns": mtime_ns}
+    shown = f"{scheme}://{info.path}"
+    try:
+        recorded = json.loads(_source_file(copy).read_text(encoding="utf-8"))
+        if recorded == source and copy.stat().st_size == info.size:
+            return copy
+    except (OSError, ValueError):
+        pass
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    tmp = copy.with_name(f".{copy.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    try:
+        with fs.open_input_stream(info.path) as src, open(tmp, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 22)
+        if tmp.stat().st_size != info.size:
+            raise InputNotFoundError(
+                f"{shown}: downloaded {tmp.stat().st_size} bytes, the store lists {info.size}"
+                " (changed while read?)"
+            )
+        os.replace(tmp, copy)
+        record = copy.with_name(f"{_source_file(copy).name}.tmp-{tmp.name.rsplit('-', 1)[-1]}")
+        record.write_text(json.dumps(source), encoding="utf-8")
+        os.replace(record, _source_file(copy))
+    except OSError as exc:
+        raise InputNotFoundError(f"{shown}: cannot download ({exc})") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    return copy
