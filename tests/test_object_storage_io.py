@@ -192,3 +192,12 @@ def test_s3_in_s3_out(corpus, s3_env):
     manifest = tokpack.pack_files(f"s3://{BUCKET}/in/", f"s3://{BUCKET}/out", 512)
     assert MANIFEST_NAME in objects(s3_env, f"{BUCKET}/out")
     assert manifest["inputs"][0]["path"].startswith(f"s3://{BUCKET}/in/")
+
+
+def test_ray_refuses_object_uris_as_input_files(tmp_path):
+    """Copies would be on the driver only; the message says how to give Ray the objects."""
+    pytest.importorskip("ray")
+    from tokpack.ray._pack import _input_files
+
+    with pytest.raises(tokpack.ConfigError, match=r"pass a dataset: tokpack.ray.pack\(ray.data"):
+        _input_files(["s3://bucket/tokens/"], tmp_path / "out", None)

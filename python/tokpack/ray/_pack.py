@@ -10,6 +10,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 from .. import _tokpack
 from .._io.inputs import TOKEN_SUFFIXES, is_parquet, resolve_inputs
+from .._io.objects import is_object_uri
 from .._io.outdir import output_target, writing
 from .._io.store import LocalOut, committed_output, local_path, read_manifest_at
 from ..errors import ConfigError, CorruptOutputError
@@ -166,6 +167,13 @@ def _input_files(inputs: Any, output_dir: Any, filesystem: Any) -> List[Path]:
     """The Parquet files of ``inputs`` (``tokpack pack``'s resolver), not overlapping a local
     ``output_dir``."""
     # An object-store OUT (s3://..., or on a filesystem=) cannot overlap local inputs.
+    items = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
+    remote = [str(i) for i in items if is_object_uri(os.fspath(i))]
+    if remote:  # the copies would be on the driver only, not on the nodes that read them
+        raise ConfigError(
+            f"{remote[0]}: --ray reads input files from a path every node sees; for objects,"
+            f" pass a dataset: tokpack.ray.pack(ray.data.read_parquet({remote[0]!r}), ...)"
+        )
     local = local_path(output_dir, filesystem)
     out = None if local is None else output_target(local)
     paths = resolve_inputs(inputs, TOKEN_SUFFIXES, output_dir=out)
