@@ -403,44 +403,33 @@ def tokenize_files(
     tokenizer: Union[str, os.PathLike, LoadedTokenizer],
     *,
     vision: Union[VisionRules, str, os.PathLike, Dict[str, Any]],
-    chat_template: Optional[Union[str, os.PathLike]] = None,
-    train_on: str = "assistant",
-    max_len: Optional[int] = None,
-    overlong: str = "error",
-    messages_column: str = "messages",
-    images_column: str = "images",
-    image_root: Optional[Union[str, os.PathLike]] = None,
     skip_invalid: bool = False,
     shard_rows: int = 100_000,
     batch_rows: int = 1024,
     force: bool = False,
+    filesystem: Any = None,
+    **options: Any,
 ) -> Dict[str, Any]:
     """Tokenize image chats (JSONL or Parquet) into multimodal token shards in ``output_dir``
     (written atomically, a cache hit when inputs and options are unchanged, as ``tokpack
-    tokenize``). ``vision``: :class:`VisionRules`, a ``preprocessor_config.json`` dict, or
-    the model directory / file holding it. Images are read (hashed, header parsed) but not
-    decoded. A changed image under an unchanged input is not noticed here (``force=True``
-    rebuilds); the collator's hash check refuses it when loading.
+    tokenize``; a URI or a path on ``filesystem`` is object storage, as for
+    :func:`tokpack.pack_files`). ``vision``: :class:`VisionRules`, a
+    ``preprocessor_config.json`` dict, or the model directory / file holding it; ``options``:
+    the keyword options of :class:`MultimodalEncoder` (``chat_template``, ``train_on``,
+    ``max_len``, ``overlong``, ``messages_column``, ``images_column``, ``image_root``). Images
+    are read (hashed, header parsed) but not decoded. A changed image under an unchanged input
+    is not noticed here (``force=True`` rebuilds); the collator's hash check refuses it when
+    loading.
 
     Returns the manifest; ``counts`` holds records, samples, rejected, truncated, split,
     dropped_overlong, images, tokens, vision_tokens and trained_tokens.
     """
-    from .._io.outdir import cached_run, output_target
+    from .._io.store import cached_run_at, destination
     from ..tokenize.writer import REJECTED_NAME, _RejectedFile, _ShardWriter
 
-    out = output_target(output_dir)
-    files = resolve_inputs(inputs, RAW_SUFFIXES, output_dir=out)
-    encoder = MultimodalEncoder(
-        tokenizer,
-        vision,
-        chat_template=chat_template,
-        train_on=train_on,
-        max_len=max_len,
-        overlong=overlong,
-        messages_column=messages_column,
-        images_column=images_column,
-        image_root=image_root,
-    )
+    dest = destination(output_dir, filesystem)
+    files = resolve_inputs(inputs, RAW_SUFFIXES, output_dir=dest.local)
+    encoder = MultimodalEncoder(tokenizer, vision, **options)
     config = {**encoder.config(), "skip_invalid": bool(skip_invalid), "shard_rows": shard_rows}
 
     def build(tmp: Path, described: List[Dict[str, Any]]) -> Dict[str, Any]:
@@ -476,5 +465,5 @@ def tokenize_files(
             "rejected_file": REJECTED_NAME if counts.rejected else None,
         }
 
-    manifest, hit, _ = cached_run(out, "tokenize-multimodal", files, config, build, force=force)
+    manifest, hit, _ = cached_run_at(dest, "tokenize-multimodal", files, config, build, force=force)
     return {**manifest, "cache_hit": True} if hit else manifest
