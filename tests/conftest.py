@@ -38,3 +38,33 @@ def _manifests_follow_their_schema():
     _format.write_manifest = checked
     yield
     _format.write_manifest = write
+
+
+@pytest.fixture
+def s3_server():
+    """A local S3 endpoint (moto's server, on a free port) with a fresh bucket ``tokpack-test``:
+    ``(pyarrow S3 file system of it, "host:port")``."""
+    moto_server = pytest.importorskip("moto.server", reason="moto[server] is not installed")
+    import pyarrow.fs as pafs
+
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    fs = pafs.S3FileSystem(
+        endpoint_override=f"{host}:{port}",
+        scheme="http",
+        access_key="tokpack",
+        secret_key="tokpack",
+        region="us-east-1",
+        allow_bucket_creation=True,
+    )
+    fs.create_dir("tokpack-test")
+    yield fs, f"{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def s3(s3_server):
+    """The pyarrow S3 file system of :func:`s3_server` (tasks get it, credentials included,
+    pickled)."""
+    return s3_server[0]

@@ -489,29 +489,6 @@ def test_object_storage_refuses_foreign_objects_and_a_failed_run_leaves_no_outpu
         tokpack.ray.read_packed("packed", filesystem=fs)
 
 
-@pytest.fixture
-def s3():
-    """A local S3 endpoint (moto's server, on a free port) and a pyarrow S3 file system for
-    it, with a fresh bucket; tasks get the file system (credentials included) pickled."""
-    moto_server = pytest.importorskip("moto.server", reason="moto[server] is not installed")
-    import pyarrow.fs as pafs
-
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    fs = pafs.S3FileSystem(
-        endpoint_override=f"{host}:{port}",
-        scheme="http",
-        access_key="tokpack",
-        secret_key="tokpack",
-        region="us-east-1",
-        allow_bucket_creation=True,
-    )
-    fs.create_dir("tokpack-test")
-    yield fs
-    server.stop()
-
-
 def test_s3_output_is_tokpack_packs_bytes_committed_by_the_manifest(cluster, corpus, s3):
     """The S3 protocol itself (moto): objects without folders or renames, a PUT whole."""
     import pyarrow.fs as pafs
