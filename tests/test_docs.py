@@ -73,7 +73,8 @@ _host, _port = _server.get_host_and_port()
 os.environ.update(AWS_ENDPOINT_URL=f"http://{_host}:{_port}", AWS_ACCESS_KEY_ID="docs",
                   AWS_SECRET_ACCESS_KEY="docs", AWS_DEFAULT_REGION="us-east-1",
                   TOKPACK_CACHE_DIR=str(Path("cache").absolute()))
-_s3 = _fs.S3FileSystem(allow_bucket_creation=True)
+_s3 = _fs.S3FileSystem(endpoint_override=f"{_host}:{_port}", scheme="http",
+                       allow_bucket_creation=True)
 _s3.create_dir("my-bucket")
 tokpack.pack_files(["data"], "packed", 4096, row_group_rows=64)
 for _p in sorted(Path("packed").rglob("*")):

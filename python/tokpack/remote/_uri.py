@@ -30,10 +30,22 @@ def _protocols(filesystem: Any) -> Tuple[str, ...]:
     return (protocol,) if isinstance(protocol, str) else tuple(protocol or ())
 
 
+def _with_endpoint(uri: str) -> str:
+    """An ``s3://`` URI with the endpoint of ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``
+    (the AWS tools' variables, for MinIO, R2 and the like), unless it names one itself."""
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if not uri.startswith("s3://") or not endpoint or "endpoint_override=" in uri:
+        return uri
+    scheme, _, host = endpoint.partition("://")
+    if not host:
+        scheme, host = "https", endpoint
+    return f"{uri}{'&' if '?' in uri else '?'}endpoint_override={host.rstrip('/')}&scheme={scheme}"
+
+
 def _from_uri(uri: str) -> Tuple[pafs.FileSystem, str]:
     """``pyarrow.fs``'s file system of ``uri`` and the path on it, else fsspec's (wrapped)."""
     try:
-        return pafs.FileSystem.from_uri(uri)
+        return pafs.FileSystem.from_uri(_with_endpoint(uri))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
         arrow_error = exc
     try:
