@@ -8,7 +8,8 @@ best of --repeats); the requests it made are counted too. Goal: the large corpus
 first batch within 1.5x the small one's (it must not grow with the corpus).
 
 Then one epoch of the large corpus through ``DataLoader(num_workers=2)`` with a cache that
-holds it: bytes fetched (``tokpack.remote.cache_counters``: every worker's fetches) against the bytes of the shards' row groups and footers. Goal: fetched bytes
+holds it: bytes fetched (``tokpack.remote.cache_counters``: every worker's fetches) against
+the bytes of the shards' row groups and footers. Goal: fetched bytes
 <= 1.1x the data read.
 
     python benches/bench_remote.py --small 2 --large 64
@@ -53,8 +54,7 @@ def main() -> int:
     server.start()
     host, port = server.get_host_and_port()
     query = (
-        f"?endpoint_override={host}:{port}&scheme=http&access_key=b&secret_key=b"
-        "&region=us-east-1"
+        f"?endpoint_override={host}:{port}&scheme=http&access_key=b&secret_key=b&region=us-east-1"
     )
     fs = pafs.S3FileSystem(
         endpoint_override=f"{host}:{port}",
@@ -74,7 +74,11 @@ def main() -> int:
             samples, labels = random_samples(n, 1000, seed=1, min_len=300)
             out = tmp / name
             manifest = write_packed_dir(
-                out, samples, labels, max_len=2048, rows_per_shard=args.rows_per_shard,
+                out,
+                samples,
+                labels,
+                max_len=2048,
+                rows_per_shard=args.rows_per_shard,
                 row_group_rows=16,
             )
             _upload(out, fs, f"bench/{name}")
@@ -91,7 +95,10 @@ def main() -> int:
                 before = counters()["requests"]
                 t0 = time.perf_counter()
                 ds = PackedIterableDataset(
-                    uri, batch_rows=8, seed=r, collate_fn=PackedCollator(),
+                    uri,
+                    batch_rows=8,
+                    seed=r,
+                    collate_fn=PackedCollator(),
                     cache_dir=tmp / f"cache-{name}-{r}",
                 )
                 next(iter(DataLoader(ds, batch_size=None, num_workers=0)))

@@ -40,9 +40,7 @@ def upload(local: Path, fs, prefix: str = PREFIX, skip=()) -> None:
 
 def uri(s3_server, prefix: str = PREFIX) -> str:
     _, endpoint = s3_server
-    return (
-        f"s3://{prefix}?endpoint_override={endpoint}&scheme=http&region=us-east-1"
-    )
+    return f"s3://{prefix}?endpoint_override={endpoint}&scheme=http&region=us-east-1"
 
 
 @pytest.fixture(autouse=True)
@@ -148,7 +146,12 @@ def big_groups(tmp_path_factory):
     out = tmp_path_factory.mktemp("big-groups") / "packed"
     samples, labels = random_samples(800, 1000, seed=8, min_len=300)
     write_packed_dir(
-        out, samples, labels, max_len=2048, rows_per_shard=32, row_group_rows=8,
+        out,
+        samples,
+        labels,
+        max_len=2048,
+        rows_per_shard=32,
+        row_group_rows=8,
         compression="none",
     )
     return out

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
 import fcntl
+import json
 import os
 import time
 from pathlib import Path
@@ -238,8 +238,14 @@ class RangeCache:
                     continue
                 with contextlib.suppress(FileNotFoundError, ValueError):
                     found.append(
-                        (e.stat().st_mtime, int(parts[0]), parts[1], int(parts[2]),
-                         int(parts[3]), e.path)
+                        (
+                            e.stat().st_mtime,
+                            int(parts[0]),
+                            parts[1],
+                            int(parts[2]),
+                            int(parts[3]),
+                            e.path,
+                        )
                     )
         return sorted(found)
 
@@ -322,4 +328,3 @@ def corrupt_range(uri: str, what: str, offset: int, length: int, got: str, want:
         f" match their checksum (they hash to {got}, the manifest says {want}): the object is"
         " damaged, or was replaced since the directory was opened"
     )
-

@@ -33,8 +33,17 @@ _COUNTERS: Dict[str, int] = {}
 _COUNTERS_PID = -1
 
 # Words of the messages of errors that retrying does not cure.
-_DENIED = ("ACCESS_DENIED", "AccessDenied", "403", "Forbidden", "InvalidAccessKeyId",
-           "SignatureDoesNotMatch", "credentials", "Unauthorized", "401")
+_DENIED = (
+    "ACCESS_DENIED",
+    "AccessDenied",
+    "403",
+    "Forbidden",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "credentials",
+    "Unauthorized",
+    "401",
+)
 _MISSING = ("NoSuchBucket", "NoSuchKey", "404", "NOT_FOUND", "Not Found", "does not exist")
 
 

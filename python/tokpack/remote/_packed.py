@@ -58,7 +58,9 @@ def open_packed(
     local = local_path(path, filesystem)
     if local is not None:
         return PackedDir(local)
-    return RemotePackedDir(path, filesystem=filesystem, cache_dir=cache_dir, cache_limit=cache_limit)
+    return RemotePackedDir(
+        path, filesystem=filesystem, cache_dir=cache_dir, cache_limit=cache_limit
+    )
 
 
 class RemotePackedDir(PackedDir):

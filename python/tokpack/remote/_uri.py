@@ -62,9 +62,9 @@ def _from_uri(uri: str) -> Tuple[pafs.FileSystem, str]:
             ) from None
         return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), str(path)
     raise ConfigError(
-        f"{uri.split('?', 1)[0]}: no file system for this URI ({arrow_error}); pyarrow.fs knows s3://, gs://, "
-        "abfs:// and hdfs://, fsspec (pip install fsspec and the protocol's package) knows more;"
-        " or pass filesystem="
+        f"{uri.split('?', 1)[0]}: no file system for this URI ({arrow_error}); pyarrow.fs knows"
+        " s3://, gs://, abfs:// and hdfs://, fsspec (pip install fsspec and the protocol's"
+        " package) knows more; or pass filesystem="
     ) from None
 
 
