@@ -302,3 +302,16 @@ def test_transient_errors_are_retried_then_reported(tmp_path):
         source.read("obj")
     with pytest.raises(tokpack.InputNotFoundError, match="s3://b/p/missing"):
         Source(local, str(tmp_path), "s3://b/p").read("missing")
+
+
+def test_fsspec_file_systems_and_uris(corpus, tmp_path):
+    """An fsspec file system as ``filesystem=``, and a URI only fsspec knows (``memory://``)."""
+    fsspec = pytest.importorskip("fsspec")
+    memory = fsspec.filesystem("memory")
+    for path in sorted(p for p in corpus.rglob("*") if p.is_file()):
+        memory.pipe(f"/fsspec-corpus/{path.relative_to(corpus).as_posix()}", path.read_bytes())
+    local = _bytes(_iterable(corpus))
+    given = _iterable("/fsspec-corpus", filesystem=memory, cache_dir=tmp_path)
+    assert given.packed.remote and _bytes(given) == local
+    assert _bytes(_iterable("memory://fsspec-corpus", cache_dir=tmp_path)) == local
+    assert tokpack.verify("memory://fsspec-corpus", cache_dir=tmp_path)["ok"]
