@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 
 import tokpack
 from tokpack.packed_dir import PackedDir
-from tokpack.remote import RemotePackedDir, cache_usage, counters, open_packed
+from tokpack.remote import RemotePackedDir, cache_counters, cache_usage, counters, open_packed
 from tokpack.remote._fetch import Source
 from tokpack.torch import PackedCollator, PackedDataset, PackedIterableDataset, PackedMixture
 
@@ -206,12 +206,17 @@ def test_two_processes_on_a_node_fetch_a_row_group_once(corpus, s3, tmp_path, mo
         assert p.exitcode == 0
     fetched = log.read_text().split()
     assert len(fetched) == len(set(fetched)) == packed.num_groups + len(packed.shard_paths)
+    # What the processes counted into the cache says the same.
+    every = _ranges(packed, range(packed.num_groups))
+    assert cache_counters(packed.root)["bytes_fetched"] == every
+    assert cache_counters(packed.root)["misses"] == len(fetched)
     # And through a DataLoader's workers: one fetch per range between them.
     log.unlink()
     ds = _iterable(PREFIX, filesystem=s3, cache_dir=tmp_path / "loader")
     list(DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork"))
     fetched = log.read_text().split()
     assert len(fetched) == len(set(fetched)) == packed.num_groups + len(packed.shard_paths)
+    assert cache_counters(ds.packed.root)["bytes_fetched"] == every
 
 
 def test_a_corrupted_object_raises_naming_it(corpus, s3_server, tmp_path):

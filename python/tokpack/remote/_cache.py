@@ -32,13 +32,14 @@ import ctypes
 import fcntl
 import json
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from .. import _tokpack
 from ..errors import ConfigError, CorruptOutputError, StorageError
-from ._fetch import count, counters
+from ._fetch import collecting, count
 
 __all__ = ["RangeCache", "Want", "cache_counters", "usage"]
 
@@ -47,6 +48,8 @@ META = ".tokpack-cache"
 _ROOM_TIMEOUT = 120.0
 _FALLOC_FL_KEEP_SIZE = 1
 _FALLOC_FL_PUNCH_HOLE = 2
+
+_TOTALS_LOCK = threading.Lock()
 
 # (tag, offset, length, checksum): a range of a shard ("f" the footer, else the row group).
 Want = Tuple[str, int, int, str]
@@ -99,6 +102,9 @@ class RangeCache:
         (self.meta / "locks").mkdir(exist_ok=True)
         # The local file of each shard, set by the reader (markers name shards by number).
         self.shard_files: List[Path] = []
+        # What this process fetched into the cache (see `_record`).
+        self._totals: Dict[str, int] = {}
+        self._totals_pid = os.getpid()
         try:
             self.block = os.statvfs(self.root).f_bsize
         except OSError:
@@ -145,15 +151,15 @@ class RangeCache:
                     break
                 # Converting the lock is not atomic: look again once it is exclusive.
                 fcntl.flock(lock, fcntl.LOCK_EX)
-                before = dict(counters())
-                try:
-                    for want in wants:
-                        if not self._marker(shard, want).exists():
-                            data = fetch(want)
-                            count("misses")
-                            self._store(shard, path, size, want, data, wants)
-                finally:
-                    self._record({k: v - before[k] for k, v in counters().items()})
+                with collecting() as fetched:
+                    try:
+                        for want in wants:
+                            if not self._marker(shard, want).exists():
+                                data = fetch(want)
+                                count("misses")
+                                self._store(shard, path, size, want, data, wants)
+                    finally:
+                        self._record(fetched)
                 # An evictor may take the lock in the gap back to shared: the loop looks again.
                 fcntl.flock(lock, fcntl.LOCK_SH)
             now = time.time()
@@ -162,23 +168,21 @@ class RangeCache:
                     os.utime(self._marker(shard, want), (now, now))
             yield path
 
-    def _record(self, deltas: Dict[str, int]) -> None:
-        """Adds what this process just fetched to its counters file in the cache (read by
-        :func:`cache_counters`, over every process)."""
-        if not any(deltas.values()):
+    def _record(self, fetched: Dict[str, int]) -> None:
+        """Adds what this thread just fetched to this process's totals for the cache, and
+        writes them to its counters file there (read by :func:`cache_counters`)."""
+        if not fetched:
             return
-        folder = self.meta / "counters"
-        folder.mkdir(exist_ok=True)
-        path = folder / str(os.getpid())
-        try:
-            mine = json.loads(path.read_text())
-        except (FileNotFoundError, ValueError):
-            mine = {}
-        for key, value in deltas.items():
-            mine[key] = mine.get(key, 0) + value
-        tmp = folder / f".{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(mine))
-        os.replace(tmp, path)
+        with _TOTALS_LOCK:
+            if self._totals_pid != os.getpid():
+                self._totals, self._totals_pid = {}, os.getpid()
+            for key, value in fetched.items():
+                self._totals[key] = self._totals.get(key, 0) + value
+            folder = self.meta / "counters"
+            folder.mkdir(exist_ok=True)
+            tmp = folder / f".{os.getpid()}.tmp"
+            tmp.write_text(json.dumps(self._totals))
+            os.replace(tmp, folder / str(os.getpid()))
 
     def put(self, path: Path, data: bytes) -> None:
         """A whole side file (an index, the dropped list), written atomically under ``root``."""

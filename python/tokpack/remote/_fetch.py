@@ -11,11 +11,13 @@ exponential backoff and jitter; a missing object, a missing bucket or refused cr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import random
+import threading
 import time
-from typing import Any, Callable, Dict, Optional, TypeVar
+from typing import Any, Callable, Dict, Iterator, Optional, TypeVar
 
 import pyarrow.fs as pafs
 
@@ -59,8 +61,25 @@ def counters() -> Dict[str, int]:
     return _COUNTERS
 
 
+# What the calling thread fetched while a cache collects it (``collecting``).
+_LOCAL = threading.local()
+
+
 def count(name: str, n: int = 1) -> None:
     counters()[name] += n
+    mine = getattr(_LOCAL, "collected", None)
+    if mine is not None:
+        mine[name] = mine.get(name, 0) + n
+
+
+@contextlib.contextmanager
+def collecting() -> Iterator[Dict[str, int]]:
+    """What this thread counts inside the block (besides the process's counters)."""
+    _LOCAL.collected = collected = {}
+    try:
+        yield collected
+    finally:
+        _LOCAL.collected = None
 
 
 class Source:
