@@ -70,9 +70,15 @@ def s3(s3_endpoint):
 
 
 @pytest.fixture
+def s3_server(s3, s3_endpoint):
+    """``(the pyarrow S3 file system of the local endpoint, "host:port")``."""
+    return s3, s3_endpoint.split("://", 1)[1]
+
+
+@pytest.fixture
 def s3_env(s3, s3_endpoint, monkeypatch, tmp_path):
     """``s3://`` URIs resolve to the local endpoint (the AWS environment variables), and
-    tokpack's cache of object copies is a fresh directory."""
+    tokpack's caches are a fresh directory."""
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "tokpack")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "tokpack")

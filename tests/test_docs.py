@@ -59,7 +59,32 @@ model = tiny_qwen2_5_vl(Path("vl"))
 """
 
 # Names a page uses without defining them: what a reader brings (a model), nothing tokpack does.
+# The object-storage page's bucket: a local S3 endpoint (moto's server) named by the standard
+# environment variables (the page's shell blocks inherit them), holding `tokpack pack data/`.
+REMOTE_SETUP = """
+import os
+from pathlib import Path
+from moto.server import ThreadedMotoServer
+import pyarrow.fs as _fs
+import tokpack
+_server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+_server.start()
+_host, _port = _server.get_host_and_port()
+os.environ.update(AWS_ENDPOINT_URL=f"http://{_host}:{_port}", AWS_ACCESS_KEY_ID="docs",
+                  AWS_SECRET_ACCESS_KEY="docs", AWS_DEFAULT_REGION="us-east-1",
+                  TOKPACK_CACHE_DIR=str(Path("cache").absolute()))
+_s3 = _fs.S3FileSystem(endpoint_override=f"{_host}:{_port}", scheme="http",
+                       allow_bucket_creation=True)
+_s3.create_dir("my-bucket")
+tokpack.pack_files(["data"], "packed", 4096, row_group_rows=64)
+for _p in sorted(Path("packed").rglob("*")):
+    if _p.is_file():
+        with _s3.open_output_stream(f"my-bucket/{_p.as_posix()}") as _f:
+            _f.write(_p.read_bytes())
+"""
+
 PAGE_SETUP = {
+    "docs/guide/remote.md": REMOTE_SETUP,
     "docs/guide/multimodal.md": VL_SETUP,
     "docs/guide/preference.md": TINY_LLAMA
     + "model = _tiny_llama(1024)\nref_model = _tiny_llama(1024, seed=1)\n",

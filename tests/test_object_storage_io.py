@@ -15,7 +15,8 @@ from tokpack._io.outdir import MANIFEST_NAME
 from tokpack._io.store import RUN_MARKER
 from tokpack.synthetic import write_token_shards
 
-BUCKET = "tokpack-test"
+# Under a prefix of its own: moto keeps its objects for the whole process.
+BUCKET = "tokpack-test/object-io"
 
 
 @pytest.fixture(scope="module")

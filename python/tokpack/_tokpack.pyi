@@ -49,6 +49,7 @@ __all__ = [
     "read_lengths",
     "read_row_group",
     "file_checksum",
+    "bytes_checksum",
     "write_held_shard",
     "PARTITION_METHODS",
     "MICRO_BATCH_ORDERS",
@@ -308,6 +309,7 @@ def read_row_group(
     check: Optional[Tuple[int, Tuple[int, int, str], Tuple[int, int, str]]] = None,
 ) -> Dict[str, Union[npt.NDArray[Any], Tuple[npt.NDArray[Any], npt.NDArray[np.int64]]]]: ...
 def file_checksum(path: str) -> Tuple[int, str]: ...
+def bytes_checksum(data: bytes) -> str: ...
 def write_held_shard(
     *,
     out_dir: str,

@@ -17,6 +17,7 @@ __all__ = [
     "DiskSpaceError",
     "InvalidRecordError",
     "ClusterError",
+    "StorageError",
 ]
 
 
@@ -78,6 +79,12 @@ class DiskSpaceError(OutputError):
 class ClusterError(TokpackError, RuntimeError):
     """The Ray cluster of a ``--ray`` run failed: it could not be reached or started, or it or
     a node went away mid-run."""
+
+
+class StorageError(TokpackError, OSError):
+    """Object storage could not be read: a request still failed after its retries (network,
+    throttling), the credentials were refused, or the local cache of a remote directory
+    cannot hold what a reader needs. The message names the object (its URI)."""
 
 
 class InvalidRecordError(DataError):

@@ -2,7 +2,8 @@
 ``file://``) given where a command takes input files.
 
 The Rust readers read local files, so each object is mirrored into a local cache first:
-``$TOKPACK_CACHE_DIR`` (default ``~/.cache/tokpack``) ``/objects/<scheme>/<bucket>/<key>``,
+``objects/<scheme>/<bucket>/<key>`` of tokpack's cache (``$TOKPACK_CACHE_DIR``, default
+``~/.cache/tokpack``),
 downloaded to a temporary name and renamed when complete, and downloaded again only when the
 object's size or modification time changed (recorded beside the copy). Everything the user sees
 names the object, not the copy: messages and dropped lists (:func:`uri_of` through
@@ -27,7 +28,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import pyarrow.fs as pafs
 
-from ..errors import ConfigError, InputNotFoundError
+from ..errors import InputNotFoundError
+from .uri import cache_home, is_remote, store_of
 
 __all__ = ["is_object_uri", "mirror_objects", "uri_of", "object_fingerprint", "shown_message"]
 
@@ -35,17 +37,13 @@ _SOURCE_SUFFIX = ".tokpack-source.json"
 
 
 def cache_root() -> Path:
-    """The local cache of object copies (``$TOKPACK_CACHE_DIR/objects``)."""
-    base = os.environ.get("TOKPACK_CACHE_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "tokpack"
-    )
-    return Path(base) / "objects"
+    """The local cache of object copies: ``objects/`` of tokpack's cache."""
+    return cache_home() / "objects"
 
 
 def is_object_uri(text: str) -> bool:
     """A URI of object storage (``scheme://...``, not ``file://``)."""
-    scheme, sep, _ = text.partition("://")
-    return bool(sep) and scheme.isidentifier() and scheme.lower() != "file"
+    return "://" in text and is_remote(text)
 
 
 def uri_of(path: os.PathLike) -> Optional[str]:
@@ -89,11 +87,11 @@ def _source_file(copy: Path) -> Path:
 
 def _filesystem(uri: str) -> Tuple[pafs.FileSystem, str]:
     try:
-        return pafs.FileSystem.from_uri(uri)
-    except ValueError as exc:  # ArrowInvalid: an unknown scheme, a malformed URI
-        raise ConfigError(f"{uri}: not a usable input location ({exc})") from None
+        store = store_of(uri)
     except OSError as exc:  # credentials, endpoint
         raise InputNotFoundError(f"{uri}: cannot reach the store ({exc})") from None
+    assert store is not None
+    return store[0], store[1]
 
 
 def _objects(uri: str, suffixes: Tuple[str, ...]) -> Tuple[pafs.FileSystem, List[pafs.FileInfo]]:

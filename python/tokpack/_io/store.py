@@ -64,15 +64,13 @@ from .outdir import (
     is_tokpack_manifest,
     output_target,
 )
+from .uri import RUN_MARKER, local_path, store_of
 
 ATTEMPT_PREFIX = ".attempt-"
 # The object names a tokpack run writes under its prefix (side files, shards, local mode's
 # group staging): only those are ever deleted, and only from a prefix that is tokpack's.
 _OURS = re.compile(rf"(part-\d{{5}}\.parquet|{SIDE_DIR}/.+|\.group-\d+/.+)")
 _STAGED = re.compile(rf"({SIDE_DIR}/.+|\.group-\d+/.+)")
-# Written first by a run on object storage, removed after its manifest: a prefix holding it is
-# a run's that did not finish (its objects are tokpack's to remove).
-RUN_MARKER = f"{SIDE_DIR}/_writing"
 
 
 class Out(ABC):
@@ -270,24 +268,6 @@ class StoreOut(Out):
         return [i.path for i in self.fs.get_file_info(selector) if i.type == pafs.FileType.File]
 
 
-def local_path(output_dir: Union[str, os.PathLike], filesystem: Any = None) -> Optional[str]:
-    """The local path of a destination on this machine's file system (a path, a ``file://``
-    URI, or a path on a local ``filesystem=``), else None (object storage)."""
-    text = os.fspath(output_dir)
-    if filesystem is None:
-        if "://" not in str(text):
-            return str(text)
-        fs, path = pafs.FileSystem.from_uri(str(text))
-        return path if isinstance(fs, pafs.LocalFileSystem) else None
-    if isinstance(filesystem, pafs.LocalFileSystem):
-        return str(text)
-    protocol = getattr(filesystem, "protocol", None)
-    protocols = (protocol,) if isinstance(protocol, str) else tuple(protocol or ())
-    if not isinstance(filesystem, pafs.FileSystem) and "file" in protocols:
-        return str(text)  # fsspec's LocalFileSystem
-    return None
-
-
 def check_no_overlap(target: str, inputs: Sequence[str], shown: str, local: bool) -> None:
     """Refuses an output that is one of the dataset's inputs, holds one (replacing it would
     delete the run's own inputs) or lies inside an input folder (each rerun would read the
@@ -308,23 +288,6 @@ def check_no_overlap(target: str, inputs: Sequence[str], shown: str, local: bool
                 "delete the run's own inputs, or a rerun would read its output): choose an "
                 "output outside them"
             )
-
-
-def store_of(
-    output_dir: Union[str, os.PathLike], filesystem: Any = None
-) -> Optional[Tuple[pafs.FileSystem, str, str]]:
-    """``(fs, prefix, shown)`` when ``output_dir`` is on object storage (a URI such as
-    ``s3://bucket/packed``, or a path on ``filesystem``: a ``pyarrow.fs.FileSystem`` or an
-    fsspec one); None for a local path (or ``file://``, or a local ``filesystem``)."""
-    text = os.fspath(output_dir)
-    if local_path(text, filesystem) is not None:
-        return None
-    if filesystem is None:
-        fs, prefix = pafs.FileSystem.from_uri(str(text))
-        return fs, prefix, str(text)
-    if not isinstance(filesystem, pafs.FileSystem):
-        filesystem = pafs.PyFileSystem(pafs.FSSpecHandler(filesystem))
-    return filesystem, str(text), str(text)
 
 
 @contextlib.contextmanager

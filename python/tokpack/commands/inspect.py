@@ -13,6 +13,7 @@ from .._io.tables import table
 from ..errors import ConfigError, CorruptOutputError
 from ..packed.integrity import cache_problem
 from ..packed.reader import PackedDir
+from ..remote import open_packed
 from ..stats.estimate import check_options
 
 # ``seq_roles`` of preference outputs.
@@ -36,10 +37,11 @@ def run(args: argparse.Namespace) -> int:
         if args.batch_size is None or args.world_size is None:
             raise ConfigError("give --world-size and --batch-size together")
         check_options("split", args.batch_size, args.world_size)
-    out = Path(args.output)
-    packed = PackedDir(out)
+    out = args.output
+    packed = open_packed(out)
     manifest = packed.manifest
-    problem = cache_problem(out, manifest)
+    # On object storage, shards are checked as they are read (a listing per shard is not made).
+    problem = None if packed.remote else cache_problem(out, manifest)
     if problem is not None:
         raise CorruptOutputError(f"{problem} (run `tokpack verify {out}` for a full check)")
     c, f = manifest["config"], manifest["figures"]

@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 from .. import _tokpack
 from .._contract import PAIR_SEGMENT_ROLES
 from ..errors import CorruptOutputError
+from ..remote import is_remote, local_path, open_packed
 from .format import read_manifest
 from .reader import PackedDir, member_path
 
@@ -139,7 +140,7 @@ def _check_figures(packed: PackedDir) -> None:
         accounted = sum(parts) + f["samples_dropped"]
         samples_in, dropped = f["samples_in"], f["samples_dropped"]
         tokens, loss_tokens = f["tokens"], f["loss_tokens"]
-        dropped_file = member_path(root, m["dropped_file"], "dropped_file")
+        dropped_name = m["dropped_file"]
         shards = m["shards"]
     except (KeyError, TypeError) as exc:
         raise CorruptOutputError(f"{root}: manifest field {exc} is missing") from None
@@ -152,6 +153,7 @@ def _check_figures(packed: PackedDir) -> None:
         got = sum(int(s[key]) for s in shards)
         if got != want:
             raise CorruptOutputError(f"{root}: figures.{key} is {want}, the shards hold {got}")
+    dropped_file = packed.side_path(dropped_name, "dropped_file")
     table = read_side_file(
         dropped_file, m.get("dropped_size"), m.get("dropped_checksum"), "dropped list"
     )
@@ -166,7 +168,7 @@ def _check_figures(packed: PackedDir) -> None:
 
 def _read_index(packed: PackedDir, k: int) -> Dict[str, np.ndarray]:
     shard = packed.manifest["shards"][k]
-    path = member_path(packed.root, shard["index"], f"shard {k} index")
+    path = packed.side_path(shard["index"], f"shard {k} index")
     table = read_side_file(path, shard.get("index_size"), shard.get("index_checksum"), "index")
     names = ("offset", "num_tokens", "num_seqs", "num_loss_tokens")
     if table.num_rows != shard["rows"] or any(n not in table.column_names for n in names):
@@ -189,7 +191,7 @@ def _check_group(packed: PackedDir, group: int, index: Dict[str, np.ndarray], fi
     shard = int(packed.group_shard[group])
     g = int(packed.group_index[group])
     path = packed.shard_paths[shard]
-    names = pq.read_schema(path).names
+    names = packed.shard_columns(shard)
     cols = packed.decode(group, names)
     rows = slice(first, first + int(packed.group_rows[group]))
     lists = {"num_tokens": "input_ids", "num_seqs": "seq_lengths"}
@@ -287,13 +289,26 @@ def _verify_token_shards(root: Path, manifest: Dict[str, Any], full: bool) -> Di
     }
 
 
-def verify(out_dir: Union[str, os.PathLike], full: bool = True) -> Dict[str, Any]:
+def verify(
+    out_dir: Union[str, os.PathLike],
+    full: bool = True,
+    *,
+    filesystem: Any = None,
+    cache_dir: Optional[Union[str, os.PathLike]] = None,
+    cache_limit: Optional[int] = None,
+) -> Dict[str, Any]:
     """Check a directory written by ``tokpack pack`` (or ``tokpack tokenize``); raise on the
     first problem.
 
     Quick (``full=False``): the manifest, every shard's presence, size and footer, the index side
     files, the dropped list and the figures. Full (default) adds every shard's whole-file
     checksum and every row group's checksums, decoding and per-row counts.
+
+    On object storage (a URI, or a path on ``filesystem``), the objects are read by byte range
+    through the local cache of the torch readers (``cache_dir``, ``cache_limit``): the full
+    check fetches every byte of every shard once, checks each row group and footer against its
+    checksum (the ranges tile each shard after its 4-byte magic, which is checked too: together
+    they are the whole-file check) and decodes it. Only packed directories are checked there.
 
     Returns:
         A report: ``ok`` (True), ``path``, ``full``, ``shards``, ``row_groups``, ``rows`` and
@@ -303,10 +318,20 @@ def verify(out_dir: Union[str, os.PathLike], full: bool = True) -> Dict[str, Any
         CorruptOutputError: naming the damaged file (and row group); InputNotFoundError when
         ``out_dir`` is not a packed directory.
     """
+    if is_remote(out_dir, filesystem):
+        remote = open_packed(
+            out_dir, filesystem=filesystem, cache_dir=cache_dir, cache_limit=cache_limit
+        )
+        with remote.naming():  # type: ignore[attr-defined]
+            return _verify_packed(remote, full)
+    out_dir = local_path(out_dir, filesystem) or out_dir
     manifest = read_manifest(out_dir) if Path(out_dir).is_dir() else None
     if isinstance(manifest, dict) and manifest.get("kind") == "tokenize":
         return _verify_token_shards(Path(out_dir), manifest, full)
-    packed = PackedDir(out_dir)
+    return _verify_packed(PackedDir(out_dir), full)
+
+
+def _verify_packed(packed: PackedDir, full: bool) -> Dict[str, Any]:
     _check_figures(packed)
     shards: List[Dict[str, Any]] = packed.manifest["shards"]
     for k, shard in enumerate(shards):
@@ -320,6 +345,9 @@ def verify(out_dir: Union[str, os.PathLike], full: bool = True) -> Dict[str, Any
         # The row groups and the footer cover all but the leading magic bytes; the whole-file
         # checksum covers those too.
         path = packed.shard_paths[k]
+        if packed.remote:
+            _check_tiling(packed, k)
+            continue
         _, checksum = _tokpack.file_checksum(path)
         if checksum != shard["checksum"]:
             raise CorruptOutputError(
@@ -328,10 +356,35 @@ def verify(out_dir: Union[str, os.PathLike], full: bool = True) -> Dict[str, Any
             )
     return {
         "ok": True,
-        "path": str(packed.root),
+        "path": packed.shown,
         "full": bool(full),
         "shards": len(shards),
         "row_groups": packed.num_groups,
         "rows": packed.num_rows,
         "bytes": sum(packed.shard_sizes),
     }
+
+
+def _check_tiling(packed: PackedDir, k: int) -> None:
+    """A remote shard's whole-file check without fetching it twice: its row groups and footer,
+    each checked against its checksum when it was decoded, tile the object after the 4-byte
+    Parquet magic, which is fetched and checked here."""
+    ranges = [packed.group_bytes[int(g)] for g in np.flatnonzero(packed.group_shard == k)]
+    ranges.append(packed.shard_footers[k])
+    name = packed.manifest["shards"][k]["file"]
+    at = 4
+    for offset, length, _ in ranges:
+        if offset != at:
+            raise CorruptOutputError(
+                f"{packed.shown}/{name}: the manifest's byte ranges leave bytes {at}..{offset}"
+                " unchecked"
+            )
+        at = offset + length
+    if at != packed.shard_sizes[k]:
+        raise CorruptOutputError(
+            f"{packed.shown}/{name}: the manifest's byte ranges end at {at}, the object has"
+            f" {packed.shard_sizes[k]} bytes"
+        )
+    magic = packed.source.read_range(name, 0, 4)  # type: ignore[attr-defined]
+    if magic != b"PAR1":
+        raise CorruptOutputError(f"{packed.shown}/{name}: does not start with the Parquet magic")

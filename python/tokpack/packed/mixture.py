@@ -24,7 +24,7 @@ import heapq
 import math
 import os
 from fractions import Fraction
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -187,6 +187,8 @@ class Mixture:
         stop: "first" (end the epoch before any source exceeds its budget), "all" (once every
             source has delivered it) or "never".
         seed, shuffle, shuffle_window: the per-source order, as ``PackedIterableDataset``'s.
+        open_dir: opens each source's directory (``PackedDir``; ``PackedMixture`` passes one
+            that reads object storage too).
     """
 
     def __init__(
@@ -200,6 +202,7 @@ class Mixture:
         seed: int = 0,
         shuffle: bool = True,
         shuffle_window: int = 4,
+        open_dir: Callable[[Union[str, os.PathLike]], PackedDir] = PackedDir,
     ) -> None:
         if not isinstance(sources, Mapping) or not sources:
             raise ConfigError("sources must be a non-empty mapping of name -> packed directory")
@@ -222,7 +225,7 @@ class Mixture:
         self.packed = []
         for name, path in sources.items():
             try:
-                packed = PackedDir(path)
+                packed = open_dir(path)
             except TokpackError as exc:
                 raise type(exc)(f"source {name!r}: {exc}") from None
             if packed.num_rows == 0:

@@ -82,6 +82,14 @@ def _corrupt(root: Path, what: str) -> CorruptOutputError:
     return CorruptOutputError(f"{root / MANIFEST_NAME}: {what}")
 
 
+def parse_manifest(text: Union[str, bytes], root: Path) -> Any:
+    """The parsed manifest text of the packed directory ``root``."""
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise _corrupt(root, f"invalid JSON ({exc})") from None
+
+
 def member_path(root: Union[str, os.PathLike], name: Any, what: str = "file") -> Path:
     """``root / name`` for a file a manifest lists (a shard, an index or the dropped list),
     refused unless ``name`` is a relative path inside ``root``: no absolute path and no ``..``
@@ -113,6 +121,9 @@ class PackedDir:
         group_start: first global row of each row group (length n_groups + 1).
     """
 
+    # Set by readers of object storage (``tokpack.remote``): shards are fetched on demand.
+    remote = False
+
     def __init__(self, path: Union[str, os.PathLike]) -> None:
         root = Path(path)
         if not root.exists():
@@ -125,13 +136,11 @@ class PackedDir:
             raise InputNotFoundError(
                 f"{root}: not a packed directory (no {MANIFEST_NAME}; run `tokpack pack`)"
             ) from None
-        try:
-            manifest = json.loads(text)
-        except ValueError as exc:
-            raise _corrupt(root, f"invalid JSON ({exc})") from None
         self.root = root
-        self.manifest = manifest
-        self._validate(manifest)
+        # How messages name the directory (a URI for one on object storage).
+        self.shown = str(root)
+        self.manifest = parse_manifest(text, root)
+        self._validate(self.manifest)
 
     def _validate(self, m: Any) -> None:
         root = self.root
@@ -160,6 +169,10 @@ class PackedDir:
             total = int(m["figures"]["rows"])
         except (KeyError, TypeError, ValueError) as exc:
             raise _corrupt(root, f"missing or invalid field {exc}") from None
+        # The columns every shard must have.
+        needed = [c for c in ROW_COLUMNS if c != "labels" or self.has_labels]
+        needed += list(PAIR_COLUMNS if self.pair_layout is not None else ()) + self.carried
+        self.needed_columns = needed
         paths: List[str] = []
         sizes: List[int] = []
         footers: List[Range] = []
@@ -183,36 +196,11 @@ class PackedDir:
             path = member_path(root, name, f"shard {k}")
             if "index" in shard:
                 member_path(root, shard["index"], f"shard {k} index")
-            ident = identity(path)
-            if ident is None:
-                raise _corrupt(root, f"shard {k}: {path} is missing")
-            if ident[2] != size:
-                raise CorruptOutputError(
-                    f"{path}: the file has {ident[2]} bytes, the manifest says {size}"
-                    " (truncated or overwritten)"
-                )
             if len(ranges) != groups:
                 raise _corrupt(
                     root, f"shard {k}: {len(ranges)} byte ranges for {groups} row groups"
                 )
-            try:
-                meta = pq.ParquetFile(path).metadata
-            except FileNotFoundError:
-                raise _corrupt(root, f"shard {k}: {path} is missing") from None
-            except (pa.ArrowException, OSError) as exc:
-                raise CorruptOutputError(f"{path}: not a readable Parquet file ({exc})") from None
-            if meta.num_rows != rows or meta.num_row_groups != groups:
-                raise _corrupt(
-                    root,
-                    f"shard {k} ({name}) says {rows} rows in {groups} row groups, the file has"
-                    f" {meta.num_rows} rows in {meta.num_row_groups} row groups",
-                )
-            names = set(meta.schema.to_arrow_schema().names)
-            needed = [c for c in ROW_COLUMNS if c != "labels" or self.has_labels]
-            needed += list(PAIR_COLUMNS if self.pair_layout is not None else ()) + self.carried
-            missing = [c for c in needed if c not in names]
-            if missing:
-                raise CorruptOutputError(f"{path}: missing columns {missing}")
+            ident, group_rows = self._open_shard(k, path, rows, groups, size)
             paths.append(str(path.resolve()))
             sizes.append(size)
             footers.append(footer)
@@ -221,7 +209,7 @@ class PackedDir:
             for g in range(groups):
                 g_shard.append(k)
                 g_index.append(g)
-                g_rows.append(meta.row_group(g).num_rows)
+                g_rows.append(group_rows[g])
         if sum(g_rows) != total:
             raise _corrupt(root, f"figures.rows is {total} but the shards hold {sum(g_rows)} rows")
         self.shard_paths = paths
@@ -237,6 +225,59 @@ class PackedDir:
         # outputs) and the carried per-sample columns (per segment).
         self.columns = tuple(c for c in ROW_COLUMNS if c != "labels" or self.has_labels)
         self.columns += ("seq_roles",) * (self.pair_layout is not None) + tuple(self.carried)
+
+    def _open_shard(
+        self, k: int, path: Path, rows: int, groups: int, size: int
+    ) -> Tuple[Optional[Identity], List[int]]:
+        """Checks shard ``k`` against its manifest entry: (its file identity, rows per row
+        group)."""
+        ident = identity(path)
+        if ident is None:
+            raise _corrupt(self.root, f"shard {k}: {path} is missing")
+        if ident[2] != size:
+            raise CorruptOutputError(
+                f"{path}: the file has {ident[2]} bytes, the manifest says {size}"
+                " (truncated or overwritten)"
+            )
+        try:
+            meta = pq.ParquetFile(path).metadata
+        except FileNotFoundError:
+            raise _corrupt(self.root, f"shard {k}: {path} is missing") from None
+        except (pa.ArrowException, OSError) as exc:
+            raise CorruptOutputError(f"{path}: not a readable Parquet file ({exc})") from None
+        return ident, self._check_footer(k, path, meta, rows, groups)
+
+    def _check_footer(self, k: int, path: Any, meta: Any, rows: int, groups: int) -> List[int]:
+        """Shard ``k``'s footer (``meta``) against the manifest: rows, row groups, the needed
+        columns. Its rows per row group."""
+        if meta.num_rows != rows or meta.num_row_groups != groups:
+            raise _corrupt(
+                self.root,
+                f"shard {k} ({Path(str(path)).name}) says {rows} rows in {groups} row groups,"
+                f" the file has {meta.num_rows} rows in {meta.num_row_groups} row groups",
+            )
+        names = set(meta.schema.to_arrow_schema().names)
+        missing = [c for c in self.needed_columns if c not in names]
+        if missing:
+            raise CorruptOutputError(f"{path}: missing columns {missing}")
+        return [meta.row_group(g).num_rows for g in range(groups)]
+
+    # -- what readers of object storage override ------------------------------------------
+
+    def side_path(self, name: Any, what: str = "file") -> Path:
+        """The local path of a side file the manifest lists (an index, the dropped list)."""
+        return member_path(self.root, name, what)
+
+    def shard_columns(self, shard: int) -> List[str]:
+        """The column names of shard ``shard`` (from its footer)."""
+        return list(pq.read_schema(self.shard_paths[shard]).names)
+
+    def prefetch(self, group: int) -> None:
+        """Start fetching row group ``group`` ahead of its use (object storage only)."""
+
+    def changed(self, shard: int) -> bool:
+        """Whether shard ``shard`` was replaced since the directory was opened."""
+        return identity(self.shard_paths[shard]) != self.shard_identities[shard]
 
     @property
     def num_rows(self) -> int:
@@ -261,9 +302,9 @@ class PackedDir:
         try:
             cols = decode_row_group(path, g, self.columns if columns is None else columns, check)
         except CorruptOutputError as exc:
-            if identity(path) != self.shard_identities[shard]:
+            if self.changed(shard):
                 raise CorruptOutputError(
-                    f"{self.root}: changed since the dataset was opened ({path} was replaced or"
+                    f"{self.shown}: changed since the dataset was opened ({path} was replaced or"
                     f" removed, e.g. by `tokpack pack --force`): open it again; reading row group"
                     f" {g} failed with: {exc}"
                 ) from None

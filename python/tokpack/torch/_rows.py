@@ -78,13 +78,21 @@ class GroupCache:
 
     def prefetch(self, group: int) -> None:
         """In a DataLoader with several workers, have group ``group`` decoded and published in
-        the background (a group about to be needed); elsewhere nothing."""
-        if group in self._groups or group in self._ahead or worker_slot()[1] <= 1:
+        the background (a group about to be needed); in one process reading object storage,
+        its bytes fetched; elsewhere nothing."""
+        if group in self._groups or group in self._ahead:
+            return
+        several = worker_slot()[1] > 1
+        if not several and not self.packed.remote:
             return
         self._ahead[group] = None
         while len(self._ahead) > self.shared.capacity:
             self._ahead.popitem(last=False)
-        readahead(self.shared, group, partial(self.packed.decode, group))
+        if several:
+            readahead(self.shared, group, partial(self.packed.decode, group))
+        else:
+            # One process reading object storage: its bytes are fetched in the background.
+            self.packed.prefetch(group)
 
     def __getstate__(self):
         # Decoded data never travels by pickle: workers share groups through `shared` only.

@@ -368,9 +368,11 @@ class RowStream(torch.utils.data.IterableDataset):
         # (by whichever worker gets there first), so workers seldom wait for a decode; checked
         # every few batches (shuffled windows spread each window's groups over its rows).
         ahead = self.shuffle_window * max(int(p.group_rows.max(initial=1)) for p in self.sources)
+        # Object storage: fetched ahead by this process's fetch thread even without workers.
+        remote = any(p.remote for p in self.sources)
         for i, k in enumerate(range(first, split.num_batches, num_workers)):
             a, b = split.batch(self.rank, k)
-            if num_workers > 1 and i % _PREFETCH_EVERY == 0:
+            if (num_workers > 1 or remote) and i % _PREFETCH_EVERY == 0:
                 self._prefetch(a + ahead, b + ahead)
             if self.balance is None:
                 batch = self._batch(*self._locate(a, b))

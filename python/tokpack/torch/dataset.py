@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import operator
 import os
-from typing import Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
 
 from ..errors import ConfigError
-from ..packed.reader import PackedDir
+from ..remote import open_packed
 from ._rows import GroupCache
 from ._workers import worker_slot
 
@@ -69,6 +69,13 @@ class PackedDataset(torch.utils.data.Dataset):
 
     The dataset holds only numpy arrays with one entry per row group (or, in device mode, per
     row), never per-row Python objects, so copying it into workers is cheap.
+
+    Object storage: ``path`` may be a URI (``s3://bucket/packed``, ``gs://...``, ...) or a path
+    on ``filesystem`` (a ``pyarrow.fs`` or fsspec file system). Row groups are then fetched by
+    byte range as they are needed (and ahead), checked against the manifest, and kept in a
+    local cache of at most ``cache_limit`` bytes under ``cache_dir`` (default
+    ``$TOKPACK_CACHE_DIR/remote`` or ``~/.cache/tokpack/remote``), shared by every process of the
+    machine: see the "Object storage" guide.
     """
 
     def __init__(
@@ -77,10 +84,15 @@ class PackedDataset(torch.utils.data.Dataset):
         device: Optional[Union[str, torch.device]] = None,
         *,
         cache_row_groups: int = 4,
+        filesystem: Any = None,
+        cache_dir: Optional[Union[str, os.PathLike]] = None,
+        cache_limit: Optional[int] = None,
     ) -> None:
         if cache_row_groups < 1:
             raise ConfigError(f"cache_row_groups must be >= 1, got {cache_row_groups}")
-        self.packed = PackedDir(path)
+        self.packed = open_packed(
+            path, filesystem=filesystem, cache_dir=cache_dir, cache_limit=cache_limit
+        )
         self.max_len = self.packed.max_len
         self.has_labels = self.packed.has_labels
         self.device = None if device is None else torch.device(device)

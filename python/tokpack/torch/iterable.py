@@ -10,8 +10,8 @@ import numpy as np
 from ..balance import Cost
 from ..errors import ConfigError
 from ..packed.order import EpochOrder
-from ..packed.reader import PackedDir
 from ..packed.row_counts import RowCounts, row_counts
+from ..remote import open_packed
 from ._stream import Collate, RowStream
 
 __all__ = ["PackedIterableDataset"]
@@ -58,6 +58,15 @@ class PackedIterableDataset(RowStream):
     deal's settings): resuming there needs the same ``world_size``, ``batch_rows``,
     ``grad_accum_steps``, ``tail`` and ``cost`` (any ``num_workers``); a position at a step's
     end resumes with any topology, as without balancing.
+
+    Object storage: ``path`` may be a URI (``s3://bucket/packed``, ``gs://...``, ...) or a path
+    on ``filesystem`` (a ``pyarrow.fs`` or fsspec file system). Row groups are then fetched by
+    byte range as they are needed (and ahead), checked against the manifest, and kept in a
+    local cache of at most ``cache_limit`` bytes under ``cache_dir`` (default
+    ``$TOKPACK_CACHE_DIR/remote`` or ``~/.cache/tokpack/remote``), shared by every process of the
+    machine: see the "Object storage" guide.
+    Resuming from a state reads nothing before its position: only the row groups the rest of
+    the epoch needs are fetched.
     """
 
     def __init__(
@@ -75,9 +84,14 @@ class PackedIterableDataset(RowStream):
         grad_accum_steps: Optional[int] = None,
         balance: Optional[str] = None,
         cost: Cost = "attention",
+        filesystem: Any = None,
+        cache_dir: Optional[Union[str, os.PathLike]] = None,
+        cache_limit: Optional[int] = None,
     ) -> None:
         self.shuffle = bool(shuffle)
-        self.packed = PackedDir(path)
+        self.packed = open_packed(
+            path, filesystem=filesystem, cache_dir=cache_dir, cache_limit=cache_limit
+        )
         self.sources = [self.packed]
         self._order: Optional[EpochOrder] = None
         self._setup(
@@ -94,7 +108,7 @@ class PackedIterableDataset(RowStream):
         )
         if self.packed.num_rows < self.world_size:
             raise ConfigError(
-                f"{self.packed.root} has {self.packed.num_rows} rows, fewer than world_size="
+                f"{self.packed.shown} has {self.packed.num_rows} rows, fewer than world_size="
                 f"{self.world_size}"
             )
 

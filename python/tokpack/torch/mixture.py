@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from functools import partial
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
@@ -11,6 +12,7 @@ from ..balance import Cost
 from ..errors import ConfigError
 from ..packed.mixture import Mixture, Number
 from ..packed.row_counts import RowCounts
+from ..remote import open_packed
 from ._stream import Collate, RowStream
 
 __all__ = ["PackedMixture"]
@@ -31,6 +33,9 @@ class PackedMixture(RowStream):
 
     Every batch also carries ``sources``: the source index of each row (a list of ints, names in
     ``ds.names``), for per-source loss logging.
+
+    Sources may be on object storage (URIs, or paths on ``filesystem``), each read through its
+    own local cache of at most ``cache_limit`` bytes (see :class:`PackedIterableDataset`).
     """
 
     def __init__(
@@ -52,6 +57,9 @@ class PackedMixture(RowStream):
         grad_accum_steps: Optional[int] = None,
         balance: Optional[str] = None,
         cost: Cost = "attention",
+        filesystem: Any = None,
+        cache_dir: Optional[Union[str, os.PathLike]] = None,
+        cache_limit: Optional[int] = None,
     ) -> None:
         self.mixture = Mixture(
             sources,
@@ -62,6 +70,9 @@ class PackedMixture(RowStream):
             seed=seed,
             shuffle=shuffle,
             shuffle_window=shuffle_window,
+            open_dir=partial(
+                open_packed, filesystem=filesystem, cache_dir=cache_dir, cache_limit=cache_limit
+            ),
         )
         self.names = self.mixture.names
         self.sources = self.mixture.packed

@@ -93,6 +93,13 @@ fn byte_range((offset, length, checksum): RangeArg) -> io::ByteRange {
     }
 }
 
+/// `xxh3_128:<hex>` of `data` (a byte range fetched from object storage, checked against the
+/// manifest before it is cached).
+#[pyfunction]
+pub fn bytes_checksum(py: Python<'_>, data: &[u8]) -> String {
+    py.detach(|| io::bytes_checksum(data))
+}
+
 /// Size and `xxh3_128:<hex>` checksum of a whole file (the manifest's shard checksum).
 #[pyfunction]
 pub fn file_checksum(py: Python<'_>, path: PathBuf) -> PyResult<(u64, String)> {

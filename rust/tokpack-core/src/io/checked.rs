@@ -146,6 +146,12 @@ pub fn read_checked_row_group(
     assemble_batch(&at, schema, batches, columns)
 }
 
+/// `xxh3_128:<hex>` of some bytes: the manifest's checksum of a byte range, for a reader that
+/// fetched the range itself (a shard on object storage) and checks it before keeping it.
+pub fn bytes_checksum(data: &[u8]) -> String {
+    xxh3_hex(twox_hash::XxHash3_128::oneshot(data))
+}
+
 /// Size and `xxh3_128:<hex>` checksum of a whole file.
 pub fn file_checksum(path: &Path) -> Result<(u64, String)> {
     let mut file = open_file(path)?;

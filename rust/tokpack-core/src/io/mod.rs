@@ -20,7 +20,7 @@ pub mod source;
 pub mod spill;
 pub mod writer;
 
-pub use checked::{file_checksum, read_checked_row_group, GroupCheck};
+pub use checked::{bytes_checksum, file_checksum, read_checked_row_group, GroupCheck};
 pub use pack::{
     input_columns, pack_files, read_lengths, LabelSource, PackFilesConfig, PackOutcome,
 };

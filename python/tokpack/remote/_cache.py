@@ -1,0 +1,334 @@
+"""The local cache of a packed directory on object storage: byte ranges of its shards on disk.
+
+Each remote shard has a local *sparse* file of the shard's size, into which the ranges a reader
+needs (the footer, row groups) are written at their own offsets once fetched and checked
+against the manifest's checksums. The Rust reader then decodes the local file exactly as it
+decodes a local shard (it reads only the footer's and the row group's bytes, and checks them
+again), so nothing in the decoder knows about object storage.
+
+Which ranges are present is told by empty marker files ``.tokpack-cache/have/SHARD.TAG.OFFSET.
+LENGTH`` (TAG ``f`` for the footer, else the row group), created after the bytes are written.
+Their modification time is the last use. The cache is shared by every process on the machine
+that reads the same remote directory (the DataLoader workers of a node, several ranks on one
+node): a range is fetched once between them.
+
+Locks (``flock``, released when a process dies):
+
+- per shard: shared while a process checks its ranges and decodes, exclusive while it fetches
+  (a second process waiting for the same range finds it present once it gets the lock) and
+  while an evictor punches holes into it (evictors never wait for a shard in use: they skip it);
+- the cache's: held while bytes are written and while making room, so that the space used, as
+  the file system allocates it (``st_blocks``), never exceeds ``limit``.
+
+Eviction frees the least recently used row groups first (punching holes into the sparse file,
+so the space is returned without rewriting it); a shard's footer goes with its last row group.
+Where the file system cannot punch holes, the whole shard file is removed instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
+
+from .. import _tokpack
+from ..errors import ConfigError, CorruptOutputError, StorageError
+from ._fetch import collecting, count
+
+__all__ = ["RangeCache", "Want", "cache_counters", "usage"]
+
+META = ".tokpack-cache"
+# How long a writer waits for other readers to release shards it must evict to make room.
+_ROOM_TIMEOUT = 120.0
+_FALLOC_FL_KEEP_SIZE = 1
+_FALLOC_FL_PUNCH_HOLE = 2
+
+_TOTALS_LOCK = threading.Lock()
+
+# (tag, offset, length, checksum): a range of a shard ("f" the footer, else the row group).
+Want = Tuple[str, int, int, str]
+
+
+def _libc_fallocate() -> Optional[Callable[..., int]]:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.fallocate
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_FALLOCATE = _libc_fallocate()
+
+
+def _punch(fd: int, offset: int, length: int) -> bool:
+    """Frees the blocks of ``[offset, offset + length)`` (zeroing its bytes), keeping the size."""
+    if _FALLOCATE is None or length <= 0:
+        return False
+    mode = _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE
+    return _FALLOCATE(fd, mode, offset, length) == 0
+
+
+def usage(root: os.PathLike) -> int:
+    """Bytes the file system allocates for the cached data under ``root`` (its shards and side
+    files; the markers and locks are empty files)."""
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(root):
+        if META in dirnames:
+            dirnames.remove(META)
+        for name in filenames:
+            with contextlib.suppress(FileNotFoundError):
+                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+    return total
+
+
+class RangeCache:
+    """Ranges of the shards of one remote directory, cached under ``root`` up to ``limit`` bytes
+    (see the module docstring)."""
+
+    def __init__(self, root: Path, limit: int) -> None:
+        self.root = Path(root)
+        self.limit = int(limit)
+        self.meta = self.root / META
+        (self.meta / "have").mkdir(parents=True, exist_ok=True)
+        (self.meta / "locks").mkdir(exist_ok=True)
+        # The local file of each shard, set by the reader (markers name shards by number).
+        self.shard_files: List[Path] = []
+        # What this process fetched into the cache (see `_record`).
+        self._totals: Dict[str, int] = {}
+        self._totals_pid = os.getpid()
+        try:
+            self.block = os.statvfs(self.root).f_bsize
+        except OSError:
+            self.block = 4096
+
+    def _marker(self, shard: int, want: Want) -> Path:
+        tag, offset, length, _ = want
+        return self.meta / "have" / f"{shard}.{tag}.{offset}.{length}"
+
+    def _span(self, offset: int, length: int) -> int:
+        """Bytes of the blocks ``[offset, offset + length)`` touches."""
+        if length <= 0:
+            return 0
+        b = self.block
+        return ((offset + length - 1) // b - offset // b + 1) * b
+
+    def check_fits(self, need: int, what: str) -> None:
+        if self._span(0, need) + 2 * self.block > self.limit:
+            raise ConfigError(
+                f"cache_limit={self.limit} bytes cannot hold {what} ({need} bytes): raise it"
+            )
+
+    @contextlib.contextmanager
+    def ranges(
+        self,
+        shard: int,
+        path: Path,
+        size: int,
+        wants: Sequence[Want],
+        fetch: Callable[[Want], bytes],
+    ) -> Iterator[Path]:
+        """The local file of shard ``shard`` (``path``, of ``size`` bytes) holding ``wants``,
+        fetched (``fetch(want)``: its bytes, checked by the caller) when missing. The ranges stay
+        until the block exits (the shard's lock is held shared)."""
+        with open(self.meta / "locks" / str(shard), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_SH)
+            first = True
+            while True:
+                missing = [w for w in wants if not self._marker(shard, w).exists()]
+                if first:
+                    count("hits", len(wants) - len(missing))
+                    first = False
+                if not missing:
+                    break
+                # Converting the lock is not atomic: look again once it is exclusive.
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                with collecting() as fetched:
+                    try:
+                        for want in wants:
+                            if not self._marker(shard, want).exists():
+                                data = fetch(want)
+                                count("misses")
+                                self._store(shard, path, size, want, data, wants)
+                    finally:
+                        self._record(fetched)
+                # An evictor may take the lock in the gap back to shared: the loop looks again.
+                fcntl.flock(lock, fcntl.LOCK_SH)
+            now = time.time()
+            for want in wants:
+                with contextlib.suppress(FileNotFoundError):
+                    os.utime(self._marker(shard, want), (now, now))
+            yield path
+
+    def _record(self, fetched: Dict[str, int]) -> None:
+        """Adds what this thread just fetched to this process's totals for the cache, and
+        writes them to its counters file there (read by :func:`cache_counters`)."""
+        if not fetched:
+            return
+        with _TOTALS_LOCK:
+            if self._totals_pid != os.getpid():
+                self._totals, self._totals_pid = {}, os.getpid()
+            for key, value in fetched.items():
+                self._totals[key] = self._totals.get(key, 0) + value
+            folder = self.meta / "counters"
+            folder.mkdir(exist_ok=True)
+            tmp = folder / f".{os.getpid()}.tmp"
+            tmp.write_text(json.dumps(self._totals))
+            os.replace(tmp, folder / str(os.getpid()))
+
+    def put(self, path: Path, data: bytes) -> None:
+        """A whole side file (an index, the dropped list), written atomically under ``root``."""
+        with self._room(len(data)):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+
+    def _store(
+        self, shard: int, path: Path, size: int, want: Want, data: bytes, keep: Sequence[Want]
+    ) -> None:
+        _, offset, length, _ = want
+        with self._room(self._span(offset, length), shard, keep):
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                if os.fstat(fd).st_size != size:
+                    os.ftruncate(fd, size)
+                view = memoryview(data)
+                while view:
+                    view = view[os.pwrite(fd, view, offset + len(data) - len(view)) :]
+            finally:
+                os.close(fd)
+            self._marker(shard, want).touch()
+
+    @contextlib.contextmanager
+    def _room(
+        self, need: int, shard: Optional[int] = None, keep: Sequence[Want] = ()
+    ) -> Iterator[None]:
+        """Holds the cache's lock with ``need`` bytes free under the limit, evicting the least
+        recently used ranges first (never ``keep`` of ``shard``, whose lock the caller holds
+        exclusively, nor a shard another process is using)."""
+        deadline = time.monotonic() + _ROOM_TIMEOUT
+        with open(self.meta / "lock", "a") as lock:
+            while True:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                while usage(self.root) + need > self.limit:
+                    if not self._evict_one(shard, keep):
+                        break
+                else:
+                    yield
+                    return
+                fcntl.flock(lock, fcntl.LOCK_UN)
+                if time.monotonic() > deadline:
+                    raise StorageError(
+                        f"{self.root}: the cache (cache_limit={self.limit} bytes) stays full of"
+                        " ranges other readers are using; raise cache_limit"
+                    )
+                time.sleep(0.05)
+
+    def _markers(self) -> List[Tuple[float, int, str, int, int, str]]:
+        found = []
+        with os.scandir(self.meta / "have") as entries:
+            for e in entries:
+                parts = e.name.split(".")
+                if len(parts) != 4:
+                    continue
+                with contextlib.suppress(FileNotFoundError, ValueError):
+                    found.append(
+                        (
+                            e.stat().st_mtime,
+                            int(parts[0]),
+                            parts[1],
+                            int(parts[2]),
+                            int(parts[3]),
+                            e.path,
+                        )
+                    )
+        return sorted(found)
+
+    def _evict_one(self, mine: Optional[int], keep: Sequence[Want]) -> bool:
+        """Evicts the least recently used range that may go; False when none may."""
+        markers = self._markers()
+        groups: Set[int] = {m[1] for m in markers if m[2] != "f"}
+        kept = {(w[0], w[1]) for w in keep}
+        for _, shard, tag, offset, length, marker in markers:
+            if shard == mine and (tag, offset) in kept:
+                continue
+            if tag == "f" and shard in groups:
+                continue  # a footer goes with its shard's last row group
+            if shard == mine:
+                self._evict(shard, tag, offset, length, marker, markers)
+                return True
+            with open(self.meta / "locks" / str(shard), "a") as lock:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # in use: never waited for
+                if os.path.exists(marker):
+                    self._evict(shard, tag, offset, length, marker, markers)
+                    return True
+        return False
+
+    def _evict(self, shard: int, tag: str, offset: int, length: int, marker: str, markers) -> None:
+        os.unlink(marker)
+        count("evictions")
+        path = self._shard_path(shard)
+        if path is None:
+            return
+        if tag == "f":
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            return
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            return
+        try:
+            punched = _punch(fd, offset, length)
+        finally:
+            os.close(fd)
+        if not punched:
+            # No holes on this file system: the whole shard goes (its other markers first).
+            for m in markers:
+                if m[1] == shard:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(m[5])
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
+    def _shard_path(self, shard: int) -> Optional[Path]:
+        return self.shard_files[shard] if 0 <= shard < len(self.shard_files) else None
+
+
+def cache_counters(root: os.PathLike) -> Dict[str, int]:
+    """What every process that read through the cache at ``root`` (a reader's
+    ``packed.root``) fetched into it: ``requests``, ``bytes_fetched``, ``retries``, ``misses``
+    (ranges fetched) and ``evictions`` made while fetching, summed over the processes."""
+    total: Dict[str, int] = {}
+    folder = Path(root) / META / "counters"
+    for path in folder.glob("[0-9]*") if folder.is_dir() else ():
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            for key, value in json.loads(path.read_text()).items():
+                total[key] = total.get(key, 0) + int(value)
+    return total
+
+
+def checked(data: bytes, checksum: str) -> Optional[str]:
+    """None when ``data`` hashes to ``checksum``, else what it hashes to."""
+    got = _tokpack.bytes_checksum(data)
+    return None if got == checksum else got
+
+
+def corrupt_range(uri: str, what: str, offset: int, length: int, got: str, want: str):
+    return CorruptOutputError(
+        f"{uri}: {what}: bytes {offset}..{offset + length} fetched from object storage do not"
+        f" match their checksum (they hash to {got}, the manifest says {want}): the object is"
+        " damaged, or was replaced since the directory was opened"
+    )

@@ -1,0 +1,321 @@
+"""A packed directory on object storage, read through the local range cache.
+
+Opening it costs one request (the manifest), whatever the corpus size: the row-group layout
+comes from the manifest (every shard's row groups hold ``config.row_group_rows`` rows but the
+last, as ``tokpack pack`` writes them), and each shard's footer is fetched and checked against
+it when the shard is first read. A row group is fetched by byte range (with the footer, the
+first time), checked against the manifest's checksums before it is cached, and decoded by the
+same Rust reader as a local shard, from the cache's sparse copy of the shard.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import queue
+import threading
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .._io.uri import RUN_MARKER, cache_home, local_path, store_of
+from ..errors import ConfigError, CorruptOutputError, InputNotFoundError, TokpackError
+from ..packed.format import MANIFEST_NAME
+from ..packed.reader import Column, Identity, PackedDir, member_path, parse_manifest
+from ._cache import RangeCache, Want, checked, corrupt_range
+from ._fetch import Source
+
+__all__ = ["RemotePackedDir", "open_packed", "default_cache_dir", "DEFAULT_CACHE_LIMIT"]
+
+DEFAULT_CACHE_LIMIT = 8 << 30
+# Fetches of a range whose bytes do not match their checksum before it is reported damaged.
+_CHECKSUM_ATTEMPTS = 2
+
+
+def default_cache_dir() -> Path:
+    """``remote/`` of tokpack's cache (``$TOKPACK_CACHE_DIR``, else ``~/.cache/tokpack``)."""
+    return cache_home() / "remote"
+
+
+def open_packed(
+    path: Union[str, os.PathLike],
+    *,
+    filesystem: Any = None,
+    cache_dir: Optional[Union[str, os.PathLike]] = None,
+    cache_limit: Optional[int] = None,
+) -> PackedDir:
+    """The packed directory at ``path``: a local one (:class:`PackedDir`), or one on object
+    storage (a URI, or a path on ``filesystem``) read through a local cache of at most
+    ``cache_limit`` bytes under ``cache_dir`` (:class:`RemotePackedDir`)."""
+    local = local_path(path, filesystem)
+    if local is not None:
+        return PackedDir(local)
+    return RemotePackedDir(
+        path, filesystem=filesystem, cache_dir=cache_dir, cache_limit=cache_limit
+    )
+
+
+class RemotePackedDir(PackedDir):
+    """A packed directory on object storage (see the module docstring). ``root`` is its cache
+    directory on this machine; ``shown`` (``s3://bucket/packed``) names it in messages."""
+
+    remote = True
+
+    def __init__(
+        self,
+        path: Union[str, os.PathLike],
+        *,
+        filesystem: Any = None,
+        cache_dir: Optional[Union[str, os.PathLike]] = None,
+        cache_limit: Optional[int] = None,
+    ) -> None:
+        store = store_of(path, filesystem)
+        if store is None:
+            raise ConfigError(f"{path}: a local directory (open it with PackedDir)")
+        limit = DEFAULT_CACHE_LIMIT if cache_limit is None else cache_limit
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ConfigError(f"cache_limit must be a positive int (bytes), got {cache_limit!r}")
+        self.source = Source(*store)
+        self.shown = self.source.shown
+        text = self._read_manifest()
+        if text is None:
+            writing = self.source.size(RUN_MARKER) is not None
+            raise InputNotFoundError(
+                f"{self.shown}: not a packed directory (no {MANIFEST_NAME}"
+                + ("; a run writing it has not finished" if writing else "; run `tokpack pack`")
+                + ")"
+            )
+        self._manifest_hash = hashlib.sha256(text).hexdigest()
+        key = hashlib.sha256(f"{self.shown}\0{self._manifest_hash}".encode()).hexdigest()[:24]
+        self.root = Path(cache_dir or default_cache_dir()).resolve() / key
+        self.cache = RangeCache(self.root, limit)
+        manifest_copy = self.root / MANIFEST_NAME
+        if not manifest_copy.exists():
+            self.cache.put(manifest_copy, text)
+        self._footers_checked: Dict[int, List[int]] = {}
+        with contextlib.suppress(Exception):  # (a malformed manifest is reported just below)
+            self.cache.shard_files = [
+                member_path(self.root, s["file"]) for s in json.loads(text)["shards"]
+            ]
+        with self.naming():
+            self.manifest = parse_manifest(text, self.root)
+            self._validate(self.manifest)
+        biggest = max((r[1] for r in self.group_bytes), default=0)
+        footer = max((r[1] for r in self.shard_footers), default=0)
+        self.cache.check_fits(biggest + footer, "a row group and its shard's footer")
+
+    def _read_manifest(self) -> Optional[bytes]:
+        try:
+            return self.source.read(MANIFEST_NAME)
+        except InputNotFoundError:
+            return None
+
+    # -- messages name the objects, not the cache -----------------------------------------
+
+    def translate(self, text: str) -> str:
+        return text.replace(str(self.root), self.shown)
+
+    @contextlib.contextmanager
+    def naming(self) -> Iterator[None]:
+        """Errors raised inside name the directory's URI instead of its cache."""
+        try:
+            yield
+        except TokpackError as exc:
+            if str(self.root) not in str(exc) or len(exc.args) != 1:
+                raise
+            try:
+                renamed = type(exc)(self.translate(str(exc)))
+            except TypeError:  # an error class taking other arguments
+                raise exc from None
+            raise renamed from None
+
+    # -- the layout without reading the shards --------------------------------------------
+
+    def _open_shard(
+        self, k: int, path: Path, rows: int, groups: int, size: int
+    ) -> Tuple[Optional[Identity], List[int]]:
+        try:
+            per_group = int(self.manifest["config"]["row_group_rows"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptOutputError(
+                f"{self.root / MANIFEST_NAME}: missing or invalid field {exc}"
+            ) from None
+        if per_group >= 1 and groups == -(-rows // per_group):
+            layout = [per_group] * groups
+            if groups:
+                layout[-1] = rows - per_group * (groups - 1)
+            return None, layout
+        # Not the layout `tokpack pack` writes: ask the shard's footer now.
+        return None, self._footer(k, path, rows, groups)
+
+    def _shard_fields(self, k: int) -> Tuple[str, int, int, int]:
+        shard = self.manifest["shards"][k]
+        return str(shard["file"]), int(shard["rows"]), int(shard["row_groups"]), int(shard["size"])
+
+    def _wants(self, shard: int, group: Optional[int] = None) -> List[Want]:
+        f = self.shard_footers[shard]
+        wants: List[Want] = [("f", f[0], f[1], f[2])]
+        if group is not None:
+            g = int(self.group_index[group])
+            r = self.group_bytes[group]
+            wants.append((str(g), r[0], r[1], r[2]))
+        return wants
+
+    def _fetcher(self, shard: int) -> Callable[[Want], bytes]:
+        name = self._shard_fields(shard)[0]
+
+        def fetch(want: Want) -> bytes:
+            tag, offset, length, checksum = want
+            what = "footer" if tag == "f" else f"row group {tag}"
+            for _ in range(_CHECKSUM_ATTEMPTS):
+                try:
+                    data = self.source.read_range(name, offset, length)
+                except InputNotFoundError:
+                    raise CorruptOutputError(
+                        f"{self.source.uri(name)}: listed in the manifest but missing"
+                    ) from None
+                got = checked(data, checksum)
+                if got is None:
+                    return data
+            if self.changed(shard):
+                raise CorruptOutputError(
+                    f"{self.shown}: changed since the dataset was opened ({name} was replaced,"
+                    " e.g. by `tokpack pack --force`): open it again"
+                )
+            raise corrupt_range(self.source.uri(name), what, offset, length, got, checksum)
+
+        return fetch
+
+    @contextlib.contextmanager
+    def _local(self, shard: int, group: Optional[int] = None) -> Iterator[Path]:
+        """Shard ``shard``'s local file holding its footer (and row group ``group``)."""
+        path = Path(self.shard_paths[shard])
+        size = self.shard_sizes[shard]
+        with self.cache.ranges(shard, path, size, self._wants(shard, group), self._fetcher(shard)):
+            if shard not in self._footers_checked:
+                _, rows, groups, _ = self._shard_fields(shard)
+                self._footers_checked[shard] = self._read_footer(shard, path, rows, groups)
+                layout = self.group_rows[self.group_shard == shard].tolist()
+                if self._footers_checked[shard] != layout:
+                    raise CorruptOutputError(
+                        f"{self.source.uri(self._shard_fields(shard)[0])}: row groups of"
+                        f" {self._footers_checked[shard]} rows, the manifest's layout says"
+                        f" {layout}"
+                    )
+            yield path
+
+    def _footer(self, k: int, path: Path, rows: int, groups: int) -> List[int]:
+        """Rows per row group of shard ``k`` from its footer, fetched now (during open)."""
+        shard = self.manifest["shards"][k]
+        f = shard["footer_bytes"]
+        want: Want = ("f", int(f["offset"]), int(f["length"]), str(f["checksum"]))
+        name = str(shard["file"])
+
+        def fetch(w: Want) -> bytes:
+            data = self.source.read_range(name, w[1], w[2])
+            got = checked(data, w[3])
+            if got is not None:
+                raise corrupt_range(self.source.uri(name), "footer", w[1], w[2], got, w[3])
+            return data
+
+        with self.cache.ranges(k, path, int(shard["size"]), [want], fetch):
+            return self._read_footer(k, path, rows, groups)
+
+    def _read_footer(self, k: int, path: Path, rows: int, groups: int) -> List[int]:
+        try:
+            meta = pq.ParquetFile(path).metadata
+        except (pa.ArrowException, OSError) as exc:
+            raise CorruptOutputError(
+                f"{self.source.uri(self._shard_fields(k)[0])}: not a readable Parquet footer"
+                f" ({exc})"
+            ) from None
+        with self.naming():
+            return self._check_footer(k, path, meta, rows, groups)
+
+    # -- reads ----------------------------------------------------------------------------
+
+    def decode(self, group: int, columns: Optional[Sequence[str]] = None) -> Dict[str, Column]:
+        shard = int(self.group_shard[group])
+        with self.naming(), self._local(shard, group):
+            return super().decode(group, columns)
+
+    def prefetch(self, group: int) -> None:
+        _prefetch(self, group)
+
+    def fetch_group(self, group: int) -> None:
+        """Fetch row group ``group`` (and its shard's footer) into the cache, if missing."""
+        with self.naming(), self._local(int(self.group_shard[group]), group):
+            pass
+
+    def shard_columns(self, shard: int) -> List[str]:
+        with self.naming(), self._local(shard) as path:
+            return list(pq.read_schema(path).names)
+
+    def side_path(self, name: Any, what: str = "file") -> Path:
+        path = member_path(self.root, name, what)
+        if not path.exists():
+            try:
+                data = self.source.read(str(name))
+            except InputNotFoundError:
+                raise CorruptOutputError(
+                    f"{self.source.uri(str(name))}: {what} listed in the manifest but missing"
+                ) from None
+            self.cache.put(path, data)
+        return path
+
+    def changed(self, shard: int) -> bool:
+        try:
+            text = self._read_manifest()
+        except TokpackError:
+            return False
+        return text is None or hashlib.sha256(text).hexdigest() != self._manifest_hash
+
+    def __getstate__(self) -> Dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_footers_checked"] = {}
+        return state
+
+
+# -- fetching ahead of the reader ------------------------------------------------------------
+
+_queue: "Optional[queue.SimpleQueue]" = None
+_queue_pid = -1
+# Held by the fetch-ahead thread while it fetches (and holds a shard's lock): a fork waits for
+# it, so a child never inherits a lock held by a thread it does not have.
+_busy = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    global _busy
+    _busy = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(
+        before=lambda: _busy.acquire(),
+        after_in_parent=lambda: _busy.release(),
+        after_in_child=_after_fork_in_child,
+    )
+
+
+def _ahead_loop(requests: "queue.SimpleQueue") -> None:
+    while True:
+        packed, group = requests.get()
+        with _busy:
+            with contextlib.suppress(Exception):
+                # A damaged object or a network failure: the reader raises it when it gets there.
+                packed.fetch_group(group)
+
+
+def _prefetch(packed: RemotePackedDir, group: int) -> None:
+    global _queue, _queue_pid
+    if _queue_pid != os.getpid():
+        # One daemon thread per process, started on first use in that process.
+        _queue, _queue_pid = queue.SimpleQueue(), os.getpid()
+        threading.Thread(target=_ahead_loop, args=(_queue,), daemon=True).start()
+    assert _queue is not None
+    _queue.put((packed, group))
