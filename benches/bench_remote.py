@@ -1,0 +1,648 @@
+"""Training from object storage (issue 23): tokpack against MosaicML ``streaming`` and ``litdata``
+on the same S3 endpoint and the same packed rows, in one run.
+
+A local S3 endpoint (moto's server, in a child process on a free port) holds three copies of one
+packed corpus (``tokpack.synthetic`` SFT-like samples packed at max_len 4096): the tokpack
+directory, MDS shards of its rows (``streaming.MDSWriter``, columns ``input_ids`` / ``labels`` /
+``seq_lengths`` as ``ndarray:int32``, zstd) and litdata's optimized format (``litdata.optimize``,
+the same columns, zstd), the rows in the same order and the shards of about the same size. The
+server counts every request and every byte of every response body, so the bytes a reader
+fetches are measured at the store, whoever fetched them (DataLoader workers, background threads).
+
+For each reader and ``--workers`` count (0, 2, 4), on a fresh local cache: one shuffled epoch in
+batches of ``--batch-rows`` rows, collated by ``tokpack.torch.PackedCollator`` for every reader
+(the same flat batch; the collation is not what is compared), consumed by a loop that only counts
+tokens:
+
+- **time to first batch** (from building the dataset to the first batch) and **tokens/s** over
+  the epoch (first batch included, as a training loop sees it);
+- **fetched / data**: bytes fetched from the store during the epoch against the bytes of the
+  reader's objects, and the requests made;
+- **resume at 90 %**: the loader's state after 90 % of the epoch's batches (tokpack: the batch's
+  ``position`` for ``PackedIterableDataset.load_state_dict``; streaming and litdata: their
+  ``StreamingDataLoader.state_dict()``), then, on a fresh cache, the time from building the
+  resumed loader to its first batch and the bytes fetched until then.
+
+Readers: ``tokpack`` reads the ``s3://`` URI (``PackedIterableDataset`` with ``cache_dir=``;
+needs tokpack's remote reading, ``tokpack.remote``); ``tokpack (local copy)`` downloads the
+directory first (``pyarrow.fs.copy_files``; the download is in its time to first batch) and reads
+it locally, the way to train from a bucket without remote reading. A reader whose package is
+missing is skipped and said so in the tables.
+
+Goal (issue 23): tokpack's tokens/s at least the best competitor's at every worker count, its
+resume latency flat (close to its own time to first batch, not growing with the position), its
+fetched bytes <= 1.1x the data read.
+
+The competitors pin other versions of numpy / tokenizers / transformers than tokpack's test
+environment, so run it in a separate venv with tokpack's extension built in the checkout::
+
+    python -m venv ~/.cache/tokpack-bench-venv
+    ~/.cache/tokpack-bench-venv/bin/pip install torch pyarrow numpy "moto[server]" boto3 \\
+        mosaicml-streaming litdata
+    maturin develop --release --skip-install     # in tokpack's venv: python/tokpack/_tokpack*.so
+    PYTHONPATH=python ~/.cache/tokpack-bench-venv/bin/python benches/bench_remote.py
+    PYTHONPATH=python ~/.cache/tokpack-bench-venv/bin/python benches/bench_remote.py \\
+        --samples 2000 --workers 0,2
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import math
+import multiprocessing as mp
+import os
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+import numpy as np
+
+MAX_LEN = 4096
+BUCKET = "bench"
+PREFIXES = {"tokpack": "tokpack", "streaming": "mds", "litdata": "litdata"}
+
+
+# --- The store: moto's S3 server behind a WSGI middleware that counts what it serves -----------
+
+
+class _Counting:
+    """WSGI middleware: counts requests, GETs and the bytes of every response body."""
+
+    def __init__(self, app, counts) -> None:
+        self.app, self.counts = app, counts
+
+    def __call__(self, environ, start_response):
+        get = environ.get("REQUEST_METHOD") == "GET"
+        with self.counts.get_lock():
+            self.counts[0] += 1
+            self.counts[1] += get
+        for chunk in self.app(environ, start_response):
+            with self.counts.get_lock():
+                self.counts[2] += len(chunk)
+            yield chunk
+
+
+def _serve(counts, ready) -> None:
+    """The child process: moto's threaded server (as ``ThreadedMotoServer`` builds it) behind
+    the counting middleware, on a free port of 127.0.0.1."""
+    from moto.moto_server.werkzeug_app import (
+        DomainDispatcherApplication,
+        MotoRequestHandler,
+        create_backend_app,
+    )
+    from werkzeug.serving import make_server
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
+    app = _Counting(DomainDispatcherApplication(create_backend_app), counts)
+    server = make_server("127.0.0.1", 0, app, True, request_handler=MotoRequestHandler)
+    ready.put(server.server_address[1])
+    server.serve_forever()
+
+
+class Store:
+    """The S3 endpoint in a child process (the readers' processes do not share its GIL), its
+    counters, and the environment every library and DataLoader worker reaches it with."""
+
+    def __init__(self) -> None:
+        ctx = mp.get_context("spawn")
+        self.counts = ctx.Array("q", 3)  # requests, GETs, response body bytes
+        ready = ctx.Queue()
+        self.proc = ctx.Process(target=_serve, args=(self.counts, ready), daemon=True)
+        self.proc.start()
+        self.port = ready.get(timeout=60)
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        os.environ.update(
+            AWS_ENDPOINT_URL=self.endpoint,  # boto3 (litdata), tokpack (pyarrow)
+            S3_ENDPOINT_URL=self.endpoint,  # streaming
+            AWS_ACCESS_KEY_ID="bench",
+            AWS_SECRET_ACCESS_KEY="bench",
+            AWS_DEFAULT_REGION="us-east-1",
+            AWS_REGION="us-east-1",
+        )
+        import pyarrow.fs as pafs
+
+        self.fs = pafs.S3FileSystem(
+            endpoint_override=f"127.0.0.1:{self.port}",
+            scheme="http",
+            access_key="bench",
+            secret_key="bench",
+            region="us-east-1",
+            allow_bucket_creation=True,
+        )
+        self.fs.create_dir(BUCKET)
+
+    def snapshot(self) -> tuple:
+        with self.counts.get_lock():
+            return tuple(self.counts)
+
+    def since(self, snap: tuple) -> Dict[str, int]:
+        now = self.snapshot()
+        return {"requests": now[0] - snap[0], "gets": now[1] - snap[1], "bytes": now[2] - snap[2]}
+
+    def upload(self, local: Path, prefix: str) -> int:
+        """Copies a local directory to ``s3://BUCKET/prefix``; returns its objects' bytes."""
+        import pyarrow.fs as pafs
+
+        pafs.copy_files(str(local), f"{BUCKET}/{prefix}", destination_filesystem=self.fs)
+        return self.size(prefix)
+
+    def size(self, prefix: str) -> int:
+        import pyarrow.fs as pafs
+
+        infos = self.fs.get_file_info(pafs.FileSelector(f"{BUCKET}/{prefix}", recursive=True))
+        return sum(i.size for i in infos if i.type == pafs.FileType.File)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.join(10)
+
+
+# --- The corpus: one packed directory, its rows written again as MDS and litdata ---------------
+
+
+@dataclass
+class Corpus:
+    local: Path  # the packed directory
+    rows: int
+    tokens: int
+    shards: int
+    data_bytes: Dict[str, int] = field(default_factory=dict)  # per reader family
+    notes: List[str] = field(default_factory=list)
+
+
+def group_rows(packed, group: int) -> list:
+    """The rows of one row group of a packed directory, as dicts of int32 arrays (what MDS and
+    litdata store)."""
+    cols = packed.decode(group, ["input_ids", "labels", "seq_lengths"])
+    (ids, off), (lab, _), (seq, soff) = (cols[c] for c in ("input_ids", "labels", "seq_lengths"))
+    return [
+        {
+            "input_ids": np.asarray(ids[off[r] : off[r + 1]], dtype=np.int32),
+            "labels": np.asarray(lab[off[r] : off[r + 1]], dtype=np.int32),
+            "seq_lengths": np.asarray(seq[soff[r] : soff[r + 1]], dtype=np.int32),
+        }
+        for r in range(len(off) - 1)
+    ]
+
+
+def packed_rows(local: Path):
+    """The packed rows in file order."""
+    from tokpack.packed.reader import PackedDir
+
+    packed = PackedDir(local)
+    for g in range(packed.num_groups):
+        yield from group_rows(packed, g)
+
+
+def _litdata_group(group: int):
+    """litdata.optimize's function: the rows of one row group of the packed directory."""
+    from tokpack.packed.reader import PackedDir
+
+    yield from group_rows(PackedDir(os.environ["BENCH_PACKED_DIR"]), group)
+
+
+def build_corpus(tmp: Path, store: Store, args) -> Corpus:
+    import tokpack
+    from tokpack.packed.reader import PackedDir
+    from tokpack.synthetic import write_token_shards
+
+    files = write_token_shards(tmp / "tokens", args.samples, seed=0, max_length=MAX_LEN)
+    local = tmp / "packed"
+    manifest = tokpack.pack_files(
+        files,
+        local,
+        MAX_LEN,
+        rows_per_shard=args.rows_per_shard,
+        row_group_rows=args.row_group_rows,
+    )
+    packed = PackedDir(local)
+    corpus = Corpus(local, packed.num_rows, manifest["figures"]["tokens"], len(manifest["shards"]))
+    corpus.data_bytes["tokpack"] = store.upload(local, PREFIXES["tokpack"])
+    # The competitors' shards are sized like tokpack's: the raw bytes of a tokpack shard's rows.
+    raw = corpus.tokens * 8 + sum(len(r["seq_lengths"]) * 4 for r in packed_rows(local))
+    shard_raw = max(1 << 20, raw // corpus.shards)
+    try:
+        from streaming import MDSWriter
+
+        columns = {c: "ndarray:int32" for c in ("input_ids", "labels", "seq_lengths")}
+        with MDSWriter(
+            out=str(tmp / "mds"), columns=columns, compression="zstd", size_limit=shard_raw
+        ) as writer:
+            for row in packed_rows(local):
+                writer.write(row)
+        corpus.data_bytes["streaming"] = store.upload(tmp / "mds", PREFIXES["streaming"])
+    except ImportError:
+        corpus.notes.append("streaming: not installed (pip install mosaicml-streaming)")
+    try:
+        import litdata
+
+        os.environ["BENCH_PACKED_DIR"] = str(local)
+        litdata.optimize(
+            fn=_litdata_group,
+            inputs=list(range(packed.num_groups)),
+            output_dir=str(tmp / "litdata"),
+            chunk_bytes=shard_raw,
+            compression="zstd",
+            num_workers=1,
+            verbose=False,
+            mode="overwrite",
+        )
+        corpus.data_bytes["litdata"] = store.upload(tmp / "litdata", PREFIXES["litdata"])
+    except ImportError:
+        corpus.notes.append("litdata: not installed (pip install litdata)")
+    return corpus
+
+
+# --- The readers ------------------------------------------------------------------------------
+
+
+def tokpack_remote_dataset(uri: str, cache_dir: Path, **kw):
+    """tokpack's reader of a directory on object storage, or None when this tokpack cannot read
+    one (no ``tokpack.remote``): the one place to adapt if the remote API changes."""
+    try:
+        import tokpack.remote  # noqa: F401
+    except ImportError:
+        return None
+    from tokpack.torch import PackedIterableDataset
+
+    return PackedIterableDataset(uri, cache_dir=cache_dir, **kw)
+
+
+@dataclass
+class Reader:
+    name: str
+    family: str  # the objects it reads (a key of PREFIXES)
+    skipped: Optional[str]  # why it does not run
+    # (workers, cache dir, state or None) -> the loader (its dataset built, the state loaded)
+    loader: Callable[[int, Path, Any], Any] = None  # type: ignore[assignment]
+    # (loader, last batch) -> the state to resume after that batch
+    state: Callable[[Any, Any], Any] = None  # type: ignore[assignment]
+
+
+def _litdata_http(*_: Any) -> None:
+    """litdata streams chunks with obstore (when installed), whose client refuses plain http
+    unless told: the local endpoint is http. Called in the main process and in each worker."""
+    with contextlib.suppress(ImportError, AttributeError):
+        from litdata.streaming import downloader
+
+        downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = "true"
+
+
+def make_readers(args, names) -> List[Reader]:
+    from torch.utils.data import DataLoader
+
+    from tokpack.torch import PackedCollator, PackedIterableDataset
+
+    b = args.batch_rows
+    readers = []
+    uri = f"s3://{BUCKET}/{PREFIXES['tokpack']}"
+
+    def iterable_state(loader, batch):
+        return batch["position"]
+
+    def tokpack_remote(w, cache, state):
+        ds = tokpack_remote_dataset(
+            uri, cache, batch_rows=b, seed=0, rank=0, world_size=1, collate_fn=PackedCollator()
+        )
+        if state is not None:
+            ds.load_state_dict(state)
+        return DataLoader(ds, batch_size=None, num_workers=w)
+
+    probe = None
+    try:
+        import tokpack.remote  # noqa: F401
+    except ImportError:
+        probe = "this tokpack has no remote reading (tokpack.remote, branch h-remote)"
+    readers.append(Reader("tokpack", "tokpack", probe, tokpack_remote, iterable_state))
+
+    def tokpack_local(w, cache, state):
+        import pyarrow.fs as pafs
+
+        fs = pafs.S3FileSystem(
+            endpoint_override=os.environ["AWS_ENDPOINT_URL"].split("://")[1],
+            scheme="http",
+            access_key="bench",
+            secret_key="bench",
+            region="us-east-1",
+        )
+        pafs.copy_files(f"{BUCKET}/{PREFIXES['tokpack']}", str(cache), source_filesystem=fs)
+        ds = PackedIterableDataset(
+            cache, batch_rows=b, seed=0, rank=0, world_size=1, collate_fn=PackedCollator()
+        )
+        if state is not None:
+            ds.load_state_dict(state)
+        return DataLoader(ds, batch_size=None, num_workers=w)
+
+    readers.append(Reader("tokpack (local copy)", "tokpack", None, tokpack_local, iterable_state))
+
+    try:
+        import streaming
+    except ImportError:
+        readers.append(Reader("streaming", "streaming", "not installed"))
+    else:
+
+        def mosaic(w, cache, state):
+            ds = streaming.StreamingDataset(
+                remote=f"s3://{BUCKET}/{PREFIXES['streaming']}",
+                local=str(cache),
+                batch_size=b,
+                shuffle=True,
+                shuffle_seed=0,
+            )
+            loader = streaming.StreamingDataLoader(
+                ds, batch_size=b, num_workers=w, collate_fn=PackedCollator()
+            )
+            if state is not None:
+                loader.load_state_dict(state)
+            return loader
+
+        readers.append(
+            Reader(
+                f"streaming {streaming.__version__}",
+                "streaming",
+                None,
+                mosaic,
+                lambda loader, batch: loader.state_dict(),
+            )
+        )
+
+    try:
+        import litdata
+    except ImportError:
+        readers.append(Reader("litdata", "litdata", "not installed"))
+    else:
+        _litdata_http()
+
+        def lit(w, cache, state):
+            ds = litdata.StreamingDataset(
+                f"s3://{BUCKET}/{PREFIXES['litdata']}",
+                cache_dir=str(cache),
+                shuffle=True,
+                seed=0,
+                # The state names the cache it was saved with; resuming on a fresh cache.
+                force_override_state_dict=state is not None,
+            )
+            loader = litdata.StreamingDataLoader(
+                ds,
+                batch_size=b,
+                num_workers=w,
+                collate_fn=PackedCollator(),
+                worker_init_fn=_litdata_http,
+            )
+            if state is not None:
+                loader.load_state_dict(state)
+            return loader
+
+        readers.append(
+            Reader(
+                f"litdata {litdata.__version__}",
+                "litdata",
+                None,
+                lit,
+                lambda loader, batch: loader.state_dict(),
+            )
+        )
+    return [r for r in readers if names is None or r.family in names or r.name in names]
+
+
+# --- Measuring --------------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    first_s: float = math.nan
+    tokens_per_s: float = math.nan
+    tokens: int = 0
+    fetched: Dict[str, int] = field(default_factory=dict)
+    resume_first_s: float = math.nan
+    resume_fetched: Dict[str, int] = field(default_factory=dict)
+    error: Optional[str] = None
+
+
+def run_one(reader: Reader, workers: int, corpus: Corpus, store: Store, tmp: Path, args) -> Result:
+    res = Result()
+    n_batches = math.ceil(corpus.rows / args.batch_rows)
+    at = max(1, int(0.9 * n_batches))
+    cache = Path(tempfile.mkdtemp(prefix="cache-", dir=tmp))
+    state = None
+    snap = store.snapshot()
+    t0 = time.perf_counter()
+    loader = reader.loader(workers, cache, None)
+    it = iter(loader)
+    batch = next(it)
+    res.first_s = time.perf_counter() - t0
+    tokens, n = batch["input_ids"].numel(), 1
+    if n == at:
+        state = reader.state(loader, batch)
+    for batch in it:
+        tokens += batch["input_ids"].numel()
+        n += 1
+        if n == at:
+            state = reader.state(loader, batch)
+    took = time.perf_counter() - t0
+    res.fetched = store.since(snap)
+    res.tokens, res.tokens_per_s = tokens, tokens / took
+    del it, loader
+    shutil.rmtree(cache, ignore_errors=True)
+
+    cache = Path(tempfile.mkdtemp(prefix="cache-", dir=tmp))
+    snap = store.snapshot()
+    t0 = time.perf_counter()
+    loader = reader.loader(workers, cache, state)
+    it = iter(loader)
+    next(it)
+    res.resume_first_s = time.perf_counter() - t0
+    res.resume_fetched = store.since(snap)
+    del it, loader
+    shutil.rmtree(cache, ignore_errors=True)
+    return res
+
+
+def fmt_ratio(value: float, best: float, higher_better: bool) -> str:
+    if math.isnan(value) or math.isnan(best) or best == 0:
+        return ""
+    return f" ({value / best if higher_better else value / best:.2f}x)"
+
+
+def report(readers, results, workers, corpus: Corpus, batch_rows: int) -> bool:
+    from tokpack._io.tables import table
+
+    competitors = [r for r in readers if r.family != "tokpack"]
+
+    def best_of(w, key, higher):
+        vals = [
+            key(results[(r.name, w)])
+            for r in competitors
+            if (r.name, w) in results and results[(r.name, w)].error is None
+        ]
+        vals = [v for v in vals if not math.isnan(v)]
+        return (max(vals) if higher else min(vals)) if vals else math.nan
+
+    def cell(r, w, key, text, higher):
+        if r.skipped:
+            return f"skipped: {r.skipped}"
+        res = results.get((r.name, w))
+        if res is None:
+            return "-"
+        if res.error:
+            return f"failed: {res.error}"
+        v = key(res)
+        best = best_of(w, key, higher)
+        if math.isnan(best) or math.isnan(v):
+            return text(v)
+        ratio = v / best
+        return f"{text(v)} ({ratio:.2f}x)"
+
+    metrics = [
+        (
+            "tokens/s over one epoch (x: vs the best competitor, higher is better)",
+            lambda res: res.tokens_per_s,
+            lambda v: f"{v / 1e6:.2f} M",
+            True,
+        ),
+        (
+            "time to first batch, s (x: vs the best competitor, lower is better)",
+            lambda res: res.first_s,
+            lambda v: f"{v:.2f}",
+            False,
+        ),
+        (
+            "resume at 90 % of the epoch: time to first batch on a fresh cache, s"
+            " (x: vs the best competitor)",
+            lambda res: res.resume_first_s,
+            lambda v: f"{v:.2f}",
+            False,
+        ),
+        (
+            "bytes fetched per epoch / bytes of the reader's objects (x: vs the best competitor)",
+            lambda res: res.fetched["bytes"] / corpus.data_bytes[res_family[id(res)]],
+            lambda v: f"{v:.3f}",
+            False,
+        ),
+        (
+            "bytes fetched to resume at 90 % / bytes of the reader's objects",
+            lambda res: res.resume_fetched["bytes"] / corpus.data_bytes[res_family[id(res)]],
+            lambda v: f"{v:.3f}",
+            False,
+        ),
+        (
+            "requests per epoch (GETs)",
+            lambda res: float(res.fetched["requests"]),
+            lambda v: f"{v:.0f}",
+            False,
+        ),
+    ]
+    res_family = {id(res): name_family[name] for (name, _), res in results.items()}
+    for title, key, text, higher in metrics:
+        print(f"\n{title}")
+        rows = []
+        for r in readers:
+            rows.append([r.name] + [cell(r, w, key, text, higher) for w in workers])
+        print(table(["reader"] + [f"workers={w}" for w in workers], rows))
+
+    ok = True
+    checks = []
+    for w in workers:
+        res = results.get(("tokpack", w))
+        if res is None or res.error:
+            continue
+        best = best_of(w, lambda x: x.tokens_per_s, True)
+        if not math.isnan(best):
+            ok &= res.tokens_per_s >= best
+        fetched = res.fetched["bytes"] / corpus.data_bytes["tokpack"]
+        ok &= fetched <= 1.1
+        flat = res.resume_first_s <= 1.5 * res.first_s + 0.05
+        ok &= flat
+        checks.append(
+            f"workers={w}: tokens/s {res.tokens_per_s / best if best else math.nan:.2f}x the best"
+            f" competitor, fetched {fetched:.3f}x the data, resume {res.resume_first_s:.2f} s vs"
+            f" first batch {res.first_s:.2f} s"
+        )
+    if checks:
+        print("\ngoal (tokpack: >= the best competitor's tokens/s, fetched <= 1.1x, resume flat):")
+        for c in checks:
+            print(f"  {c}")
+        print(f"  {'met' if ok else 'NOT met'}")
+    else:
+        print("\ngoal: not assessed (the tokpack remote row did not run)")
+    return ok
+
+
+name_family: Dict[str, str] = {}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=20_000)
+    parser.add_argument("--batch-rows", type=int, default=8)
+    parser.add_argument("--rows-per-shard", type=int, default=512)
+    parser.add_argument("--row-group-rows", type=int, default=64)
+    parser.add_argument("--workers", default="0,2,4", help="num_workers values to time")
+    parser.add_argument(
+        "--readers", default=None, help="comma-separated: tokpack,streaming,litdata (default all)"
+    )
+    args = parser.parse_args()
+    workers = tuple(int(w) for w in args.workers.split(","))
+    names = set(args.readers.split(",")) if args.readers else None
+
+    import torch
+
+    store = Store()
+    try:
+        with tempfile.TemporaryDirectory(prefix="tokpack-bench-remote-") as tmp:
+            tmp = Path(tmp)
+            t = time.perf_counter()
+            corpus = build_corpus(tmp, store, args)
+            readers = make_readers(args, names)
+            for r in readers:
+                name_family[r.name] = r.family
+            sizes = ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in corpus.data_bytes.items())
+            print(
+                f"{args.samples:,} samples -> {corpus.rows:,} packed rows, {corpus.tokens:,}"
+                f" tokens (max_len {MAX_LEN}); tokpack: {corpus.shards} shards of"
+                f" {args.rows_per_shard} rows, row groups of {args.row_group_rows} rows;"
+                f" objects: {sizes}; built in {time.perf_counter() - t:.0f} s\n"
+                f"batches of {args.batch_rows} rows (PackedCollator), shuffled; moto S3 on"
+                f" 127.0.0.1 in a child process; torch {torch.__version__};"
+                f" {os.cpu_count()} cores, load average"
+                f" {' '.join(f'{x:.1f}' for x in os.getloadavg())}"
+            )
+            for note in corpus.notes:
+                print(f"  {note}")
+            results = {}
+            for w in workers:
+                # A different reader goes first at each worker count.
+                runnable = [r for r in readers if not r.skipped]
+                k = workers.index(w) % max(1, len(runnable))
+                for r in runnable[k:] + runnable[:k]:
+                    t = time.perf_counter()
+                    try:
+                        res = run_one(r, w, corpus, store, tmp, args)
+                    except Exception as exc:  # a competitor failing is reported, not fatal
+                        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                        res = Result(error=f"{type(exc).__name__}: {first}"[:120])
+                        traceback.print_exc()
+                    results[(r.name, w)] = res
+                    print(
+                        f"  {r.name}, workers={w}: {time.perf_counter() - t:.1f} s"
+                        + (f" ({res.error})" if res.error else ""),
+                        flush=True,
+                    )
+                    if res.error is None and res.tokens != corpus.tokens:
+                        print(f"    delivered {res.tokens:,} tokens of {corpus.tokens:,}")
+            ok = report(readers, results, workers, corpus, args.batch_rows)
+            print(f"\nload average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    finally:
+        store.stop()
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
