@@ -8,6 +8,9 @@ directory, MDS shards of its rows (``streaming.MDSWriter``, columns ``input_ids`
 the same columns, zstd), the rows in the same order and the shards of about the same size. The
 server counts every request and every byte of every response body, so the bytes a reader
 fetches are measured at the store, whoever fetched them (DataLoader workers, background threads).
+The corpus is built and uploaded by a spawned child process, so the measuring process carries
+none of the writers' state (after ``litdata.optimize`` / ``MDSWriter`` in the same process, each
+forked DataLoader worker took ~1.5 s to its first batch, whatever the reader).
 
 For each reader and ``--workers`` count (0, 2, 4), on a fresh local cache: one shuffled epoch in
 batches of ``--batch-rows`` rows, collated by ``tokpack.torch.PackedCollator`` for every reader
@@ -26,8 +29,11 @@ tokens:
 Readers: ``tokpack`` reads the ``s3://`` URI (``PackedIterableDataset`` with ``cache_dir=``;
 needs tokpack's remote reading, ``tokpack.remote``); ``tokpack (local copy)`` downloads the
 directory first (``pyarrow.fs.copy_files``; the download is in its time to first batch) and reads
-it locally, the way to train from a bucket without remote reading. A reader whose package is
-missing is skipped and said so in the tables.
+it locally, the way to train from a bucket without remote reading. ``streaming``:
+``StreamingDataset(remote=..., local=cache, shuffle=True)``; ``litdata``:
+``StreamingDataset("s3://...", cache_dir=cache, shuffle=True)`` (its obstore client is told to
+allow the endpoint's plain http). A reader whose package is missing is skipped and said so in
+the tables; one that fails is reported as failed (with its first error line) and the run goes on.
 
 Goal (issue 23): tokpack's tokens/s at least the best competitor's at every worker count, its
 resume latency flat (close to its own time to first batch, not growing with the position), its
