@@ -43,7 +43,8 @@ resume latency flat (close to its own time to first batch, not growing with the 
 fetched bytes <= 1.1x the data read.
 
 The competitors pin other versions of numpy / tokenizers / transformers than tokpack's test
-environment, so run it in a separate venv with tokpack's extension built in the checkout::
+environment, so run it in a separate venv (the packages are the ``bench-remote`` extra of
+pyproject.toml) with tokpack's extension built in the checkout::
 
     python -m venv ~/.cache/tokpack-bench-venv
     ~/.cache/tokpack-bench-venv/bin/pip install torch pyarrow numpy "moto[server]" boto3 \\
