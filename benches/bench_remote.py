@@ -367,7 +367,9 @@ def make_readers(args, names) -> List[Reader]:
     try:
         import streaming
     except ImportError:
-        readers.append(Reader("streaming", "streaming", "not installed"))
+        readers.append(
+            Reader("streaming", "streaming", "not installed (pip install mosaicml-streaming)")
+        )
     else:
 
         def mosaic(w, cache, state):
@@ -398,7 +400,7 @@ def make_readers(args, names) -> List[Reader]:
     try:
         import litdata
     except ImportError:
-        readers.append(Reader("litdata", "litdata", "not installed"))
+        readers.append(Reader("litdata", "litdata", "not installed (pip install litdata)"))
     else:
         _litdata_http()
 
