@@ -117,7 +117,7 @@ def main() -> None:
             [
                 str(w),
                 f"{(w + 1) * mb:,.0f}",
-                f"{3 * w * mb:,.0f}",
+                f"{3 * (w + 1) * mb:,.0f}",
                 f"{figures['plan'].orders[key][0]:+.3f}",
                 f"{figures['shuffled'].orders[key][0]:+.3f}",
             ]
@@ -125,7 +125,7 @@ def main() -> None:
     print(
         f"\nshuffle_window against cache size (one decoded row group: {mb:.0f} MB of tokens and"
         " labels; a process keeps shuffle_window + 1 groups, DataLoader workers share up to"
-        " 3 x shuffle_window):\n"
+        " 3 x (shuffle_window + 1)):\n"
     )
     print(
         table(

@@ -83,14 +83,18 @@ def test_row_order_is_the_plan_functions_row_order(shards):
     # pack_tokens writes the rows of its plan, in its order.
     packed, plan = tokpack.pack_tokens(table, 512, overlong="split", return_plan=True)
     assert plan.row_order == "shuffled"
-    assert packed.column("sample_ids").to_pylist() == [list(plan.row(r)[0]) for r in range(len(plan))]
+    assert packed.column("sample_ids").to_pylist() == [
+        list(plan.row(r)[0]) for r in range(len(plan))
+    ]
     ids = table.column("input_ids").to_pylist()
     for row, seg_ids, seg_lens in zip(
         packed.column("input_ids").to_pylist()[:20],
         packed.column("sample_ids").to_pylist(),
         packed.column("seq_lengths").to_pylist(),
     ):
-        assert len(row) == sum(seg_lens) and all(len(ids[s]) >= n for s, n in zip(seg_ids, seg_lens))
+        assert len(row) == sum(seg_lens) and all(
+            len(ids[s]) >= n for s, n in zip(seg_ids, seg_lens)
+        )
 
 
 @pytest.mark.parametrize("threads", [1, 3])
@@ -152,9 +156,7 @@ def test_pairs_and_kto_rows_are_permuted_whole(tmp_path):
 def test_carried_columns_follow_their_rows(tmp_path):
     rng = np.random.default_rng(2)
     ids = [rng.integers(1, 900, size=int(n)).tolist() for n in rng.integers(1, 90, size=400)]
-    table = pa.table(
-        {"input_ids": pa.array(ids, pa.list_(pa.int32())), "tag": list(range(400))}
-    )
+    table = pa.table({"input_ids": pa.array(ids, pa.list_(pa.int32())), "tag": list(range(400))})
     pq.write_table(table, tmp_path / "t.parquet", row_group_size=64)
     tokpack.pack_files(tmp_path / "t.parquet", tmp_path / "out", 128, carry=["tag"])
     for row in _rows(tmp_path / "out"):

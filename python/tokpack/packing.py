@@ -55,6 +55,9 @@ def pack_tokens(
 
     >>> t = pack_tokens([[1, 2, 3], [4, 5], [6, 7, 8, 9]], max_len=5)
     >>> t.column("seq_lengths").to_pylist()
+    [[3, 2], [4]]
+    >>> planned = pack_tokens([[1, 2, 3], [4, 5], [6, 7, 8, 9]], 5, row_order="plan")
+    >>> planned.column("seq_lengths").to_pylist()
     [[4], [3, 2]]
     """
     fields = dict(strategy=strategy, overlong=overlong, seed=seed, row_order=row_order)
@@ -79,7 +82,15 @@ def packed_table(
         columns[LABELS] = list_array(row_offsets, labels, pa.int32())
     columns[SEQ_LENGTHS] = list_array(plan.bin_offsets, plan.lengths.astype(np.int32), pa.int32())
     columns[SAMPLE_IDS] = list_array(plan.bin_offsets, plan.sample_ids, pa.int64())
-    scalars = ("strategy", "row_order", "max_len", "n_samples", "n_bins", "total_tokens", "lower_bound")
+    scalars = (
+        "strategy",
+        "row_order",
+        "max_len",
+        "n_samples",
+        "n_bins",
+        "total_tokens",
+        "lower_bound",
+    )
     figures = {name: getattr(plan, name) for name in (*scalars, "efficiency")}
     figures.update((name, len(getattr(plan, name))) for name in ("dropped", "truncated", "split"))
     return pa.table(columns).replace_schema_metadata({"tokpack": json.dumps(figures)})

@@ -92,7 +92,8 @@ class Plan:
 
     def __repr__(self) -> str:
         return (
-            f"Plan(strategy={self.strategy!r}, row_order={self.row_order!r}, max_len={self.max_len}, "
+            f"Plan(strategy={self.strategy!r}, row_order={self.row_order!r}, "
+            f"max_len={self.max_len}, "
             f"n_samples={self.n_samples:,}, n_bins={self.n_bins:,}, "
             f"total_tokens={self.total_tokens:,}, lower_bound={self.lower_bound:,}, "
             f"efficiency={self.efficiency:.4f}, dropped={len(self.dropped):,}, "
