@@ -30,7 +30,11 @@ pub const FIELDS: &[(&str, &[&str], &str)] = &[
         "samples longer than max_len: error, truncate, drop, \
       or split into pieces",
     ),
-    ("seed", &[], "seed of the shuffled row order and of the random strategy"),
+    (
+        "seed",
+        &[],
+        "seed of the shuffled row order and of the random strategy",
+    ),
     (
         "row_order",
         RowOrder::NAMES,

@@ -159,8 +159,11 @@ impl Plan {
         debug_assert_eq!(order.len(), self.n_bins());
         let n = self.sample_ids.len();
         let mut bin_offsets = Vec::with_capacity(self.bin_offsets.len());
-        let (mut sample_ids, mut starts, mut lengths) =
-            (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
+        let (mut sample_ids, mut starts, mut lengths) = (
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+        );
         bin_offsets.push(0);
         for &r in order {
             let seg = self.bin_offsets[r] as usize..self.bin_offsets[r + 1] as usize;
