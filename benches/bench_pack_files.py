@@ -32,7 +32,8 @@ import json, sys, time
 import tokpack
 t = time.perf_counter()
 m = tokpack.pack_files(sys.argv[1], sys.argv[2], int(sys.argv[3]), overlong="split",
-                       compression="zstd", force=True, spill_dir=sys.argv[4])
+                       compression="zstd", force=True, spill_dir=sys.argv[4],
+                       row_order=sys.argv[5])
 f = m["figures"]
 print(json.dumps({"time": time.perf_counter() - t, "rows": f["rows"], "tokens": f["tokens"],
                   "efficiency": f["efficiency"]}))
@@ -86,12 +87,15 @@ def tree_bytes(root: Path) -> int:
     return total
 
 
-def run_child(name: str, corpus: Path, out: Path, max_len: int, spill: Path) -> dict:
+def run_child(
+    name: str, corpus: Path, out: Path, max_len: int, spill: Path, row_order: str = "shuffled"
+) -> dict:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     spill.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()[0]
     proc = subprocess.Popen(
-        [sys.executable, "-c", CHILD[name], str(corpus), str(out), str(max_len), str(spill)],
+        [sys.executable, "-c", CHILD[name], str(corpus), str(out), str(max_len), str(spill)]
+        + [row_order],
         stdout=subprocess.PIPE,
         env=env,
     )
@@ -132,6 +136,9 @@ def main() -> None:
         default="pyarrow,tokpack",
         help="run order of the two main contenders (the ratio is against pyarrow either way)",
     )
+    parser.add_argument(
+        "--row-order", default="shuffled", help="tokpack's row_order (shuffled, plan)"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the corpus and outputs")
     args = parser.parse_args()
 
@@ -158,7 +165,7 @@ def main() -> None:
     for name in contenders:
         out = work / f"out-{name}"
         shutil.rmtree(out, ignore_errors=True)
-        results[name] = run_child(name, corpus, out, args.max_len, work / "spill")
+        results[name] = run_child(name, corpus, out, args.max_len, work / "spill", args.row_order)
         print(name, json.dumps(results[name]), flush=True)
         shutil.rmtree(out, ignore_errors=True)
     base = results["pyarrow"]["time"]
@@ -166,7 +173,7 @@ def main() -> None:
     for name, r in results.items():
         label = {
             "pyarrow": "pyarrow read_table + write_table (zstd)",
-            "tokpack": "tokpack pack (bfd, zstd)",
+            "tokpack": f"tokpack pack (bfd, zstd, row_order={args.row_order})",
             "trl": "TRL pack_dataset(strategy='bfd') incl. Dataset.from_parquet",
         }[name]
         spill = r["spill_peak_bytes"] / r["tokens"] if name == "tokpack" else None

@@ -116,6 +116,23 @@ def read_segments(out: Path, max_len: int, strategy: str) -> Tuple[Dict[int, lis
     return segments, rows, tokens
 
 
+def _in_sample_order(pieces: list, tokens: np.ndarray) -> list:
+    """``pieces`` in the order whose concatenation is a prefix of ``tokens`` (searched depth
+    first); as given when there is none (the caller's check then fails)."""
+
+    def search(pos: int, left: list) -> Optional[list]:
+        if not left:
+            return []
+        for i, (t, lab) in enumerate(left):
+            if np.array_equal(tokens[pos : pos + len(t)], t):
+                rest = search(pos + len(t), left[:i] + left[i + 1 :])
+                if rest is not None:
+                    return [(t, lab), *rest]
+        return None
+
+    return search(0, list(pieces)) or pieces
+
+
 def classify(src: Sample, pieces: list, max_len: int, strategy: str) -> str:
     """'packed', 'split' or 'truncated', after checking the pieces against the source."""
     tokens, labels = src
@@ -133,6 +150,9 @@ def classify(src: Sample, pieces: list, max_len: int, strategy: str) -> str:
                 assert np.array_equal(unused[k][1], lab)
             del unused[k]
         return "split"
+    # The random strategy cuts a sample anywhere, across consecutive planned rows, which are then
+    # written in shuffled order: put the pieces back in the order that rebuilds the sample.
+    pieces = _in_sample_order(pieces, tokens)
     got = np.concatenate([t for t, _ in pieces])
     n = len(got)
     assert 0 < n <= len(tokens)

@@ -44,6 +44,14 @@ def read_output(out):
     return pads.dataset(out).to_table()
 
 
+def _chunk_start(sample, piece):
+    """Where ``piece`` starts in ``sample``: at a multiple of MAX_LEN (ValueError if nowhere)."""
+    for start in range(0, max(len(sample), 1), MAX_LEN):
+        if sample[start : start + len(piece)] == piece:
+            return start
+    raise ValueError(f"a piece of {len(piece)} tokens is not a max_len chunk of its sample")
+
+
 def check_every_sample(out, files, manifest, labels=True):
     ids, labs = read_inputs(files, labels)
     t = read_output(out)
@@ -65,7 +73,9 @@ def check_every_sample(out, files, manifest, labels=True):
         if s in dropped:
             assert s not in seen
             continue
-        pieces = seen.pop(s)
+        # A split sample's pieces are its max_len chunks, in rows of any order (the rows are
+        # shuffled): put them back in the order of where each starts in the sample.
+        pieces = sorted(seen.pop(s), key=lambda piece: _chunk_start(sample, piece[0]))
         got = [x for p, _ in pieces for x in p]
         if len(sample) <= MAX_LEN:
             assert len(pieces) == 1

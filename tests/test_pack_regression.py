@@ -2,7 +2,8 @@
 index and dropped file and the manifest's config, figures and shard entries, pinned in
 ``tests/pack_regression.json`` (generated from main before the PackConfig / PackReport /
 format-room refactor landed; the shard and index hashes of the ``spill-*`` corpora are those
-pinned before the compact spill, issue 24). ``TOKPACK_REGEN_REGRESSION=1`` rewrites the file
+pinned before the compact spill, issue 24; every case was regenerated when the shuffled row order
+became the default, issue 23). ``TOKPACK_REGEN_REGRESSION=1`` rewrites the file
 (only when the bytes are meant to change, with a FORMAT_VERSION bump; say so in the commit)."""
 
 from __future__ import annotations
@@ -205,6 +206,12 @@ def _sft_corpus(d: Path) -> list:
 # name -> (corpus builder, pack_files keywords)
 CASES: Dict[str, tuple] = {
     "sft-bfd-error-zstd": (_sft_corpus, dict(max_len=96, rows_per_shard=16, row_group_rows=4)),
+    # The planner's order: the bytes every case had before the shuffled row order (checked when
+    # it landed: row_order="plan" reproduced the previous pin of every case).
+    "sft-bfd-plan-order": (
+        _sft_corpus,
+        dict(max_len=96, rows_per_shard=16, row_group_rows=4, row_order="plan"),
+    ),
     "sft-ffd-truncate-snappy": (
         _sft_corpus,
         dict(max_len=48, strategy="ffd", overlong="truncate", compression="snappy"),

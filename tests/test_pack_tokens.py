@@ -83,16 +83,16 @@ def test_without_labels_there_is_no_labels_column():
 def test_input_types(value_type, list_type):
     make = pa.list_ if list_type == "list" else pa.large_list
     arr = pa.array([[1, 2, 3], [4], [5, 6]], type=make(value_type))
-    t = tokpack.pack_tokens(arr, 3)
+    t = tokpack.pack_tokens(arr, 3, row_order="plan")
     assert t.column("sample_ids").to_pylist() == [[0], [2, 1]]
 
 
 def test_sliced_and_chunked_inputs():
     arr = pa.array([[9, 9], [1, 2, 3], [4], [5, 6], [9]])[1:4]
-    t = tokpack.pack_tokens(arr, 3, strategy="next_fit")
+    t = tokpack.pack_tokens(arr, 3, strategy="next_fit", row_order="plan")
     assert t.column("input_ids").to_pylist() == [[1, 2, 3], [4, 5, 6]]
     chunked = pa.chunked_array([arr[:1], arr[1:]])
-    assert tokpack.pack_tokens(chunked, 3, strategy="next_fit").equals(t)
+    assert tokpack.pack_tokens(chunked, 3, strategy="next_fit", row_order="plan").equals(t)
 
 
 @pytest.mark.parametrize(

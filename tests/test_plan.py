@@ -82,7 +82,7 @@ def test_heuristics_meet_their_proven_bounds(lengths, max_len):
     # Not "decreasing beats next-fit": false on [80, 140, 109, 118, 179, 92] at 389 (next-fit
     # 2 rows, ffd / bfd 3). Proven: consecutive next-fit rows hold more than max_len together;
     # first-fit / best-fit leave at most one row at most half full.
-    nf = tokpack.plan(lengths, max_len, strategy="next_fit").row_tokens()
+    nf = tokpack.plan(lengths, max_len, strategy="next_fit", row_order="plan").row_tokens()
     assert np.all(nf[:-1] + nf[1:] > max_len)
     for strategy in ("ffd", "bfd"):
         rows = tokpack.plan(lengths, max_len, strategy=strategy).row_tokens()
@@ -235,7 +235,7 @@ def test_bad_arguments_raise_value_errors(kwargs, error, match):
 
 
 def test_row_accessor():
-    p = tokpack.plan([3, 6, 4, 5], 10)
+    p = tokpack.plan([3, 6, 4, 5], 10, row_order="plan")
     ids, starts, lens = p.row(0)
     assert ids.tolist() == [1, 2] and lens.tolist() == [6, 4] and starts.tolist() == [0, 0]
     with pytest.raises(IndexError):

@@ -34,6 +34,7 @@ _LAZY = {
     "tokenize_to_batches": "tokenize",
     "TokenizeOptions": "tokenize",
     "verify": "packed.integrity",
+    "shuffle_quality": "packed.shuffle_quality",
     "PackedDataset": "torch",
     "PackedIterableDataset": "torch",
     "PackedMixture": "torch",

@@ -30,6 +30,7 @@ __all__ = [
     "STRATEGIES",
     "OVERLONG_POLICIES",
     "PAIR_LAYOUTS",
+    "ROW_ORDERS",
     "PAIR_SEGMENT_ROLES",
     "SEGMENT_ROLES",
     "SPLIT_REGEXES",
@@ -80,6 +81,7 @@ OVERLONG_HINT: str
 STRATEGIES: Tuple[str, ...]
 OVERLONG_POLICIES: Tuple[str, ...]
 PAIR_LAYOUTS: Tuple[str, ...]
+ROW_ORDERS: Tuple[str, ...]
 PAIR_SEGMENT_ROLES: Dict[str, Tuple[int, ...]]
 SEGMENT_ROLES: Tuple[str, ...]
 SPLIT_REGEXES: Dict[str, str]
@@ -103,6 +105,7 @@ class PackConfig:
         strategy: str = "bfd",
         overlong: str = "error",
         seed: int = 0,
+        row_order: str = "shuffled",
         tokens_column: str = "input_ids",
         labels_column: Optional[str] = "labels",
         loss_mask_column: Optional[str] = None,
@@ -116,6 +119,7 @@ class PackConfig:
     strategy: str
     overlong: str
     seed: int
+    row_order: str
     tokens_column: str
     labels_column: Optional[str]
     loss_mask_column: Optional[str]

@@ -13,6 +13,7 @@ from .._io.tables import table
 from ..errors import ConfigError, CorruptOutputError
 from ..packed.integrity import cache_problem
 from ..packed.reader import PackedDir
+from ..packed.shuffle_quality import DEFAULT_BATCH_ROWS, DEFAULT_SHUFFLE_WINDOW, shuffle_quality
 from ..remote import open_packed
 from ..stats.estimate import check_options
 
@@ -30,6 +31,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         'per-step compute imbalance with and without PackedBatchSampler(balance="compute")',
     )
     parser.add_argument("--batch-size", type=int, default=None)
+    parser.add_argument(
+        "--batch-rows",
+        type=int,
+        default=DEFAULT_BATCH_ROWS,
+        help="rows per batch of the shuffle-quality figure (default %(default)s)",
+    )
+    parser.add_argument(
+        "--shuffle-window",
+        type=int,
+        default=DEFAULT_SHUFFLE_WINDOW,
+        help="PackedIterableDataset's shuffle_window for the shuffle-quality figure "
+        "(default %(default)s, the reader's)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
     c, f = manifest["config"], manifest["figures"]
     print(
         f"{out}: {len(manifest['shards'])} shards, max_len {c['max_len']}, strategy "
-        f"{c['strategy']}, overlong {c['overlong']}, labels {manifest['has_labels']}, "
+        f"{c['strategy']}, row order {c.get('row_order', 'plan')}, overlong {c['overlong']}, "
+        f"labels {manifest['has_labels']}, "
         f"tokpack {manifest['tokpack_version']}\n"
     )
     print(
@@ -55,6 +70,10 @@ def run(args: argparse.Namespace) -> int:
             ["figure", "value"], [[k, f"{v:,}" if isinstance(v, int) else v] for k, v in f.items()]
         )
     )
+    quality = shuffle_quality(
+        packed, batch_rows=args.batch_rows, shuffle_window=args.shuffle_window
+    )
+    print("\n" + "\n".join(quality.lines()))
     if args.world_size or args.batch_size:
         print(_step_imbalance(packed, args.batch_size, args.world_size))
     for file, row in itertools.islice(_rows(packed), max(args.rows, 0)):

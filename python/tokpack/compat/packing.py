@@ -26,7 +26,7 @@ class _Layout:
     """Where every token of a next-fit packing lands in a ``[rows, max_length]`` grid."""
 
     def __init__(self, lengths: np.ndarray, max_length: int):
-        config = PackConfig(max_length, strategy="next_fit")
+        config = PackConfig(max_length, strategy="next_fit", row_order="plan")
         parts = _tokpack.plan(lengths=lengths, config=config, threads=1)
         bin_offsets, seg_lengths = parts.bin_offsets, parts.lengths
         self.sample_ids = parts.sample_ids

@@ -29,6 +29,9 @@ class Plan:
     ``total_tokens`` counts the tokens placed in rows (after truncation and dropping),
     ``lower_bound`` is ``ceil(total_tokens / max_len)`` (no packing can use fewer rows) and
     ``efficiency`` is packed tokens over the capacity of the rows used (1.0 means no padding).
+    ``row_order`` is the order the rows are listed in: ``"shuffled"`` (a permutation of the
+    planned rows seeded by ``seed``, the order packed shards are written in) or ``"plan"``
+    (the planner's own order: longest samples first with ``bfd`` / ``ffd``).
     """
 
     bin_offsets: np.ndarray
@@ -43,6 +46,7 @@ class Plan:
     input_tokens: int
     max_len: int
     strategy: str
+    row_order: str
     total_tokens: int
     lower_bound: int
     efficiency: float
@@ -88,7 +92,8 @@ class Plan:
 
     def __repr__(self) -> str:
         return (
-            f"Plan(strategy={self.strategy!r}, max_len={self.max_len}, "
+            f"Plan(strategy={self.strategy!r}, row_order={self.row_order!r}, "
+            f"max_len={self.max_len}, "
             f"n_samples={self.n_samples:,}, n_bins={self.n_bins:,}, "
             f"total_tokens={self.total_tokens:,}, lower_bound={self.lower_bound:,}, "
             f"efficiency={self.efficiency:.4f}, dropped={len(self.dropped):,}, "
@@ -103,6 +108,7 @@ def plan(
     strategy: Optional[str] = None,
     overlong: Optional[str] = None,
     seed: Optional[int] = None,
+    row_order: Optional[str] = None,
     threads: Optional[int] = None,
     config: Optional[PackConfig] = None,
 ) -> Plan:
@@ -117,8 +123,11 @@ def plan(
             concatenate and cut (samples may be split).
         overlong: samples longer than ``max_len``: ``"error"`` (default), ``"truncate"``,
             ``"drop"`` or ``"split"`` (pieces of ``max_len`` tokens, each packed on its own).
-        seed: shuffling seed of the ``"random"`` strategy (default 0).
-        config: a :class:`tokpack.PackConfig` instead of the four above (its plan options).
+        seed: seed of the shuffled row order and of the ``"random"`` strategy (default 0).
+        row_order: ``"shuffled"`` (default: the planned rows in a permutation seeded by
+            ``seed``, so that consecutive rows do not share their composition) or ``"plan"``
+            (the planner's order; best-fit decreasing lists the longest samples first).
+        config: a :class:`tokpack.PackConfig` instead of the five above (its plan options).
         threads: worker threads (default: ``TOKPACK_NUM_THREADS`` or all cores). The plan is
             identical for every value.
 
@@ -126,7 +135,7 @@ def plan(
     >>> p.n_bins, p.lower_bound
     (2, 2)
     """
-    fields = dict(strategy=strategy, overlong=overlong, seed=seed)
+    fields = dict(strategy=strategy, overlong=overlong, seed=seed, row_order=row_order)
     config = pack_config(max_len, config, fields)
     threads = checked_threads(threads)
     return Plan._from_rust(

@@ -27,6 +27,7 @@ def pack_tokens(
     strategy: Optional[str] = None,
     overlong: Optional[str] = None,
     seed: Optional[int] = None,
+    row_order: Optional[str] = None,
     threads: Optional[int] = None,
     return_plan: bool = False,
     config: Optional[PackConfig] = None,
@@ -41,7 +42,8 @@ def pack_tokens(
             ``labels`` column too when it has one and ``labels`` is not given.
         labels: optional, same shape as ``input_ids``: -100 (not trained on) or a token id,
             the same rule as :func:`tokpack.pack_files`.
-        max_len, strategy, overlong, seed, config, threads: as in :func:`tokpack.plan`.
+        max_len, strategy, overlong, seed, row_order, config, threads: as in
+            :func:`tokpack.plan` (the table's rows are the plan's, in its row order).
         return_plan: also return the :class:`tokpack.Plan` (to see dropped / truncated samples).
 
     Returns:
@@ -53,9 +55,13 @@ def pack_tokens(
 
     >>> t = pack_tokens([[1, 2, 3], [4, 5], [6, 7, 8, 9]], max_len=5)
     >>> t.column("seq_lengths").to_pylist()
+    [[3, 2], [4]]
+    >>> planned = pack_tokens([[1, 2, 3], [4, 5], [6, 7, 8, 9]], 5, row_order="plan")
+    >>> planned.column("seq_lengths").to_pylist()
     [[4], [3, 2]]
     """
-    config = pack_config(max_len, config, dict(strategy=strategy, overlong=overlong, seed=seed))
+    fields = dict(strategy=strategy, overlong=overlong, seed=seed, row_order=row_order)
+    config = pack_config(max_len, config, fields)
     rows = _tokpack.pack_tokens(
         input_ids=as_arrow_column(input_ids, INPUT_IDS),
         labels=None if labels is None else as_arrow_column(labels, LABELS),
@@ -76,7 +82,15 @@ def packed_table(
         columns[LABELS] = list_array(row_offsets, labels, pa.int32())
     columns[SEQ_LENGTHS] = list_array(plan.bin_offsets, plan.lengths.astype(np.int32), pa.int32())
     columns[SAMPLE_IDS] = list_array(plan.bin_offsets, plan.sample_ids, pa.int64())
-    scalars = ("strategy", "max_len", "n_samples", "n_bins", "total_tokens", "lower_bound")
+    scalars = (
+        "strategy",
+        "row_order",
+        "max_len",
+        "n_samples",
+        "n_bins",
+        "total_tokens",
+        "lower_bound",
+    )
     figures = {name: getattr(plan, name) for name in (*scalars, "efficiency")}
     figures.update((name, len(getattr(plan, name))) for name in ("dropped", "truncated", "split"))
     return pa.table(columns).replace_schema_metadata({"tokpack": json.dumps(figures)})

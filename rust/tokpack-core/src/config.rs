@@ -8,7 +8,9 @@ use crate::format::check_carry_name;
 use crate::io::pack::{LabelSource, PackFilesConfig};
 use crate::io::writer::parse_compression;
 use crate::plan::PlanConfig;
-use crate::policy::{check_range, Overlong, PairLayout, SampleKind, Strategy, MAX_LEN, MAX_ROWS};
+use crate::policy::{
+    check_range, Overlong, PairLayout, RowOrder, SampleKind, Strategy, MAX_LEN, MAX_ROWS,
+};
 use std::path::PathBuf;
 
 /// The fields, in the order of the manifest's `config` and of the CLI's flags: name, the
@@ -28,7 +30,18 @@ pub const FIELDS: &[(&str, &[&str], &str)] = &[
         "samples longer than max_len: error, truncate, drop, \
       or split into pieces",
     ),
-    ("seed", &[], "shuffling seed of the random strategy"),
+    (
+        "seed",
+        &[],
+        "seed of the shuffled row order and of the random strategy",
+    ),
+    (
+        "row_order",
+        RowOrder::NAMES,
+        "order of the written rows: shuffled (a seeded \
+      permutation of the planned rows, so readers get mixed batches) or plan (the planner's \
+      order: longest samples first with bfd/ffd)",
+    ),
     ("tokens_column", &[], "list-of-integers column of token ids"),
     (
         "labels_column",
@@ -83,6 +96,7 @@ pub struct PackFields {
     /// None: not given (the default layout for preference pairs, nothing for other samples).
     pub pair_layout: Option<String>,
     pub carry: Vec<String>,
+    pub row_order: String,
     pub rows_per_shard: i128,
     pub row_group_rows: i128,
     pub compression: String,
@@ -101,6 +115,7 @@ impl PackFields {
             loss_mask_column: None,
             pair_layout: None,
             carry: Vec::new(),
+            row_order: RowOrder::Shuffled.name().into(),
             rows_per_shard: 16384,
             row_group_rows: 1024,
             compression: "zstd".into(),
@@ -134,6 +149,7 @@ impl PackConfig {
             strategy: f.strategy.parse()?,
             overlong: f.overlong.parse()?,
             seed,
+            row_order: f.row_order.parse()?,
         };
         if f.loss_mask_column.is_some()
             && !matches!(f.labels_column.as_deref(), None | Some("labels"))
@@ -175,6 +191,7 @@ impl PackConfig {
             loss_mask_column: self.loss_mask_column.clone(),
             pair_layout: self.pair_layout.map(|l| l.name().into()),
             carry: self.carry.clone(),
+            row_order: self.plan.row_order.name().into(),
             rows_per_shard: self.rows_per_shard as i128,
             row_group_rows: self.row_group_rows as i128,
             compression: self.compression.clone(),
@@ -254,6 +271,8 @@ mod tests {
         assert!(err(|f| f.strategy = "best".into()).starts_with("unknown strategy"));
         assert!(err(|f| f.carry = vec!["num_tokens".into()]).contains("reserved"));
         assert!(err(|f| f.compression = "gzip".into()).starts_with("unknown compression"));
+        assert!(err(|f| f.row_order = "sorted".into()).starts_with("unknown row order"));
+        assert_eq!(config(|_| ()).unwrap().plan.row_order, RowOrder::Shuffled);
         let c = config(|f| f.carry = vec!["a".into(), "a".into()]).unwrap();
         assert_eq!(c.carry, ["a"]);
         assert_eq!(PackConfig::new(c.fields()).unwrap(), c);

@@ -2,7 +2,8 @@
 
 use crate::error::Result;
 use crate::items::{build_items, Length};
-use crate::policy::{check_range, Overlong, Strategy, MAX_LEN};
+use crate::policy::{check_range, Overlong, RowOrder, Strategy, MAX_LEN};
+use crate::rng::SplitMix64;
 use crate::strategies;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -10,10 +11,14 @@ pub struct PlanConfig {
     pub max_len: u32,
     pub strategy: Strategy,
     pub overlong: Overlong,
+    /// Seeds the `random` strategy and the `shuffled` row order.
     pub seed: u64,
+    pub row_order: RowOrder,
 }
 
 impl PlanConfig {
+    /// A config listing rows in the planner's order (`row_order: RowOrder::Plan`; the
+    /// `PackConfig` default is `Shuffled`).
     pub fn new(max_len: i64, strategy: &str, overlong: &str, seed: u64) -> Result<Self> {
         let max_len = check_range("max_len", max_len.into(), 1, MAX_LEN)?;
         Ok(Self {
@@ -21,6 +26,7 @@ impl PlanConfig {
             strategy: strategy.parse()?,
             overlong: overlong.parse()?,
             seed,
+            row_order: RowOrder::Plan,
         })
     }
 }
@@ -84,8 +90,9 @@ pub fn efficiency(tokens: u64, rows: u64, max_len: u32) -> f64 {
     }
 }
 
-/// Plans how to pack samples of the given lengths into rows of at most `max_len` tokens.
-/// Deterministic: the result depends only on the inputs, never on the thread count.
+/// Plans how to pack samples of the given lengths into rows of at most `max_len` tokens, its
+/// rows listed in `config.row_order`. Deterministic: the result depends only on the inputs,
+/// never on the thread count.
 pub fn plan<L: Length>(lengths: &[L], config: &PlanConfig) -> Result<Plan> {
     let items = build_items(lengths, config.max_len, config.overlong)?;
     let max_len = config.max_len;
@@ -113,7 +120,7 @@ pub fn plan<L: Length>(lengths: &[L], config: &PlanConfig) -> Result<Plan> {
         dropped.extend_from_slice(&items.empty);
         dropped.sort_unstable();
     }
-    Ok(Plan {
+    let mut out = Plan {
         max_len,
         bin_offsets: rows.offsets,
         sample_ids: rows.sample_ids,
@@ -125,5 +132,52 @@ pub fn plan<L: Length>(lengths: &[L], config: &PlanConfig) -> Result<Plan> {
         split,
         n_samples: lengths.len(),
         input_tokens: items.input_tokens,
-    })
+    };
+    if config.row_order == RowOrder::Shuffled {
+        let order = row_permutation(out.n_bins(), config.seed);
+        out = out.reordered(&order);
+    }
+    Ok(out)
+}
+
+/// Keeps the row shuffle's stream apart from the `random` strategy's sample shuffle of the
+/// same seed.
+const ROW_ORDER_SALT: u64 = 0x726f_775f_6f72_6465; // "row_orde"
+
+/// The seeded permutation of `n` rows of the `shuffled` row order: row `k` of the output is
+/// planned row `perm[k]`. Depends on `n` and `seed` only.
+pub fn row_permutation(n: usize, seed: u64) -> Vec<usize> {
+    let mut perm: Vec<usize> = (0..n).collect();
+    SplitMix64::new(seed ^ ROW_ORDER_SALT).shuffle(&mut perm);
+    perm
+}
+
+impl Plan {
+    /// The same plan with its rows listed in `order` (row `k` is this plan's row `order[k]`;
+    /// `order` is a permutation of the rows). Each row keeps its segments, in their order.
+    pub fn reordered(self, order: &[usize]) -> Plan {
+        debug_assert_eq!(order.len(), self.n_bins());
+        let n = self.sample_ids.len();
+        let mut bin_offsets = Vec::with_capacity(self.bin_offsets.len());
+        let (mut sample_ids, mut starts, mut lengths) = (
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+        );
+        bin_offsets.push(0);
+        for &r in order {
+            let seg = self.bin_offsets[r] as usize..self.bin_offsets[r + 1] as usize;
+            sample_ids.extend_from_slice(&self.sample_ids[seg.clone()]);
+            starts.extend_from_slice(&self.starts[seg.clone()]);
+            lengths.extend_from_slice(&self.lengths[seg]);
+            bin_offsets.push(sample_ids.len() as i64);
+        }
+        Plan {
+            bin_offsets,
+            sample_ids,
+            starts,
+            lengths,
+            ..self
+        }
+    }
 }

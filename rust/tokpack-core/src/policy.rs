@@ -99,6 +99,14 @@ named!(
         /// `[prompt][chosen completion][rejected completion]`.
         SharedPrompt = "shared-prompt",
     }
+    /// The order packed rows are written in (and a plan's rows are listed in).
+    RowOrder, "row order", {
+        /// A seeded permutation of the planned rows (the default): any reader, in file order
+        /// or shuffling within a few row groups, gets rows of mixed composition.
+        Shuffled = "shuffled",
+        /// The planner's own order (best-fit decreasing: longest samples first).
+        Plan = "plan",
+    }
     /// What one input sample is: a plain sequence, a preference pair or a KTO record.
     SampleKind, "sample kind", {
         Sft = "sft",

@@ -5,6 +5,8 @@
 mod common;
 
 use proptest::prelude::*;
+use tokpack_core::plan::row_permutation;
+use tokpack_core::policy::RowOrder;
 use tokpack_core::{materialize, plan, pool, FlatColumn, Plan, PlanConfig, Strategy};
 
 /// Every strategy, by name: a new one is tested here without being listed.
@@ -294,4 +296,65 @@ fn next_fit_matches_the_guide_example() {
     let p = plan(&[3i64, 2, 4, 3], &config(8, "next_fit", "error")).unwrap();
     assert_eq!(p.bin_offsets, vec![0, 2, 4]);
     assert_eq!(p.sample_ids, vec![0, 1, 2, 3]);
+}
+
+/// The rows of `p` as (segments) lists, sorted: the multiset of rows.
+fn row_multiset(p: &Plan) -> Vec<Vec<(i64, i64, i64)>> {
+    let mut rows: Vec<Vec<(i64, i64, i64)>> = p
+        .bin_offsets
+        .windows(2)
+        .map(|w| {
+            (w[0] as usize..w[1] as usize)
+                .map(|k| (p.sample_ids[k], p.starts[k], p.lengths[k]))
+                .collect()
+        })
+        .collect();
+    rows.sort();
+    rows
+}
+
+proptest! {
+    #![proptest_config(common::deterministic(128))]
+    /// The shuffled row order lists the planned rows (each with its segments in order), every
+    /// one once, and changes nothing else of the plan.
+    #[test]
+    fn shuffled_rows_are_a_permutation_of_the_planned_rows(
+        lengths in proptest::collection::vec(0i64..300, 0..400),
+        max_len in 1i64..600,
+        strategy in prop_oneof![Just("bfd"), Just("next_fit"), Just("random"), Just("padding")],
+        seed in 0u64..4,
+    ) {
+        let planned = PlanConfig::new(max_len, strategy, "split", seed).unwrap();
+        let shuffled = PlanConfig { row_order: RowOrder::Shuffled, ..planned };
+        let a = plan(&lengths, &planned).unwrap();
+        let b = plan(&lengths, &shuffled).unwrap();
+        prop_assert_eq!(row_multiset(&a), row_multiset(&b));
+        check_coverage(&lengths, &b, max_len);
+        let rest = |p: &Plan| (p.dropped.clone(), p.empty.clone(), p.truncated.clone(),
+            p.split.clone(), p.n_samples, p.input_tokens, p.total_tokens());
+        prop_assert_eq!(rest(&a), rest(&b));
+        let perm = row_permutation(a.n_bins(), seed);
+        prop_assert_eq!(a.reordered(&perm), b);
+    }
+}
+
+#[test]
+fn shuffled_row_order_is_seeded_and_thread_independent() {
+    let lengths: Vec<i64> = (0..120_000).map(|i| (i * 7919) % 3000).collect();
+    let c = |seed| PlanConfig {
+        row_order: RowOrder::Shuffled,
+        seed,
+        ..config(2048, "bfd", "split")
+    };
+    let one = pool::install(Some(1), || plan(&lengths, &c(7))).unwrap();
+    let two = pool::install(Some(2), || plan(&lengths, &c(7))).unwrap();
+    assert_eq!(one, two);
+    let other = plan(&lengths, &c(8)).unwrap();
+    assert_ne!(one.bin_offsets, other.bin_offsets);
+    assert_eq!(row_multiset(&one), row_multiset(&other));
+    // Planned (bfd) rows start longest-first; shuffled ones do not.
+    let planned = plan(&lengths, &config(2048, "bfd", "split")).unwrap();
+    let first = |p: &Plan| p.lengths[p.bin_offsets[0] as usize];
+    assert_eq!(first(&planned), *planned.lengths.iter().max().unwrap());
+    assert_ne!(planned.sample_ids, one.sample_ids);
 }

@@ -10,7 +10,7 @@ use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PyString, PyTuple};
 use tokpack_core::config::{self, PackFields, FIELDS};
 use tokpack_core::error::CoreError;
 use tokpack_core::io::{ByteRange, ShardInfo};
-use tokpack_core::policy::{check_range, PairLayout};
+use tokpack_core::policy::{check_range, PairLayout, RowOrder};
 use tokpack_core::{PackConfig, PackReport, SampleKind};
 
 fn config_error(what: String) -> PyErr {
@@ -98,6 +98,7 @@ fn apply(fields: &mut PackFields, kwargs: Option<&Bound<'_, PyDict>>) -> PyResul
             "strategy" => fields.strategy = string(v, "strategy")?,
             "overlong" => fields.overlong = string(v, "overlong")?,
             "seed" => fields.seed = integer(v, "seed")?,
+            "row_order" => fields.row_order = string(v, "row_order")?,
             "tokens_column" => fields.tokens_column = string(v, "tokens_column")?,
             "labels_column" => fields.labels_column = optional_string(v, "labels_column")?,
             "loss_mask_column" => fields.loss_mask_column = optional_string(v, "loss_mask_column")?,
@@ -130,6 +131,7 @@ impl PyPackConfig {
         d.set_item("strategy", c.plan.strategy.name())?;
         d.set_item("overlong", c.plan.overlong.name())?;
         d.set_item("seed", c.plan.seed)?;
+        d.set_item("row_order", c.plan.row_order.name())?;
         d.set_item("tokens_column", &c.tokens_column)?;
         d.set_item("labels_column", &c.labels_column)?;
         d.set_item("loss_mask_column", &c.loss_mask_column)?;
@@ -194,6 +196,10 @@ impl PyPackConfig {
         self.0.plan.seed
     }
     #[getter]
+    fn row_order(&self) -> &'static str {
+        self.0.plan.row_order.name()
+    }
+    #[getter]
     fn tokens_column(&self) -> &str {
         &self.0.tokens_column
     }
@@ -238,7 +244,8 @@ impl PyPackConfig {
     }
 
     /// The config of a manifest's ``config`` dict (its ``format_version``, ``tokenize`` and
-    /// ``ray`` entries are not pack options and are ignored).
+    /// ``ray`` entries are not pack options and are ignored; a dict without ``row_order``, as
+    /// manifests written before the field existed, was packed in ``"plan"`` order).
     #[classmethod]
     fn from_dict(_cls: &Bound<'_, pyo3::types::PyType>, d: &Bound<'_, PyDict>) -> PyResult<Self> {
         let fields = d.copy()?;
@@ -246,6 +253,9 @@ impl PyPackConfig {
             if fields.contains(key)? {
                 fields.del_item(key)?;
             }
+        }
+        if !fields.contains("row_order")? {
+            fields.set_item("row_order", RowOrder::Plan.name())?;
         }
         let max_len = match fields.get_item("max_len")? {
             Some(v) => v,

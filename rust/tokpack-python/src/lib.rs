@@ -16,7 +16,8 @@ use pyo3::types::{IntoPyDict, PyDict, PyTuple};
 use tokpack_core::bpe::{LLAMA3_REGEX, QWEN2_REGEX};
 use tokpack_core::format;
 use tokpack_core::policy::{
-    self, MicroBatchOrder, OverCap, Overlong, PairLayout, PartitionMethod, SampleKind, Strategy,
+    self, MicroBatchOrder, OverCap, Overlong, PairLayout, PartitionMethod, RowOrder, SampleKind,
+    Strategy,
 };
 
 #[pymodule]
@@ -47,6 +48,7 @@ fn _tokpack(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("STRATEGIES", PyTuple::new(m.py(), Strategy::NAMES)?)?;
     m.add("OVERLONG_POLICIES", PyTuple::new(m.py(), Overlong::NAMES)?)?;
     m.add("PAIR_LAYOUTS", PyTuple::new(m.py(), PairLayout::NAMES)?)?;
+    m.add("ROW_ORDERS", PyTuple::new(m.py(), RowOrder::NAMES)?)?;
     m.add("SAMPLE_KINDS", PyTuple::new(m.py(), SampleKind::NAMES)?)?;
     m.add(
         "SEGMENT_ROLES",

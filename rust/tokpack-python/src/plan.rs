@@ -9,7 +9,7 @@ use pyo3::prelude::*;
 use tokpack_core::format::col;
 use tokpack_core::io::carry::check_carried_in_memory;
 use tokpack_core::io::columns::{flatten_in_memory, Flat, Role};
-use tokpack_core::{materialize, pool, CoreError, Plan};
+use tokpack_core::{materialize, pool, CoreError, Plan, PlanConfig};
 
 /// A plan as the Python `tokpack.Plan` is built from it, by name.
 #[pyclass(frozen, get_all, module = "tokpack._tokpack")]
@@ -26,13 +26,14 @@ pub struct PlanParts {
     input_tokens: u64,
     max_len: u32,
     strategy: String,
+    row_order: String,
     total_tokens: u64,
     lower_bound: u64,
     efficiency: f64,
 }
 
 impl PlanParts {
-    fn new(py: Python<'_>, plan: Plan, strategy: &str) -> Self {
+    fn new(py: Python<'_>, plan: Plan, config: &PlanConfig) -> Self {
         Self {
             total_tokens: plan.total_tokens(),
             lower_bound: plan.lower_bound(),
@@ -40,7 +41,8 @@ impl PlanParts {
             n_samples: plan.n_samples,
             input_tokens: plan.input_tokens,
             max_len: plan.max_len,
-            strategy: strategy.to_owned(),
+            strategy: config.strategy.name().to_owned(),
+            row_order: config.row_order.name().to_owned(),
             bin_offsets: plan.bin_offsets.into_pyarray(py).unbind(),
             sample_ids: plan.sample_ids.into_pyarray(py).unbind(),
             starts: plan.starts.into_pyarray(py).unbind(),
@@ -63,7 +65,6 @@ pub fn plan(
     config: &PyPackConfig,
     threads: Option<usize>,
 ) -> PyResult<PlanParts> {
-    let strategy = config.0.plan.strategy.name();
     let config = config.0.plan;
     let result = if let Ok(arr) = lengths.extract::<PyReadonlyArray1<i64>>() {
         let slice = arr.as_slice()?;
@@ -73,7 +74,7 @@ pub fn plan(
         let slice = arr.as_slice()?;
         py.detach(|| pool::install(threads, || tokpack_core::plan(slice, &config)))
     };
-    Ok(PlanParts::new(py, result.map_err(to_py)?, strategy))
+    Ok(PlanParts::new(py, result.map_err(to_py)?, &config))
 }
 
 /// Packed rows: row `r` is `tokens[row_offsets[r]:row_offsets[r + 1]]` (and of `labels`).
@@ -97,7 +98,6 @@ pub fn pack_tokens(
     config: &PyPackConfig,
     threads: Option<usize>,
 ) -> PyResult<PackedRows> {
-    let strategy = config.0.plan.strategy.name();
     let config = config.0.plan;
     let input = Chunks::import(input_ids)?;
     let tokens = input.column(col::INPUT_IDS)?;
@@ -117,7 +117,7 @@ pub fn pack_tokens(
     });
     let (plan, rows) = result.map_err(to_py)?;
     Ok(PackedRows {
-        plan: Py::new(py, PlanParts::new(py, plan, strategy))?,
+        plan: Py::new(py, PlanParts::new(py, plan, &config))?,
         tokens: rows.tokens.into_pyarray(py).unbind(),
         labels: rows.labels.map(|l| l.into_pyarray(py).unbind()),
         row_offsets: rows.row_offsets.into_pyarray(py).unbind(),
