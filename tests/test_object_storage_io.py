@@ -202,3 +202,29 @@ def test_ray_refuses_object_uris_as_input_files(tmp_path):
 
     with pytest.raises(tokpack.ConfigError, match=r"pass a dataset: tokpack.ray.pack\(ray.data"):
         _input_files(["s3://bucket/tokens/"], tmp_path / "out", None)
+
+
+def test_export_megatron_from_s3_is_the_local_export(corpus, s3_env, tmp_path):
+    from tokpack.packed.export import export_megatron
+
+    tokpack.pack_files(corpus, tmp_path / "packed", 512)
+    tokpack.pack_files(corpus, f"s3://{BUCKET}/exported", 512)
+    local = export_megatron(tmp_path / "packed", tmp_path / "local" / "ds")
+    remote = export_megatron(f"s3://{BUCKET}/exported", tmp_path / "remote" / "ds")
+    assert remote == {**local, "bin": remote["bin"], "idx": remote["idx"]}
+    for suffix in (".bin", ".idx"):
+        a = (tmp_path / "local" / f"ds{suffix}").read_bytes()
+        assert (tmp_path / "remote" / f"ds{suffix}").read_bytes() == a
+
+
+def test_stats_and_the_streaming_reader_take_uris(corpus, s3_env, tmp_path):
+    from tokpack.cli import main
+    from tokpack.pack.files import read_lengths
+
+    upload(s3_env, corpus, f"{BUCKET}/stats")
+    uri = f"s3://{BUCKET}/stats/"
+    assert read_lengths(uri).tolist() == read_lengths(corpus).tolist()
+    assert main(["stats", uri, "--max-len", "512"]) == 0
+    remote = list(tokpack.streaming_dataset_reader(uri, batch_size=500))
+    local = list(tokpack.streaming_dataset_reader(corpus, batch_size=500))
+    assert remote == local

@@ -31,6 +31,7 @@ from .._io.arrays import list_array
 from .._io.inputs import shown_path
 from .._io.outdir import atomic_output_files, output_file, write_json_atomic, writing
 from ..errors import ConfigError, CorruptOutputError, DataError
+from ..remote import open_packed
 from .reader import PackedDir
 
 __all__ = [
@@ -82,8 +83,9 @@ def _packed_dir(packed_dir: PathLike, target: str) -> PackedDir:
     """The packed directory an export reads, validated (shards present with their sizes, paths
     inside it), and refused when ``target`` cannot represent its samples: Megatron and NeMo
     datasets are sequences of independent documents, with no notion of a preference pair
-    (chosen / rejected) or of KTO's desirable / undesirable label."""
-    packed = PackedDir(packed_dir)
+    (chosen / rejected) or of KTO's desirable / undesirable label. On object storage (a URI) it
+    is read through the readers' cache (``tokpack.remote``)."""
+    packed = open_packed(packed_dir)
     kind = packed.manifest.get("sample_kind")
     if kind is None:  # written without the field (before it, or by Ray): from the layout
         kind = "preference" if packed.pair_layout is not None else "sft"
