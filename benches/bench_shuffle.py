@@ -27,13 +27,13 @@ from pathlib import Path
 import numpy as np
 
 import tokpack
+from tokpack._io.tables import table
+from tokpack.packed.reader import PackedDir
 from tokpack.packed.shuffle_quality import (
     DEFAULT_SHUFFLE_WINDOW,
     lag1_autocorrelation,
     shuffle_quality,
 )
-from tokpack.packed_dir import PackedDir
-from tokpack.report import table
 from tokpack.synthetic import write_token_shards
 
 

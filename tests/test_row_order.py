@@ -18,6 +18,7 @@ import tokpack
 from tokpack import ConfigError, PackConfig
 from tokpack._contract import ROW_ORDERS
 from tokpack.cli import main
+from tokpack.packed.reader import PackedDir
 from tokpack.packed.shuffle_quality import (
     DEFAULT_BATCH_ROWS,
     DEFAULT_SHUFFLE_WINDOW,
@@ -26,7 +27,6 @@ from tokpack.packed.shuffle_quality import (
     reader_order,
     shuffle_quality,
 )
-from tokpack.packed_dir import PackedDir
 from tokpack.synthetic import write_token_shards
 
 from .test_pack_pairs import gen_pairs, write_pairs

@@ -5,7 +5,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, final
 import numpy as np
 import numpy.typing as npt
 
-from .planning import Plan as _PlanFields
+from .pack.plan import Plan as _PlanFields
 
 __all__ = [
     "__version__",
