@@ -228,3 +228,32 @@ def test_stats_and_the_streaming_reader_take_uris(corpus, s3_env, tmp_path):
     remote = list(tokpack.streaming_dataset_reader(uri, batch_size=500))
     local = list(tokpack.streaming_dataset_reader(corpus, batch_size=500))
     assert remote == local
+
+
+def test_export_to_s3_writes_the_local_bytes_under_the_ownership_rule(corpus, s3_env, tmp_path):
+    from tokpack.packed.export import export_megatron, export_nemo_packed
+
+    tokpack.pack_files(corpus, tmp_path / "packed", 512)
+    export_megatron(tmp_path / "packed", tmp_path / "local" / "ds")
+    prefix = f"s3://{BUCKET}/megatron/ds"
+    export_megatron(tmp_path / "packed", prefix)
+    for suffix in (".bin", ".idx"):
+        stored = read_object(s3_env, f"{BUCKET}/megatron/ds{suffix}")
+        assert stored == (tmp_path / "local" / f"ds{suffix}").read_bytes()
+    with pytest.raises(tokpack.OutputExistsError, match="pass force=True"):
+        export_megatron(tmp_path / "packed", prefix)
+    export_megatron(tmp_path / "packed", prefix, force=True)  # tokpack's: replaced
+    with s3_env.open_output_stream(f"{BUCKET}/theirs/ds.bin") as f:
+        f.write(b"someone else's")
+    with pytest.raises(tokpack.OutputExistsError, match="did not write"):
+        export_megatron(tmp_path / "packed", f"s3://{BUCKET}/theirs/ds", force=True)
+    assert read_object(s3_env, f"{BUCKET}/theirs/ds.bin") == b"someone else's"
+
+    local = export_nemo_packed(tmp_path / "packed", tmp_path / "nemo.parquet")
+    remote = export_nemo_packed(tmp_path / "packed", f"s3://{BUCKET}/nemo/train.parquet")
+    assert {k: v for k, v in remote.items() if k != "file"} == {
+        k: v for k, v in local.items() if k != "file"
+    }
+    stored = read_object(s3_env, f"{BUCKET}/nemo/train.parquet")
+    assert stored == (tmp_path / "nemo.parquet").read_bytes()
+    export_nemo_packed(tmp_path / "packed", f"s3://{BUCKET}/nemo/train.parquet", force=True)

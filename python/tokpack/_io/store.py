@@ -429,3 +429,46 @@ def read_manifest_at(output_dir: Union[str, os.PathLike], filesystem: Any = None
     except (OSError, ValueError) as exc:
         raise CorruptOutputError(f"{output_dir}: unreadable manifest ({exc})") from None
     return manifest, fs, prefix.rstrip("/")
+
+
+@contextlib.contextmanager
+def object_output_files(
+    shown: Sequence[str], *, force: bool, owned: Callable[[pafs.FileSystem, str], bool]
+) -> Iterator[List[Path]]:
+    """``outdir.atomic_output_files`` for files on object storage (URIs of one store): yields a
+    local temporary path for each; on normal exit uploads each whole, in order. An existing
+    object is replaced only with ``force`` and only when ``owned(fs, key)`` says tokpack wrote
+    it (checked before the work and again before the uploads)."""
+    stores = []
+    for name in shown:
+        store = store_of(name)
+        if store is None:
+            raise ConfigError(f"{name}: a local file among object-storage outputs {list(shown)}")
+        stores.append(store)
+    fs = stores[0][0]
+
+    def check() -> None:
+        for (_, key, name), info in zip(stores, fs.get_file_info([k for _, k, _ in stores])):
+            if info.type == pafs.FileType.NotFound:
+                continue
+            if not force:
+                raise OutputExistsError(f"{name}: exists (pass force=True / --force to replace it)")
+            if info.type != pafs.FileType.File:
+                raise OutputExistsError(f"{name}: is a directory")
+            if not owned(fs, key):
+                raise OutputExistsError(
+                    f"{name}: refusing to replace an object tokpack did not write; remove it "
+                    "yourself or choose another name"
+                )
+
+    check()
+    with tempfile.TemporaryDirectory(prefix="tokpack-export-") as d:
+        tmps = [Path(d, f"{i}-{key.rsplit('/', 1)[-1]}") for i, (_, key, _) in enumerate(stores)]
+        yield tmps
+        check()  # objects written meanwhile by another program are not lost
+        for tmp, (_, key, name) in zip(tmps, stores):
+            try:
+                with open(tmp, "rb") as src, fs.open_output_stream(key) as sink:
+                    shutil.copyfileobj(src, sink, 1 << 22)
+            except OSError as exc:
+                raise OutputError(f"{name}: cannot upload ({exc})") from None

@@ -29,7 +29,9 @@ from .. import _tokpack
 from .._contract import IGNORE_INDEX
 from .._io.arrays import list_array
 from .._io.inputs import shown_path
+from .._io.objects import is_object_uri
 from .._io.outdir import atomic_output_files, output_file, write_json_atomic, writing
+from .._io.store import object_output_files
 from ..errors import ConfigError, CorruptOutputError, DataError
 from ..remote import open_packed
 from .reader import PackedDir
@@ -184,15 +186,14 @@ def export_megatron(
     packed = _packed_dir(packed_dir, "a Megatron indexed dataset")
     shown = [prefix + suffix for suffix in (MARKER_SUFFIX, ".bin", ".idx")]
     # The marker first and the index last: Megatron opens a prefix by its .idx.
-    finals = [output_file(name, [packed.root]) for name in shown]
-    with (
-        writing(prefix),
-        atomic_output_files(finals, shown, force=force, owned=lambda p: _marked(finals[0], p)) as (
-            marker_tmp,
-            bin_tmp,
-            idx_tmp,
-        ),
-    ):
+    if is_object_uri(prefix):
+        outputs = object_output_files(shown, force=force, owned=_marked_object)
+    else:
+        finals = [output_file(name, [packed.root]) for name in shown]
+        outputs = atomic_output_files(
+            finals, shown, force=force, owned=lambda p: _marked(finals[0], p)
+        )
+    with writing(prefix), outputs as (marker_tmp, bin_tmp, idx_tmp):
         chosen = dtype or "uint16"
         written = _write_bin(bin_tmp, packed, chosen, auto=dtype is None)
         if written is None:
@@ -208,7 +209,8 @@ def export_megatron(
         document_indices = np.zeros(per_document.size + 1, dtype=np.int64)
         np.cumsum(per_document, out=document_indices[1:])
         _write_idx(idx_tmp, chosen, lengths, document_indices)
-        _write_marker(marker_tmp, {finals[1].name: bin_tmp, finals[2].name: idx_tmp})
+        names = [os.path.basename(name) for name in shown]
+        _write_marker(marker_tmp, {names[1]: bin_tmp, names[2]: idx_tmp})
     return {
         "bin": shown[1],
         "idx": shown[2],
@@ -246,6 +248,20 @@ def _marked(marker: Path, path: Path) -> bool:
     """Whether tokpack wrote ``path``: the marker itself, or a file it names."""
     data = _read_marker(marker)
     return data is not None and (path == marker or path.name in data["files"])
+
+
+def _marked_object(fs: Any, key: str) -> bool:
+    """:func:`_marked` for an object: the marker beside it names it (or it is the marker)."""
+    base = key[: -len(MARKER_SUFFIX)] if key.endswith(MARKER_SUFFIX) else key.rsplit(".", 1)[0]
+    try:
+        with fs.open_input_stream(base + MARKER_SUFFIX) as f:
+            data = json.loads(f.read())
+    except (OSError, ValueError):
+        return False
+    files = data.get("files") if isinstance(data, dict) else None
+    return isinstance(files, dict) and (
+        key.endswith(MARKER_SUFFIX) or key.rsplit("/", 1)[-1] in files
+    )
 
 
 def check_megatron(prefix: PathLike) -> Dict[str, Any]:
@@ -332,13 +348,14 @@ def export_nemo_packed(
             "(Megatron-Bridge reads only those)"
         )
     packed = _packed_dir(packed_dir, "a NeMo packed-sequence file")
-    final = output_file(shown, [packed.root])
+    if is_object_uri(shown):
+        outputs = object_output_files([shown], force=force, owned=_nemo_written_object)
+    else:
+        final = output_file(shown, [packed.root])
+        outputs = atomic_output_files([final], [shown], force=force, owned=_nemo_written)
     figures = {"file": shown, "rows": 0, "sequences": 0, "tokens": 0, "loss_tokens": 0}
     schema = _NEMO_SCHEMA.with_metadata({_NEMO_MARK: _tokpack.__version__})
-    with (
-        writing(shown),
-        atomic_output_files([final], [shown], force=force, owned=_nemo_written) as (tmp,),
-    ):
+    with writing(shown), outputs as (tmp,):
         with pq.ParquetWriter(tmp, schema, compression=compression) as writer:
             for group in _row_groups(packed, packed.has_labels):
                 table, n_loss = _nemo_table(group)
@@ -348,6 +365,15 @@ def export_nemo_packed(
                 figures["tokens"] += int(group.tokens.size)
                 figures["loss_tokens"] += n_loss
     return figures
+
+
+def _nemo_written_object(fs: Any, key: str) -> bool:
+    """:func:`_nemo_written` for an object (its footer only is read)."""
+    try:
+        metadata = pq.read_schema(key, filesystem=fs).metadata or {}
+    except (pa.ArrowException, OSError):
+        return False
+    return _NEMO_MARK.encode() in metadata
 
 
 def _nemo_written(path: Path) -> bool:
