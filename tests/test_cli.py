@@ -1,8 +1,10 @@
 """The command line: ``tokpack demo`` and error reporting."""
 
+import os
 import signal
 import subprocess
 import sys
+import time
 
 from tokpack.cli import main
 
@@ -39,6 +41,7 @@ def test_config_errors_exit_non_zero_without_traceback(capsys):
 # console script does.
 _INTERRUPTED_IMPORT = """
 import sys
+import time
 
 class Interrupt:
     def find_spec(self, name, path=None, target=None):
@@ -74,6 +77,26 @@ def test_sigterm_during_pack_cleans_up_like_ctrl_c(tmp_path):
     assert returncode == 143, err
     assert err == "tokpack pack: terminated\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus"]
+
+
+def test_sigterm_is_143_when_a_library_turns_it_into_a_plain_keyboardinterrupt(monkeypatch, capsys):
+    """Ray's ray.get catches the Terminated our SIGTERM handler raises and raises a new
+    KeyboardInterrupt: that run exited 130, "interrupted" (test_ray's SIGTERM test, now and
+    then under load). A SIGTERM received makes the end a termination whatever reaches main."""
+    import tokpack.commands.verify as verify_command
+    from tokpack.cli import main
+
+    def run(args):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt() from None  # what the library does with it
+        return 0
+
+    monkeypatch.setattr(verify_command, "run", run)
+    assert main(["verify", "anything"]) == 143
+    assert capsys.readouterr().err == "tokpack verify: terminated\n"
 
 
 def test_a_closed_output_pipe_ends_quietly():

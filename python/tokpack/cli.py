@@ -52,7 +52,10 @@ class Terminated(KeyboardInterrupt):
     worker processes and Rust threads stopped)."""
 
 
-# A Terminated that Python could only report as "Exception ignored" (see _reraise_interrupts).
+# SIGTERM was received: the interrupt that ends the command is a termination even when what
+# reaches main() is a plain KeyboardInterrupt (Ray's ray.get, for one, raises a new one in place
+# of the Terminated it caught), or a Terminated Python could only report as "Exception ignored"
+# (see _reraise_interrupts).
 _late_terminate = [False]
 # The command has handled an interrupt: a re-raise scheduled by the hook is not sent.
 _handled = [False]
@@ -93,6 +96,7 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 
     # A second SIGTERM must not cut the cleanup of the first short.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _late_terminate[0] = True
     raise Terminated()
 
 
