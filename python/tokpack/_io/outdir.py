@@ -411,16 +411,28 @@ def atomic_output_files(
 
 @contextlib.contextmanager
 def _signals_deferred() -> Iterator[None]:
-    """Blocks SIGINT and SIGTERM (delivered when it ends) in the main thread, so a commit of
-    several renames is not cut in the middle by them (only SIGKILL or a crash can)."""
+    """Holds back SIGINT and SIGTERM (raised again when it ends), so a commit of several renames
+    is not cut in the middle by them (only SIGKILL or a crash can). Their Python handlers are
+    swapped for a recorder, not their delivery blocked: a signal sent to the process may be
+    delivered to any thread that does not block it (the progress thread, Rust's pools), and
+    Python then runs the handler in the main thread all the same."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    pending: List[int] = []
+
+    def record(signum: int, frame: Any) -> None:
+        pending.append(signum)
+
+    wanted = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, record) for s in wanted}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for s, handler in previous.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
+        for s in dict.fromkeys(pending):
+            signal.raise_signal(s)
 
 
 def numpy_api_ready() -> None:
