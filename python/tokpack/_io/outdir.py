@@ -29,7 +29,7 @@ import stat
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Union
 
 import pyarrow as pa
 
@@ -41,7 +41,6 @@ from ..errors import (
     OutputExistsError,
     TokpackError,
 )
-from ..packed import format as _format
 from ..packed.format import (  # noqa: F401 (re-exported)
     MANIFEST_NAME,
     SIDE_DIR,
@@ -49,7 +48,6 @@ from ..packed.format import (  # noqa: F401 (re-exported)
     read_packed_manifest,
     write_json_atomic,
 )
-from ..packed.integrity import cache_problem
 from .inputs import input_error, shown_path
 from .objects import object_fingerprint
 
@@ -528,35 +526,3 @@ def open_for_writing(path: Path) -> pa.NativeFile:
     """A new file for pyarrow to write, opened by its bytes: pyarrow cannot open a name that is
     not valid UTF-8 itself."""
     return pa.OSFile(os.fsencode(path), "wb")
-
-
-def cached_run(
-    out_dir: Path,
-    kind: str,
-    inputs: Sequence[os.PathLike],
-    config: Dict[str, Any],
-    build: Callable[[Path, List[Dict[str, Any]]], Dict[str, Any]],
-    *,
-    threads: Optional[int] = None,
-    force: bool = False,
-    verify: bool = False,
-) -> Tuple[Dict[str, Any], bool, Optional[str]]:
-    """The run of every command that writes a directory: describe the inputs -> cache key ->
-    the existing output if built with that key and intact (``verify``: checksums too) -> else
-    ``build(tmp, described)`` fills an :func:`atomic_output_dir` and returns the manifest,
-    written last with the key. Returns (manifest, cache hit?, why a current output was rebuilt)."""
-    described = describe_inputs(inputs, threads)
-    key = cache_key(kind, described, config)
-    rebuilt_because = None
-    if not force:
-        hit = is_cache_hit(out_dir, key)
-        if hit is not None:
-            rebuilt_because = cache_problem(out_dir, hit, full=verify)
-            if rebuilt_because is None:
-                return hit, True, None
-    with atomic_output_dir(out_dir) as tmp:
-        manifest = {"tokpack_version": _tokpack.__version__, "cache_key": key}
-        manifest.update(build(tmp, described))
-        with writing(tmp / MANIFEST_NAME):
-            _format.write_manifest(tmp, manifest)
-    return manifest, False, rebuilt_because

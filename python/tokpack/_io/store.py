@@ -1,6 +1,6 @@
 """Where a run's files go: a local (or shared) directory, or object storage.
 
-``tokpack pack`` / ``tokenize`` (:func:`destination`, :func:`cached_run_at`) build their output
+``tokpack pack`` / ``tokenize`` (:func:`destination`, :func:`cached_run`) build their output
 in a local directory and commit it: on a file system by renaming it into place; on object
 storage by uploading each file whole, the manifest last.
 
@@ -52,17 +52,19 @@ import pyarrow.fs as pafs
 
 from .. import _tokpack
 from ..errors import ConfigError, CorruptOutputError, OutputError, OutputExistsError
-from ..packed.format import write_manifest
+from ..packed import format as _format  # (its write_manifest looked up at each call)
+from ..packed.integrity import cache_problem
 from .outdir import (
     MANIFEST_NAME,
     SIDE_DIR,
     atomic_output_dir,
     cache_key,
-    cached_run,
     describe_inputs,
     foreign_names,
+    is_cache_hit,
     is_tokpack_manifest,
     output_target,
+    writing,
 )
 from .uri import RUN_MARKER, local_path, store_of
 
@@ -371,7 +373,7 @@ def destination(output_dir: Union[str, os.PathLike], filesystem: Any = None) -> 
         raise ConfigError(f"{shown}: not a usable output location ({exc})") from None
 
 
-def cached_run_at(
+def cached_run(
     dest: Destination,
     kind: str,
     inputs: Sequence[os.PathLike],
@@ -383,31 +385,45 @@ def cached_run_at(
     verify: bool = False,
     staging: Optional[Union[str, os.PathLike]] = None,
 ) -> Tuple[Dict[str, Any], bool, Optional[str]]:
-    """``outdir.cached_run`` for any destination. On object storage: a cache hit is a manifest
-    with the run's key whose listed objects are all there with their recorded sizes (with
-    ``verify``, their checksums too); otherwise the output is built in a local directory
-    (under ``staging``, default the system's temporary directory), then the prefix is claimed
-    (refused unless tokpack's, before any work), cleared and the files uploaded, the manifest
-    last; a run that fails leaves the previous output as it was."""
-    if dest.local is not None:
-        return cached_run(
-            dest.local, kind, inputs, config, build, threads=threads, force=force, verify=verify
-        )
-    assert dest.store is not None
+    """The run of every command that writes a directory: describe the inputs -> cache key ->
+    the existing output if built with that key and intact (``verify``: checksums too) -> else
+    ``build(tmp, described)`` fills a local directory and returns the manifest, written last
+    with the key. Returns (manifest, cache hit?, why a current output was rebuilt).
+
+    Local: ``tmp`` is an :func:`atomic_output_dir`. On object storage a cache hit is a
+    manifest with the key whose listed objects are all there with their recorded sizes; the
+    output is built in a local directory (under ``staging``, default the system's temporary
+    directory), then the prefix is claimed (refused unless tokpack's, before any work),
+    cleared and the files uploaded, the manifest last; a run that fails leaves the previous
+    output as it was."""
     described = describe_inputs(inputs, threads)
     key = cache_key(kind, described, config)
-    out = StoreOut(*dest.store)
+    out = None if dest.store is None else StoreOut(*dest.store)
     rebuilt_because = None
     if not force:
-        hit = out._manifest()
-        if is_tokpack_manifest(hit) and hit.get("cache_key") == key:
-            rebuilt_because = out.problem(hit, full=verify)
+        if out is None:
+            assert dest.local is not None
+            hit = is_cache_hit(dest.local, key)
+        else:
+            hit = out._manifest()
+            hit = hit if is_tokpack_manifest(hit) and hit.get("cache_key") == key else None
+        if hit is not None:
+            if out is None:
+                rebuilt_because = cache_problem(dest.local, hit, full=verify)
+            else:
+                rebuilt_because = out.problem(hit, full=verify)
             if rebuilt_because is None:
                 return hit, True, None
-    with _committed(out, staging, build_first=True) as local:
+    if out is None:
+        assert dest.local is not None
+        outputs = atomic_output_dir(dest.local)
+    else:
+        outputs = _committed(out, staging, build_first=True)
+    with outputs as tmp:
         manifest = {"tokpack_version": _tokpack.__version__, "cache_key": key}
-        manifest.update(build(local, described))
-        write_manifest(local, manifest)
+        manifest.update(build(tmp, described))
+        with writing(tmp / MANIFEST_NAME):
+            _format.write_manifest(tmp, manifest)
     return manifest, False, rebuilt_because
 
 

@@ -424,7 +424,7 @@ def tokenize_files(
     Returns the manifest; ``counts`` holds records, samples, rejected, truncated, split,
     dropped_overlong, images, tokens, vision_tokens and trained_tokens.
     """
-    from .._io.store import cached_run_at, destination
+    from .._io.store import cached_run, destination
     from ..tokenize.writer import REJECTED_NAME, _RejectedFile, _ShardWriter
 
     dest = destination(output_dir, filesystem)
@@ -465,5 +465,5 @@ def tokenize_files(
             "rejected_file": REJECTED_NAME if counts.rejected else None,
         }
 
-    manifest, hit, _ = cached_run_at(dest, "tokenize-multimodal", files, config, build, force=force)
+    manifest, hit, _ = cached_run(dest, "tokenize-multimodal", files, config, build, force=force)
     return {**manifest, "cache_hit": True} if hit else manifest

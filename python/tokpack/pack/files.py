@@ -6,7 +6,7 @@ needed columns, tokens are spilled to flat files in the run's temporary director
 OUT_DIR), the plan is made from lengths alone and shards are written in parallel, so memory
 grows with the number of samples and the row-group size, not with the number of tokens. This
 module resolves the inputs (``_io.inputs``), runs the cached-output skeleton
-(``_io.store.cached_run_at``: a local directory or object storage) and writes the manifest and
+(``_io.store.cached_run``: a local directory or object storage) and writes the manifest and
 the dropped-samples list.
 """
 
@@ -36,7 +36,7 @@ from .._io.inputs import (
 )
 from .._io.outdir import open_for_writing, writing
 from .._io.progress import run_with_progress
-from .._io.store import cached_run_at, destination
+from .._io.store import cached_run, destination
 from .._tokpack import pair_layout_for
 from ..errors import ConfigError, OverlongError
 from ..multimodal.pack import media_config
@@ -239,7 +239,7 @@ def pack_files(
         # run the disk cannot hold is refused first. An OUT with a manifest may be a cache hit,
         # which needs no space: checked again inside the run, where it is known not to be.
         preflight(out, Path(spill_dir) / ".spill" if spill_dir is not None else out / ".spill")
-    manifest, hit, rebuilt_because = cached_run_at(
+    manifest, hit, rebuilt_because = cached_run(
         dest,
         "pack",
         paths,

@@ -19,7 +19,7 @@ from .. import _tokpack
 from .._io.inputs import RAW_SUFFIXES, resolve_inputs
 from .._io.outdir import open_for_writing, writing
 from .._io.progress import Progress
-from .._io.store import cached_run_at, destination
+from .._io.store import cached_run, destination
 from ..pack.plan import MAX_ROWS, check_int, checked_threads
 from ..packed.format import REJECTED_NAME
 from .options import TokenizeOptions
@@ -248,7 +248,7 @@ def tokenize_files(
             "columns": describe(stream.schema),
         }
 
-    manifest, hit, _ = cached_run_at(
+    manifest, hit, _ = cached_run(
         dest, "tokenize", inputs, config, build, threads=threads, force=force
     )
     return {**manifest, "cache_hit": True} if hit else manifest
