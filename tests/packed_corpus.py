@@ -75,3 +75,16 @@ def small_packed_dir(
         out, samples, labels, max_len=48, rows_per_shard=rows_per_shard, row_group_rows=8
     )
     return out
+
+
+def batch_bytes(batches):
+    """Each batch's tensors as bytes and its other values (``position`` counts batches from
+    where the iteration started, so it is left out): batches compared exactly."""
+    return [
+        {
+            k: v.numpy().tobytes() if hasattr(v, "numpy") else v
+            for k, v in b.items()
+            if k != "position"
+        }
+        for b in batches
+    ]

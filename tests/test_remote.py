@@ -19,7 +19,14 @@ from tokpack.remote import RemotePackedDir, cache_counters, cache_usage, counter
 from tokpack.remote._fetch import Source
 from tokpack.torch import PackedCollator, PackedDataset, PackedIterableDataset, PackedMixture
 
-from .packed_corpus import random_samples, small_packed_dir, write_packed_dir
+from .packed_corpus import (
+    batch_bytes as _bytes,
+)
+from .packed_corpus import (
+    random_samples,
+    small_packed_dir,
+    write_packed_dir,
+)
 
 PREFIX = "tokpack-test/packed"
 
@@ -48,17 +55,6 @@ def _credentials(monkeypatch):
     """The local endpoint's credentials, as a reader's environment gives them."""
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "tokpack")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "tokpack")
-
-
-def _bytes(batches):
-    return [
-        {
-            k: v.numpy().tobytes() if isinstance(v, torch.Tensor) else v
-            for k, v in b.items()
-            if k != "position"
-        }
-        for b in batches
-    ]
 
 
 def _iterable(path, **kw):

@@ -8,7 +8,6 @@ import shutil
 
 import numpy as np
 import pytest
-import torch
 from torch.utils.data import DataLoader
 
 import tokpack
@@ -16,6 +15,7 @@ from tokpack.packed.reader import PackedDir
 from tokpack.torch import PackedCollator, PackedDataset, PackedIterableDataset
 from tokpack.torch._shared import SharedGroups
 
+from .packed_corpus import batch_bytes as _bytes
 from .packed_corpus import random_samples, small_packed_dir, write_packed_dir
 
 
@@ -34,19 +34,6 @@ def _decodes_logged(monkeypatch, log):
         return decode(self, group, columns)
 
     monkeypatch.setattr(PackedDir, "decode", logged)
-
-
-def _bytes(batches):
-    """Each batch's tensors as bytes and its other values (``position`` counts batches from where
-    the iteration started, so it is left out)."""
-    return [
-        {
-            k: v.numpy().tobytes() if isinstance(v, torch.Tensor) else v
-            for k, v in b.items()
-            if k != "position"
-        }
-        for b in batches
-    ]
 
 
 def _iterable(path, **kw):
