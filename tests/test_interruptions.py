@@ -203,3 +203,35 @@ def test_interrupted_exports_leave_a_whole_or_a_detected_output(tmp_path, inputs
             check_megatron(dest)
         hidden = [p.name for p in dest.parent.iterdir() if p.name.startswith(".")]
         assert hidden == [], f"rerun after {what}"
+
+
+def test_a_kill_while_the_megatron_marker_is_written_leaves_what_the_rerun_removes(
+    tmp_path, inputs
+):
+    """Failed before (the test above, when its kill -9 landed there): the marker's temporary
+    was written through a temporary of its own, `..train.tokpack.json.tmp-P-T.tmp-P`, a name
+    the rerun's clean-up does not know, so it stayed beside the export for good."""
+    packed = tmp_path / "packed"
+    proc = start(["pack", str(inputs["tokens"]), "-o", str(packed), "--max-len", "2048", "--quiet"])
+    assert proc.communicate(timeout=300)[0] is None and proc.returncode == 0
+    dest = tmp_path / "mg" / "train"
+    killed_in_marker = (
+        "import json, os, signal, sys\n"
+        "import tokpack.packed.export as export\n"
+        "def dump(*args, **kwargs):\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "json.dump = dump\n"
+        "export.export_megatron(sys.argv[1], sys.argv[2])\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", killed_in_marker, str(packed), str(dest)], capture_output=True
+    )
+    assert run.returncode == -signal.SIGKILL, run.stderr
+    again = start(["export", "megatron", str(packed), str(dest)])
+    _, err = again.communicate(timeout=300)
+    assert again.returncode == 0, err
+    assert sorted(p.name for p in dest.parent.iterdir()) == [
+        "train.bin",
+        "train.idx",
+        "train.tokpack.json",
+    ]

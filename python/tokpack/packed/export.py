@@ -30,7 +30,7 @@ from .._contract import IGNORE_INDEX
 from .._io.arrays import list_array
 from .._io.inputs import shown_path
 from .._io.objects import is_object_uri
-from .._io.outdir import atomic_output_files, output_file, write_json_atomic, writing
+from .._io.outdir import atomic_output_files, output_file, writing
 from .._io.store import object_output_files
 from ..errors import ConfigError, CorruptOutputError, DataError
 from ..remote import open_packed
@@ -229,9 +229,14 @@ def _write_marker(path: Path, files: Dict[str, Path]) -> None:
     for name, tmp in files.items():
         size, checksum = _tokpack.file_checksum(str(tmp))
         entries[name] = {"size": size, "checksum": checksum}
-    write_json_atomic(
-        path, {"tokpack_version": _tokpack.__version__, "format": "megatron", "files": entries}
-    )
+    # Straight into ``path``, itself a temporary of atomic_output_files (a temporary of it would
+    # be a name the next run's clean-up does not know, left behind by a kill -9).
+    with open(path, "w", encoding="utf-8") as f:
+        data = {"tokpack_version": _tokpack.__version__, "format": "megatron", "files": entries}
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _read_marker(marker: Path) -> Optional[Dict[str, Any]]:
