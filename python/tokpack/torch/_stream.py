@@ -337,7 +337,8 @@ class RowStream(torch.utils.data.IterableDataset):
         if a >= b:
             return
         src, groups, _ = self._locate(a, b)
-        for s, g in set(zip(src.tolist(), groups.tolist())):
+        # Each group once, in the order the rows need them.
+        for s, g in dict.fromkeys(zip(src.tolist(), groups.tolist())):
             self._caches[s].prefetch(g)
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
@@ -368,11 +369,18 @@ class RowStream(torch.utils.data.IterableDataset):
         # (by whichever worker gets there first), so workers seldom wait for a decode; checked
         # every few batches (shuffled windows spread each window's groups over its rows).
         ahead = self.shuffle_window * max(int(p.group_rows.max(initial=1)) for p in self.sources)
-        # Object storage: fetched ahead by this process's fetch thread even without workers.
+        # Object storage: fetched ahead by this process's fetch threads even without workers,
+        # every row from the first batch's to a window ahead of the current one (the first
+        # window too, so the loop does not fetch it itself), each group once.
         remote = any(p.remote for p in self.sources)
+        edge = -1
         for i, k in enumerate(range(first, split.num_batches, num_workers)):
             a, b = split.batch(self.rank, k)
-            if (num_workers > 1 or remote) and i % _PREFETCH_EVERY == 0:
+            if remote and i % _PREFETCH_EVERY == 0:
+                edge = max(edge, a)
+                self._prefetch(edge, b + ahead)
+                edge = max(edge, b + ahead)
+            elif num_workers > 1 and i % _PREFETCH_EVERY == 0:
                 self._prefetch(a + ahead, b + ahead)
             if self.balance is None:
                 batch = self._batch(*self._locate(a, b))
