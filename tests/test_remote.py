@@ -385,3 +385,25 @@ def test_fetch_ahead_leaves_the_training_thread_no_fetch_after_the_first_batch(
     assert fetched_here == []
     assert _bytes(seen) == _bytes(_iterable(corpus))
     assert len(_cached_groups(ds.packed)) == ds.packed.num_groups
+
+
+def test_a_stopped_iteration_drops_the_fetches_it_queued(corpus, s3, tmp_path):
+    import gc
+
+    from tokpack.remote import _packed
+
+    upload(corpus, s3)
+    ds = _iterable(PREFIX, filesystem=s3, cache_dir=tmp_path)
+    _packed._before_fork()  # holds every fetch-ahead thread back (as a fork does)
+    try:
+        batches = iter(DataLoader(ds, batch_size=None, num_workers=0))
+        next(batches)  # the loop fetched what it needed itself; the window ahead is queued
+        needed = _cached_groups(ds.packed)
+        del batches  # the training loop stops
+        gc.collect()
+    finally:
+        _packed._after_fork_in_parent()
+    assert _packed.settle(60)
+    # Nothing of what was queued was fetched once the reader had stopped.
+    assert _cached_groups(ds.packed) == needed
+    assert len(needed) < ds.packed.num_groups

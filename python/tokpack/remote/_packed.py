@@ -246,6 +246,10 @@ class RemotePackedDir(PackedDir):
     def prefetch(self, group: int) -> None:
         _prefetch(self, group)
 
+    def cancel_prefetch(self) -> None:
+        # Queued requests carry the count they were made under: older ones are skipped.
+        self._ahead_gen = getattr(self, "_ahead_gen", 0) + 1
+
     def fetch_group(self, group: int) -> None:
         """Fetch row group ``group`` (and its shard's footer) into the cache, if missing."""
         with self.naming(), self._local(int(self.group_shard[group]), group):
@@ -323,9 +327,11 @@ if hasattr(os, "register_at_fork"):
 def _ahead_loop(requests: "queue.SimpleQueue", slot: int) -> None:
     global _pending
     while True:
-        packed, group = requests.get()
+        packed, group, gen = requests.get()
         try:
             with _busy[slot]:
+                if gen != getattr(packed, "_ahead_gen", 0):
+                    continue  # cancelled (the reader that asked for it stopped)
                 with contextlib.suppress(Exception):
                     # A damaged object or a network failure: the reader raises it when it gets
                     # there.
@@ -346,7 +352,7 @@ def _prefetch(packed: RemotePackedDir, group: int) -> None:
     assert _queue is not None
     with _pending_cond:
         _pending += 1
-    _queue.put((packed, group))
+    _queue.put((packed, group, getattr(packed, "_ahead_gen", 0)))
 
 
 def settle(timeout: Optional[float] = None) -> bool:
