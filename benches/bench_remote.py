@@ -27,7 +27,9 @@ tokens:
   resumed loader to its first batch and the bytes fetched until then.
 
 Each reader runs ``--repeats`` times, the readers interleaved (a different one first each time);
-the best times are kept, and the largest bytes and requests.
+the best times are kept, and the largest bytes and requests. Before each measurement the
+store is let go quiet (no byte served for 0.3 s), so that no reader's background downloads,
+still running after it was dropped, count in the next one's.
 
 Readers: ``tokpack`` reads the ``s3://`` URI (``PackedIterableDataset`` with ``cache_dir=``;
 needs tokpack's remote reading, ``tokpack.remote``); ``tokpack (local copy)`` downloads the
@@ -142,6 +144,19 @@ class Store:
     def snapshot(self) -> tuple:
         with self.counts.get_lock():
             return tuple(self.counts)
+
+    def quiet(self, still: float = 0.3, most: float = 10.0) -> None:
+        """Waits until no response byte was served for ``still`` s (at most ``most`` s): a
+        previous reader's background downloads, still running after it was dropped, must not
+        count in the next measurement."""
+        deadline = time.perf_counter() + most
+        last = self.snapshot()
+        while time.perf_counter() < deadline:
+            time.sleep(still)
+            now = self.snapshot()
+            if now == last:
+                return
+            last = now
 
     def since(self, snap: tuple) -> Dict[str, int]:
         now = self.snapshot()
@@ -453,6 +468,7 @@ def run_one(reader: Reader, workers: int, corpus: Corpus, store: Store, tmp: Pat
     at = max(1, int(0.9 * n_batches))
     cache = Path(tempfile.mkdtemp(prefix="cache-", dir=tmp))
     state = None
+    store.quiet()
     snap = store.snapshot()
     t0 = time.perf_counter()
     loader = reader.loader(workers, cache, None)
@@ -474,6 +490,7 @@ def run_one(reader: Reader, workers: int, corpus: Corpus, store: Store, tmp: Pat
     shutil.rmtree(cache, ignore_errors=True)
 
     cache = Path(tempfile.mkdtemp(prefix="cache-", dir=tmp))
+    store.quiet()
     snap = store.snapshot()
     t0 = time.perf_counter()
     loader = reader.loader(workers, cache, state)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -316,3 +317,89 @@ def test_fsspec_file_systems_and_uris(corpus, tmp_path):
     assert given.packed.remote and _bytes(given) == local
     assert _bytes(_iterable("memory://fsspec-corpus", cache_dir=tmp_path)) == local
     assert tokpack.verify("memory://fsspec-corpus", cache_dir=tmp_path)["ok"]
+
+
+def test_a_shards_other_ranges_stay_readable_while_one_is_fetched(corpus, s3, tmp_path):
+    upload(corpus, s3)
+    packed = open_packed(PREFIX, filesystem=s3, cache_dir=tmp_path)
+    first, second = (int(g) for g in np.flatnonzero(packed.group_shard == 0)[:2])
+    packed.fetch_group(first)
+    on_the_wire, release = threading.Event(), threading.Event()
+    read_range = packed.source.read_range
+
+    def slow(name, offset, length):
+        if offset == packed.group_bytes[second][0]:
+            on_the_wire.set()
+            assert release.wait(60)
+        return read_range(name, offset, length)
+
+    packed.source.read_range = slow
+    fetcher = threading.Thread(target=packed.fetch_group, args=(second,))
+    fetcher.start()
+    try:
+        assert on_the_wire.wait(60)
+        # The shard's first row group decodes while its second is still being fetched (the
+        # fetch holds the range's lock only; before, it held the shard's, and this waited).
+        reader = threading.Thread(target=packed.decode, args=(first,))
+        reader.start()
+        reader.join(30)
+        assert not reader.is_alive()
+    finally:
+        release.set()
+        fetcher.join(60)
+    assert _cached_groups(packed) == [(0, 0), (0, 1)]
+
+
+def test_fetch_ahead_leaves_the_training_thread_no_fetch_after_the_first_batch(
+    corpus, s3, tmp_path, monkeypatch
+):
+    from tokpack.remote._packed import settle
+
+    upload(corpus, s3)
+    training = threading.get_ident()
+    fetched_here = []
+    read_range = Source.read_range
+
+    def logged(self, name, offset, length):
+        if threading.get_ident() == training:
+            fetched_here.append((name, offset))
+        return read_range(self, name, offset, length)
+
+    monkeypatch.setattr(Source, "read_range", logged)
+    ds = _iterable(PREFIX, filesystem=s3, cache_dir=tmp_path)
+    batches = iter(DataLoader(ds, batch_size=None, num_workers=0))
+    seen = [next(batches)]
+    fetched_here.clear()
+    while True:
+        # Fetch-ahead keeps up (given the time: this waits for it between batches): every row
+        # group is fetched before the loop needs it, the first window's too.
+        assert settle(60)
+        batch = next(batches, None)
+        if batch is None:
+            break
+        seen.append(batch)
+    assert fetched_here == []
+    assert _bytes(seen) == _bytes(_iterable(corpus))
+    assert len(_cached_groups(ds.packed)) == ds.packed.num_groups
+
+
+def test_a_stopped_iteration_drops_the_fetches_it_queued(corpus, s3, tmp_path):
+    import gc
+
+    from tokpack.remote import _packed
+
+    upload(corpus, s3)
+    ds = _iterable(PREFIX, filesystem=s3, cache_dir=tmp_path)
+    _packed._before_fork()  # holds every fetch-ahead thread back (as a fork does)
+    try:
+        batches = iter(DataLoader(ds, batch_size=None, num_workers=0))
+        next(batches)  # the loop fetched what it needed itself; the window ahead is queued
+        needed = _cached_groups(ds.packed)
+        del batches  # the training loop stops
+        gc.collect()
+    finally:
+        _packed._after_fork_in_parent()
+    assert _packed.settle(60)
+    # Nothing of what was queued was fetched once the reader had stopped.
+    assert _cached_groups(ds.packed) == needed
+    assert len(needed) < ds.packed.num_groups

@@ -275,6 +275,9 @@ class PackedDir:
     def prefetch(self, group: int) -> None:
         """Start fetching row group ``group`` ahead of its use (object storage only)."""
 
+    def cancel_prefetch(self) -> None:
+        """Drop the fetches :meth:`prefetch` queued and not started (object storage only)."""
+
     def changed(self, shard: int) -> bool:
         """Whether shard ``shard`` was replaced since the directory was opened."""
         return identity(self.shard_paths[shard]) != self.shard_identities[shard]

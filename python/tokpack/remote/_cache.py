@@ -14,9 +14,12 @@ node): a range is fetched once between them.
 
 Locks (``flock``, released when a process dies):
 
-- per shard: shared while a process checks its ranges and decodes, exclusive while it fetches
-  (a second process waiting for the same range finds it present once it gets the lock) and
-  while an evictor punches holes into it (evictors never wait for a shard in use: they skip it);
+- per shard: shared while a process checks its ranges and decodes, exclusive while a range is
+  written into it and while an evictor punches holes into it (evictors never wait for a shard in
+  use: they skip it); not held while a range is fetched, so the shard's other ranges stay
+  readable meanwhile;
+- per range: exclusive while it is fetched (a second fetcher of the same range, a thread or a
+  process, waits and finds it present once it gets the lock: fetched once);
 - the cache's: held while bytes are written and while making room, so that the space used, as
   the file system allocates it (``st_blocks``), never exceeds ``limit``.
 
@@ -149,24 +152,48 @@ class RangeCache:
                     first = False
                 if not missing:
                     break
-                # Converting the lock is not atomic: look again once it is exclusive.
-                fcntl.flock(lock, fcntl.LOCK_EX)
+                # Nothing of the shard is held while fetching: its other ranges stay readable
+                # (by this process's other threads too) while a range is on the wire.
+                fcntl.flock(lock, fcntl.LOCK_UN)
                 with collecting() as fetched:
                     try:
-                        for want in wants:
-                            if not self._marker(shard, want).exists():
-                                data = fetch(want)
-                                count("misses")
-                                self._store(shard, path, size, want, data, wants)
+                        for want in missing:
+                            self._fill(shard, path, size, want, wants, fetch, lock)
                     finally:
                         self._record(fetched)
-                # An evictor may take the lock in the gap back to shared: the loop looks again.
+                # An evictor may have taken a range back meanwhile: the loop looks again.
                 fcntl.flock(lock, fcntl.LOCK_SH)
             now = time.time()
             for want in wants:
                 with contextlib.suppress(FileNotFoundError):
                     os.utime(self._marker(shard, want), (now, now))
             yield path
+
+    def _fill(
+        self,
+        shard: int,
+        path: Path,
+        size: int,
+        want: Want,
+        keep: Sequence[Want],
+        fetch: Callable[[Want], bytes],
+        lock,
+    ) -> None:
+        """Fetches ``want`` into the cache unless present. The range's own lock makes its
+        fetchers on the node wait for the first (who finds it present after it gets the lock:
+        fetched once); the shard's lock (``lock``) is exclusive only while writing."""
+        tag = want[0]
+        with open(self.meta / "locks" / f"{shard}.{tag}", "a") as mine:
+            fcntl.flock(mine, fcntl.LOCK_EX)
+            if self._marker(shard, want).exists():
+                return
+            data = fetch(want)
+            count("misses")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                self._store(shard, path, size, want, data, keep)
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
 
     def _record(self, fetched: Dict[str, int]) -> None:
         """Adds what this thread just fetched to this process's totals for the cache, and

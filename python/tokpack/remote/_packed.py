@@ -246,6 +246,10 @@ class RemotePackedDir(PackedDir):
     def prefetch(self, group: int) -> None:
         _prefetch(self, group)
 
+    def cancel_prefetch(self) -> None:
+        # Queued requests carry the count they were made under: older ones are skipped.
+        self._ahead_gen = getattr(self, "_ahead_gen", 0) + 1
+
     def fetch_group(self, group: int) -> None:
         """Fetch row group ``group`` (and its shard's footer) into the cache, if missing."""
         with self.naming(), self._local(int(self.group_shard[group]), group):
@@ -282,40 +286,77 @@ class RemotePackedDir(PackedDir):
 
 # -- fetching ahead of the reader ------------------------------------------------------------
 
+# Fetch-ahead threads per process: ranged GETs in flight at once (a request's latency overlaps
+# another's transfer, and the range locks keep two of them from fetching the same range).
+AHEAD_THREADS = 2
+
 _queue: "Optional[queue.SimpleQueue]" = None
 _queue_pid = -1
-# Held by the fetch-ahead thread while it fetches (and holds a shard's lock): a fork waits for
-# it, so a child never inherits a lock held by a thread it does not have.
-_busy = threading.Lock()
+# Held by a fetch-ahead thread while it fetches (and holds a range's or a shard's lock): a fork
+# waits for all of them, so a child never inherits a lock held by a thread it does not have.
+_busy = [threading.Lock() for _ in range(AHEAD_THREADS)]
+# Requests queued and not finished (``settle`` waits for none).
+_pending = 0
+_pending_cond = threading.Condition()
+
+
+def _before_fork() -> None:
+    for lock in _busy:
+        lock.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    for lock in reversed(_busy):
+        lock.release()
 
 
 def _after_fork_in_child() -> None:
-    global _busy
-    _busy = threading.Lock()
+    global _busy, _pending, _pending_cond
+    _busy = [threading.Lock() for _ in range(AHEAD_THREADS)]
+    _pending, _pending_cond = 0, threading.Condition()
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(
-        before=lambda: _busy.acquire(),
-        after_in_parent=lambda: _busy.release(),
+        before=_before_fork,
+        after_in_parent=_after_fork_in_parent,
         after_in_child=_after_fork_in_child,
     )
 
 
-def _ahead_loop(requests: "queue.SimpleQueue") -> None:
+def _ahead_loop(requests: "queue.SimpleQueue", slot: int) -> None:
+    global _pending
     while True:
-        packed, group = requests.get()
-        with _busy:
-            with contextlib.suppress(Exception):
-                # A damaged object or a network failure: the reader raises it when it gets there.
-                packed.fetch_group(group)
+        packed, group, gen = requests.get()
+        try:
+            with _busy[slot]:
+                if gen != getattr(packed, "_ahead_gen", 0):
+                    continue  # cancelled (the reader that asked for it stopped)
+                with contextlib.suppress(Exception):
+                    # A damaged object or a network failure: the reader raises it when it gets
+                    # there.
+                    packed.fetch_group(group)
+        finally:
+            with _pending_cond:
+                _pending -= 1
+                _pending_cond.notify_all()
 
 
 def _prefetch(packed: RemotePackedDir, group: int) -> None:
-    global _queue, _queue_pid
+    global _queue, _queue_pid, _pending
     if _queue_pid != os.getpid():
-        # One daemon thread per process, started on first use in that process.
+        # The daemon threads of a process, started on first use in that process.
         _queue, _queue_pid = queue.SimpleQueue(), os.getpid()
-        threading.Thread(target=_ahead_loop, args=(_queue,), daemon=True).start()
+        for slot in range(AHEAD_THREADS):
+            threading.Thread(target=_ahead_loop, args=(_queue, slot), daemon=True).start()
     assert _queue is not None
-    _queue.put((packed, group))
+    with _pending_cond:
+        _pending += 1
+    _queue.put((packed, group, getattr(packed, "_ahead_gen", 0)))
+
+
+def settle(timeout: Optional[float] = None) -> bool:
+    """Waits until this process's fetch-ahead threads have nothing queued or in flight; False
+    when ``timeout`` seconds pass first. (For tests and benchmarks: readers never need it.)"""
+    with _pending_cond:
+        return _pending_cond.wait_for(lambda: _pending == 0, timeout)

@@ -94,6 +94,12 @@ class GroupCache:
             # One process reading object storage: its bytes are fetched in the background.
             self.packed.prefetch(group)
 
+    def cancel_prefetch(self) -> None:
+        """Forget the groups handed to the background and drop the fetches not started (an
+        iteration stopped: what it asked ahead is not needed)."""
+        self._ahead.clear()
+        self.packed.cancel_prefetch()
+
     def __getstate__(self):
         # Decoded data never travels by pickle: workers share groups through `shared` only.
         return {"packed": self.packed, "capacity": self.capacity, "shared": self.shared}

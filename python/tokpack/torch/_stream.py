@@ -337,7 +337,8 @@ class RowStream(torch.utils.data.IterableDataset):
         if a >= b:
             return
         src, groups, _ = self._locate(a, b)
-        for s, g in set(zip(src.tolist(), groups.tolist())):
+        # Each group once, in the order the rows need them.
+        for s, g in dict.fromkeys(zip(src.tolist(), groups.tolist())):
             self._caches[s].prefetch(g)
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
@@ -368,30 +369,44 @@ class RowStream(torch.utils.data.IterableDataset):
         # (by whichever worker gets there first), so workers seldom wait for a decode; checked
         # every few batches (shuffled windows spread each window's groups over its rows).
         ahead = self.shuffle_window * max(int(p.group_rows.max(initial=1)) for p in self.sources)
-        # Object storage: fetched ahead by this process's fetch thread even without workers.
+        # Object storage: fetched ahead by this process's fetch threads even without workers,
+        # every row from the first batch's to a window ahead of the current one (the first
+        # window too, so the loop does not fetch it itself), each group once.
         remote = any(p.remote for p in self.sources)
-        for i, k in enumerate(range(first, split.num_batches, num_workers)):
-            a, b = split.batch(self.rank, k)
-            if (num_workers > 1 or remote) and i % _PREFETCH_EVERY == 0:
-                self._prefetch(a + ahead, b + ahead)
-            if self.balance is None:
-                batch = self._batch(*self._locate(a, b))
-            else:
-                if deal[0] != k // span:
-                    deal = (k // span, self._dealt(split, k // span))
-                located, mine = deal[1]
-                batch = self._batch(*(x[mine[k % span]] for x in located))
-            if steps is not None:
-                # The optimizer step of local batch k: rounds [m G, (m + 1) G) of every rank.
-                m = k // steps
-                if step_counts[0] != m:
-                    last = min((m + 1) * steps, split.num_batches) - 1
-                    a, b = split.round_end(m * steps - 1), split.round_end(last)
-                    step_counts = (m, self._step_counts(a, b))
-                batch["global_num_loss_tokens"], batch["global_num_samples"] = step_counts[1]
-            batch["position"] = {"epoch": self.epoch, "batch": k, **self._consumed(split, k + 1)}
-            self._next_batch = k + 1
-            yield ship(batch)
+        edge = -1
+        try:
+            for i, k in enumerate(range(first, split.num_batches, num_workers)):
+                a, b = split.batch(self.rank, k)
+                if remote and i % _PREFETCH_EVERY == 0:
+                    edge = max(edge, a)
+                    self._prefetch(edge, b + ahead)
+                    edge = max(edge, b + ahead)
+                elif num_workers > 1 and i % _PREFETCH_EVERY == 0:
+                    self._prefetch(a + ahead, b + ahead)
+                if self.balance is None:
+                    batch = self._batch(*self._locate(a, b))
+                else:
+                    if deal[0] != k // span:
+                        deal = (k // span, self._dealt(split, k // span))
+                    located, mine = deal[1]
+                    batch = self._batch(*(x[mine[k % span]] for x in located))
+                if steps is not None:
+                    # The optimizer step of local batch k: rounds [m G, (m + 1) G) of every rank.
+                    m = k // steps
+                    if step_counts[0] != m:
+                        last = min((m + 1) * steps, split.num_batches) - 1
+                        a, b = split.round_end(m * steps - 1), split.round_end(last)
+                        step_counts = (m, self._step_counts(a, b))
+                    batch["global_num_loss_tokens"], batch["global_num_samples"] = step_counts[1]
+                consumed = self._consumed(split, k + 1)
+                batch["position"] = {"epoch": self.epoch, "batch": k, **consumed}
+                self._next_batch = k + 1
+                yield ship(batch)
+        finally:
+            if remote:
+                # Stopped early (or done): nothing asked ahead is needed any more.
+                for cache in self._caches:
+                    cache.cancel_prefetch()
         # This worker's share of the pass is done; in a worker, `_next_batch` only saw its own
         # batches, so mark the whole pass finished or a persistent worker's next pass would
         # resume mid-epoch instead of replaying it.
