@@ -171,3 +171,52 @@ def test_read_only_rows_collate_without_a_warning_or_a_copy(fmt):
     from tokpack.torch.pairs import row_tensor
 
     assert row_tensor(row).data_ptr() == row.ctypes.data  # shared, not copied
+
+
+def _random_rows(rng, n_rows, as_):
+    rows = []
+    for _ in range(n_rows):
+        lens = rng.integers(1, 40, size=int(rng.integers(0, 5)))
+        n = int(lens.sum())
+        ids = rng.integers(0, 50_000, size=n).astype(np.int32)
+        labels = np.where(rng.random(n) < 0.3, -100, ids).astype(np.int32)
+        row = {"input_ids": ids, "labels": labels, "seq_lengths": lens.astype(np.int32)}
+        if rng.random() < 0.2:
+            del row["labels"]
+        rows.append({k: as_(v) for k, v in row.items()})
+    return rows
+
+
+@pytest.mark.parametrize("fmt", ["hf", "flash"])
+@pytest.mark.parametrize("extras", [False, True])
+def test_host_rows_collate_exactly_as_the_torch_path(fmt, extras):
+    """NumPy rows and CPU tensor rows take the NumPy path; rows of Python lists the torch path:
+    the same batch, field by field, dtype by dtype."""
+    rng = np.random.default_rng(11)
+    c = PackedCollator(fmt, return_seq_idx=extras, return_loss_weights=extras)
+    for _ in range(30):
+        n_rows = int(rng.integers(1, 6))
+        state = rng.bit_generator.state
+        rows = _random_rows(rng, n_rows, lambda a: a)
+        rng.bit_generator.state = state
+        tensors = _random_rows(rng, n_rows, torch.from_numpy)
+        rng.bit_generator.state = state
+        lists = _random_rows(rng, n_rows, lambda a: a.tolist())
+        want = c(lists)
+        for got in (c(rows), c(tensors)):
+            assert set(got) == set(want)
+            for k, v in want.items():
+                if isinstance(v, torch.Tensor):
+                    assert got[k].dtype == v.dtype and got[k].shape == v.shape, k
+                    assert torch.equal(got[k], v), k
+                else:
+                    assert got[k] == v, k
+
+
+@pytest.mark.parametrize("as_", [np.asarray, torch.as_tensor, list])
+def test_seq_lengths_that_do_not_split_the_row_are_named_on_every_path(as_):
+    good = {"input_ids": as_([1, 2, 3]), "seq_lengths": as_([3])}
+    for bad in ([2], [4], [3, 0], [5, -2]):
+        row = {"input_ids": as_([4, 5, 6]), "seq_lengths": as_(bad)}
+        with pytest.raises(tokpack.DataError, match=r"row 1: seq_lengths .* do not split"):
+            PackedCollator()([good, row])

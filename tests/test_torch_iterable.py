@@ -401,3 +401,101 @@ def test_balanced_stream_resumes_mid_step_with_other_workers(corpus):
             [t.tolist() for t in b["sample_ids"]] for b in full[r][5:]
         ]
         assert _at(ds.state_dict(batches_consumed=1)) == _at(full[r][5]["position"])
+
+
+# -- the single-process reading path: views for PackedCollator, decodes ahead ------------------
+
+
+def test_packed_collator_batches_do_not_share_memory_with_the_cache(corpus):
+    """PackedCollator gets views of the cached groups (it only reads them): its batches are new
+    tensors, so writing into one changes nothing a later read returns."""
+    ds = PackedIterableDataset(
+        corpus, batch_rows=3, rank=0, world_size=1, shuffle=False, collate_fn=PackedCollator()
+    )
+    first = next(iter(ds))
+    before = first["input_ids"].clone()
+    first["input_ids"].fill_(12345)
+    first["labels"].fill_(7)
+    ds.load_state_dict({"epoch": 0, "rows_consumed": 0})
+    again = next(iter(ds))
+    assert again["input_ids"].equal(before)
+    assert (again["labels"] != 7).any()
+
+
+class _Writes:
+    """A collate_fn that writes into its rows (as a user's may): it must get copies."""
+
+    def __call__(self, rows):
+        out = [r["input_ids"].clone() for r in rows]
+        for r in rows:
+            r["input_ids"][:] = -1
+        return {"input_ids": out}
+
+
+def test_a_collate_fn_without_reads_rows_only_gets_copies(corpus):
+    ds = PackedIterableDataset(
+        corpus, batch_rows=3, rank=0, world_size=1, shuffle=False, collate_fn=_Writes()
+    )
+    first = next(iter(ds))["input_ids"]
+    ds.load_state_dict({"epoch": 0, "rows_consumed": 0})
+    again = next(iter(ds))["input_ids"]
+    assert all(a.equal(b) and (a >= 0).all() for a, b in zip(first, again))
+
+
+def _decodes(monkeypatch):
+    """(thread name, group) of every decode of a PackedDir, recorded."""
+    from tokpack.packed.reader import PackedDir
+
+    calls = []
+    decode = PackedDir.decode
+
+    def counting(self, group, columns=None):
+        import threading
+
+        calls.append((threading.current_thread().name, group))
+        return decode(self, group, columns)
+
+    monkeypatch.setattr(PackedDir, "decode", counting)
+    return calls
+
+
+def test_one_process_decodes_ahead_on_a_background_thread_each_group_once(corpus, monkeypatch):
+    calls = _decodes(monkeypatch)
+    ds = PackedIterableDataset(corpus, batch_rows=3, rank=0, world_size=1, seed=7)
+    background = [[int(x) for ids in b["sample_ids"] for x in ids] for b in ds]
+    _assert_exactly_once(background)
+    groups = [g for _, g in calls]
+    assert sorted(groups) == list(range(ds.sources[0].num_groups))  # each group once
+    assert {name for name, _ in calls} != {"MainThread"}
+    assert any(name.startswith("tokpack-decode") for name, _ in calls)
+    # The same batches as with workers (which decode in the worker processes).
+    loader = DataLoader(ds, batch_size=None, num_workers=2)
+    assert [[int(x) for ids in b["sample_ids"] for x in ids] for b in loader] == background
+
+
+def test_decode_error_ahead_is_raised_at_the_batch_that_needs_the_group(tmp_path):
+    samples, labels = random_samples(N_SAMPLES, 30, seed=2)
+    out = tmp_path / "packed"
+    write_packed_dir(out, samples, labels, max_len=48, rows_per_shard=60, row_group_rows=8)
+    ds = PackedIterableDataset(out, batch_rows=3, rank=0, world_size=1, shuffle=False)
+    shard = sorted(out.glob("*.parquet"))[-1]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    got = []
+    with pytest.raises(tokpack.CorruptOutputError, match=shard.name):
+        for b in ds:
+            got.append(b)
+    assert got  # the batches before the damaged group came out
+
+
+def test_fork_after_a_partial_pass_with_decodes_pending(corpus):
+    """Workers forked while the parent has decodes queued on its thread (which they do not
+    inherit) decode for themselves instead of waiting on them."""
+    ds = PackedIterableDataset(corpus, batch_rows=3, rank=0, world_size=1, seed=7)
+    it = iter(ds)
+    next(it)  # decodes are now queued on the parent's thread
+    loader = DataLoader(ds, batch_size=None, num_workers=1, multiprocessing_context="fork")
+    batches = [[int(x) for ids in b["sample_ids"] for x in ids] for b in loader]
+    assert batches
+    del it

@@ -41,6 +41,9 @@ class MultimodalCollator:
         return_loss_weights, return_seq_idx: as :class:`tokpack.torch.PackedCollator`.
     """
 
+    #: As :attr:`tokpack.torch.PackedCollator.reads_rows_only`: rows are only read.
+    reads_rows_only = True
+
     def __init__(
         self,
         image_processor: Any,

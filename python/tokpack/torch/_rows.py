@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import warnings
+import os
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
-from typing import Any, Dict, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -16,36 +17,35 @@ from ._workers import worker_slot
 
 __all__ = ["TensorGroup", "GroupCache"]
 
-
-def _tensor(values: np.ndarray) -> Union[torch.Tensor, np.ndarray]:
-    """A numeric column as a tensor; a carried string column stays a numpy object array (its
-    rows are lists of str)."""
-    if values.dtype == object:
-        return values
-    # The decoded buffer is private to the cache: rows are copied out of it (`row`), so sharing
-    # the numpy memory is safe (torch only warns that writes would be undefined).
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.from_numpy(values)
+# Groups decoded ahead on the background thread and not yet taken, at most (a decoded group of
+# 64 rows of 4,096 tokens is about 2 MB).
+_AHEAD = 8
 
 
 class TensorGroup:
-    """One decoded row group: per column, flat values as a tensor plus numpy row offsets."""
+    """One decoded row group: per column, flat values (NumPy) plus row offsets (a list of ints:
+    indexing it costs a fraction of a numpy scalar's conversion)."""
 
     __slots__ = ("columns",)
 
     def __init__(self, cols: Dict[str, Column]) -> None:
-        self.columns: Dict[str, Tuple[Any, np.ndarray]] = {
-            name: (_tensor(values), offsets) for name, (values, offsets) in cols.items()
+        self.columns: Dict[str, Tuple[np.ndarray, List[int]]] = {
+            name: (values, offsets.tolist()) for name, (values, offsets) in cols.items()
         }
 
-    def row(self, i: int) -> Dict[str, Any]:
-        """Row ``i`` as tensors of its own: a caller writing into them must not change what
-        later reads of the cached group return (a row is at most a few tens of KB to copy)."""
+    def row(self, i: int, copy: bool = True) -> Dict[str, Any]:
+        """Row ``i``: with ``copy``, as tensors of its own (a caller writing into them must not
+        change what later reads of the cached group return; a row is at most a few tens of KB to
+        copy); without, as NumPy views of the group, for a reader that only reads them
+        (:class:`~tokpack.torch.PackedCollator` builds every batch tensor anew). A carried
+        string column's rows are lists of str either way."""
         out: Dict[str, Any] = {}
         for name, (values, offsets) in self.columns.items():
-            part = values[int(offsets[i]) : int(offsets[i + 1])]
-            out[name] = part.tolist() if isinstance(part, np.ndarray) else part.clone()
+            part = values[offsets[i] : offsets[i + 1]]
+            if values.dtype == object:
+                out[name] = part.tolist()
+            else:
+                out[name] = torch.from_numpy(part.copy()) if copy else part
         return out
 
 
@@ -61,13 +61,24 @@ class GroupCache:
         self._groups: "OrderedDict[int, TensorGroup]" = OrderedDict()
         # Groups handed to the readahead thread lately (not asked for again).
         self._ahead: "OrderedDict[int, None]" = OrderedDict()
+        self._init_decoding()
+
+    def _init_decoding(self) -> None:
+        # Decodes on this process's background thread (`decode_ahead`), made on first use.
+        self._pid = os.getpid()
+        self._pool: Optional[ThreadPoolExecutor] = None
+        self._decoding: "Dict[int, Future]" = {}
 
     def get(self, group: int) -> TensorGroup:
         hit = self._groups.get(group)
         if hit is not None:
             self._groups.move_to_end(group)
             return hit
-        if worker_slot()[1] > 1:
+        pending = self._pending().pop(group, None)
+        if pending is not None:
+            # Decoded (or being decoded) ahead: its errors are raised here, as a decode's.
+            decoded = TensorGroup(pending.result())
+        elif worker_slot()[1] > 1:
             decoded = TensorGroup(self.shared.get(group, partial(self.packed.decode, group)))
         else:
             decoded = TensorGroup(self.packed.decode(group))
@@ -94,10 +105,34 @@ class GroupCache:
             # One process reading object storage: its bytes are fetched in the background.
             self.packed.prefetch(group)
 
+    def decode_ahead(self, group: int) -> None:
+        """In one process (no DataLoader workers, or one), have group ``group`` decoded on a
+        background thread while this one collates (the decoder releases the GIL), so a reader
+        without workers uses a second core; at most ``_AHEAD`` groups wait to be taken. With
+        several workers, nothing: they share their decodes (:meth:`prefetch`)."""
+        pending = self._pending()
+        if group in self._groups or group in pending or len(pending) >= _AHEAD:
+            return
+        if worker_slot()[1] > 1:
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="tokpack-decode")
+        pending[group] = self._pool.submit(self.packed.decode, group)
+
+    def _pending(self) -> "Dict[int, Future]":
+        """The decodes handed to the background thread, of this process: a forked worker
+        inherits its parent's, whose thread it does not have, and starts without them."""
+        if self._pid != os.getpid():
+            self._pid, self._pool, self._decoding = os.getpid(), None, {}
+        return self._decoding
+
     def cancel_prefetch(self) -> None:
         """Forget the groups handed to the background and drop the fetches not started (an
         iteration stopped: what it asked ahead is not needed)."""
         self._ahead.clear()
+        for pending in self._pending().values():
+            pending.cancel()
+        self._decoding.clear()
         self.packed.cancel_prefetch()
 
     def __getstate__(self):
@@ -110,3 +145,4 @@ class GroupCache:
         self.shared = state["shared"]
         self._groups = OrderedDict()
         self._ahead = OrderedDict()
+        self._init_decoding()

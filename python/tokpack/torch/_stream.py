@@ -34,6 +34,8 @@ ENDLESS = 1 << 62
 
 # A worker looks ahead for groups to prefetch at every this many of its batches.
 _PREFETCH_EVERY = 4
+# In one process, the groups of this many batches ahead are decoded in the background.
+_DECODE_AHEAD = 2
 
 Collate = Callable[[List[Dict[str, torch.Tensor]]], Dict[str, Any]]
 
@@ -320,13 +322,34 @@ class RowStream(torch.utils.data.IterableDataset):
         return located, slots[self.rank]
 
     def _batch(self, src: np.ndarray, groups: np.ndarray, rows: np.ndarray) -> Dict[str, Any]:
-        batch_rows = [self._caches[s].get(int(g)).row(int(r)) for s, g, r in zip(src, groups, rows)]
+        # A collator that only reads its rows gets views of the cached groups, others copies.
+        copy = not getattr(self.collate_fn, "reads_rows_only", False)
+        caches = self._caches
+        batch_rows = [
+            caches[s].get(g).row(r, copy)
+            for s, g, r in zip(src.tolist(), groups.tolist(), rows.tolist())
+        ]
         if self.collate_fn is not None:
             return self.collate_fn(batch_rows)
         return {
             name: [row[name] if name in row else row["input_ids"].clone() for row in batch_rows]
             for name in self._columns
         }
+
+    def _decode_ahead(
+        self, split: RankSplit, k: int, upcoming: Dict[int, Tuple[np.ndarray, ...]]
+    ) -> Tuple[np.ndarray, ...]:
+        """The rows of batch ``k`` (as ``_locate``), with the groups of this batch and of the next
+        ``_DECODE_AHEAD`` ones handed to the background decoder in the order they are needed
+        (one process: see :meth:`GroupCache.decode_ahead`). ``upcoming`` keeps the rows of the
+        batches looked at ahead."""
+        for n in range(k, min(k + _DECODE_AHEAD + 1, split.num_batches)):
+            if n not in upcoming:
+                upcoming[n] = self._locate(*split.batch(self.rank, n))
+            src, groups, _ = upcoming[n]
+            for s, g in dict.fromkeys(zip(src.tolist(), groups.tolist())):
+                self._caches[s].decode_ahead(g)
+        return upcoming.pop(k)
 
     def _prefetch(self, a: int, b: int) -> None:
         """Have the groups of stream rows ``[a, b)`` decoded in the background (with several
@@ -374,6 +397,8 @@ class RowStream(torch.utils.data.IterableDataset):
         # window too, so the loop does not fetch it itself), each group once.
         remote = any(p.remote for p in self.sources)
         edge = -1
+        # In one process, the rows of the next few batches (see `_decode_ahead`).
+        upcoming: Dict[int, Tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         try:
             for i, k in enumerate(range(first, split.num_batches, num_workers)):
                 a, b = split.batch(self.rank, k)
@@ -384,7 +409,11 @@ class RowStream(torch.utils.data.IterableDataset):
                 elif num_workers > 1 and i % _PREFETCH_EVERY == 0:
                     self._prefetch(a + ahead, b + ahead)
                 if self.balance is None:
-                    batch = self._batch(*self._locate(a, b))
+                    if num_workers == 1:
+                        located = self._decode_ahead(split, k, upcoming)
+                    else:
+                        located = self._locate(a, b)
+                    batch = self._batch(*located)
                 else:
                     if deal[0] != k // span:
                         deal = (k // span, self._dealt(split, k // span))

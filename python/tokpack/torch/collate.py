@@ -76,6 +76,10 @@ class PackedCollator:
     tensors are built on the device of the rows' ``input_ids`` (CPU in DataLoader workers).
     """
 
+    #: The collator never writes into its rows (every batch tensor is a new one), so tokpack's
+    #: readers hand it views of their cached row groups instead of copies.
+    reads_rows_only = True
+
     def __init__(
         self,
         format: str = "hf",
@@ -132,6 +136,16 @@ class PackedCollator:
         process), for collators that add fields to it."""
         if len(rows) == 0:
             raise DataError("PackedCollator got an empty batch")
+        host = None
+        if self.format in ("hf", "flash") and self.cp_size == 1 and not self.return_pairs:
+            host = _host_rows(rows)
+        if host is not None:
+            batch = self._flat_host(*host)
+            _add_carried(batch, rows)
+            counts = getattr(rows, "step_counts", None)
+            if counts is not None:
+                batch["global_num_loss_tokens"], batch["global_num_samples"] = counts
+            return batch
         ids, labels, seg_lens = self._rows(rows)
         if self.cp_size > 1:
             batch = self._context_parallel(ids, labels, seg_lens)
@@ -202,6 +216,55 @@ class PackedCollator:
             out["max_length_q"] = max_len
             out["max_length_k"] = max_len
         self._extras(out, lab.view(shape), seq_idx.view(shape), lens.numel())
+        return out
+
+    def _flat_host(
+        self, ids: List[np.ndarray], labels: List[np.ndarray], seg_lens: List[np.ndarray]
+    ) -> Dict[str, Any]:
+        """:meth:`_flat` for rows of host (NumPy) data, the common case in a DataLoader: the same
+        batch, built with NumPy, whose cost per call is a fraction of torch's at batch sizes (a
+        batch of 8 rows of 4,096 tokens is collated in about half the time)."""
+        lens = np.concatenate(seg_lens, dtype=np.int64)
+        cu = np.zeros(lens.size + 1, dtype=np.int64)
+        np.cumsum(lens, out=cu[1:])
+        _check_splits(ids, seg_lens, lens, cu)
+        total = int(cu[-1])
+        input_ids = np.concatenate(ids, dtype=np.int64)
+        lab = np.concatenate(labels, dtype=np.int64)
+        starts = cu[:-1]
+        lab[starts] = IGNORE_INDEX
+        # Position within its segment: 1 per token, stepping back at every segment start.
+        step = np.ones(total, dtype=np.int64)
+        step[starts[1:]] = 1 - lens[:-1]
+        if total:
+            step[0] = 0
+        positions = np.cumsum(step, out=step)
+        flat = self.format == "flash"
+        shape = (-1,) if flat else (1, -1)
+        max_len = int(lens.max()) if lens.size else 0
+        cu32 = torch.from_numpy(cu.astype(np.int32))
+        out: Dict[str, Any] = {
+            "input_ids": torch.from_numpy(input_ids).view(shape),
+            "labels": torch.from_numpy(lab).view(shape),
+            "position_ids": torch.from_numpy(positions).view(shape),
+        }
+        if flat:
+            out["cu_seqlens"] = cu32
+            out["max_seqlen"] = max_len
+        else:
+            out["cu_seq_lens_q"] = cu32
+            out["cu_seq_lens_k"] = cu32
+            out["max_length_q"] = max_len
+            out["max_length_k"] = max_len
+        out["num_loss_tokens"] = int(np.count_nonzero(lab != IGNORE_INDEX))
+        out["num_seqs"] = int(lens.size)
+        if self.return_seq_idx or self.return_loss_weights:
+            seq_idx = torch.from_numpy(np.repeat(np.arange(lens.size, dtype=np.int32), lens))
+            if self.return_seq_idx:
+                out["seq_idx"] = seq_idx.view(shape)
+            if self.return_loss_weights:
+                trained = out["labels"] != IGNORE_INDEX
+                out["loss_weights"] = _per_sample_weights(trained, seq_idx.view(shape), lens.size)
         return out
 
     def _context_parallel(self, ids, labels, seg_lens) -> Dict[str, Any]:
@@ -351,6 +414,53 @@ class PackedCollator:
             out["seq_idx"] = seq_idx.to(torch.int32)
         if self.return_loss_weights:
             out["loss_weights"] = _per_sample_weights(trained, seq_idx, n_seqs)
+
+
+def _host(value: Any) -> Optional[np.ndarray]:
+    """A row's integer column as a 1-D NumPy array without a copy when it is host data (a
+    NumPy array, a CPU tensor), else None (the torch path handles it, and its errors)."""
+    if isinstance(value, np.ndarray):
+        a = value
+    elif type(value) is torch.Tensor and value.device.type == "cpu" and not value.requires_grad:
+        a = value.numpy()
+    else:
+        return None
+    return a if a.ndim == 1 and a.dtype.kind in "iu" else None
+
+
+def _host_rows(rows: Sequence[Mapping[str, Any]]):
+    """(input_ids, labels, seq_lengths) of every row as NumPy arrays, or None when one is not
+    host integer data or a row is malformed (the torch path then names the problem)."""
+    ids: List[np.ndarray] = []
+    labels: List[np.ndarray] = []
+    seg_lens: List[np.ndarray] = []
+    for row in rows:
+        x = _host(row.get("input_ids"))
+        s = _host(row.get("seq_lengths"))
+        y = row.get("labels")
+        y = x if y is None else _host(y)
+        if x is None or s is None or y is None or y.shape != x.shape:
+            return None
+        ids.append(x)
+        labels.append(y)
+        seg_lens.append(s)
+    return ids, labels, seg_lens
+
+
+def _check_splits(
+    ids: List[np.ndarray], seg_lens: List[np.ndarray], lens: np.ndarray, cu: np.ndarray
+) -> None:
+    """Every row's seq_lengths are positive and sum to its tokens (``lens``: all of them
+    concatenated, ``cu``: their offsets), checked at once; the first row that fails is named."""
+    row_ends = np.cumsum([s.size for s in seg_lens])
+    row_tokens = np.cumsum([x.size for x in ids])
+    if (lens.size == 0 or int(lens.min()) >= 1) and np.array_equal(cu[row_ends], row_tokens):
+        return
+    for i, (x, s) in enumerate(zip(ids, seg_lens)):
+        if int(s.sum()) != x.size or (s.size and int(s.min()) < 1):
+            raise DataError(
+                f"row {i}: seq_lengths {s.tolist()} do not split the row's {x.size} tokens"
+            )
 
 
 def _count_trained(lab: torch.Tensor) -> int:
