@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader
 
 import tokpack
 from tokpack.packed.order import EpochOrder
+from tokpack.packed.reader import ROW_COLUMNS
 from tokpack.torch import PackedCollator, PackedDataset, PackedIterableDataset
 
 from .packed_corpus import random_samples, small_packed_dir, write_packed_dir
@@ -452,7 +453,7 @@ def _decodes(monkeypatch):
     def counting(self, group, columns=None):
         import threading
 
-        calls.append((threading.current_thread().name, group))
+        calls.append((threading.current_thread().name, group, columns))
         return decode(self, group, columns)
 
     monkeypatch.setattr(PackedDir, "decode", counting)
@@ -464,10 +465,11 @@ def test_one_process_decodes_ahead_on_a_background_thread_each_group_once(corpus
     ds = PackedIterableDataset(corpus, batch_rows=3, rank=0, world_size=1, seed=7)
     background = [[int(x) for ids in b["sample_ids"] for x in ids] for b in ds]
     _assert_exactly_once(background)
-    groups = [g for _, g in calls]
+    groups = [g for _, g, _ in calls]
     assert sorted(groups) == list(range(ds.sources[0].num_groups))  # each group once
-    assert {name for name, _ in calls} != {"MainThread"}
-    assert any(name.startswith("tokpack-decode") for name, _ in calls)
+    assert {name for name, _, _ in calls} != {"MainThread"}
+    assert any(name.startswith("tokpack-decode") for name, _, _ in calls)
+    assert {cols for _, _, cols in calls} == {None}  # rows without a collate_fn: every column
     # The same batches as with workers (which decode in the worker processes).
     loader = DataLoader(ds, batch_size=None, num_workers=2)
     assert [[int(x) for ids in b["sample_ids"] for x in ids] for b in loader] == background
@@ -499,3 +501,16 @@ def test_fork_after_a_partial_pass_with_decodes_pending(corpus):
     batches = [[int(x) for ids in b["sample_ids"] for x in ids] for b in loader]
     assert batches
     del it
+
+
+def test_packed_collator_has_only_the_columns_it_reads_decoded(corpus, monkeypatch):
+    calls = _decodes(monkeypatch)
+    ds = PackedIterableDataset(
+        corpus, batch_rows=3, rank=0, world_size=1, collate_fn=PackedCollator("flash")
+    )
+    batches = list(ds)
+    assert {cols for _, _, cols in calls} == {("input_ids", "labels", "seq_lengths")}
+    full = PackedIterableDataset(corpus, batch_rows=3, rank=0, world_size=1)
+    for got, rows in zip(batches, full, strict=True):
+        assert got["input_ids"].tolist() == [int(x) for r in rows["input_ids"] for x in r]
+    assert PackedCollator(return_pairs=True).reads_columns(ROW_COLUMNS) == ROW_COLUMNS

@@ -13,7 +13,7 @@ the samples were tokenized for). Runs in DataLoader workers (CPU only).
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, List, Mapping, Sequence
+from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -61,6 +61,10 @@ class MultimodalCollator:
             "hf", return_loss_weights=return_loss_weights, return_seq_idx=return_seq_idx
         )
         self.reader = MediaReader()
+
+    def reads_columns(self, columns: Sequence[str]) -> Tuple[str, ...]:
+        """As :meth:`tokpack.torch.PackedCollator.reads_columns`."""
+        return self.text.reads_columns(columns)
 
     def __call__(self, rows: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
         return ship(self.collate(rows))

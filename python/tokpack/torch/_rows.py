@@ -6,7 +6,7 @@ import os
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -54,8 +54,16 @@ class GroupCache:
     with several workers, the groups come through :class:`SharedGroups` of ``shared_capacity``
     groups, so the workers decode each group once between them instead of once each."""
 
-    def __init__(self, packed: PackedDir, capacity: int, shared_capacity: int) -> None:
+    def __init__(
+        self,
+        packed: PackedDir,
+        capacity: int,
+        shared_capacity: int,
+        columns: Optional[Sequence[str]] = None,
+    ) -> None:
         self.packed = packed
+        # The columns decoded (None: all the reader's row columns).
+        self.columns = None if columns is None else tuple(columns)
         self.capacity = max(1, int(capacity))
         self.shared = SharedGroups(shared_capacity)
         self._groups: "OrderedDict[int, TensorGroup]" = OrderedDict()
@@ -79,9 +87,9 @@ class GroupCache:
             # Decoded (or being decoded) ahead: its errors are raised here, as a decode's.
             decoded = TensorGroup(pending.result())
         elif worker_slot()[1] > 1:
-            decoded = TensorGroup(self.shared.get(group, partial(self.packed.decode, group)))
+            decoded = TensorGroup(self.shared.get(group, partial(self._decode, group)))
         else:
-            decoded = TensorGroup(self.packed.decode(group))
+            decoded = TensorGroup(self._decode(group))
         self._groups[group] = decoded
         while len(self._groups) > self.capacity:
             self._groups.popitem(last=False)
@@ -100,7 +108,7 @@ class GroupCache:
         while len(self._ahead) > self.shared.capacity:
             self._ahead.popitem(last=False)
         if several:
-            readahead(self.shared, group, partial(self.packed.decode, group))
+            readahead(self.shared, group, partial(self._decode, group))
         else:
             # One process reading object storage: its bytes are fetched in the background.
             self.packed.prefetch(group)
@@ -117,7 +125,10 @@ class GroupCache:
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="tokpack-decode")
-        pending[group] = self._pool.submit(self.packed.decode, group)
+        pending[group] = self._pool.submit(self._decode, group)
+
+    def _decode(self, group: int) -> Dict[str, Column]:
+        return self.packed.decode(group, self.columns)
 
     def _pending(self) -> "Dict[int, Future]":
         """The decodes handed to the background thread, of this process: a forked worker
@@ -137,12 +148,18 @@ class GroupCache:
 
     def __getstate__(self):
         # Decoded data never travels by pickle: workers share groups through `shared` only.
-        return {"packed": self.packed, "capacity": self.capacity, "shared": self.shared}
+        return {
+            "packed": self.packed,
+            "capacity": self.capacity,
+            "shared": self.shared,
+            "columns": self.columns,
+        }
 
     def __setstate__(self, state) -> None:
         self.packed = state["packed"]
         self.capacity = state["capacity"]
         self.shared = state["shared"]
+        self.columns = state["columns"]
         self._groups = OrderedDict()
         self._ahead = OrderedDict()
         self._init_decoding()

@@ -94,7 +94,12 @@ class RowStream(torch.utils.data.IterableDataset):
         # Workers share up to three windows of groups: the window the slowest worker reads, the
         # one the fastest reads and the one being read ahead (see `_prefetch`).
         window = self.shuffle_window + 1
-        self._caches = [GroupCache(p, window, 3 * window) for p in self.sources]
+        # A collator that names the columns it reads has only those decoded.
+        reads = getattr(collate_fn, "reads_columns", None)
+        self._caches = [
+            GroupCache(p, window, 3 * window, None if reads is None else reads(p.columns))
+            for p in self.sources
+        ]
         # Collated without a collate_fn: rows of an unlabelled source train on every token.
         self._columns = [c for c in ROW_COLUMNS if any(c in p.columns for p in self.sources)]
         # Roles and carried columns come along when every source has them.

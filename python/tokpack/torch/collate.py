@@ -10,7 +10,7 @@ TransformerEngine's THD layout (see ``_context_parallel``).
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -126,6 +126,11 @@ class PackedCollator:
             f" return_seq_idx={self.return_seq_idx},"
             f" return_loss_weights={self.return_loss_weights}{cp}{pairs})"
         )
+
+    def reads_columns(self, columns: Sequence[str]) -> Tuple[str, ...]:
+        """Which of a packed directory's row ``columns`` this collator reads, so tokpack's
+        readers decode only those: all but ``sample_ids``, which only ``return_pairs`` uses."""
+        return tuple(c for c in columns if c != "sample_ids" or self.return_pairs)
 
     def __call__(self, rows: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
         # In a DataLoader worker the batch crosses to the main process in one shared-memory slot.
