@@ -59,14 +59,9 @@ class PackedIterableDataset(RowStream):
     ``grad_accum_steps``, ``tail`` and ``cost`` (any ``num_workers``); a position at a step's
     end resumes with any topology, as without balancing.
 
-    Object storage: ``path`` may be a URI (``s3://bucket/packed``, ``gs://...``, ...) or a path
-    on ``filesystem`` (a ``pyarrow.fs`` or fsspec file system). Row groups are then fetched by
-    byte range as they are needed (and ahead), checked against the manifest, and kept in a
-    local cache of at most ``cache_limit`` bytes under ``cache_dir`` (default
-    ``$TOKPACK_CACHE_DIR/remote`` or ``~/.cache/tokpack/remote``), shared by every process of the
-    machine: see the "Object storage" guide.
-    Resuming from a state reads nothing before its position: only the row groups the rest of
-    the epoch needs are fetched.
+    Object storage: ``path``, ``filesystem``, ``cache_dir`` and ``cache_limit`` as in
+    :class:`PackedDataset`. Resuming from a state reads nothing before its position: only the
+    row groups the rest of the epoch needs are fetched.
     """
 
     def __init__(
