@@ -21,6 +21,17 @@ __all__ = ["TensorGroup", "GroupCache"]
 # 64 rows of 4,096 tokens is about 2 MB).
 _AHEAD = 8
 
+# The background decoding thread of this process (see `GroupCache.decode_ahead`): one for every
+# reader and source of the process, made on first use, and made anew in a forked child.
+_decoder: Tuple[int, Optional[ThreadPoolExecutor]] = (0, None)
+
+
+def _decoder_pool() -> ThreadPoolExecutor:
+    global _decoder
+    if _decoder[0] != os.getpid() or _decoder[1] is None:
+        _decoder = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="tokpack-decode"))
+    return _decoder[1]
+
 
 class TensorGroup:
     """One decoded row group: per column, flat values (NumPy) plus row offsets (a list of ints:
@@ -72,9 +83,8 @@ class GroupCache:
         self._init_decoding()
 
     def _init_decoding(self) -> None:
-        # Decodes on this process's background thread (`decode_ahead`), made on first use.
+        # This reader's decodes on the process's background thread (`decode_ahead`).
         self._pid = os.getpid()
-        self._pool: Optional[ThreadPoolExecutor] = None
         self._decoding: "Dict[int, Future]" = {}
 
     def get(self, group: int) -> TensorGroup:
@@ -123,9 +133,7 @@ class GroupCache:
             return
         if worker_slot()[1] > 1:
             return
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="tokpack-decode")
-        pending[group] = self._pool.submit(self._decode, group)
+        pending[group] = _decoder_pool().submit(self._decode, group)
 
     def _decode(self, group: int) -> Dict[str, Column]:
         return self.packed.decode(group, self.columns)
@@ -134,17 +142,21 @@ class GroupCache:
         """The decodes handed to the background thread, of this process: a forked worker
         inherits its parent's, whose thread it does not have, and starts without them."""
         if self._pid != os.getpid():
-            self._pid, self._pool, self._decoding = os.getpid(), None, {}
+            self._pid, self._decoding = os.getpid(), {}
         return self._decoding
 
     def cancel_prefetch(self) -> None:
         """Forget the groups handed to the background and drop the fetches not started (an
         iteration stopped: what it asked ahead is not needed)."""
         self._ahead.clear()
+        self.cancel_decodes()
+        self.packed.cancel_prefetch()
+
+    def cancel_decodes(self) -> None:
+        """Drop the decodes asked ahead (an iteration stopped): the queued ones do not run."""
         for pending in self._pending().values():
             pending.cancel()
         self._decoding.clear()
-        self.packed.cancel_prefetch()
 
     def __getstate__(self):
         # Decoded data never travels by pickle: workers share groups through `shared` only.

@@ -437,10 +437,12 @@ class RowStream(torch.utils.data.IterableDataset):
                 self._next_batch = k + 1
                 yield ship(batch)
         finally:
-            if remote:
-                # Stopped early (or done): nothing asked ahead is needed any more.
-                for cache in self._caches:
+            # Stopped early (or done): nothing asked ahead is needed any more.
+            for cache in self._caches:
+                if remote:
                     cache.cancel_prefetch()
+                else:
+                    cache.cancel_decodes()
         # This worker's share of the pass is done; in a worker, `_next_batch` only saw its own
         # batches, so mark the whole pass finished or a persistent worker's next pass would
         # resume mid-epoch instead of replaying it.
