@@ -49,8 +49,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--vision",
         metavar="MODEL_DIR",
-        help="image chats of the Qwen2-VL family: image parts become the vision tokens "
-        "MODEL_DIR/preprocessor_config.json gives (tokpack.multimodal.tokenize_files)",
+        help="image chats of Qwen2-VL, Qwen2.5-VL or Qwen3-VL: image parts become the vision "
+        "tokens MODEL_DIR/preprocessor_config.json gives (tokpack.multimodal.tokenize_files)",
+    )
+    parser.add_argument(
+        "--family",
+        default="auto",
+        choices=["auto", "qwen2-vl", "qwen2.5-vl", "qwen3-vl"],
+        help="with --vision: the model family (default: the processor_class of "
+        "MODEL_DIR/preprocessor_config.json, else qwen2-vl)",
     )
     parser.add_argument(
         "--image-root",
@@ -256,6 +263,7 @@ def _run_multimodal(args: argparse.Namespace) -> int:
         messages_column=columns.get("messages", "messages"),
         images_column=columns.get("images", "images"),
         image_root=args.image_root,
+        family=args.family,
         skip_invalid=args.skip_invalid,
         shard_rows=args.shard_rows,
         force=args.force,

@@ -42,8 +42,9 @@ from ..tokenize.formats import Record, read_records
 from ..tokenize.masks import labels_from_spans
 from ..tokenize.template import TRAIN_ON, ChatTemplate, resolve_template
 from ..tokenize.tokenizer import LoadedTokenizer, load_tokenizer
+from .family import detect_family
 from .media import media_hash, resolve_image
-from .vision import VisionRules, image_size
+from .vision import VisionRules, image_size, read_preprocessor_config
 
 __all__ = [
     "VisionTokens",
@@ -65,7 +66,8 @@ MULTIMODAL_KEY = b"tokpack.multimodal"
 _IDS = pa.list_(pa.int32())
 
 
-def token_schema() -> pa.Schema:
+def token_schema(family: str = "qwen2-vl") -> pa.Schema:
+    """The token shards' schema; its metadata names the model family."""
     return pa.schema(
         [
             ("input_ids", _IDS),
@@ -75,7 +77,7 @@ def token_schema() -> pa.Schema:
             ("vision_tokens", pa.int32()),
             ("vision_patches", pa.int32()),
         ],
-        metadata={MULTIMODAL_KEY: b"qwen2-vl"},
+        metadata={MULTIMODAL_KEY: family.encode()},
     )
 
 
@@ -148,6 +150,7 @@ class MultimodalEncoder:
         images_column: str = "images",
         image_root: Optional[Union[str, os.PathLike]] = None,
         tokens: VisionTokens = VisionTokens(),
+        family: str = "auto",
     ) -> None:
         if train_on not in TRAIN_ON:
             raise ConfigError(f"train_on must be one of {TRAIN_ON}, got {train_on!r}")
@@ -157,12 +160,14 @@ class MultimodalEncoder:
             isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1
         ):
             raise ConfigError(f"max_len must be a positive int or None, got {max_len!r}")
+        processor_config = {} if isinstance(vision, VisionRules) else vision
+        if not isinstance(processor_config, dict):
+            processor_config = read_preprocessor_config(processor_config)
+        self.family = detect_family(processor_config, family)
         if isinstance(vision, VisionRules):
             self.rules = vision
-        elif isinstance(vision, dict):
-            self.rules = VisionRules.from_dict(vision)
         else:
-            self.rules = VisionRules.from_pretrained(vision)
+            self.rules = VisionRules.from_dict(processor_config, self.family.name)
         self.tokenizer = (
             tokenizer if isinstance(tokenizer, LoadedTokenizer) else load_tokenizer(tokenizer)
         )
@@ -192,6 +197,7 @@ class MultimodalEncoder:
         return {
             "tokenizer": dict(self.tokenizer.fingerprint),
             "template": self.template_info,
+            "family": self.family.name,
             "vision": self.rules.as_dict(),
             "vision_tokens": self.tokens.__dict__,
             "train_on": self.train_on,
@@ -373,7 +379,7 @@ def iter_samples(
                 yield sample
 
 
-def _batch(samples: List[MultimodalSample]) -> pa.RecordBatch:
+def _batch(samples: List[MultimodalSample], family: str) -> pa.RecordBatch:
     lengths = np.array([len(s.input_ids) for s in samples], dtype=np.int32)
     offsets = np.zeros(len(samples) + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
@@ -393,7 +399,7 @@ def _batch(samples: List[MultimodalSample]) -> pa.RecordBatch:
             pa.array([s.vision_tokens for s in samples], pa.int32()),
             pa.array([s.vision_patches for s in samples], pa.int32()),
         ],
-        schema=token_schema(),
+        schema=token_schema(family),
     )
 
 
@@ -434,17 +440,17 @@ def tokenize_files(
 
     def build(tmp: Path, described: List[Dict[str, Any]]) -> Dict[str, Any]:
         counts = _Counts()
-        shards = _ShardWriter(tmp, shard_rows, token_schema())
+        shards = _ShardWriter(tmp, shard_rows, token_schema(encoder.family.name))
         rejected = _RejectedFile(tmp) if skip_invalid else None
         try:
             pending: List[MultimodalSample] = []
             for sample in iter_samples(files, encoder, counts, rejected):
                 pending.append(sample)
                 if len(pending) == batch_rows:
-                    shards.write(_batch(pending))
+                    shards.write(_batch(pending, encoder.family.name))
                     pending = []
             if pending:
-                shards.write(_batch(pending))
+                shards.write(_batch(pending, encoder.family.name))
             shards.finish()
         except BaseException:
             shards.abort()
@@ -455,7 +461,7 @@ def tokenize_files(
         return {
             "kind": "tokenize",
             "sample_kind": "sft",
-            "multimodal": {"family": "qwen2-vl", "columns": list(MEDIA_COLUMNS)},
+            "multimodal": {"family": encoder.family.name, "columns": list(MEDIA_COLUMNS)},
             "inputs": described,
             "tokenizer": {"path": str(encoder.tokenizer.path.resolve())},
             "template": encoder.template_info,

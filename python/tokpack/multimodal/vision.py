@@ -16,11 +16,17 @@ import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Dict, Mapping, Tuple, Union
+from typing import Any, BinaryIO, Dict, Mapping, Optional, Tuple, Union
 
 from ..errors import ConfigError, DataError, InputNotFoundError
 
-__all__ = ["VisionRules", "smart_resize", "image_size", "MAX_ASPECT_RATIO"]
+__all__ = [
+    "VisionRules",
+    "smart_resize",
+    "image_size",
+    "read_preprocessor_config",
+    "MAX_ASPECT_RATIO",
+]
 
 # transformers refuses images whose long side exceeds 200 times the short one.
 MAX_ASPECT_RATIO = 200
@@ -99,12 +105,15 @@ class VisionRules:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, config: Mapping[str, Any]) -> "VisionRules":
+    def from_dict(cls, config: Mapping[str, Any], family: Optional[str] = None) -> "VisionRules":
         """From a ``preprocessor_config.json`` dict: ``patch_size``, ``merge_size``,
         ``temporal_patch_size`` and the pixel bounds, given as ``min_pixels`` / ``max_pixels``
         or as ``size = {"shortest_edge", "longest_edge"}`` (the explicit keys win, as in
-        transformers)."""
-        defaults = cls()
+        transformers). Keys it leaves out take the family's defaults (``family``, or the one
+        the dict names: :func:`tokpack.multimodal.family.detect_family`)."""
+        from .family import detect_family
+
+        defaults = cls(**detect_family(config, family).rule_defaults())
         size = config.get("size") or {}
         if not isinstance(size, Mapping):
             raise ConfigError(f"preprocessor config 'size' must be a mapping, got {size!r}")
@@ -119,20 +128,11 @@ class VisionRules:
         )
 
     @classmethod
-    def from_pretrained(cls, path: Union[str, os.PathLike]) -> "VisionRules":
+    def from_pretrained(
+        cls, path: Union[str, os.PathLike], family: Optional[str] = None
+    ) -> "VisionRules":
         """From ``path/preprocessor_config.json`` (or that file given directly)."""
-        file = Path(path)
-        if file.is_dir():
-            file = file / "preprocessor_config.json"
-        try:
-            config = json.loads(file.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise InputNotFoundError(f"{file}: no such preprocessor config") from None
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"{file}: cannot read the preprocessor config ({exc})") from None
-        if not isinstance(config, dict):
-            raise ConfigError(f"{file}: the preprocessor config is not a JSON object")
-        return cls.from_dict(config)
+        return cls.from_dict(read_preprocessor_config(path), family)
 
     @classmethod
     def from_processor(cls, processor: Any) -> "VisionRules":
@@ -151,6 +151,22 @@ class VisionRules:
                 },
             }
         )
+
+
+def read_preprocessor_config(path: Union[str, os.PathLike]) -> Dict[str, Any]:
+    """The dict of ``path/preprocessor_config.json`` (or of that file given directly)."""
+    file = Path(path)
+    if file.is_dir():
+        file = file / "preprocessor_config.json"
+    try:
+        config = json.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputNotFoundError(f"{file}: no such preprocessor config") from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{file}: cannot read the preprocessor config ({exc})") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{file}: the preprocessor config is not a JSON object")
+    return config
 
 
 def _orientation(im: Any) -> Any:
