@@ -37,24 +37,36 @@ class Family:
     temporal_patch_size: int
     min_pixels: int
     max_pixels: int
+    # The video processor's pixel bounds (per frame) when its config gives none.
+    video_min_pixels: int
+    video_max_pixels: int
+    # How a video's temporal patches are placed on the mRoPE time axis: "index" (Qwen2-VL:
+    # 0, 1, 2, ...), "seconds" (Qwen2.5-VL: ``tokens_per_second * second_per_grid_t`` apart),
+    # None (videos not supported yet).
+    video_time: Optional[str]
 
-    def rule_defaults(self) -> Dict[str, int]:
-        """The :class:`VisionRules` fields a processor config leaves out."""
+    def rule_defaults(self, video: bool = False) -> Dict[str, int]:
+        """The :class:`VisionRules` fields a processor config leaves out (``video``: the video
+        processor's)."""
         return {
             "patch_size": self.patch_size,
             "merge_size": self.merge_size,
             "temporal_patch_size": self.temporal_patch_size,
-            "min_pixels": self.min_pixels,
-            "max_pixels": self.max_pixels,
+            "min_pixels": self.video_min_pixels if video else self.min_pixels,
+            "max_pixels": self.video_max_pixels if video else self.max_pixels,
         }
 
 
 FAMILIES: Dict[str, Family] = {
     f.name: f
     for f in (
-        Family("qwen2-vl", 14, 2, 2, 56 * 56, 28 * 28 * 1280),
-        Family("qwen2.5-vl", 14, 2, 2, 56 * 56, 28 * 28 * 1280),
-        Family("qwen3-vl", 16, 2, 2, 65536, 16777216),
+        Family(
+            "qwen2-vl", 14, 2, 2, 56 * 56, 28 * 28 * 1280, 128 * 28 * 28, 28 * 28 * 768, "index"
+        ),
+        Family(
+            "qwen2.5-vl", 14, 2, 2, 56 * 56, 28 * 28 * 1280, 128 * 28 * 28, 28 * 28 * 768, "seconds"
+        ),
+        Family("qwen3-vl", 16, 2, 2, 65536, 16777216, 128 * 32 * 32, 32 * 32 * 768, None),
     )
 }
 

@@ -1,10 +1,14 @@
-"""mRoPE position ids (Qwen2-VL / Qwen2.5-VL), tokpack's own implementation of the rule.
+"""mRoPE position ids (Qwen2-VL, Qwen2.5-VL, Qwen3-VL), tokpack's own implementation of the
+rule of transformers' ``get_rope_index`` (5.x).
 
 Within one sample: text tokens take consecutive positions on all three axes; the tokens of an
-image of grid ``(t, h, w)`` (``h / merge`` rows of ``w / merge`` tokens, row-major) take
-``(p + t_i, p + h_i, p + w_i)`` from the position ``p`` the image starts at; the text after it
-resumes at one past the largest position the image used. A packed row restarts the rule at 0
-for every segment and concatenates.
+image or video of grid ``(t, h, w)`` (``t`` temporal patches of ``h / merge`` rows of
+``w / merge`` tokens, row-major) take ``(p + T(t_i), p + h_i, p + w_i)`` from the position
+``p`` it starts at, and the text after it resumes at ``p + max(h, w) / merge``. ``T`` is the
+identity for images and Qwen2-VL videos; for a Qwen2.5-VL video (an entry with
+``second_per_grid_t`` and ``tokens_per_second``) ``T(i) = floor(i * tokens_per_second *
+second_per_grid_t)``, computed in float32 as transformers does. A packed row restarts the rule
+at 0 for every segment and concatenates.
 """
 
 from __future__ import annotations
@@ -33,10 +37,13 @@ def sample_positions(length: int, media: Sequence[Dict[str, Any]], merge_size: i
         out[:, at:start] = pos + np.arange(start - at)
         pos += start - at
         tt, hh, ww = np.indices((t, h, w)).reshape(3, -1)
+        if "second_per_grid_t" in m:
+            step = np.float32(m["tokens_per_second"]) * np.float32(m["second_per_grid_t"])
+            tt = (tt.astype(np.float32) * step).astype(np.int64)
         out[0, start : start + n] = pos + tt
         out[1, start : start + n] = pos + hh
         out[2, start : start + n] = pos + ww
-        pos += max(t, h, w)
+        pos += max(h, w)
         at = start + n
     out[:, at:] = pos + np.arange(length - at)
     return out

@@ -43,7 +43,7 @@ from ..tokenize.masks import labels_from_spans
 from ..tokenize.template import TRAIN_ON, ChatTemplate, resolve_template
 from ..tokenize.tokenizer import LoadedTokenizer, load_tokenizer
 from .family import detect_family
-from .media import media_hash, resolve_image
+from .media import describe_ref, media_hash, resolve_image
 from .vision import VisionRules, image_size, read_preprocessor_config
 
 __all__ = [
@@ -88,6 +88,7 @@ class VisionTokens:
     start: str = "<|vision_start|>"
     image_pad: str = "<|image_pad|>"
     end: str = "<|vision_end|>"
+    video_pad: str = "<|video_pad|>"
 
 
 @dataclass
@@ -151,6 +152,9 @@ class MultimodalEncoder:
         image_root: Optional[Union[str, os.PathLike]] = None,
         tokens: VisionTokens = VisionTokens(),
         family: str = "auto",
+        videos_column: str = "videos",
+        video_fps: Optional[float] = None,
+        tokens_per_second: Optional[int] = None,
     ) -> None:
         if train_on not in TRAIN_ON:
             raise ConfigError(f"train_on must be one of {TRAIN_ON}, got {train_on!r}")
@@ -164,10 +168,29 @@ class MultimodalEncoder:
         if not isinstance(processor_config, dict):
             processor_config = read_preprocessor_config(processor_config)
         self.family = detect_family(processor_config, family)
+        video_config, model_config = processor_config, {}
         if isinstance(vision, VisionRules):
-            self.rules = vision
+            self.rules = self.video_rules = vision
         else:
             self.rules = VisionRules.from_dict(processor_config, self.family.name)
+            if not isinstance(vision, dict):
+                # As transformers: the video processor reads video_preprocessor_config.json,
+                # or preprocessor_config.json when the model has none.
+                video_config = (
+                    _json_beside(vision, "video_preprocessor_config.json") or video_config
+                )
+                model_config = _json_beside(vision, "config.json") or {}
+            self.video_rules = VisionRules.from_dict(video_config, self.family.name, video=True)
+        if video_fps is not None and (isinstance(video_fps, bool) or not video_fps > 0):
+            raise ConfigError(f"video_fps must be a positive number, got {video_fps!r}")
+        # transformers' rate for a frame list given without its metadata.
+        self.video_fps = float(video_fps) if video_fps is not None else 24.0
+        if tokens_per_second is None:
+            vision_config = model_config.get("vision_config") or {}
+            tokens_per_second = vision_config.get("tokens_per_second", 2)
+        if isinstance(tokens_per_second, bool) or not isinstance(tokens_per_second, int):
+            raise ConfigError(f"tokens_per_second must be an int, got {tokens_per_second!r}")
+        self.tokens_per_second = tokens_per_second
         self.tokenizer = (
             tokenizer if isinstance(tokenizer, LoadedTokenizer) else load_tokenizer(tokenizer)
         )
@@ -191,6 +214,9 @@ class MultimodalEncoder:
         self.start_id = _token_id(self.tokenizer, tokens.start, "vision start")
         self.pad_id = _token_id(self.tokenizer, tokens.image_pad, "image pad")
         self.end_id = _token_id(self.tokenizer, tokens.end, "vision end")
+        video_pad_id = self.tokenizer.tokenizer.token_to_id(tokens.video_pad)
+        self.video_pad_id = None if video_pad_id is None else int(video_pad_id)
+        self.videos_column = videos_column
 
     def config(self) -> Dict[str, Any]:
         """What besides the input bytes decides the output (for the cache key)."""
@@ -199,11 +225,20 @@ class MultimodalEncoder:
             "template": self.template_info,
             "family": self.family.name,
             "vision": self.rules.as_dict(),
+            "video": {
+                **self.video_rules.as_dict(),
+                "fps": self.video_fps,
+                "tokens_per_second": self.tokens_per_second,
+            },
             "vision_tokens": self.tokens.__dict__,
             "train_on": self.train_on,
             "max_len": self.max_len,
             "overlong": self.overlong,
-            "columns": {"messages": self.messages_column, "images": self.images_column},
+            "columns": {
+                "messages": self.messages_column,
+                "images": self.images_column,
+                "videos": self.videos_column,
+            },
             "image_root": None if self.image_root is None else str(self.image_root),
         }
 
@@ -220,60 +255,132 @@ class MultimodalEncoder:
         messages = value.get(self.messages_column)
         if not isinstance(messages, list) or not messages:
             raise record.fail(f"{self.messages_column!r} must be a non-empty list of messages")
-        parts = _image_parts(messages, record, self.messages_column)
-        images = value.get(self.images_column)
-        images = [] if images is None else images
-        if not isinstance(images, list):
-            raise record.fail(f"column {self.images_column!r} must be a list of images")
-        if parts != len(images):
+        image_parts, video_parts = _media_parts(messages, record, self.messages_column)
+        images = self._column(record, value, self.images_column, image_parts, "image")
+        videos = self._column(record, value, self.videos_column, video_parts, "video")
+        if videos and self.family.video_time is None:
+            raise record.fail(f"videos are not supported for {self.family.name} yet")
+        if videos and self.video_pad_id is None:
             raise record.fail(
-                f"{parts} image part(s) in {self.messages_column!r} but {len(images)} image(s) in"
-                f" column {self.images_column!r}"
+                f"{self.tokenizer.path}: the tokenizer has no video pad token"
+                f" {self.tokens.video_pad!r}"
             )
         text, spans = self.template.trained_spans(messages, self.train_on, record)
         encoding = self.tokenizer.tokenizer.encode(text, add_special_tokens=False)
         ids = np.asarray(encoding.ids, dtype=np.int32)
         labels = labels_from_spans(encoding, ids, spans)
-        pads = np.flatnonzero(ids == self.pad_id)
-        if len(pads) != len(images):
-            raise record.fail(
-                f"the chat template rendered {len(pads)} {self.tokens.image_pad!r} token(s) for"
-                f" {len(images)} image(s); the template must render each image part as"
-                f" {self.tokens.start}{self.tokens.image_pad}{self.tokens.end}"
-            )
+        image_pads = np.flatnonzero(ids == self.pad_id)
+        video_pads = np.flatnonzero(ids == self.video_pad_id) if videos else image_pads[:0]
+        for pads, items, pad, kind in (
+            (image_pads, images, self.tokens.image_pad, "image"),
+            (video_pads, videos, self.tokens.video_pad, "video"),
+        ):
+            if len(pads) != len(items):
+                raise record.fail(
+                    f"the chat template rendered {len(pads)} {pad!r} token(s) for"
+                    f" {len(items)} {kind}(s); the template must render each {kind} part as"
+                    f" {self.tokens.start}{pad}{self.tokens.end}"
+                )
         root = self.image_root or input_file.parent
-        media = []
-        for i, image in enumerate(images):
-            # Bytes are referenced by their Parquet row (a JSONL line cannot hold bytes).
-            where: Dict[str, Any] = {}
-            if record.is_row:
-                where = {
-                    "file": str(Path(os.path.abspath(input_file))),
-                    "row": record.line,
-                    "column": self.images_column,
-                    "index": i,
-                }
-            try:
-                ref, data = resolve_image(image, root, where)
-                width, height = image_size(io.BytesIO(data), name=ref.get("path", ""))
-                grid = self.rules.grid(width, height)
-            except (DataError, InputNotFoundError) as exc:
-                raise record.fail(f"image {i}: {exc}") from None
-            media.append(
-                {"ref": ref, "hash": media_hash(data), "size": [width, height], "grid": list(grid)}
-            )
+        placed = [
+            (p, self._image(record, image, i, root))
+            for i, (p, image) in enumerate(zip(image_pads.tolist(), images))
+        ]
+        placed += [
+            (p, self._video(record, video, i, root))
+            for i, (p, video) in enumerate(zip(video_pads.tolist(), videos))
+        ]
+        placed.sort(key=lambda x: x[0])
+        media = [m for _, m in placed]
+        pads = np.asarray([p for p, _ in placed], dtype=np.int64)
         counts = np.ones(len(ids), dtype=np.int64)
-        n_tokens = [self.rules.tokens(tuple(m["grid"])) for m in media]
+        n_tokens = [
+            (self.video_rules if m.get("type") == "video" else self.rules).tokens(tuple(m["grid"]))
+            for m in media
+        ]
         counts[pads] = n_tokens
         ids = np.repeat(ids, counts)
         labels = np.repeat(labels, counts)
         vision = (ids == self.pad_id) | (ids == self.start_id) | (ids == self.end_id)
+        if self.video_pad_id is not None:
+            vision |= ids == self.video_pad_id
         labels[vision] = IGNORE_INDEX
         shift = 0
         for m, pad, n in zip(media, pads.tolist(), n_tokens):
             m["span"] = [pad + shift, n]
             shift += n - 1
         return MultimodalSample(ids, labels, media)
+
+    def _column(
+        self, record: Record, value: Dict[str, Any], column: str, parts: int, kind: str
+    ) -> List[Any]:
+        items = value.get(column)
+        items = [] if items is None else items
+        if not isinstance(items, list):
+            raise record.fail(f"column {column!r} must be a list of {kind}s")
+        if parts != len(items):
+            raise record.fail(
+                f"{parts} {kind} part(s) in {self.messages_column!r} but {len(items)} {kind}(s)"
+                f" in column {column!r}"
+            )
+        return items
+
+    def _where(self, record: Record, input_file: Path, column: str, index: int) -> Dict[str, Any]:
+        # Bytes are referenced by their Parquet row (a JSONL line cannot hold bytes).
+        if not record.is_row:
+            return {}
+        return {
+            "file": str(Path(os.path.abspath(input_file))),
+            "row": record.line,
+            "column": column,
+            "index": index,
+        }
+
+    def _image(self, record: Record, image: Any, i: int, root: Path) -> Dict[str, Any]:
+        where = self._where(record, record.path, self.images_column, i)
+        try:
+            ref, data = resolve_image(image, root, where)
+            width, height = image_size(io.BytesIO(data), name=ref.get("path", ""))
+            grid = self.rules.grid(width, height)
+        except (DataError, InputNotFoundError) as exc:
+            raise record.fail(f"image {i}: {exc}") from None
+        return {"ref": ref, "hash": media_hash(data), "size": [width, height], "grid": list(grid)}
+
+    def _video(self, record: Record, video: Any, i: int, root: Path) -> Dict[str, Any]:
+        """A video given as its list of frames (paths, bytes or ``{"bytes", "path"}``, all of
+        one size): its frames' references and hashes, grid and the time-axis step."""
+        if not isinstance(video, list) or not video:
+            raise record.fail(f"video {i}: a video must be a non-empty list of frames")
+        frames, size = [], None
+        for j, frame in enumerate(video):
+            where = self._where(record, record.path, self.videos_column, i)
+            if where:
+                where["frame"] = j
+            try:
+                ref, data = resolve_image(frame, root, where)
+                frame_size = image_size(io.BytesIO(data), name=ref.get("path", ""))
+            except (DataError, InputNotFoundError) as exc:
+                raise record.fail(f"video {i}, frame {j}: {exc}") from None
+            if size is None:
+                size = frame_size
+            elif frame_size != size:
+                raise record.fail(
+                    f"video {i}, frame {j} ({describe_ref(ref)}): {frame_size[0]}x{frame_size[1]}"
+                    f" pixels, frame 0 has {size[0]}x{size[1]}: the frames of a video must be of"
+                    " one size"
+                )
+            frames.append({"ref": ref, "hash": media_hash(data)})
+        assert size is not None
+        try:
+            grid = self.video_rules.video_grid(len(frames), *size)
+        except DataError as exc:
+            raise record.fail(f"video {i}: {exc}") from None
+        entry: Dict[str, Any] = {"type": "video", "frames": frames, "size": list(size)}
+        entry["grid"] = list(grid)
+        if self.family.video_time == "seconds":
+            entry["second_per_grid_t"] = self.video_rules.temporal_patch_size / self.video_fps
+            entry["tokens_per_second"] = self.tokens_per_second
+        return entry
 
     # --- max_len --------------------------------------------------------------------------
 
@@ -318,8 +425,9 @@ class MultimodalEncoder:
         return pieces
 
 
-def _image_parts(messages: List[Any], record: Record, column: str) -> int:
-    n = 0
+def _media_parts(messages: List[Any], record: Record, column: str) -> Tuple[int, int]:
+    """The image parts and the video parts of a conversation."""
+    images = videos = 0
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise record.fail(f"{column}[{i}] must be an object with 'role' and 'content'")
@@ -327,8 +435,26 @@ def _image_parts(messages: List[Any], record: Record, column: str) -> int:
         if isinstance(content, list):
             for part in content:
                 if isinstance(part, dict) and part.get("type") == "image":
-                    n += 1
-    return n
+                    images += 1
+                elif isinstance(part, dict) and part.get("type") == "video":
+                    videos += 1
+    return images, videos
+
+
+def _json_beside(vision: Union[str, os.PathLike], name: str) -> Optional[Dict[str, Any]]:
+    """``name`` in the model directory ``vision`` (or beside the config file it names), as a
+    dict; None when there is no such file."""
+    base = Path(vision)
+    file = (base if base.is_dir() else base.parent) / name
+    if not file.is_file():
+        return None
+    try:
+        found = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{file}: cannot read it ({exc})") from None
+    if not isinstance(found, dict):
+        raise ConfigError(f"{file}: not a JSON object")
+    return found
 
 
 def _safe_cut(start: int, end: int, blocks: Sequence[Tuple[int, int]]) -> int:

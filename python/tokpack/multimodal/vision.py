@@ -90,6 +90,16 @@ class VisionRules:
         """Both resized sides are multiples of this (``patch_size * merge_size``)."""
         return self.patch_size * self.merge_size
 
+    def video_grid(self, frames: int, width: int, height: int) -> Tuple[int, int, int]:
+        """The patch grid ``(t, h, w)`` of a video of ``frames`` frames of ``width x height``
+        pixels, as the Qwen2-VL video processor's ``video_grid_thw`` for a frame list (every
+        frame kept; the last one repeated up to a multiple of ``temporal_patch_size``)."""
+        if frames < 1:
+            raise DataError("a video needs at least one frame")
+        h, w = smart_resize(height, width, self.factor, self.min_pixels, self.max_pixels)
+        t = -(-frames // self.temporal_patch_size)
+        return t, h // self.patch_size, w // self.patch_size
+
     def grid(self, width: int, height: int) -> Tuple[int, int, int]:
         """The patch grid ``(t, h, w)`` of a still image of ``width x height`` pixels, as the
         image processor's ``image_grid_thw``."""
@@ -105,15 +115,18 @@ class VisionRules:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, config: Mapping[str, Any], family: Optional[str] = None) -> "VisionRules":
+    def from_dict(
+        cls, config: Mapping[str, Any], family: Optional[str] = None, video: bool = False
+    ) -> "VisionRules":
         """From a ``preprocessor_config.json`` dict: ``patch_size``, ``merge_size``,
         ``temporal_patch_size`` and the pixel bounds, given as ``min_pixels`` / ``max_pixels``
         or as ``size = {"shortest_edge", "longest_edge"}`` (the explicit keys win, as in
         transformers). Keys it leaves out take the family's defaults (``family``, or the one
-        the dict names: :func:`tokpack.multimodal.family.detect_family`)."""
+        the dict names: :func:`tokpack.multimodal.family.detect_family`; ``video``: the
+        family's video processor defaults)."""
         from .family import detect_family
 
-        defaults = cls(**detect_family(config, family).rule_defaults())
+        defaults = cls(**detect_family(config, family).rule_defaults(video))
         size = config.get("size") or {}
         if not isinstance(size, Mapping):
             raise ConfigError(f"preprocessor config 'size' must be a mapping, got {size!r}")
