@@ -89,6 +89,35 @@ def image_processor(config: Dict[str, Any] = PREPROCESSOR):
     return Qwen2VLImageProcessorPil(**config)
 
 
+def video_processor(config: Dict[str, Any] = PREPROCESSOR):
+    """transformers' Qwen2VLVideoProcessor (needs torchvision) with ``config``'s settings, as
+    transformers builds it from a model whose only processor config is
+    preprocessor_config.json."""
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+
+    config = {k: v for k, v in config.items() if not k.endswith(("_class", "_type"))}
+    return Qwen2VLVideoProcessor(**config, cap_pixels_per_frame=False)
+
+
+def video_processor_pipeline(directory: Path, family: str = "qwen2-vl"):
+    """transformers' Qwen2VLProcessor (``family="qwen2.5-vl"``: Qwen2_5_VLProcessor) with its
+    image and video processors (the video one needs torchvision)."""
+    from transformers import PreTrainedTokenizerFast, Qwen2_5_VLProcessor, Qwen2VLProcessor
+
+    tok = PreTrainedTokenizerFast(
+        tokenizer_file=str(directory / "tokenizer.json"),
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+    )
+    cls = Qwen2_5_VLProcessor if family == "qwen2.5-vl" else Qwen2VLProcessor
+    return cls(
+        image_processor=image_processor(),
+        tokenizer=tok,
+        video_processor=video_processor(),
+        chat_template=QWEN2_VL_TEMPLATE,
+    )
+
+
 def processor(directory: Path, family: str = "qwen2-vl"):
     """transformers' Qwen2VLProcessor (``family="qwen3-vl"``: Qwen3VLProcessor) without its
     video processor (which needs torchvision, not installed here); images and text go through
@@ -151,6 +180,7 @@ def tiny_qwen2_5_vl(directory: Path, family: str = "qwen2_5_vl"):
             out_hidden_size=64,
             window_size=56,
             fullatt_block_indexes=[1],
+            tokens_per_second=2,  # as Qwen2.5-VL's checkpoints (transformers' default: 4)
         )
     else:
         config_class = transformers.Qwen2VLConfig
@@ -267,6 +297,41 @@ def image_chats(
             messages.append({"role": "user", "content": content})
             messages.append({"role": "assistant", "content": sentence(rng, rng.randint(1, 12))})
         records.append({"messages": messages, "images": images})
+    return records
+
+
+def media_chats(n: int, media_dir: Path, seed: int = 0) -> List[Dict[str, Any]]:
+    """Records with image and video parts in user turns, ``images`` (relative paths) and
+    ``videos`` (each a list of 1-6 relative frame paths of one size)."""
+    rng = random.Random(seed)
+    media_dir.mkdir(parents=True, exist_ok=True)
+    records = []
+    for i in range(n):
+        messages: List[Dict[str, Any]] = []
+        images: List[str] = []
+        videos: List[List[str]] = []
+        for turn in range(rng.randint(1, 2)):
+            content: List[Dict[str, Any]] = []
+            for k in range(rng.randint(0 if turn else 1, 3)):
+                size = (rng.randint(20, 200), rng.randint(20, 200))
+                if rng.random() < 0.6:
+                    frames = []
+                    for f in range(rng.randint(1, 6)):
+                        name = f"vid-{i}-{turn}-{k}-{f}.{rng.choice(['png', 'jpg'])}"
+                        write_image(media_dir / name, size, seed=rng.randint(0, 1 << 30))
+                        frames.append(f"{media_dir.name}/{name}")
+                    videos.append(frames)
+                    content.append({"type": "video"})
+                else:
+                    name = f"img-{i}-{turn}-{k}.png"
+                    write_image(media_dir / name, size, seed=rng.randint(0, 1 << 30))
+                    images.append(f"{media_dir.name}/{name}")
+                    content.append({"type": "image"})
+            content.append({"type": "text", "text": sentence(rng, rng.randint(1, 8))})
+            rng.shuffle(content)
+            messages.append({"role": "user", "content": content})
+            messages.append({"role": "assistant", "content": sentence(rng, rng.randint(1, 12))})
+        records.append({"messages": messages, "images": images, "videos": videos})
     return records
 
 
