@@ -90,25 +90,41 @@ def image_processor(config: Dict[str, Any] = PREPROCESSOR):
 
 
 def video_processor(config: Dict[str, Any] = PREPROCESSOR):
-    """transformers' Qwen2VLVideoProcessor (needs torchvision) with ``config``'s settings, as
-    transformers builds it from a model whose only processor config is
-    preprocessor_config.json."""
+    """transformers' Qwen2VLVideoProcessor (Qwen3VLVideoProcessor for the Qwen3-VL config;
+    both need torchvision) with ``config``'s settings, as transformers builds it from a model
+    whose only processor config is preprocessor_config.json, frame sampling off (frame
+    lists)."""
     from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
+    cls = Qwen3VLVideoProcessor if config.get("patch_size") == 16 else Qwen2VLVideoProcessor
     config = {k: v for k, v in config.items() if not k.endswith(("_class", "_type"))}
-    return Qwen2VLVideoProcessor(**config, cap_pixels_per_frame=False)
+    return cls(**config, cap_pixels_per_frame=False, do_sample_frames=False)
 
 
 def video_processor_pipeline(directory: Path, family: str = "qwen2-vl"):
-    """transformers' Qwen2VLProcessor (``family="qwen2.5-vl"``: Qwen2_5_VLProcessor) with its
-    image and video processors (the video one needs torchvision)."""
-    from transformers import PreTrainedTokenizerFast, Qwen2_5_VLProcessor, Qwen2VLProcessor
+    """transformers' Qwen2VLProcessor (``family="qwen2.5-vl"``: Qwen2_5_VLProcessor,
+    ``"qwen3-vl"``: Qwen3VLProcessor) with its image and video processors (the video one needs
+    torchvision)."""
+    from transformers import (
+        PreTrainedTokenizerFast,
+        Qwen2_5_VLProcessor,
+        Qwen2VLProcessor,
+        Qwen3VLProcessor,
+    )
 
     tok = PreTrainedTokenizerFast(
         tokenizer_file=str(directory / "tokenizer.json"),
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
     )
+    if family == "qwen3-vl":
+        return Qwen3VLProcessor(
+            image_processor=image_processor(QWEN3_PREPROCESSOR),
+            tokenizer=tok,
+            video_processor=video_processor(QWEN3_PREPROCESSOR),
+            chat_template=QWEN3_VL_TEMPLATE,
+        )
     cls = Qwen2_5_VLProcessor if family == "qwen2.5-vl" else Qwen2VLProcessor
     return cls(
         image_processor=image_processor(),
@@ -300,9 +316,11 @@ def image_chats(
     return records
 
 
-def media_chats(n: int, media_dir: Path, seed: int = 0) -> List[Dict[str, Any]]:
+def media_chats(
+    n: int, media_dir: Path, seed: int = 0, min_frames: int = 1
+) -> List[Dict[str, Any]]:
     """Records with image and video parts in user turns, ``images`` (relative paths) and
-    ``videos`` (each a list of 1-6 relative frame paths of one size)."""
+    ``videos`` (each a list of ``min_frames``-6 relative frame paths of one size)."""
     rng = random.Random(seed)
     media_dir.mkdir(parents=True, exist_ok=True)
     records = []
@@ -316,7 +334,7 @@ def media_chats(n: int, media_dir: Path, seed: int = 0) -> List[Dict[str, Any]]:
                 size = (rng.randint(20, 200), rng.randint(20, 200))
                 if rng.random() < 0.6:
                     frames = []
-                    for f in range(rng.randint(1, 6)):
+                    for f in range(rng.randint(min_frames, 6)):
                         name = f"vid-{i}-{turn}-{k}-{f}.{rng.choice(['png', 'jpg'])}"
                         write_image(media_dir / name, size, seed=rng.randint(0, 1 << 30))
                         frames.append(f"{media_dir.name}/{name}")

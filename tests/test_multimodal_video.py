@@ -1,7 +1,8 @@
-"""Videos given as frame lists (Qwen2-VL, Qwen2.5-VL): tokenize parity with transformers'
-processor (ids, labels, video grids), mRoPE positions equal to the model's own get_rope_index
-(Qwen2.5-VL's time step included), packed float64 losses equal to each sample alone through
-DataLoader workers, and errors naming the frame file. transformers' video processor needs
+"""Videos given as frame lists (Qwen2-VL, Qwen2.5-VL, Qwen3-VL): tokenize parity with
+transformers' processor (ids, labels, video grids; Qwen3-VL's timestamps), mRoPE positions
+equal to the model's own get_rope_index (Qwen2.5-VL's time step included), packed float64
+losses equal to each sample alone through DataLoader workers, and errors naming the frame
+file. transformers' video processor needs
 torchvision: the tests that run it are skipped without it."""
 
 from __future__ import annotations
@@ -21,10 +22,13 @@ pytest.importorskip("PIL")
 pytest.importorskip("transformers")
 
 from tests._vl_factory import (  # noqa: E402
+    PREPROCESSOR,
+    QWEN3_PREPROCESSOR,
     build_vl_tokenizer,
     image_processor,
     media_chats,
     tiny_qwen2_5_vl,
+    tiny_qwen3_vl,
     video_processor,
     video_processor_pipeline,
     write_image,
@@ -57,21 +61,43 @@ needs_torchvision = pytest.mark.skipif(
 FPS = 3.0
 
 
+FAMILIES = ["qwen2-vl", "qwen2.5-vl", "qwen3-vl"]
+
+
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
+def corpora(tmp_path_factory):
+    """``corpora(family)``: ``(root, tok, records, packed_dir, samples)``, built once; the two
+    Qwen2 families share a tokenizer and records, Qwen3-VL has its own (videos of 2 frames at
+    least: its video processor needs as many as temporal_patch_size)."""
     root = tmp_path_factory.mktemp("vl-video")
-    tok = build_vl_tokenizer(root / "tok")
-    records = media_chats(20, root / "media", seed=21)
-    jsonl = write_jsonl(root / "chats.jsonl", records)
-    out = {}
-    for family in ("qwen2-vl", "qwen2.5-vl"):
-        tokens, packed = root / f"tokens-{family}", root / f"packed-{family}"
-        tokenize_files(jsonl, tokens, tok, vision=tok, family=family, video_fps=FPS)
-        samples = pq.read_table(sorted(tokens.glob("part-*.parquet"))).to_pylist()
-        max_len = max(s["length"] for s in samples) + 40
-        pack_files(tokens, packed, max_len, row_group_rows=4)
-        out[family] = (packed, samples)
-    return root, tok, records, out
+    built = {}
+
+    def get(family):
+        if family not in built:
+            kind = "qwen3-vl" if family == "qwen3-vl" else "qwen2-vl"
+            base = root / kind
+            if not base.exists():
+                build_vl_tokenizer(base / "tok", kind)
+                records = media_chats(
+                    20, base / "media", seed=21, min_frames=2 if kind == "qwen3-vl" else 1
+                )
+                (base / "records.json").write_text(json.dumps(records))
+                write_jsonl(base / "chats.jsonl", records)
+            tok, jsonl = base / "tok", base / "chats.jsonl"
+            records = json.loads((base / "records.json").read_text())
+            tokens, packed = root / f"tokens-{family}", root / f"packed-{family}"
+            tokenize_files(jsonl, tokens, tok, vision=tok, family=family, video_fps=FPS)
+            samples = pq.read_table(sorted(tokens.glob("part-*.parquet"))).to_pylist()
+            max_len = max(s["length"] for s in samples) + 40
+            pack_files(tokens, packed, max_len, row_group_rows=4)
+            built[family] = (base, tok, records, packed, samples)
+        return built[family]
+
+    return get
+
+
+def _config(family):
+    return QWEN3_PREPROCESSOR if family == "qwen3-vl" else PREPROCESSOR
 
 
 def _media(sample):
@@ -92,12 +118,12 @@ def _with_media(messages, images, videos, root: Path):
     return messages
 
 
-def test_video_grids_and_tokens(corpus):
-    root, _, records, out = corpus
-    samples = out["qwen2-vl"][1]
-    rules = VisionRules.from_pretrained(corpus[1])
+def test_video_grids_and_tokens(corpora):
+    root, tok, records, _, samples = corpora("qwen2-vl")
+    rules = VisionRules.from_pretrained(tok)
+    samples_25 = corpora("qwen2.5-vl")[4]
     n_videos = 0
-    for record, sample in zip(records, samples):
+    for record, sample, sample_25 in zip(records, samples, samples_25):
         videos = [m for m in _media(sample) if m.get("type") == "video"]
         assert len(videos) == len(record["videos"])
         for m, frames in zip(videos, record["videos"]):
@@ -110,19 +136,47 @@ def test_video_grids_and_tokens(corpus):
             assert m["span"][1] == t * h * w // 4
             assert m["grid"] == list(rules.video_grid(len(frames), *m["size"]))
             assert "second_per_grid_t" not in m  # Qwen2-VL: the time axis is the patch index
-        for m in _media(out["qwen2.5-vl"][1][samples.index(sample)]):
+        for m in _media(sample_25):
             if m.get("type") == "video":
                 assert m["second_per_grid_t"] == 2 / FPS and m["tokens_per_second"] == 2
-    assert n_videos > 15 and any(len(f) % 2 for f in sum(map(lambda r: r["videos"], records), []))
+    assert n_videos > 15 and any(len(f) % 2 for r in records for f in r["videos"])
+
+
+def test_qwen3_video_blocks(corpora):
+    """A Qwen3-VL video: one "<t seconds><|vision_start|>pads<|vision_end|>" block per
+    temporal patch inside its span, the time of each the mean of its two frames at FPS."""
+    _, tok, records, _, samples = corpora("qwen3-vl")
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tok / "tokenizer.json"))
+    n_videos = 0
+    for record, sample in zip(records, samples):
+        ids = sample["input_ids"]
+        videos = [m for m in _media(sample) if m.get("type") == "video"]
+        for m, frames in zip(videos, record["videos"]):
+            n_videos += 1
+            t, h, w = m["grid"]
+            start, n = m["span"]
+            assert len(m["groups"]) == t == (len(frames) + 1) // 2 and m["tokens"] == t * h * w // 4
+            text = tokenizer.decode(ids[start - 1 : start + n + 1], skip_special_tokens=False)
+            stamps = [((2 * i) + min(2 * i + 1, len(frames) - 1)) / 2 / FPS for i in range(t)]
+            block = "".join(
+                f"<{x:.1f} seconds><|vision_start|>{'<|video_pad|>' * (h * w // 4)}<|vision_end|>"
+                for x in stamps
+            )
+            assert text.replace(" ", "") == f"<|vision_start|>{block}<|vision_end|>".replace(
+                " ", ""
+            )
+        assert sample["vision_tokens"] == sum(m.get("tokens", m["span"][1]) for m in _media(sample))
+    assert n_videos > 15
 
 
 @needs_torchvision
-@pytest.mark.parametrize("family", ["qwen2-vl", "qwen2.5-vl"])
-def test_parity_with_the_processor_on_every_sample(corpus, tmp_path, family):
-    root, tok, records, _ = corpus
-    # The processor's default frame rate for a frame list (no metadata): 24 fps.
-    jsonl = root / "chats.jsonl"
-    tokenize_files(jsonl, tmp_path / "out", tok, vision=tok, family=family)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_parity_with_the_processor_on_every_sample(corpora, tmp_path, family):
+    root, tok, records, _, _ = corpora(family)
+    # The processor's frame rate for a frame list given without metadata: 24 fps.
+    tokenize_files(root / "chats.jsonl", tmp_path / "out", tok, vision=tok, family=family)
     rows = pq.read_table(sorted((tmp_path / "out").glob("part-*.parquet"))).to_pylist()
     proc = video_processor_pipeline(tok, family)
     video_pad = proc.tokenizer.convert_tokens_to_ids("<|video_pad|>")
@@ -143,8 +197,9 @@ def test_parity_with_the_processor_on_every_sample(corpus, tmp_path, family):
         images = [m for m in media if m.get("type", "image") == "image"]
         if videos:
             assert [m["grid"] for m in videos] == out["video_grid_thw"].tolist()
-            starts = [m["span"][0] for m in videos]
-            assert all(ids[s - 1] != video_pad and ids[s] == video_pad for s in starts)
+            assert row["vision_tokens"] == int((ids == video_pad).sum()) + sum(
+                m["span"][1] for m in images
+            )
             if family == "qwen2.5-vl":
                 assert [m["second_per_grid_t"] for m in videos] == pytest.approx(
                     out["second_per_grid_ts"].tolist()
@@ -160,10 +215,18 @@ _MODELS = {}
 
 
 def _model(tok, family):
-    key = family.replace(".", "_").replace("-", "_")
-    if key not in _MODELS:
-        _MODELS[key] = tiny_qwen2_5_vl(tok, key)
-    return _MODELS[key]
+    if family not in _MODELS:
+        if family == "qwen3-vl":
+            _MODELS[family] = tiny_qwen3_vl(tok)
+        else:
+            _MODELS[family] = tiny_qwen2_5_vl(tok, family.replace(".", "_").replace("-", "_"))
+    return _MODELS[family]
+
+
+def _types(model, ids):
+    """mm_token_type_ids: 1 on image pads, 2 on video pads."""
+    types = (ids == model.config.image_token_id).to(torch.int32)
+    return types + 2 * (ids == model.config.video_token_id).to(torch.int32)
 
 
 def _alone_kwargs(model, sample, reader, family):
@@ -172,15 +235,15 @@ def _alone_kwargs(model, sample, reader, family):
     media = _media(sample)
     images = [m for m in media if m.get("type", "image") == "image"]
     videos = [m for m in media if m.get("type") == "video"]
-    kwargs = {"input_ids": ids}
+    kwargs = {"input_ids": ids, "mm_token_type_ids": _types(model, ids)}
     if images:
-        out = image_processor()(
+        out = image_processor(_config(family))(
             images=[reader.image(m["ref"], m["hash"]) for m in images], return_tensors="pt"
         )
         kwargs.update(pixel_values=out["pixel_values"], image_grid_thw=out["image_grid_thw"])
     if videos:
         clips = [[reader.image(f["ref"], f["hash"]) for f in m["frames"]] for m in videos]
-        out = video_processor()(videos=clips, return_tensors="pt")
+        out = video_processor(_config(family))(videos=clips, return_tensors="pt")
         kwargs.update(
             pixel_values_videos=out["pixel_values_videos"], video_grid_thw=out["video_grid_thw"]
         )
@@ -188,17 +251,15 @@ def _alone_kwargs(model, sample, reader, family):
             kwargs["second_per_grid_ts"] = torch.tensor(
                 [m["second_per_grid_t"] for m in videos], dtype=torch.float32
             )
-    types = (ids == model.config.image_token_id).to(torch.int32)
-    kwargs["mm_token_type_ids"] = types + 2 * (ids == model.config.video_token_id).to(torch.int32)
     return kwargs
 
 
-@pytest.mark.parametrize("family", ["qwen2-vl", "qwen2.5-vl"])
-def test_positions_equal_get_rope_index_on_each_sample(corpus, family):
-    _, tok, _, out = corpus
+@pytest.mark.parametrize("family", FAMILIES)
+def test_positions_equal_get_rope_index_on_each_sample(corpora, family):
+    _, tok, _, _, samples = corpora(family)
     model = _model(tok, family)
     with_videos = 0
-    for sample in out[family][1]:
+    for sample in samples:
         media = _media(sample)
         if not media:
             continue
@@ -210,11 +271,9 @@ def test_positions_equal_get_rope_index_on_each_sample(corpus, family):
             kwargs["second_per_grid_ts"] = torch.tensor(
                 [m["second_per_grid_t"] for m in videos], dtype=torch.float32
             )
-        types = (ids == model.config.image_token_id).to(torch.int32)
-        types += 2 * (ids == model.config.video_token_id).to(torch.int32)
         theirs, _ = model.model.get_rope_index(
             ids,
-            mm_token_type_ids=types,
+            mm_token_type_ids=_types(model, ids),
             image_grid_thw=torch.tensor([m["grid"] for m in images]) if images else None,
             video_grid_thw=torch.tensor([m["grid"] for m in videos]) if videos else None,
             **kwargs,
@@ -226,13 +285,13 @@ def test_positions_equal_get_rope_index_on_each_sample(corpus, family):
 
 
 @needs_torchvision
-@pytest.mark.parametrize("family", ["qwen2-vl", "qwen2.5-vl"])
-def test_packed_losses_equal_each_sample_alone(corpus, family):
-    _, tok, _, out = corpus
-    packed_dir, samples = out[family]
+@pytest.mark.parametrize("family", FAMILIES)
+def test_packed_losses_equal_each_sample_alone(corpora, family):
+    _, tok, _, packed_dir, samples = corpora(family)
     model = _model(tok, family)
     ds = PackedDataset(packed_dir)
-    collator = MultimodalCollator(image_processor(), video_processor=video_processor())
+    config = _config(family)
+    collator = MultimodalCollator(image_processor(config), video_processor=video_processor(config))
     loader = torch.utils.data.DataLoader(ds, batch_size=1, num_workers=2, collate_fn=collator)
     reader = MediaReader()
     checked = multi = 0
@@ -330,8 +389,9 @@ def test_bad_videos_name_file_and_frame(tmp_path):
     assert "big.png" in rejected[2] and "61x40 pixels, frame 0 has 60x40" in rejected[2]
     assert "non-empty list of frames" in rejected[3]
     assert "1 video part(s)" in rejected[4]
-    with pytest.raises(InvalidRecordError, match="videos are not supported for qwen3-vl"):
-        tokenize_files(jsonl, tmp_path / "q3", tok, vision=tok, family="qwen3-vl")
+    one = write_jsonl(tmp_path / "one.jsonl", [_video_record(["f0.png"])])
+    with pytest.raises(InvalidRecordError, match="one.jsonl:1: video 0: .*needs at least 2"):
+        tokenize_files(one, tmp_path / "q3", tok, vision=tok, family="qwen3-vl")
     # The collator reading a frame that went missing (or changed) names it.
     pack_files(tmp_path / "out", tmp_path / "p", 400)
     ds = PackedDataset(tmp_path / "p")

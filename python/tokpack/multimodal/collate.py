@@ -38,7 +38,8 @@ class MultimodalCollator:
         video_processor: the model's video processor (transformers' ``Qwen2VLVideoProcessor``;
             default: the one ``image_processor`` holds, if it is a processor), for samples with
             videos: called as ``video_processor(videos=[[PIL frames], ...],
-            return_tensors="pt")``, giving ``pixel_values_videos`` and ``video_grid_thw``.
+            do_sample_frames=False, return_tensors="pt")``, giving ``pixel_values_videos`` and
+            ``video_grid_thw``.
         mrope_rows: 4 (default) puts the text positions first (transformers then isolates the
             segments with SDPA / eager attention); 3 gives the mRoPE rows only, for backends
             that read ``cu_seq_lens_*`` instead.
@@ -123,7 +124,8 @@ class MultimodalCollator:
             clips = [
                 [self.reader.image(f["ref"], f.get("hash")) for f in m["frames"]] for m in videos
             ]
-            out = self.video_processor(videos=clips, return_tensors="pt")
+            # Every frame of a frame list is used (no sampling), as at tokenize time.
+            out = self.video_processor(videos=clips, do_sample_frames=False, return_tensors="pt")
             batch["pixel_values_videos"] = out["pixel_values_videos"]
             batch["video_grid_thw"] = _checked_grids(out["video_grid_thw"], videos, "video")
         return batch

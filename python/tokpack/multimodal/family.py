@@ -40,10 +40,11 @@ class Family:
     # The video processor's pixel bounds (per frame) when its config gives none.
     video_min_pixels: int
     video_max_pixels: int
-    # How a video's temporal patches are placed on the mRoPE time axis: "index" (Qwen2-VL:
-    # 0, 1, 2, ...), "seconds" (Qwen2.5-VL: ``tokens_per_second * second_per_grid_t`` apart),
-    # None (videos not supported yet).
-    video_time: Optional[str]
+    # How a video's temporal patches are placed: "index" (Qwen2-VL: 0, 1, 2, ... on the mRoPE
+    # time axis), "seconds" (Qwen2.5-VL: ``tokens_per_second * second_per_grid_t`` apart),
+    # "timestamps" (Qwen3-VL: each temporal patch its own block of pads after a
+    # ``<t seconds>`` text, at time position 0 like a still image).
+    video_time: str
 
     def rule_defaults(self, video: bool = False) -> Dict[str, int]:
         """The :class:`VisionRules` fields a processor config leaves out (``video``: the video
@@ -66,7 +67,7 @@ FAMILIES: Dict[str, Family] = {
         Family(
             "qwen2.5-vl", 14, 2, 2, 56 * 56, 28 * 28 * 1280, 128 * 28 * 28, 28 * 28 * 768, "seconds"
         ),
-        Family("qwen3-vl", 16, 2, 2, 65536, 16777216, 128 * 32 * 32, 32 * 32 * 768, None),
+        Family("qwen3-vl", 16, 2, 2, 65536, 16777216, 128 * 32 * 32, 32 * 32 * 768, "timestamps"),
     )
 }
 

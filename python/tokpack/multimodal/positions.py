@@ -23,14 +23,14 @@ __all__ = ["sample_positions", "packed_positions"]
 
 
 def sample_positions(length: int, media: Sequence[Dict[str, Any]], merge_size: int) -> np.ndarray:
-    """``[3, length]`` int64 mRoPE positions of one sample whose images are ``media`` (objects
-    with ``grid`` ``[t, h, w]`` and ``span`` ``[start, n]``, in token order)."""
+    """``[3, length]`` int64 mRoPE positions of one sample whose images and videos are
+    ``media`` (objects with ``grid`` ``[t, h, w]`` and ``span`` ``[start, n]``, in token
+    order; a Qwen3-VL video's ``groups`` ``[offset, n]`` place each temporal patch's pads
+    within its span, the tokens between them being text)."""
     out = np.empty((3, length), dtype=np.int64)
     at = 0  # next token
     pos = 0  # next position
-    for m in sorted(media, key=lambda m: m["span"][0]):
-        start, n = int(m["span"][0]), int(m["span"][1])
-        t, h, w = (int(g) for g in m["grid"])
+    for start, n, (t, h, w), m in _blocks(media, length):
         h, w = h // merge_size, w // merge_size
         if t * h * w != n or start < at or start + n > length:
             raise DataError(f"image span {m['span']} does not match its grid {m['grid']}")
@@ -47,6 +47,22 @@ def sample_positions(length: int, media: Sequence[Dict[str, Any]], merge_size: i
         at = start + n
     out[:, at:] = pos + np.arange(length - at)
     return out
+
+
+def _blocks(media: Sequence[Dict[str, Any]], length: int):
+    """``(start, n, grid, medium)`` of each run of pads, in token order."""
+    blocks = []
+    for m in media:
+        start, n = int(m["span"][0]), int(m["span"][1])
+        t, h, w = (int(g) for g in m["grid"])
+        groups = m.get("groups")
+        if groups is None:
+            blocks.append((start, n, (t, h, w), m))
+            continue
+        if len(groups) != t or any(off + k > n for off, k in groups):
+            raise DataError(f"video span {m['span']} does not match its groups {groups}")
+        blocks.extend((start + int(off), int(k), (1, h, w), m) for off, k in groups)
+    return sorted(blocks, key=lambda b: b[0])
 
 
 def packed_positions(

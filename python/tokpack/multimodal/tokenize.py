@@ -101,7 +101,8 @@ class MultimodalSample:
 
     @property
     def vision_tokens(self) -> int:
-        return sum(int(m["span"][1]) for m in self.media)
+        # ``tokens``: a Qwen3-VL video's pads (its span also holds its timestamps' text)
+        return sum(int(m.get("tokens", m["span"][1])) for m in self.media)
 
     @property
     def vision_patches(self) -> int:
@@ -258,8 +259,6 @@ class MultimodalEncoder:
         image_parts, video_parts = _media_parts(messages, record, self.messages_column)
         images = self._column(record, value, self.images_column, image_parts, "image")
         videos = self._column(record, value, self.videos_column, video_parts, "video")
-        if videos and self.family.video_time is None:
-            raise record.fail(f"videos are not supported for {self.family.name} yet")
         if videos and self.video_pad_id is None:
             raise record.fail(
                 f"{self.tokenizer.path}: the tokenizer has no video pad token"
@@ -291,25 +290,62 @@ class MultimodalEncoder:
             for i, (p, video) in enumerate(zip(video_pads.tolist(), videos))
         ]
         placed.sort(key=lambda x: x[0])
-        media = [m for _, m in placed]
-        pads = np.asarray([p for p, _ in placed], dtype=np.int64)
-        counts = np.ones(len(ids), dtype=np.int64)
-        n_tokens = [
-            (self.video_rules if m.get("type") == "video" else self.rules).tokens(tuple(m["grid"]))
-            for m in media
-        ]
-        counts[pads] = n_tokens
-        ids = np.repeat(ids, counts)
-        labels = np.repeat(labels, counts)
+        # Each placeholder pad becomes its medium's tokens: n pads, or for a Qwen3-VL video one
+        # "<t seconds><|vision_start|>pads<|vision_end|>" block per temporal patch.
+        out_ids: List[np.ndarray] = []
+        out_labels: List[np.ndarray] = []
+        at = length = 0
+        media = []
+        for pad, m in placed:
+            out_ids.append(ids[at:pad])
+            out_labels.append(labels[at:pad])
+            length += pad - at
+            tokens = self._tokens_of(m)
+            out_ids.append(tokens)
+            out_labels.append(np.full(len(tokens), IGNORE_INDEX, dtype=labels.dtype))
+            m["span"] = [length, len(tokens)]
+            length += len(tokens)
+            at = pad + 1
+            media.append(m)
+        out_ids.append(ids[at:])
+        out_labels.append(labels[at:])
+        ids = np.concatenate(out_ids).astype(np.int32)
+        labels = np.concatenate(out_labels).astype(labels.dtype)
         vision = (ids == self.pad_id) | (ids == self.start_id) | (ids == self.end_id)
         if self.video_pad_id is not None:
             vision |= ids == self.video_pad_id
         labels[vision] = IGNORE_INDEX
-        shift = 0
-        for m, pad, n in zip(media, pads.tolist(), n_tokens):
-            m["span"] = [pad + shift, n]
-            shift += n - 1
         return MultimodalSample(ids, labels, media)
+
+    def _tokens_of(self, m: Dict[str, Any]) -> np.ndarray:
+        """The tokens a medium's placeholder pad becomes. A Qwen3-VL video also gets ``groups``:
+        ``[offset, n]`` of each temporal patch's pads within them."""
+        if m.get("type") != "video":
+            return np.full(self.rules.tokens(tuple(m["grid"])), self.pad_id, dtype=np.int32)
+        n = self.video_rules.tokens(tuple(m["grid"]))
+        if self.family.video_time != "timestamps":
+            return np.full(n, self.video_pad_id, dtype=np.int32)
+        t = int(m["grid"][0])
+        per_group = n // t
+        pieces, groups, offset = [], [], 0
+        for seconds in _timestamps(m["frame_count"], self.video_fps, self.video_rules):
+            text = self.tokenizer.tokenizer.encode(
+                f"<{seconds:.1f} seconds>", add_special_tokens=False
+            )
+            piece = np.concatenate(
+                [
+                    np.asarray(text.ids, dtype=np.int32),
+                    np.asarray([self.start_id], dtype=np.int32),
+                    np.full(per_group, self.video_pad_id, dtype=np.int32),
+                    np.asarray([self.end_id], dtype=np.int32),
+                ]
+            )
+            groups.append([offset + len(text.ids) + 1, per_group])
+            offset += len(piece)
+            pieces.append(piece)
+        m["groups"] = groups
+        m["tokens"] = n
+        return np.concatenate(pieces)
 
     def _column(
         self, record: Record, value: Dict[str, Any], column: str, parts: int, kind: str
@@ -372,11 +408,16 @@ class MultimodalEncoder:
             frames.append({"ref": ref, "hash": media_hash(data)})
         assert size is not None
         try:
-            grid = self.video_rules.video_grid(len(frames), *size)
+            grid = self.video_rules.video_grid(
+                len(frames), *size, clip_pixels=self.family.video_time == "timestamps"
+            )
         except DataError as exc:
             raise record.fail(f"video {i}: {exc}") from None
         entry: Dict[str, Any] = {"type": "video", "frames": frames, "size": list(size)}
         entry["grid"] = list(grid)
+        if self.family.video_time == "timestamps":
+            entry["frame_count"] = len(frames)
+            entry["fps"] = self.video_fps
         if self.family.video_time == "seconds":
             entry["second_per_grid_t"] = self.video_rules.temporal_patch_size / self.video_fps
             entry["tokens_per_second"] = self.tokens_per_second
@@ -439,6 +480,18 @@ def _media_parts(messages: List[Any], record: Record, column: str) -> Tuple[int,
                 elif isinstance(part, dict) and part.get("type") == "video":
                     videos += 1
     return images, videos
+
+
+def _timestamps(frames: int, fps: float, rules: VisionRules) -> List[float]:
+    """Qwen3-VL's time of each temporal patch of a frame list (transformers'
+    ``Qwen3VLProcessor._calculate_timestamps``): frame ``i`` at ``i / fps``, the last frame
+    repeated up to a multiple of ``temporal_patch_size``, each patch at the mean of its first
+    and last frame."""
+    size = rules.temporal_patch_size
+    indices = list(range(frames))
+    indices += [indices[-1]] * (-frames % size)
+    times = [i / fps for i in indices]
+    return [(times[i] + times[i + size - 1]) / 2 for i in range(0, len(times), size)]
 
 
 def _json_beside(vision: Union[str, os.PathLike], name: str) -> Optional[Dict[str, Any]]:

@@ -61,6 +61,48 @@ def smart_resize(
     return h_bar, w_bar
 
 
+def qwen3_video_resize(
+    frames: int,
+    height: int,
+    width: int,
+    temporal_factor: int,
+    factor: int,
+    min_pixels: int,
+    max_pixels: int,
+) -> Tuple[int, int]:
+    """``(height, width)`` of a video's frames after Qwen3-VL's video resize (transformers'
+    ``qwen3_vl.video_processing_qwen3_vl.smart_resize``): sides under ``factor`` scaled up
+    first, then the pixel bounds applied to the whole clip (``frames`` rounded to a multiple
+    of ``temporal_factor`` times the frame's pixels)."""
+    if frames < temporal_factor:
+        raise DataError(
+            f"a video of {frames} frame(s): Qwen3-VL's video processor needs at least"
+            f" {temporal_factor} (temporal_patch_size)"
+        )
+    if height < 1 or width < 1:
+        raise DataError(f"video frames of {width}x{height} pixels have no area")
+    if height < factor or width < factor:
+        scale = max(factor / height, factor / width)
+        height, width = int(height * scale), int(width * scale)
+    if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
+        raise DataError(
+            f"video frames of {width}x{height} pixels: the aspect ratio must be smaller than"
+            f" {MAX_ASPECT_RATIO} (got {max(height, width) / min(height, width):.1f})"
+        )
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    t_bar = round(frames / temporal_factor) * temporal_factor
+    if t_bar * h_bar * w_bar > max_pixels:
+        beta = math.sqrt((frames * height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif t_bar * h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (frames * height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
 @dataclass(frozen=True)
 class VisionRules:
     """The image processor settings that decide an image's patch grid (Qwen2-VL defaults).
@@ -90,13 +132,29 @@ class VisionRules:
         """Both resized sides are multiples of this (``patch_size * merge_size``)."""
         return self.patch_size * self.merge_size
 
-    def video_grid(self, frames: int, width: int, height: int) -> Tuple[int, int, int]:
+    def video_grid(
+        self, frames: int, width: int, height: int, clip_pixels: bool = False
+    ) -> Tuple[int, int, int]:
         """The patch grid ``(t, h, w)`` of a video of ``frames`` frames of ``width x height``
-        pixels, as the Qwen2-VL video processor's ``video_grid_thw`` for a frame list (every
-        frame kept; the last one repeated up to a multiple of ``temporal_patch_size``)."""
+        pixels, as the video processor's ``video_grid_thw`` for a frame list (every frame kept;
+        the last one repeated up to a multiple of ``temporal_patch_size``). The pixel bounds
+        hold per frame (Qwen2-VL's ``Qwen2VLVideoProcessor``), or with ``clip_pixels`` for
+        the whole clip, frames counted (Qwen3-VL's ``Qwen3VLVideoProcessor``, which also
+        needs ``temporal_patch_size`` frames at least)."""
         if frames < 1:
             raise DataError("a video needs at least one frame")
-        h, w = smart_resize(height, width, self.factor, self.min_pixels, self.max_pixels)
+        if clip_pixels:
+            h, w = qwen3_video_resize(
+                frames,
+                height,
+                width,
+                self.temporal_patch_size,
+                self.factor,
+                self.min_pixels,
+                self.max_pixels,
+            )
+        else:
+            h, w = smart_resize(height, width, self.factor, self.min_pixels, self.max_pixels)
         t = -(-frames // self.temporal_patch_size)
         return t, h // self.patch_size, w // self.patch_size
 
