@@ -427,3 +427,43 @@ def test_parquet_frames_are_referenced_by_row_and_frame(tmp_path):
     reader = MediaReader()
     assert [reader.read(r, f["hash"]) for r, f in zip(refs, video["frames"])] == raw
     assert video["grid"] == list(VisionRules.from_pretrained(tok).video_grid(3, 50, 70))
+
+
+@needs_torchvision
+@pytest.mark.parametrize("family", ["qwen2-vl", "qwen3-vl"])
+def test_video_grid_equals_the_video_processor(family):
+    """tokpack's video grid against the video processor's own count, on many frame counts and
+    sizes (Qwen3-VL: the bounds hold for the whole clip), with the models' published
+    settings and the tests' small ones."""
+    import random
+
+    published = {
+        "qwen2-vl": {"patch_size": 14, "merge_size": 2, "temporal_patch_size": 2},
+        "qwen3-vl": {
+            "patch_size": 16,
+            "merge_size": 2,
+            "temporal_patch_size": 2,
+            "size": {"shortest_edge": 4096, "longest_edge": 25165824},
+        },
+    }[family]
+    rng = random.Random(5)
+    clip = family == "qwen3-vl"
+    for config in (published, _config(family)):
+        processor = video_processor(config)
+        rules = VisionRules.from_dict(config, family, video=True)
+        assert rules == VisionRules.from_dict(
+            {
+                **{k: getattr(processor, k) for k in ("patch_size", "merge_size")},
+                "temporal_patch_size": processor.temporal_patch_size,
+                "size": dict(processor.size),
+            }
+        )
+        for _ in range(300):
+            frames = rng.randint(2 if clip else 1, 40)
+            width = rng.randint(8, 2000)
+            height = max(8, min(2000, int(width * rng.uniform(0.05, 20))))
+            if max(width, height) / min(width, height) > 150:
+                continue
+            t, h, w = rules.video_grid(frames, width, height, clip_pixels=clip)
+            expected = processor.get_num_of_video_patches(frames, height, width, {})
+            assert t * h * w == expected, (frames, width, height)
