@@ -467,3 +467,26 @@ def test_video_grid_equals_the_video_processor(family):
             t, h, w = rules.video_grid(frames, width, height, clip_pixels=clip)
             expected = processor.get_num_of_video_patches(frames, height, width, {})
             assert t * h * w == expected, (frames, width, height)
+
+
+def test_cli_and_stats(corpora, tmp_path, capsys):
+    from tokpack.cli import main
+
+    root, tok, records, _, samples = corpora("qwen2.5-vl")
+    renamed = [
+        {**{k: v for k, v in r.items() if k != "videos"}, "clips": r["videos"]} for r in records
+    ]
+    jsonl = write_jsonl(root / "renamed.jsonl", renamed)
+    args = ["tokenize", str(jsonl), "--tokenizer", str(tok), "--vision", str(tok)]
+    args += ["--family", "qwen2.5-vl", "--video-fps", str(FPS), "--column", "videos=clips"]
+    assert main(args + ["-o", str(tmp_path / "cli")]) == 0
+    n_videos = sum(len(r["videos"]) for r in records)
+    n_images = sum(len(r["images"]) for r in records)
+    assert f"{n_images:,} images and {n_videos:,} videos" in capsys.readouterr().out
+    rows = pq.read_table(tmp_path / "cli").to_pylist()
+    assert [r["input_ids"] for r in rows] == [s["input_ids"] for s in samples]
+    assert [r["media"] for r in rows] == [s["media"] for s in samples]
+    assert main(["stats", str(tmp_path / "cli"), "--json", "--quiet", "--max-len", "4096"]) == 0
+    vision = json.loads(capsys.readouterr().out)["vision"]
+    assert (vision["images"], vision["videos"]) == (n_images, n_videos)
+    assert vision["vision_tokens"] == sum(s["vision_tokens"] for s in samples)

@@ -1,4 +1,5 @@
-"""``MultimodalCollator``: packed multimodal rows in, a Qwen2-VL / Qwen2.5-VL training batch out.
+"""``MultimodalCollator``: packed multimodal rows in, a Qwen2-VL / Qwen2.5-VL / Qwen3-VL
+training batch out.
 
 The text fields are :class:`tokpack.torch.PackedCollator`'s ``hf`` format (``input_ids`` and
 ``labels`` ``[1, T]``, ``cu_seq_lens_q/k``, ``max_length_q/k``, counts). ``position_ids`` become
@@ -7,7 +8,9 @@ block-diagonal mask) then the three mRoPE rows, computed per segment by
 :func:`tokpack.multimodal.positions.packed_positions`. The images of the batch, in row and
 token order, are read back from their references (hash checked), decoded and run through the
 model's image processor: ``pixel_values`` and ``image_grid_thw`` (checked against the grids
-the samples were tokenized for). Runs in DataLoader workers (CPU only).
+the samples were tokenized for). The videos (frame lists) likewise through the model's video
+processor: ``pixel_values_videos`` and ``video_grid_thw``. Runs in DataLoader workers (CPU
+only).
 """
 
 from __future__ import annotations

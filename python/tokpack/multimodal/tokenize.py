@@ -1,25 +1,35 @@
-"""Tokenize conversational records with images into token shards (Qwen2-VL / Qwen2.5-VL).
+"""Tokenize conversational records with images and videos into token shards (Qwen2-VL,
+Qwen2.5-VL, Qwen3-VL: :mod:`tokpack.multimodal.family`).
 
 A record is a chat (``messages``: role/content dicts, a content being a string or a list of
-``{"type": "text", "text": ...}`` / ``{"type": "image"}`` parts) plus an ``images`` column
-holding the images of the image parts, in order. The chat template renders each image part as
-``<|vision_start|><|image_pad|><|vision_end|>``; the one ``<|image_pad|>`` token is expanded
-into as many as the model will see for that image (:class:`VisionRules`, from the image header:
-pixels are not decoded), as the model's processor expands it in the text. Vision tokens
-(``vision_start``, the pads, ``vision_end``) are never trained on.
+``{"type": "text", "text": ...}`` / ``{"type": "image"}`` / ``{"type": "video"}`` parts) plus
+an ``images`` column holding the images of the image parts, in order, and a ``videos`` column
+holding the videos of the video parts, each a list of frames (images of one size; no video
+file is decoded). The chat template renders each image part as
+``<|vision_start|><|image_pad|><|vision_end|>`` (a video part with ``<|video_pad|>``); the one
+pad token is expanded into as many as the model will see for that image or video
+(:class:`VisionRules`, from the image headers: pixels are not decoded), as the model's
+processor expands it in the text: for Qwen3-VL, a video's pad becomes one
+``<t seconds><|vision_start|>pads<|vision_end|>`` block per temporal patch. Vision tokens
+(``vision_start``, the pads, ``vision_end``, Qwen3-VL's timestamps) are never trained on.
 
 Token shards get, besides ``input_ids``, ``labels`` and ``length``:
 
-- ``media`` (string): JSON list, one object per image in order: ``ref`` (see
-  :mod:`tokpack.multimodal.media`), ``hash``, ``size`` ``[width, height]``, ``grid``
-  ``[t, h, w]`` (the processor's ``image_grid_thw``) and ``span`` ``[start, n]``: the image's
-  ``n`` pad tokens start at token ``start`` of the sample;
+- ``media`` (string): JSON list, one object per image or video in token order: for an image
+  ``ref`` (see :mod:`tokpack.multimodal.media`), ``hash``, ``size`` ``[width, height]``,
+  ``grid`` ``[t, h, w]`` (the processor's ``image_grid_thw``) and ``span`` ``[start, n]``: the
+  image's ``n`` pad tokens start at token ``start`` of the sample; for a video ``"type":
+  "video"``, ``frames`` (``ref`` and ``hash`` of each), ``size``, ``grid`` (the video
+  processor's ``video_grid_thw``), ``span``, and by family: ``second_per_grid_t`` and
+  ``tokens_per_second`` (Qwen2.5-VL's time step), or ``frame_count``, ``fps``, ``tokens`` (its
+  pads) and ``groups`` (``[offset, n]`` of each temporal patch's pads in the span, which also
+  holds the timestamps: Qwen3-VL);
 - ``vision_tokens`` (int32): the sample's pad tokens; ``vision_patches`` (int32): the patches
   the vision encoder runs on (``t * h * w`` summed), a second cost to balance rows on.
 
-Over-long samples (``max_len``) are never cut inside an image: ``truncate`` cuts before the
-``vision_start`` of an image that would not fit whole, ``split`` ends each piece at such a
-boundary (each piece keeps its own images), and a sample with no safe cut (an image alone
+Over-long samples (``max_len``) are never cut inside an image or video: ``truncate`` cuts
+before the ``vision_start`` of one that would not fit whole, ``split`` ends each piece at such
+a boundary (each piece keeps its own media), and a sample with no safe cut (an image alone
 longer than ``max_len``, or an image at the very start) is dropped and counted.
 """
 
@@ -118,6 +128,7 @@ class _Counts:
     split: int = 0
     dropped_overlong: int = 0
     images: int = 0
+    videos: int = 0
     tokens: int = 0
     vision_tokens: int = 0
     trained_tokens: int = 0
@@ -551,7 +562,9 @@ def iter_samples(
                 continue
             for sample in encoder.fit(whole, record, counts):
                 counts.samples += 1
-                counts.images += len(sample.media)
+                videos = sum(m.get("type") == "video" for m in sample.media)
+                counts.videos += videos
+                counts.images += len(sample.media) - videos
                 counts.tokens += len(sample.input_ids)
                 counts.vision_tokens += sample.vision_tokens
                 counts.trained_tokens += int(np.count_nonzero(sample.labels != IGNORE_INDEX))
@@ -601,13 +614,18 @@ def tokenize_files(
     :func:`tokpack.pack_files`). ``vision``: :class:`VisionRules`, a
     ``preprocessor_config.json`` dict, or the model directory / file holding it; ``options``:
     the keyword options of :class:`MultimodalEncoder` (``chat_template``, ``train_on``,
-    ``max_len``, ``overlong``, ``messages_column``, ``images_column``, ``image_root``). Images
-    are read (hashed, header parsed) but not decoded. A changed image under an unchanged input
-    is not noticed here (``force=True`` rebuilds); the collator's hash check refuses it when
-    loading.
+    ``max_len``, ``overlong``, ``messages_column``, ``images_column``, ``videos_column``,
+    ``image_root``, ``family`` (``"auto"``: from the processor config; ``"qwen2-vl"``,
+    ``"qwen2.5-vl"``, ``"qwen3-vl"``), ``video_fps`` (the frame rate of the frame lists, default
+    24 as transformers assumes), ``tokens_per_second`` (Qwen2.5-VL; default the model
+    directory's ``config.json``, else 2)). Videos take the rules of the model directory's
+    ``video_preprocessor_config.json``, else of ``preprocessor_config.json``, as transformers
+    does. Images and frames are read (hashed, header parsed) but not decoded. A changed image
+    under an unchanged input is not noticed here (``force=True`` rebuilds); the collator's hash
+    check refuses it when loading.
 
     Returns the manifest; ``counts`` holds records, samples, rejected, truncated, split,
-    dropped_overlong, images, tokens, vision_tokens and trained_tokens.
+    dropped_overlong, images, videos, tokens, vision_tokens and trained_tokens.
     """
     from .._io.store import cached_run, destination
     from ..tokenize.writer import REJECTED_NAME, _RejectedFile, _ShardWriter

@@ -2,7 +2,8 @@
 Qwen2-VL / Qwen2.5-VL resize rule (``smart_resize``) to the patch grid ``(t, h, w)`` the model's
 image processor produces and the number of ``<|image_pad|>`` tokens the language model sees.
 
-The rule is transformers' ``Qwen2VLImageProcessor`` (shared by Qwen2.5-VL): both sides of the
+The rule is transformers' ``Qwen2VLImageProcessor`` (shared by Qwen2.5-VL and Qwen3-VL, whose
+settings differ: :mod:`tokpack.multimodal.family`): both sides of the
 image are rounded to a multiple of ``patch_size * merge_size``, then scaled down (or up) so the
 pixel count lies in ``[min_pixels, max_pixels]``; a still image is one temporal patch
 (``t = 1``, the frame repeated ``temporal_patch_size`` times inside the patch), and every
