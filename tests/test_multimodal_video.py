@@ -34,7 +34,7 @@ from tests._vl_factory import (  # noqa: E402
     write_image,
     write_jsonl,
 )
-from tokpack import InputNotFoundError, InvalidRecordError  # noqa: E402
+from tokpack import ConfigError, InputNotFoundError, InvalidRecordError  # noqa: E402
 from tokpack.multimodal import (  # noqa: E402
     MultimodalCollator,
     VisionRules,
@@ -352,6 +352,11 @@ def test_tokens_per_second_from_the_model_config(tmp_path):
     assert MultimodalEncoder(tok, tok, family="qwen2.5-vl").tokens_per_second == 4
     encoder = MultimodalEncoder(tok, tok, family="qwen2.5-vl", tokens_per_second=3, video_fps=6)
     assert (encoder.tokens_per_second, encoder.video_fps) == (3, 6.0)
+    for bad in (0, -1.0, "2", True):
+        with pytest.raises(ConfigError, match="video_fps must be a positive number"):
+            MultimodalEncoder(tok, tok, video_fps=bad)
+    with pytest.raises(ConfigError, match="tokens_per_second must be an int"):
+        MultimodalEncoder(tok, tok, tokens_per_second=2.5)
 
 
 def _video_record(frames):

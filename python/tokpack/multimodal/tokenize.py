@@ -180,29 +180,11 @@ class MultimodalEncoder:
         if not isinstance(processor_config, dict):
             processor_config = read_preprocessor_config(processor_config)
         self.family = detect_family(processor_config, family)
-        video_config, model_config = processor_config, {}
         if isinstance(vision, VisionRules):
             self.rules = self.video_rules = vision
         else:
             self.rules = VisionRules.from_dict(processor_config, self.family.name)
-            if not isinstance(vision, dict):
-                # As transformers: the video processor reads video_preprocessor_config.json,
-                # or preprocessor_config.json when the model has none.
-                video_config = (
-                    _json_beside(vision, "video_preprocessor_config.json") or video_config
-                )
-                model_config = _json_beside(vision, "config.json") or {}
-            self.video_rules = VisionRules.from_dict(video_config, self.family.name, video=True)
-        if video_fps is not None and (isinstance(video_fps, bool) or not video_fps > 0):
-            raise ConfigError(f"video_fps must be a positive number, got {video_fps!r}")
-        # transformers' rate for a frame list given without its metadata.
-        self.video_fps = float(video_fps) if video_fps is not None else 24.0
-        if tokens_per_second is None:
-            vision_config = model_config.get("vision_config") or {}
-            tokens_per_second = vision_config.get("tokens_per_second", 2)
-        if isinstance(tokens_per_second, bool) or not isinstance(tokens_per_second, int):
-            raise ConfigError(f"tokens_per_second must be an int, got {tokens_per_second!r}")
-        self.tokens_per_second = tokens_per_second
+        self._video_settings(vision, processor_config, video_fps, tokens_per_second)
         self.tokenizer = (
             tokenizer if isinstance(tokenizer, LoadedTokenizer) else load_tokenizer(tokenizer)
         )
@@ -229,6 +211,40 @@ class MultimodalEncoder:
         video_pad_id = self.tokenizer.tokenizer.token_to_id(tokens.video_pad)
         self.video_pad_id = None if video_pad_id is None else int(video_pad_id)
         self.videos_column = videos_column
+
+    def _video_settings(
+        self,
+        vision: Any,
+        processor_config: Dict[str, Any],
+        video_fps: Optional[float],
+        tokens_per_second: Optional[int],
+    ) -> None:
+        """The video rules, the frame lists' rate and Qwen2.5-VL's ``tokens_per_second``."""
+        model_config: Dict[str, Any] = {}
+        if not isinstance(vision, VisionRules):
+            video_config = processor_config
+            if not isinstance(vision, dict):
+                # As transformers: the video processor reads video_preprocessor_config.json,
+                # or preprocessor_config.json when the model has none.
+                video_config = (
+                    _json_beside(vision, "video_preprocessor_config.json") or video_config
+                )
+                model_config = _json_beside(vision, "config.json") or {}
+            self.video_rules = VisionRules.from_dict(video_config, self.family.name, video=True)
+        if video_fps is not None and (
+            isinstance(video_fps, bool)
+            or not isinstance(video_fps, (int, float))
+            or not video_fps > 0
+        ):
+            raise ConfigError(f"video_fps must be a positive number, got {video_fps!r}")
+        # transformers' rate for a frame list given without its metadata.
+        self.video_fps = float(video_fps) if video_fps is not None else 24.0
+        if tokens_per_second is None:
+            vision_config = model_config.get("vision_config") or {}
+            tokens_per_second = vision_config.get("tokens_per_second", 2)
+        if isinstance(tokens_per_second, bool) or not isinstance(tokens_per_second, int):
+            raise ConfigError(f"tokens_per_second must be an int, got {tokens_per_second!r}")
+        self.tokens_per_second = tokens_per_second
 
     def config(self) -> Dict[str, Any]:
         """What besides the input bytes decides the output (for the cache key)."""
