@@ -495,3 +495,39 @@ def test_cli_and_stats(corpora, tmp_path, capsys):
     vision = json.loads(capsys.readouterr().out)["vision"]
     assert (vision["images"], vision["videos"]) == (n_images, n_videos)
     assert vision["vision_tokens"] == sum(s["vision_tokens"] for s in samples)
+
+
+@pytest.mark.parametrize("family", ["qwen2.5-vl", "qwen3-vl"])
+def test_cuts_never_fall_inside_a_video(tmp_path, family):
+    """max_len cuts of samples with videos (Qwen3-VL's span holds its timestamps): every piece
+    ends outside each video's block, keeps the videos it holds whole, and gets positions."""
+    from tokpack.multimodal.tokenize import MultimodalEncoder, _Counts
+    from tokpack.tokenize.formats import read_records
+
+    kind = "qwen3-vl" if family == "qwen3-vl" else "qwen2-vl"
+    tok = build_vl_tokenizer(tmp_path / "tok", kind)
+    for i in range(4):
+        write_image(tmp_path / f"f{i}.png", (64, 64), seed=i)
+    parts = []
+    for _ in range(2):
+        parts += [{"type": "text", "text": "the cat sat on the mat " * 3}, {"type": "video"}]
+    record = {
+        "messages": [{"role": "user", "content": parts}, {"role": "assistant", "content": "ok"}],
+        "videos": [[f"f{i}.png" for i in range(4)], ["f0.png", "f1.png", "f2.png"]],
+    }
+    path = write_jsonl(tmp_path / "one.jsonl", [record])
+    rec = next(iter(read_records(path)))
+    whole = MultimodalEncoder(tok, tok, family=family).encode(rec, path)
+    blocks = [(m["span"][0] - 1, m["span"][0] + m["span"][1] + 1) for m in whole.media]
+    assert len(blocks) == 2
+    n = len(whole.input_ids)
+    for max_len in range(10, n + 5, 3):
+        for policy in ("truncate", "split"):
+            encoder = MultimodalEncoder(tok, tok, family=family, max_len=max_len, overlong=policy)
+            offset = 0
+            for piece in encoder.fit(whole, rec, _Counts()):
+                a, b = offset, offset + len(piece.input_ids)
+                assert not any(x < a < y or x < b < y for x, y in blocks), (a, b, blocks)
+                assert len(piece.media) == sum(a <= x and y <= b for x, y in blocks)
+                sample_positions(len(piece.input_ids), piece.media, merge_size=2)
+                offset = b
