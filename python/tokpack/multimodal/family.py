@@ -1,15 +1,19 @@
 """The model families tokpack's multimodal layer knows, and the one place their rules differ.
 
 =============  ===========================================================================
-``qwen2-vl``   Qwen2-VL: patch 14, merge 2, pixels in ``[56*56, 28*28*1280]``.
-``qwen2.5-vl`` Qwen2.5-VL: Qwen2-VL's image rules (same image processor, same mRoPE rule
-               for images).
+``qwen2-vl``   Qwen2-VL: patch 14, merge 2, pixels in ``[56*56, 28*28*1280]``; a video's
+               frames each resized as an image (``Qwen2VLVideoProcessor``), its temporal
+               patches at time positions 0, 1, 2, ...
+``qwen2.5-vl`` Qwen2.5-VL: Qwen2-VL's rules (same processors, same placeholders), but a
+               video's temporal patches ``tokens_per_second * second_per_grid_t`` apart.
 ``qwen3-vl``   Qwen3-VL: transformers' ``Qwen2VLImageProcessor`` with patch 16, merge 2,
                pixels in ``[65536, 16777216]`` (its ``preprocessor_config.json``); the same
                chat placeholder ``<|vision_start|><|image_pad|><|vision_end|>`` and, for a
                still image, the same mRoPE positions (``Qwen3VLModel.get_rope_index``: the
                image's ``h, w`` grid from where it starts, the text after it resuming at
-               ``start + max(h, w) / merge``).
+               ``start + max(h, w) / merge``). A video's pixel bounds hold for the whole clip
+               (``Qwen3VLVideoProcessor``), and each temporal patch is a block
+               ``<t seconds><|vision_start|>pads<|vision_end|>`` placed like a still image.
 =============  ===========================================================================
 
 The family is read from the model's ``preprocessor_config.json`` (its ``processor_class``) or
