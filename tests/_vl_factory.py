@@ -24,16 +24,25 @@ QWEN2_VL_TEMPLATE = (
     "{% if message['content'] is string %}{{ message['content'] }}"
     "{% else %}{% for content in message['content'] %}"
     "{% if content['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' %}<|vision_start|><|video_pad|><|vision_end|>"
     "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}{% endif %}"
     "<|im_end|>{% endgeneration %}\n"
     "{% else %}"
     "{% if message['content'] is string %}{{ message['content'] }}"
     "{% else %}{% for content in message['content'] %}"
     "{% if content['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' %}<|vision_start|><|video_pad|><|vision_end|>"
     "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}{% endif %}"
     "<|im_end|>\n"
     "{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+# Qwen3-VL's chat template (no default system prompt), with generation markers likewise.
+QWEN3_VL_TEMPLATE = QWEN2_VL_TEMPLATE.replace(
+    "{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}",
+    "",
 )
 
 # Small pixel bounds keep images (and the tiny model's vision tower) cheap.
@@ -45,16 +54,29 @@ PREPROCESSOR = {
     "max_pixels": 28 * 28 * 24,
 }
 
+# Qwen3-VL's processor keys (patch 16, pixel bounds as ``size``), bounds as small.
+QWEN3_PREPROCESSOR = {
+    "patch_size": 16,
+    "merge_size": 2,
+    "temporal_patch_size": 2,
+    "size": {"shortest_edge": 32 * 32 * 4, "longest_edge": 32 * 32 * 24},
+    "processor_class": "Qwen3VLProcessor",
+    "image_processor_type": "Qwen2VLImageProcessorFast",
+}
 
-def build_vl_tokenizer(directory: Path) -> Path:
-    """tokenizer.json + tokenizer_config.json (Qwen2-VL template) + preprocessor_config.json."""
+
+def build_vl_tokenizer(directory: Path, family: str = "qwen2-vl") -> Path:
+    """tokenizer.json + tokenizer_config.json (the family's template) +
+    preprocessor_config.json (``family``: ``qwen2-vl`` or ``qwen3-vl``)."""
     from tokenizers import AddedToken, Tokenizer
 
-    build_tokenizer(directory, chat_template=QWEN2_VL_TEMPLATE)
+    qwen3 = family == "qwen3-vl"
+    build_tokenizer(directory, chat_template=QWEN3_VL_TEMPLATE if qwen3 else QWEN2_VL_TEMPLATE)
     tok = Tokenizer.from_file(str(directory / "tokenizer.json"))
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in VISION_TOKENS])
     tok.save(str(directory / "tokenizer.json"))
-    (directory / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR))
+    config = QWEN3_PREPROCESSOR if qwen3 else PREPROCESSOR
+    (directory / "preprocessor_config.json").write_text(json.dumps(config))
     return directory
 
 
@@ -63,13 +85,60 @@ def image_processor(config: Dict[str, Any] = PREPROCESSOR):
         Qwen2VLImageProcessorPil,
     )
 
+    config = {k: v for k, v in config.items() if not k.endswith(("_class", "_type"))}
     return Qwen2VLImageProcessorPil(**config)
 
 
-def processor(directory: Path):
-    """transformers' Qwen2VLProcessor without its video processor (which needs torchvision,
-    not installed here); images and text go through the processor's own code."""
-    from transformers import PreTrainedTokenizerFast, Qwen2VLProcessor
+def video_processor(config: Dict[str, Any] = PREPROCESSOR):
+    """transformers' Qwen2VLVideoProcessor (Qwen3VLVideoProcessor for the Qwen3-VL config;
+    both need torchvision) with ``config``'s settings, as transformers builds it from a model
+    whose only processor config is preprocessor_config.json, frame sampling off (frame
+    lists)."""
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+
+    cls = Qwen3VLVideoProcessor if config.get("patch_size") == 16 else Qwen2VLVideoProcessor
+    config = {k: v for k, v in config.items() if not k.endswith(("_class", "_type"))}
+    return cls(**config, cap_pixels_per_frame=False, do_sample_frames=False)
+
+
+def video_processor_pipeline(directory: Path, family: str = "qwen2-vl"):
+    """transformers' Qwen2VLProcessor (``family="qwen2.5-vl"``: Qwen2_5_VLProcessor,
+    ``"qwen3-vl"``: Qwen3VLProcessor) with its image and video processors (the video one needs
+    torchvision)."""
+    from transformers import (
+        PreTrainedTokenizerFast,
+        Qwen2_5_VLProcessor,
+        Qwen2VLProcessor,
+        Qwen3VLProcessor,
+    )
+
+    tok = PreTrainedTokenizerFast(
+        tokenizer_file=str(directory / "tokenizer.json"),
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+    )
+    if family == "qwen3-vl":
+        return Qwen3VLProcessor(
+            image_processor=image_processor(QWEN3_PREPROCESSOR),
+            tokenizer=tok,
+            video_processor=video_processor(QWEN3_PREPROCESSOR),
+            chat_template=QWEN3_VL_TEMPLATE,
+        )
+    cls = Qwen2_5_VLProcessor if family == "qwen2.5-vl" else Qwen2VLProcessor
+    return cls(
+        image_processor=image_processor(),
+        tokenizer=tok,
+        video_processor=video_processor(),
+        chat_template=QWEN2_VL_TEMPLATE,
+    )
+
+
+def processor(directory: Path, family: str = "qwen2-vl"):
+    """transformers' Qwen2VLProcessor (``family="qwen3-vl"``: Qwen3VLProcessor) without its
+    video processor (which needs torchvision, not installed here); images and text go through
+    the processor's own code."""
+    from transformers import PreTrainedTokenizerFast, Qwen2VLProcessor, Qwen3VLProcessor
     from transformers.processing_utils import ProcessorMixin
 
     class ImageOnlyQwen2VLProcessor(Qwen2VLProcessor):
@@ -79,11 +148,23 @@ def processor(directory: Path):
             self.video_token_id = tokenizer.convert_tokens_to_ids(self.video_token)
             ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template)
 
+    class ImageOnlyQwen3VLProcessor(Qwen3VLProcessor):
+        def __init__(self, image_processor=None, tokenizer=None, chat_template=None):
+            Qwen3VLProcessor.__init__(
+                self, image_processor, tokenizer, None, chat_template=chat_template
+            )
+
     tok = PreTrainedTokenizerFast(
         tokenizer_file=str(directory / "tokenizer.json"),
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
     )
+    if family == "qwen3-vl":
+        return ImageOnlyQwen3VLProcessor(
+            image_processor=image_processor(QWEN3_PREPROCESSOR),
+            tokenizer=tok,
+            chat_template=QWEN3_VL_TEMPLATE,
+        )
     return ImageOnlyQwen2VLProcessor(
         image_processor=image_processor(), tokenizer=tok, chat_template=QWEN2_VL_TEMPLATE
     )
@@ -115,6 +196,7 @@ def tiny_qwen2_5_vl(directory: Path, family: str = "qwen2_5_vl"):
             out_hidden_size=64,
             window_size=56,
             fullatt_block_indexes=[1],
+            tokens_per_second=2,  # as Qwen2.5-VL's checkpoints (transformers' default: 4)
         )
     else:
         config_class = transformers.Qwen2VLConfig
@@ -144,6 +226,55 @@ def tiny_qwen2_5_vl(directory: Path, family: str = "qwen2_5_vl"):
         attn_implementation="sdpa",
     )
     return model_class(config).to(torch.float64).eval()
+
+
+def tiny_qwen3_vl(directory: Path):
+    """A randomly initialised two-layer Qwen3-VL (vision tower with a DeepStack merger
+    included, interleaved mRoPE) in float64; vocabulary and vision token ids from the
+    tokenizer in ``directory``."""
+    import torch
+    import transformers
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    torch.manual_seed(0)
+    config = transformers.Qwen3VLConfig(
+        text_config={
+            "vocab_size": tok.get_vocab_size(),
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "max_position_embeddings": 2048,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "mrope_section": [4, 2, 2],
+                "mrope_interleaved": True,
+            },
+            "use_cache": False,
+        },
+        vision_config={
+            "depth": 2,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_heads": 2,
+            "out_hidden_size": 64,
+            "patch_size": QWEN3_PREPROCESSOR["patch_size"],
+            "spatial_merge_size": QWEN3_PREPROCESSOR["merge_size"],
+            "temporal_patch_size": QWEN3_PREPROCESSOR["temporal_patch_size"],
+            "num_position_embeddings": 64,
+            "deepstack_visual_indexes": [0],
+        },
+        image_token_id=tok.token_to_id("<|image_pad|>"),
+        video_token_id=tok.token_to_id("<|video_pad|>"),
+        vision_start_token_id=tok.token_to_id("<|vision_start|>"),
+        vision_end_token_id=tok.token_to_id("<|vision_end|>"),
+        attn_implementation="sdpa",
+    )
+    return transformers.Qwen3VLForConditionalGeneration(config).to(torch.float64).eval()
 
 
 def write_image(path: Path, size: Tuple[int, int], seed: int) -> Path:
@@ -182,6 +313,43 @@ def image_chats(
             messages.append({"role": "user", "content": content})
             messages.append({"role": "assistant", "content": sentence(rng, rng.randint(1, 12))})
         records.append({"messages": messages, "images": images})
+    return records
+
+
+def media_chats(
+    n: int, media_dir: Path, seed: int = 0, min_frames: int = 1
+) -> List[Dict[str, Any]]:
+    """Records with image and video parts in user turns, ``images`` (relative paths) and
+    ``videos`` (each a list of ``min_frames``-6 relative frame paths of one size)."""
+    rng = random.Random(seed)
+    media_dir.mkdir(parents=True, exist_ok=True)
+    records = []
+    for i in range(n):
+        messages: List[Dict[str, Any]] = []
+        images: List[str] = []
+        videos: List[List[str]] = []
+        for turn in range(rng.randint(1, 2)):
+            content: List[Dict[str, Any]] = []
+            for k in range(rng.randint(0 if turn else 1, 3)):
+                size = (rng.randint(20, 200), rng.randint(20, 200))
+                if rng.random() < 0.6:
+                    frames = []
+                    for f in range(rng.randint(min_frames, 6)):
+                        name = f"vid-{i}-{turn}-{k}-{f}.{rng.choice(['png', 'jpg'])}"
+                        write_image(media_dir / name, size, seed=rng.randint(0, 1 << 30))
+                        frames.append(f"{media_dir.name}/{name}")
+                    videos.append(frames)
+                    content.append({"type": "video"})
+                else:
+                    name = f"img-{i}-{turn}-{k}.png"
+                    write_image(media_dir / name, size, seed=rng.randint(0, 1 << 30))
+                    images.append(f"{media_dir.name}/{name}")
+                    content.append({"type": "image"})
+            content.append({"type": "text", "text": sentence(rng, rng.randint(1, 8))})
+            rng.shuffle(content)
+            messages.append({"role": "user", "content": content})
+            messages.append({"role": "assistant", "content": sentence(rng, rng.randint(1, 12))})
+        records.append({"messages": messages, "images": images, "videos": videos})
     return records
 
 

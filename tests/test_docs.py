@@ -44,16 +44,17 @@ def _tiny_llama(vocab_size, seed=0):
         attn_implementation="sdpa"))
 """
 
-# The multimodal page's inputs (a Qwen2-VL-style tokenizer in vl/, image chats) and what a
+# The multimodal page's inputs (a Qwen2-VL-style tokenizer in vl/, image and video chats) and what a
 # reader brings: the model and its image processor.
 VL_SETUP = f"""
 import sys
 from pathlib import Path
 sys.path.insert(0, {str(ROOT)!r})
 from tests._vl_factory import build_vl_tokenizer, image_chats, tiny_qwen2_5_vl, write_jsonl
-from tests._vl_factory import image_processor as _image_processor
+from tests._vl_factory import image_processor as _image_processor, media_chats
 build_vl_tokenizer(Path("vl"))
 write_jsonl(Path("image_chats.jsonl"), image_chats(30, Path("imgs"), seed=0))
+write_jsonl(Path("video_chats.jsonl"), media_chats(6, Path("media"), seed=0))
 image_processor = _image_processor()
 model = tiny_qwen2_5_vl(Path("vl"))
 """

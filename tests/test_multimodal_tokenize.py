@@ -42,6 +42,10 @@ def data(tmp_path_factory):
     return root, records, write_jsonl(root / "chats.jsonl", records)
 
 
+def manifest_shard(out: Path) -> Path:
+    return sorted(out.glob("part-*.parquet"))[0]
+
+
 def _rows(out: Path):
     return pq.read_table(sorted(out.glob("part-*.parquet"))).to_pylist()
 
@@ -58,13 +62,25 @@ def _with_paths(messages, images, root: Path):
     return messages
 
 
-def test_parity_with_the_processor_on_every_sample(tok, data, tmp_path):
+@pytest.fixture(scope="module")
+def tok3(tmp_path_factory):
+    return build_vl_tokenizer(tmp_path_factory.mktemp("vl3-tok"), "qwen3-vl")
+
+
+@pytest.mark.parametrize("family", ["qwen2-vl", "qwen3-vl"])
+def test_parity_with_the_processor_on_every_sample(tok, tok3, data, tmp_path, family):
     root, records, jsonl = data
+    tok = tok3 if family == "qwen3-vl" else tok
     manifest = tokenize_files(jsonl, tmp_path / "out", tok, vision=tok)
     rows = _rows(tmp_path / "out")
     assert manifest["counts"]["samples"] == len(rows) == len(records)
     assert manifest["counts"]["images"] == sum(len(r["images"]) for r in records) > 40
-    proc = processor(tok)
+    assert manifest["multimodal"]["family"] == manifest["config"]["family"] == family
+    assert (
+        pq.read_schema(manifest_shard(tmp_path / "out")).metadata[b"tokpack.multimodal"]
+        == family.encode()
+    )
+    proc = processor(tok, family)
     pad = proc.tokenizer.convert_tokens_to_ids("<|image_pad|>")
     for record, row in zip(records, rows):
         out = proc.apply_chat_template(

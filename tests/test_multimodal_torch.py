@@ -1,7 +1,7 @@
 """mRoPE positions against the model's own get_rope_index, the multimodal collator through
-DataLoader workers, and the exactness of packed training: tiny random Qwen2.5-VL and Qwen2-VL
-models in float64 give each sample the per-token losses it gets alone, and plain 1-D positions
-do not."""
+DataLoader workers, and the exactness of packed training: tiny random Qwen2.5-VL, Qwen2-VL and
+Qwen3-VL models in float64 give each sample the per-token losses it gets alone, and plain 1-D
+positions do not."""
 
 from __future__ import annotations
 
@@ -16,10 +16,12 @@ pytest.importorskip("PIL")
 pytest.importorskip("transformers")
 
 from tests._vl_factory import (  # noqa: E402
+    QWEN3_PREPROCESSOR,
     build_vl_tokenizer,
     image_chats,
     image_processor,
     tiny_qwen2_5_vl,
+    tiny_qwen3_vl,
     write_image,
     write_jsonl,
 )
@@ -36,15 +38,30 @@ from tokpack.torch import PackedDataset  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    root = tmp_path_factory.mktemp("vl-torch")
-    tok = build_vl_tokenizer(root / "tok")
-    records = image_chats(24, root / "imgs", seed=11)
-    tokenize_files(write_jsonl(root / "chats.jsonl", records), root / "tokens", tok, vision=tok)
-    samples = pq.read_table(sorted((root / "tokens").glob("part-*.parquet"))).to_pylist()
-    max_len = max(s["length"] for s in samples) + 40
-    pack_files(root / "tokens", root / "packed", max_len, row_group_rows=4)
-    return root, tok, samples
+def corpora(tmp_path_factory):
+    """``corpora(kind)``: tokenized and packed image chats of a tokenizer / processor config of
+    ``kind`` (``qwen2-vl``: also Qwen2.5-VL's; ``qwen3-vl``), built once."""
+    built = {}
+
+    def get(kind):
+        if kind not in built:
+            root = tmp_path_factory.mktemp(f"vl-torch-{kind}")
+            tok = build_vl_tokenizer(root / "tok", kind)
+            records = image_chats(24, root / "imgs", seed=11)
+            jsonl = write_jsonl(root / "chats.jsonl", records)
+            tokenize_files(jsonl, root / "tokens", tok, vision=tok)
+            samples = pq.read_table(sorted((root / "tokens").glob("part-*.parquet"))).to_pylist()
+            max_len = max(s["length"] for s in samples) + 40
+            pack_files(root / "tokens", root / "packed", max_len, row_group_rows=4)
+            built[kind] = (root, tok, samples)
+        return built[kind]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def corpus(corpora):
+    return corpora("qwen2-vl")
 
 
 _MODELS = {}
@@ -52,8 +69,19 @@ _MODELS = {}
 
 def _model(corpus, family):
     if family not in _MODELS:
-        _MODELS[family] = tiny_qwen2_5_vl(corpus[1], family)
+        tok = corpus[1]
+        _MODELS[family] = (
+            tiny_qwen3_vl(tok) if family == "qwen3_vl" else tiny_qwen2_5_vl(tok, family)
+        )
     return _MODELS[family]
+
+
+def _family_corpus(corpora, family):
+    return corpora("qwen3-vl" if family == "qwen3_vl" else "qwen2-vl")
+
+
+def _processor(family):
+    return image_processor(QWEN3_PREPROCESSOR) if family == "qwen3_vl" else image_processor()
 
 
 def _alone(model, sample, reader, processor):
@@ -80,8 +108,9 @@ def _token_losses(logits, labels):
     return torch.where(labels[1:] == -100, torch.zeros_like(losses), losses)
 
 
-@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen2_vl"])
-def test_positions_equal_get_rope_index_on_each_sample(corpus, family):
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen2_vl", "qwen3_vl"])
+def test_positions_equal_get_rope_index_on_each_sample(corpora, family):
+    corpus = _family_corpus(corpora, family)
     model = _model(corpus, family)
     _, _, samples = corpus
     with_images = 0
@@ -113,13 +142,15 @@ def test_packed_positions_restart_per_segment():
 
 
 @pytest.mark.parametrize(
-    "family, context", [("qwen2_5_vl", "fork"), ("qwen2_5_vl", "spawn"), ("qwen2_vl", "fork")]
+    "family, context",
+    [("qwen2_5_vl", "fork"), ("qwen2_5_vl", "spawn"), ("qwen2_vl", "fork"), ("qwen3_vl", "fork")],
 )
-def test_packed_losses_equal_each_sample_alone(corpus, family, context):
+def test_packed_losses_equal_each_sample_alone(corpora, family, context):
+    corpus = _family_corpus(corpora, family)
     model = _model(corpus, family)
     root, _, samples = corpus
     ds = PackedDataset(root / "packed")
-    processor = image_processor()
+    processor = _processor(family)
     collator = MultimodalCollator(processor)
     loader = torch.utils.data.DataLoader(
         ds, batch_size=1, num_workers=2, collate_fn=collator, multiprocessing_context=context

@@ -15,13 +15,25 @@ from PIL import Image, ImageFile  # noqa: E402
 from tests._vl_factory import PREPROCESSOR, image_processor, write_image  # noqa: E402
 from tokpack import ConfigError, DataError, InputNotFoundError  # noqa: E402
 from tokpack.multimodal import VisionRules, image_size, smart_resize  # noqa: E402
+from tokpack.multimodal.family import detect_family, family  # noqa: E402
 from tokpack.multimodal.vision import MAX_ASPECT_RATIO  # noqa: E402
+
+# Qwen3-VL's published preprocessor_config.json (transformers' Qwen2VLImageProcessor, patch 16).
+QWEN3_VL = {
+    "patch_size": 16,
+    "merge_size": 2,
+    "temporal_patch_size": 2,
+    "size": {"longest_edge": 16777216, "shortest_edge": 65536},
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+}
 
 CONFIGS = [
     {},  # the processor's defaults
     PREPROCESSOR,
     {"min_pixels": 1000, "max_pixels": 200_000, "patch_size": 16, "merge_size": 2},
     {"size": {"shortest_edge": 3136, "longest_edge": 50_000}, "merge_size": 1},
+    QWEN3_VL,
 ]
 
 
@@ -106,3 +118,19 @@ def test_errors(tmp_path):
         VisionRules(patch_size=0)
     (tmp_path / "preprocessor_config.json").write_text('{"merge_size": 1, "max_pixels": 9999}')
     assert VisionRules.from_pretrained(tmp_path) == VisionRules(merge_size=1, max_pixels=9999)
+
+
+def test_families():
+    qwen3 = VisionRules.from_dict({"processor_class": "Qwen3VLProcessor"})
+    assert qwen3 == VisionRules.from_dict(QWEN3_VL) == VisionRules.from_dict({}, "qwen3-vl")
+    assert qwen3 == VisionRules.from_processor(image_processor(QWEN3_VL))
+    assert qwen3.factor == 32 and VisionRules.from_dict({}) == VisionRules()
+    assert VisionRules.from_dict({"model_type": "qwen2_5_vl"}) == VisionRules()
+    # the config's own values win over the family's defaults
+    assert VisionRules.from_dict({"patch_size": 14}, "qwen3-vl").patch_size == 14
+    assert detect_family({"processor_class": "Qwen2_5_VLProcessor"}).name == "qwen2.5-vl"
+    assert detect_family({"processor_class": "Qwen3VLProcessor"}, "qwen2-vl").name == "qwen2-vl"
+    assert detect_family({"processor_class": "Other"}).name == "qwen2-vl"
+    assert family("Qwen2_5-VL").name == "qwen2.5-vl"
+    with pytest.raises(ConfigError, match="unknown multimodal family 'llava'"):
+        family("llava")

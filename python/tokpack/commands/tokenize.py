@@ -49,8 +49,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--vision",
         metavar="MODEL_DIR",
-        help="image chats of the Qwen2-VL family: image parts become the vision tokens "
-        "MODEL_DIR/preprocessor_config.json gives (tokpack.multimodal.tokenize_files)",
+        help="image chats of Qwen2-VL, Qwen2.5-VL or Qwen3-VL: image parts become the vision "
+        "tokens MODEL_DIR/preprocessor_config.json gives (tokpack.multimodal.tokenize_files)",
+    )
+    parser.add_argument(
+        "--family",
+        default="auto",
+        choices=["auto", "qwen2-vl", "qwen2.5-vl", "qwen3-vl"],
+        help="with --vision: the model family (default: the processor_class of "
+        "MODEL_DIR/preprocessor_config.json, else qwen2-vl)",
+    )
+    parser.add_argument(
+        "--video-fps",
+        type=float,
+        default=None,
+        metavar="FPS",
+        help="with --vision: the frame rate of the videos' frame lists (Qwen2.5-VL's time step, "
+        "Qwen3-VL's timestamps; default 24, as transformers assumes for frames without metadata)",
     )
     parser.add_argument(
         "--image-root",
@@ -241,9 +256,9 @@ def _run_multimodal(args: argparse.Namespace) -> int:
     if refused:
         raise ConfigError(f"--vision does not take {', '.join(refused)}")
     columns = _columns(args.column) or {}
-    unknown = sorted(set(columns) - {"messages", "images"})
+    unknown = sorted(set(columns) - {"messages", "images", "videos"})
     if unknown:
-        raise ConfigError(f"--vision reads the fields messages and images; not {unknown}")
+        raise ConfigError(f"--vision reads the fields messages, images and videos; not {unknown}")
     manifest = tokenize_files(
         args.inputs,
         args.output,
@@ -255,7 +270,10 @@ def _run_multimodal(args: argparse.Namespace) -> int:
         overlong=args.overlong,
         messages_column=columns.get("messages", "messages"),
         images_column=columns.get("images", "images"),
+        videos_column=columns.get("videos", "videos"),
+        video_fps=args.video_fps,
         image_root=args.image_root,
+        family=args.family,
         skip_invalid=args.skip_invalid,
         shard_rows=args.shard_rows,
         force=args.force,
@@ -265,7 +283,9 @@ def _run_multimodal(args: argparse.Namespace) -> int:
     if c["dropped_overlong"]:
         extra.append(f"{c['dropped_overlong']:,} over-long dropped")
     body = (
-        f"{c['samples']:,} samples with {c['images']:,} images in"
+        f"{c['samples']:,} samples with {c['images']:,} images"
+        + (f" and {c['videos']:,} videos" if c["videos"] else "")
+        + " in"
         f" {len(manifest['shards'])} shard(s), {c['tokens']:,} tokens of which"
         f" {c['vision_tokens']:,} vision tokens"
     )

@@ -1,6 +1,7 @@
-"""Multimodal packing (Qwen2-VL / Qwen2.5-VL): image chats tokenized with their vision tokens
-expanded from the image headers, packed with their media carried per segment, and collated
-with per-segment mRoPE positions and the images' ``pixel_values``.
+"""Multimodal packing (Qwen2-VL, Qwen2.5-VL, Qwen3-VL): image and video chats tokenized with
+their vision tokens expanded from the image headers, packed with their media carried per
+segment, and collated with per-segment mRoPE positions, the images' ``pixel_values`` and the
+videos' ``pixel_values_videos``.
 
 ``tokpack.multimodal`` imports neither torch nor transformers; ``MultimodalCollator`` (torch)
 is imported on first use (and is not in ``__all__``: ``import *`` does not import torch).

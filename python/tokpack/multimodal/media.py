@@ -6,6 +6,8 @@ Hugging Face ``datasets`` ``Image`` value (``{"bytes": ..., "path": ...}``). A s
 reference per image: ``{"path": ABSOLUTE}`` for a file, ``{"file": INPUT, "row": R, "index": I}``
 for bytes held by a Parquet input (row ``R`` of the file, ``I``-th image of its ``images``
 column), and the BLAKE2b-128 hash of the image bytes, checked when the image is loaded again.
+A video of a ``videos`` column is a list of frames, each such a value; a frame held as bytes is
+referenced with the ``frame`` index added (``{"file", "row", "column", "index", "frame"}``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,11 @@ def describe_ref(ref: Dict[str, Any]) -> str:
     if "path" in ref:
         return str(ref["path"])
     column = ref.get("column", "images")
+    if "frame" in ref:
+        return (
+            f"{ref['file']}:row {ref['row']}, column {column!r}, video {ref['index']},"
+            f" frame {ref['frame']}"
+        )
     return f"{ref['file']}:row {ref['row']}, column {column!r}, image {ref['index']}"
 
 
@@ -146,6 +153,11 @@ class MediaReader:
         if not isinstance(images, list) or index >= len(images):
             raise DataError(f"{describe_ref(ref)}: the row has no such image")
         value = images[index]
+        if "frame" in ref:  # a frame of a video: a list of frames
+            frame = int(ref["frame"])
+            if not isinstance(value, list) or frame >= len(value):
+                raise DataError(f"{describe_ref(ref)}: the row has no such frame")
+            value = value[frame]
         if isinstance(value, dict):
             value = value.get("bytes")
         if not isinstance(value, bytes):

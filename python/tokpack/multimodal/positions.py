@@ -1,10 +1,14 @@
-"""mRoPE position ids (Qwen2-VL / Qwen2.5-VL), tokpack's own implementation of the rule.
+"""mRoPE position ids (Qwen2-VL, Qwen2.5-VL, Qwen3-VL), tokpack's own implementation of the
+rule of transformers' ``get_rope_index`` (5.x).
 
 Within one sample: text tokens take consecutive positions on all three axes; the tokens of an
-image of grid ``(t, h, w)`` (``h / merge`` rows of ``w / merge`` tokens, row-major) take
-``(p + t_i, p + h_i, p + w_i)`` from the position ``p`` the image starts at; the text after it
-resumes at one past the largest position the image used. A packed row restarts the rule at 0
-for every segment and concatenates.
+image or video of grid ``(t, h, w)`` (``t`` temporal patches of ``h / merge`` rows of
+``w / merge`` tokens, row-major) take ``(p + T(t_i), p + h_i, p + w_i)`` from the position
+``p`` it starts at, and the text after it resumes at ``p + max(h, w) / merge``. ``T`` is the
+identity for images and Qwen2-VL videos; for a Qwen2.5-VL video (an entry with
+``second_per_grid_t`` and ``tokens_per_second``) ``T(i) = floor(i * tokens_per_second *
+second_per_grid_t)``, computed in float32 as transformers does. A packed row restarts the rule
+at 0 for every segment and concatenates.
 """
 
 from __future__ import annotations
@@ -19,27 +23,46 @@ __all__ = ["sample_positions", "packed_positions"]
 
 
 def sample_positions(length: int, media: Sequence[Dict[str, Any]], merge_size: int) -> np.ndarray:
-    """``[3, length]`` int64 mRoPE positions of one sample whose images are ``media`` (objects
-    with ``grid`` ``[t, h, w]`` and ``span`` ``[start, n]``, in token order)."""
+    """``[3, length]`` int64 mRoPE positions of one sample whose images and videos are
+    ``media`` (objects with ``grid`` ``[t, h, w]`` and ``span`` ``[start, n]``, in token
+    order; a Qwen3-VL video's ``groups`` ``[offset, n]`` place each temporal patch's pads
+    within its span, the tokens between them being text)."""
     out = np.empty((3, length), dtype=np.int64)
     at = 0  # next token
     pos = 0  # next position
-    for m in sorted(media, key=lambda m: m["span"][0]):
-        start, n = int(m["span"][0]), int(m["span"][1])
-        t, h, w = (int(g) for g in m["grid"])
+    for start, n, (t, h, w), m in _blocks(media, length):
         h, w = h // merge_size, w // merge_size
         if t * h * w != n or start < at or start + n > length:
             raise DataError(f"image span {m['span']} does not match its grid {m['grid']}")
         out[:, at:start] = pos + np.arange(start - at)
         pos += start - at
         tt, hh, ww = np.indices((t, h, w)).reshape(3, -1)
+        if "second_per_grid_t" in m:
+            step = np.float32(m["tokens_per_second"]) * np.float32(m["second_per_grid_t"])
+            tt = (tt.astype(np.float32) * step).astype(np.int64)
         out[0, start : start + n] = pos + tt
         out[1, start : start + n] = pos + hh
         out[2, start : start + n] = pos + ww
-        pos += max(t, h, w)
+        pos += max(h, w)
         at = start + n
     out[:, at:] = pos + np.arange(length - at)
     return out
+
+
+def _blocks(media: Sequence[Dict[str, Any]], length: int):
+    """``(start, n, grid, medium)`` of each run of pads, in token order."""
+    blocks = []
+    for m in media:
+        start, n = int(m["span"][0]), int(m["span"][1])
+        t, h, w = (int(g) for g in m["grid"])
+        groups = m.get("groups")
+        if groups is None:
+            blocks.append((start, n, (t, h, w), m))
+            continue
+        if len(groups) != t or any(off + k > n for off, k in groups):
+            raise DataError(f"video span {m['span']} does not match its groups {groups}")
+        blocks.extend((start + int(off), int(k), (1, h, w), m) for off, k in groups)
+    return sorted(blocks, key=lambda b: b[0])
 
 
 def packed_positions(

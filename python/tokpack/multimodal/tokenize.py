@@ -1,25 +1,35 @@
-"""Tokenize conversational records with images into token shards (Qwen2-VL / Qwen2.5-VL).
+"""Tokenize conversational records with images and videos into token shards (Qwen2-VL,
+Qwen2.5-VL, Qwen3-VL: :mod:`tokpack.multimodal.family`).
 
 A record is a chat (``messages``: role/content dicts, a content being a string or a list of
-``{"type": "text", "text": ...}`` / ``{"type": "image"}`` parts) plus an ``images`` column
-holding the images of the image parts, in order. The chat template renders each image part as
-``<|vision_start|><|image_pad|><|vision_end|>``; the one ``<|image_pad|>`` token is expanded
-into as many as the model will see for that image (:class:`VisionRules`, from the image header:
-pixels are not decoded), as the model's processor expands it in the text. Vision tokens
-(``vision_start``, the pads, ``vision_end``) are never trained on.
+``{"type": "text", "text": ...}`` / ``{"type": "image"}`` / ``{"type": "video"}`` parts) plus
+an ``images`` column holding the images of the image parts, in order, and a ``videos`` column
+holding the videos of the video parts, each a list of frames (images of one size; no video
+file is decoded). The chat template renders each image part as
+``<|vision_start|><|image_pad|><|vision_end|>`` (a video part with ``<|video_pad|>``); the one
+pad token is expanded into as many as the model will see for that image or video
+(:class:`VisionRules`, from the image headers: pixels are not decoded), as the model's
+processor expands it in the text: for Qwen3-VL, a video's pad becomes one
+``<t seconds><|vision_start|>pads<|vision_end|>`` block per temporal patch. Vision tokens
+(``vision_start``, the pads, ``vision_end``, Qwen3-VL's timestamps) are never trained on.
 
 Token shards get, besides ``input_ids``, ``labels`` and ``length``:
 
-- ``media`` (string): JSON list, one object per image in order: ``ref`` (see
-  :mod:`tokpack.multimodal.media`), ``hash``, ``size`` ``[width, height]``, ``grid``
-  ``[t, h, w]`` (the processor's ``image_grid_thw``) and ``span`` ``[start, n]``: the image's
-  ``n`` pad tokens start at token ``start`` of the sample;
+- ``media`` (string): JSON list, one object per image or video in token order: for an image
+  ``ref`` (see :mod:`tokpack.multimodal.media`), ``hash``, ``size`` ``[width, height]``,
+  ``grid`` ``[t, h, w]`` (the processor's ``image_grid_thw``) and ``span`` ``[start, n]``: the
+  image's ``n`` pad tokens start at token ``start`` of the sample; for a video ``"type":
+  "video"``, ``frames`` (``ref`` and ``hash`` of each), ``size``, ``grid`` (the video
+  processor's ``video_grid_thw``), ``span``, and by family: ``second_per_grid_t`` and
+  ``tokens_per_second`` (Qwen2.5-VL's time step), or ``frame_count``, ``fps``, ``tokens`` (its
+  pads) and ``groups`` (``[offset, n]`` of each temporal patch's pads in the span, which also
+  holds the timestamps: Qwen3-VL);
 - ``vision_tokens`` (int32): the sample's pad tokens; ``vision_patches`` (int32): the patches
   the vision encoder runs on (``t * h * w`` summed), a second cost to balance rows on.
 
-Over-long samples (``max_len``) are never cut inside an image: ``truncate`` cuts before the
-``vision_start`` of an image that would not fit whole, ``split`` ends each piece at such a
-boundary (each piece keeps its own images), and a sample with no safe cut (an image alone
+Over-long samples (``max_len``) are never cut inside an image or video: ``truncate`` cuts
+before the ``vision_start`` of one that would not fit whole, ``split`` ends each piece at such
+a boundary (each piece keeps its own media), and a sample with no safe cut (an image alone
 longer than ``max_len``, or an image at the very start) is dropped and counted.
 """
 
@@ -42,8 +52,9 @@ from ..tokenize.formats import Record, read_records
 from ..tokenize.masks import labels_from_spans
 from ..tokenize.template import TRAIN_ON, ChatTemplate, resolve_template
 from ..tokenize.tokenizer import LoadedTokenizer, load_tokenizer
-from .media import media_hash, resolve_image
-from .vision import VisionRules, image_size
+from .family import detect_family
+from .media import describe_ref, media_hash, resolve_image
+from .vision import VisionRules, image_size, read_preprocessor_config
 
 __all__ = [
     "VisionTokens",
@@ -65,7 +76,8 @@ MULTIMODAL_KEY = b"tokpack.multimodal"
 _IDS = pa.list_(pa.int32())
 
 
-def token_schema() -> pa.Schema:
+def token_schema(family: str = "qwen2-vl") -> pa.Schema:
+    """The token shards' schema; its metadata names the model family."""
     return pa.schema(
         [
             ("input_ids", _IDS),
@@ -75,7 +87,7 @@ def token_schema() -> pa.Schema:
             ("vision_tokens", pa.int32()),
             ("vision_patches", pa.int32()),
         ],
-        metadata={MULTIMODAL_KEY: b"qwen2-vl"},
+        metadata={MULTIMODAL_KEY: family.encode()},
     )
 
 
@@ -86,6 +98,7 @@ class VisionTokens:
     start: str = "<|vision_start|>"
     image_pad: str = "<|image_pad|>"
     end: str = "<|vision_end|>"
+    video_pad: str = "<|video_pad|>"
 
 
 @dataclass
@@ -98,7 +111,8 @@ class MultimodalSample:
 
     @property
     def vision_tokens(self) -> int:
-        return sum(int(m["span"][1]) for m in self.media)
+        # ``tokens``: a Qwen3-VL video's pads (its span also holds its timestamps' text)
+        return sum(int(m.get("tokens", m["span"][1])) for m in self.media)
 
     @property
     def vision_patches(self) -> int:
@@ -114,6 +128,7 @@ class _Counts:
     split: int = 0
     dropped_overlong: int = 0
     images: int = 0
+    videos: int = 0
     tokens: int = 0
     vision_tokens: int = 0
     trained_tokens: int = 0
@@ -148,6 +163,10 @@ class MultimodalEncoder:
         images_column: str = "images",
         image_root: Optional[Union[str, os.PathLike]] = None,
         tokens: VisionTokens = VisionTokens(),
+        family: str = "auto",
+        videos_column: str = "videos",
+        video_fps: Optional[float] = None,
+        tokens_per_second: Optional[int] = None,
     ) -> None:
         if train_on not in TRAIN_ON:
             raise ConfigError(f"train_on must be one of {TRAIN_ON}, got {train_on!r}")
@@ -157,12 +176,15 @@ class MultimodalEncoder:
             isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1
         ):
             raise ConfigError(f"max_len must be a positive int or None, got {max_len!r}")
+        processor_config = {} if isinstance(vision, VisionRules) else vision
+        if not isinstance(processor_config, dict):
+            processor_config = read_preprocessor_config(processor_config)
+        self.family = detect_family(processor_config, family)
         if isinstance(vision, VisionRules):
-            self.rules = vision
-        elif isinstance(vision, dict):
-            self.rules = VisionRules.from_dict(vision)
+            self.rules = self.video_rules = vision
         else:
-            self.rules = VisionRules.from_pretrained(vision)
+            self.rules = VisionRules.from_dict(processor_config, self.family.name)
+        self._video_settings(vision, processor_config, video_fps, tokens_per_second)
         self.tokenizer = (
             tokenizer if isinstance(tokenizer, LoadedTokenizer) else load_tokenizer(tokenizer)
         )
@@ -186,18 +208,65 @@ class MultimodalEncoder:
         self.start_id = _token_id(self.tokenizer, tokens.start, "vision start")
         self.pad_id = _token_id(self.tokenizer, tokens.image_pad, "image pad")
         self.end_id = _token_id(self.tokenizer, tokens.end, "vision end")
+        video_pad_id = self.tokenizer.tokenizer.token_to_id(tokens.video_pad)
+        self.video_pad_id = None if video_pad_id is None else int(video_pad_id)
+        self.videos_column = videos_column
+
+    def _video_settings(
+        self,
+        vision: Any,
+        processor_config: Dict[str, Any],
+        video_fps: Optional[float],
+        tokens_per_second: Optional[int],
+    ) -> None:
+        """The video rules, the frame lists' rate and Qwen2.5-VL's ``tokens_per_second``."""
+        model_config: Dict[str, Any] = {}
+        if not isinstance(vision, VisionRules):
+            video_config = processor_config
+            if not isinstance(vision, dict):
+                # As transformers: the video processor reads video_preprocessor_config.json,
+                # or preprocessor_config.json when the model has none.
+                video_config = (
+                    _json_beside(vision, "video_preprocessor_config.json") or video_config
+                )
+                model_config = _json_beside(vision, "config.json") or {}
+            self.video_rules = VisionRules.from_dict(video_config, self.family.name, video=True)
+        if video_fps is not None and (
+            isinstance(video_fps, bool)
+            or not isinstance(video_fps, (int, float))
+            or not video_fps > 0
+        ):
+            raise ConfigError(f"video_fps must be a positive number, got {video_fps!r}")
+        # transformers' rate for a frame list given without its metadata.
+        self.video_fps = float(video_fps) if video_fps is not None else 24.0
+        if tokens_per_second is None:
+            vision_config = model_config.get("vision_config") or {}
+            tokens_per_second = vision_config.get("tokens_per_second", 2)
+        if isinstance(tokens_per_second, bool) or not isinstance(tokens_per_second, int):
+            raise ConfigError(f"tokens_per_second must be an int, got {tokens_per_second!r}")
+        self.tokens_per_second = tokens_per_second
 
     def config(self) -> Dict[str, Any]:
         """What besides the input bytes decides the output (for the cache key)."""
         return {
             "tokenizer": dict(self.tokenizer.fingerprint),
             "template": self.template_info,
+            "family": self.family.name,
             "vision": self.rules.as_dict(),
+            "video": {
+                **self.video_rules.as_dict(),
+                "fps": self.video_fps,
+                "tokens_per_second": self.tokens_per_second,
+            },
             "vision_tokens": self.tokens.__dict__,
             "train_on": self.train_on,
             "max_len": self.max_len,
             "overlong": self.overlong,
-            "columns": {"messages": self.messages_column, "images": self.images_column},
+            "columns": {
+                "messages": self.messages_column,
+                "images": self.images_column,
+                "videos": self.videos_column,
+            },
             "image_root": None if self.image_root is None else str(self.image_root),
         }
 
@@ -214,60 +283,172 @@ class MultimodalEncoder:
         messages = value.get(self.messages_column)
         if not isinstance(messages, list) or not messages:
             raise record.fail(f"{self.messages_column!r} must be a non-empty list of messages")
-        parts = _image_parts(messages, record, self.messages_column)
-        images = value.get(self.images_column)
-        images = [] if images is None else images
-        if not isinstance(images, list):
-            raise record.fail(f"column {self.images_column!r} must be a list of images")
-        if parts != len(images):
+        image_parts, video_parts = _media_parts(messages, record, self.messages_column)
+        images = self._column(record, value, self.images_column, image_parts, "image")
+        videos = self._column(record, value, self.videos_column, video_parts, "video")
+        if videos and self.video_pad_id is None:
             raise record.fail(
-                f"{parts} image part(s) in {self.messages_column!r} but {len(images)} image(s) in"
-                f" column {self.images_column!r}"
+                f"{self.tokenizer.path}: the tokenizer has no video pad token"
+                f" {self.tokens.video_pad!r}"
             )
         text, spans = self.template.trained_spans(messages, self.train_on, record)
         encoding = self.tokenizer.tokenizer.encode(text, add_special_tokens=False)
         ids = np.asarray(encoding.ids, dtype=np.int32)
         labels = labels_from_spans(encoding, ids, spans)
-        pads = np.flatnonzero(ids == self.pad_id)
-        if len(pads) != len(images):
-            raise record.fail(
-                f"the chat template rendered {len(pads)} {self.tokens.image_pad!r} token(s) for"
-                f" {len(images)} image(s); the template must render each image part as"
-                f" {self.tokens.start}{self.tokens.image_pad}{self.tokens.end}"
-            )
+        image_pads = np.flatnonzero(ids == self.pad_id)
+        video_pads = np.flatnonzero(ids == self.video_pad_id) if videos else image_pads[:0]
+        for pads, items, pad, kind in (
+            (image_pads, images, self.tokens.image_pad, "image"),
+            (video_pads, videos, self.tokens.video_pad, "video"),
+        ):
+            if len(pads) != len(items):
+                raise record.fail(
+                    f"the chat template rendered {len(pads)} {pad!r} token(s) for"
+                    f" {len(items)} {kind}(s); the template must render each {kind} part as"
+                    f" {self.tokens.start}{pad}{self.tokens.end}"
+                )
         root = self.image_root or input_file.parent
+        placed = [
+            (p, self._image(record, image, i, root))
+            for i, (p, image) in enumerate(zip(image_pads.tolist(), images))
+        ]
+        placed += [
+            (p, self._video(record, video, i, root))
+            for i, (p, video) in enumerate(zip(video_pads.tolist(), videos))
+        ]
+        placed.sort(key=lambda x: x[0])
+        # Each placeholder pad becomes its medium's tokens: n pads, or for a Qwen3-VL video one
+        # "<t seconds><|vision_start|>pads<|vision_end|>" block per temporal patch.
+        out_ids: List[np.ndarray] = []
+        out_labels: List[np.ndarray] = []
+        at = length = 0
         media = []
-        for i, image in enumerate(images):
-            # Bytes are referenced by their Parquet row (a JSONL line cannot hold bytes).
-            where: Dict[str, Any] = {}
-            if record.is_row:
-                where = {
-                    "file": str(Path(os.path.abspath(input_file))),
-                    "row": record.line,
-                    "column": self.images_column,
-                    "index": i,
-                }
-            try:
-                ref, data = resolve_image(image, root, where)
-                width, height = image_size(io.BytesIO(data), name=ref.get("path", ""))
-                grid = self.rules.grid(width, height)
-            except (DataError, InputNotFoundError) as exc:
-                raise record.fail(f"image {i}: {exc}") from None
-            media.append(
-                {"ref": ref, "hash": media_hash(data), "size": [width, height], "grid": list(grid)}
-            )
-        counts = np.ones(len(ids), dtype=np.int64)
-        n_tokens = [self.rules.tokens(tuple(m["grid"])) for m in media]
-        counts[pads] = n_tokens
-        ids = np.repeat(ids, counts)
-        labels = np.repeat(labels, counts)
+        for pad, m in placed:
+            out_ids.append(ids[at:pad])
+            out_labels.append(labels[at:pad])
+            length += pad - at
+            tokens = self._tokens_of(m)
+            out_ids.append(tokens)
+            out_labels.append(np.full(len(tokens), IGNORE_INDEX, dtype=labels.dtype))
+            m["span"] = [length, len(tokens)]
+            length += len(tokens)
+            at = pad + 1
+            media.append(m)
+        out_ids.append(ids[at:])
+        out_labels.append(labels[at:])
+        ids = np.concatenate(out_ids).astype(np.int32)
+        labels = np.concatenate(out_labels).astype(labels.dtype)
         vision = (ids == self.pad_id) | (ids == self.start_id) | (ids == self.end_id)
+        if self.video_pad_id is not None:
+            vision |= ids == self.video_pad_id
         labels[vision] = IGNORE_INDEX
-        shift = 0
-        for m, pad, n in zip(media, pads.tolist(), n_tokens):
-            m["span"] = [pad + shift, n]
-            shift += n - 1
         return MultimodalSample(ids, labels, media)
+
+    def _tokens_of(self, m: Dict[str, Any]) -> np.ndarray:
+        """The tokens a medium's placeholder pad becomes. A Qwen3-VL video also gets ``groups``:
+        ``[offset, n]`` of each temporal patch's pads within them."""
+        if m.get("type") != "video":
+            return np.full(self.rules.tokens(tuple(m["grid"])), self.pad_id, dtype=np.int32)
+        n = self.video_rules.tokens(tuple(m["grid"]))
+        if self.family.video_time != "timestamps":
+            return np.full(n, self.video_pad_id, dtype=np.int32)
+        t = int(m["grid"][0])
+        per_group = n // t
+        pieces, groups, offset = [], [], 0
+        for seconds in _timestamps(m["frame_count"], self.video_fps, self.video_rules):
+            text = self.tokenizer.tokenizer.encode(
+                f"<{seconds:.1f} seconds>", add_special_tokens=False
+            )
+            piece = np.concatenate(
+                [
+                    np.asarray(text.ids, dtype=np.int32),
+                    np.asarray([self.start_id], dtype=np.int32),
+                    np.full(per_group, self.video_pad_id, dtype=np.int32),
+                    np.asarray([self.end_id], dtype=np.int32),
+                ]
+            )
+            groups.append([offset + len(text.ids) + 1, per_group])
+            offset += len(piece)
+            pieces.append(piece)
+        m["groups"] = groups
+        m["tokens"] = n
+        return np.concatenate(pieces)
+
+    def _column(
+        self, record: Record, value: Dict[str, Any], column: str, parts: int, kind: str
+    ) -> List[Any]:
+        items = value.get(column)
+        items = [] if items is None else items
+        if not isinstance(items, list):
+            raise record.fail(f"column {column!r} must be a list of {kind}s")
+        if parts != len(items):
+            raise record.fail(
+                f"{parts} {kind} part(s) in {self.messages_column!r} but {len(items)} {kind}(s)"
+                f" in column {column!r}"
+            )
+        return items
+
+    def _where(self, record: Record, input_file: Path, column: str, index: int) -> Dict[str, Any]:
+        # Bytes are referenced by their Parquet row (a JSONL line cannot hold bytes).
+        if not record.is_row:
+            return {}
+        return {
+            "file": str(Path(os.path.abspath(input_file))),
+            "row": record.line,
+            "column": column,
+            "index": index,
+        }
+
+    def _image(self, record: Record, image: Any, i: int, root: Path) -> Dict[str, Any]:
+        where = self._where(record, record.path, self.images_column, i)
+        try:
+            ref, data = resolve_image(image, root, where)
+            width, height = image_size(io.BytesIO(data), name=ref.get("path", ""))
+            grid = self.rules.grid(width, height)
+        except (DataError, InputNotFoundError) as exc:
+            raise record.fail(f"image {i}: {exc}") from None
+        return {"ref": ref, "hash": media_hash(data), "size": [width, height], "grid": list(grid)}
+
+    def _video(self, record: Record, video: Any, i: int, root: Path) -> Dict[str, Any]:
+        """A video given as its list of frames (paths, bytes or ``{"bytes", "path"}``, all of
+        one size): its frames' references and hashes, grid and the time-axis step."""
+        if not isinstance(video, list) or not video:
+            raise record.fail(f"video {i}: a video must be a non-empty list of frames")
+        frames, size = [], None
+        for j, frame in enumerate(video):
+            where = self._where(record, record.path, self.videos_column, i)
+            if where:
+                where["frame"] = j
+            try:
+                ref, data = resolve_image(frame, root, where)
+                frame_size = image_size(io.BytesIO(data), name=ref.get("path", ""))
+            except (DataError, InputNotFoundError) as exc:
+                raise record.fail(f"video {i}, frame {j}: {exc}") from None
+            if size is None:
+                size = frame_size
+            elif frame_size != size:
+                raise record.fail(
+                    f"video {i}, frame {j} ({describe_ref(ref)}): {frame_size[0]}x{frame_size[1]}"
+                    f" pixels, frame 0 has {size[0]}x{size[1]}: the frames of a video must be of"
+                    " one size"
+                )
+            frames.append({"ref": ref, "hash": media_hash(data)})
+        assert size is not None
+        try:
+            grid = self.video_rules.video_grid(
+                len(frames), *size, clip_pixels=self.family.video_time == "timestamps"
+            )
+        except DataError as exc:
+            raise record.fail(f"video {i}: {exc}") from None
+        entry: Dict[str, Any] = {"type": "video", "frames": frames, "size": list(size)}
+        entry["grid"] = list(grid)
+        if self.family.video_time == "timestamps":
+            entry["frame_count"] = len(frames)
+            entry["fps"] = self.video_fps
+        if self.family.video_time == "seconds":
+            entry["second_per_grid_t"] = self.video_rules.temporal_patch_size / self.video_fps
+            entry["tokens_per_second"] = self.tokens_per_second
+        return entry
 
     # --- max_len --------------------------------------------------------------------------
 
@@ -312,8 +493,9 @@ class MultimodalEncoder:
         return pieces
 
 
-def _image_parts(messages: List[Any], record: Record, column: str) -> int:
-    n = 0
+def _media_parts(messages: List[Any], record: Record, column: str) -> Tuple[int, int]:
+    """The image parts and the video parts of a conversation."""
+    images = videos = 0
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise record.fail(f"{column}[{i}] must be an object with 'role' and 'content'")
@@ -321,8 +503,38 @@ def _image_parts(messages: List[Any], record: Record, column: str) -> int:
         if isinstance(content, list):
             for part in content:
                 if isinstance(part, dict) and part.get("type") == "image":
-                    n += 1
-    return n
+                    images += 1
+                elif isinstance(part, dict) and part.get("type") == "video":
+                    videos += 1
+    return images, videos
+
+
+def _timestamps(frames: int, fps: float, rules: VisionRules) -> List[float]:
+    """Qwen3-VL's time of each temporal patch of a frame list (transformers'
+    ``Qwen3VLProcessor._calculate_timestamps``): frame ``i`` at ``i / fps``, the last frame
+    repeated up to a multiple of ``temporal_patch_size``, each patch at the mean of its first
+    and last frame."""
+    size = rules.temporal_patch_size
+    indices = list(range(frames))
+    indices += [indices[-1]] * (-frames % size)
+    times = [i / fps for i in indices]
+    return [(times[i] + times[i + size - 1]) / 2 for i in range(0, len(times), size)]
+
+
+def _json_beside(vision: Union[str, os.PathLike], name: str) -> Optional[Dict[str, Any]]:
+    """``name`` in the model directory ``vision`` (or beside the config file it names), as a
+    dict; None when there is no such file."""
+    base = Path(vision)
+    file = (base if base.is_dir() else base.parent) / name
+    if not file.is_file():
+        return None
+    try:
+        found = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{file}: cannot read it ({exc})") from None
+    if not isinstance(found, dict):
+        raise ConfigError(f"{file}: not a JSON object")
+    return found
 
 
 def _safe_cut(start: int, end: int, blocks: Sequence[Tuple[int, int]]) -> int:
@@ -366,14 +578,16 @@ def iter_samples(
                 continue
             for sample in encoder.fit(whole, record, counts):
                 counts.samples += 1
-                counts.images += len(sample.media)
+                videos = sum(m.get("type") == "video" for m in sample.media)
+                counts.videos += videos
+                counts.images += len(sample.media) - videos
                 counts.tokens += len(sample.input_ids)
                 counts.vision_tokens += sample.vision_tokens
                 counts.trained_tokens += int(np.count_nonzero(sample.labels != IGNORE_INDEX))
                 yield sample
 
 
-def _batch(samples: List[MultimodalSample]) -> pa.RecordBatch:
+def _batch(samples: List[MultimodalSample], family: str) -> pa.RecordBatch:
     lengths = np.array([len(s.input_ids) for s in samples], dtype=np.int32)
     offsets = np.zeros(len(samples) + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
@@ -393,7 +607,7 @@ def _batch(samples: List[MultimodalSample]) -> pa.RecordBatch:
             pa.array([s.vision_tokens for s in samples], pa.int32()),
             pa.array([s.vision_patches for s in samples], pa.int32()),
         ],
-        schema=token_schema(),
+        schema=token_schema(family),
     )
 
 
@@ -416,13 +630,18 @@ def tokenize_files(
     :func:`tokpack.pack_files`). ``vision``: :class:`VisionRules`, a
     ``preprocessor_config.json`` dict, or the model directory / file holding it; ``options``:
     the keyword options of :class:`MultimodalEncoder` (``chat_template``, ``train_on``,
-    ``max_len``, ``overlong``, ``messages_column``, ``images_column``, ``image_root``). Images
-    are read (hashed, header parsed) but not decoded. A changed image under an unchanged input
-    is not noticed here (``force=True`` rebuilds); the collator's hash check refuses it when
-    loading.
+    ``max_len``, ``overlong``, ``messages_column``, ``images_column``, ``videos_column``,
+    ``image_root``, ``family`` (``"auto"``: from the processor config; ``"qwen2-vl"``,
+    ``"qwen2.5-vl"``, ``"qwen3-vl"``), ``video_fps`` (the frame rate of the frame lists, default
+    24 as transformers assumes), ``tokens_per_second`` (Qwen2.5-VL; default the model
+    directory's ``config.json``, else 2)). Videos take the rules of the model directory's
+    ``video_preprocessor_config.json``, else of ``preprocessor_config.json``, as transformers
+    does. Images and frames are read (hashed, header parsed) but not decoded. A changed image
+    under an unchanged input is not noticed here (``force=True`` rebuilds); the collator's hash
+    check refuses it when loading.
 
     Returns the manifest; ``counts`` holds records, samples, rejected, truncated, split,
-    dropped_overlong, images, tokens, vision_tokens and trained_tokens.
+    dropped_overlong, images, videos, tokens, vision_tokens and trained_tokens.
     """
     from .._io.store import cached_run, destination
     from ..tokenize.writer import REJECTED_NAME, _RejectedFile, _ShardWriter
@@ -434,17 +653,17 @@ def tokenize_files(
 
     def build(tmp: Path, described: List[Dict[str, Any]]) -> Dict[str, Any]:
         counts = _Counts()
-        shards = _ShardWriter(tmp, shard_rows, token_schema())
+        shards = _ShardWriter(tmp, shard_rows, token_schema(encoder.family.name))
         rejected = _RejectedFile(tmp) if skip_invalid else None
         try:
             pending: List[MultimodalSample] = []
             for sample in iter_samples(files, encoder, counts, rejected):
                 pending.append(sample)
                 if len(pending) == batch_rows:
-                    shards.write(_batch(pending))
+                    shards.write(_batch(pending, encoder.family.name))
                     pending = []
             if pending:
-                shards.write(_batch(pending))
+                shards.write(_batch(pending, encoder.family.name))
             shards.finish()
         except BaseException:
             shards.abort()
@@ -455,7 +674,7 @@ def tokenize_files(
         return {
             "kind": "tokenize",
             "sample_kind": "sft",
-            "multimodal": {"family": "qwen2-vl", "columns": list(MEDIA_COLUMNS)},
+            "multimodal": {"family": encoder.family.name, "columns": list(MEDIA_COLUMNS)},
             "inputs": described,
             "tokenizer": {"path": str(encoder.tokenizer.path.resolve())},
             "template": encoder.template_info,

@@ -2,7 +2,8 @@
 Qwen2-VL / Qwen2.5-VL resize rule (``smart_resize``) to the patch grid ``(t, h, w)`` the model's
 image processor produces and the number of ``<|image_pad|>`` tokens the language model sees.
 
-The rule is transformers' ``Qwen2VLImageProcessor`` (shared by Qwen2.5-VL): both sides of the
+The rule is transformers' ``Qwen2VLImageProcessor`` (shared by Qwen2.5-VL and Qwen3-VL, whose
+settings differ: :mod:`tokpack.multimodal.family`): both sides of the
 image are rounded to a multiple of ``patch_size * merge_size``, then scaled down (or up) so the
 pixel count lies in ``[min_pixels, max_pixels]``; a still image is one temporal patch
 (``t = 1``, the frame repeated ``temporal_patch_size`` times inside the patch), and every
@@ -16,11 +17,17 @@ import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Dict, Mapping, Tuple, Union
+from typing import Any, BinaryIO, Dict, Mapping, Optional, Tuple, Union
 
 from ..errors import ConfigError, DataError, InputNotFoundError
 
-__all__ = ["VisionRules", "smart_resize", "image_size", "MAX_ASPECT_RATIO"]
+__all__ = [
+    "VisionRules",
+    "smart_resize",
+    "image_size",
+    "read_preprocessor_config",
+    "MAX_ASPECT_RATIO",
+]
 
 # transformers refuses images whose long side exceeds 200 times the short one.
 MAX_ASPECT_RATIO = 200
@@ -55,6 +62,48 @@ def smart_resize(
     return h_bar, w_bar
 
 
+def qwen3_video_resize(
+    frames: int,
+    height: int,
+    width: int,
+    temporal_factor: int,
+    factor: int,
+    min_pixels: int,
+    max_pixels: int,
+) -> Tuple[int, int]:
+    """``(height, width)`` of a video's frames after Qwen3-VL's video resize (transformers'
+    ``qwen3_vl.video_processing_qwen3_vl.smart_resize``): sides under ``factor`` scaled up
+    first, then the pixel bounds applied to the whole clip (``frames`` rounded to a multiple
+    of ``temporal_factor`` times the frame's pixels)."""
+    if frames < temporal_factor:
+        raise DataError(
+            f"a video of {frames} frame(s): Qwen3-VL's video processor needs at least"
+            f" {temporal_factor} (temporal_patch_size)"
+        )
+    if height < 1 or width < 1:
+        raise DataError(f"video frames of {width}x{height} pixels have no area")
+    if height < factor or width < factor:
+        scale = max(factor / height, factor / width)
+        height, width = int(height * scale), int(width * scale)
+    if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
+        raise DataError(
+            f"video frames of {width}x{height} pixels: the aspect ratio must be smaller than"
+            f" {MAX_ASPECT_RATIO} (got {max(height, width) / min(height, width):.1f})"
+        )
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    t_bar = round(frames / temporal_factor) * temporal_factor
+    if t_bar * h_bar * w_bar > max_pixels:
+        beta = math.sqrt((frames * height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif t_bar * h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (frames * height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
 @dataclass(frozen=True)
 class VisionRules:
     """The image processor settings that decide an image's patch grid (Qwen2-VL defaults).
@@ -84,6 +133,32 @@ class VisionRules:
         """Both resized sides are multiples of this (``patch_size * merge_size``)."""
         return self.patch_size * self.merge_size
 
+    def video_grid(
+        self, frames: int, width: int, height: int, clip_pixels: bool = False
+    ) -> Tuple[int, int, int]:
+        """The patch grid ``(t, h, w)`` of a video of ``frames`` frames of ``width x height``
+        pixels, as the video processor's ``video_grid_thw`` for a frame list (every frame kept;
+        the last one repeated up to a multiple of ``temporal_patch_size``). The pixel bounds
+        hold per frame (Qwen2-VL's ``Qwen2VLVideoProcessor``), or with ``clip_pixels`` for
+        the whole clip, frames counted (Qwen3-VL's ``Qwen3VLVideoProcessor``, which also
+        needs ``temporal_patch_size`` frames at least)."""
+        if frames < 1:
+            raise DataError("a video needs at least one frame")
+        if clip_pixels:
+            h, w = qwen3_video_resize(
+                frames,
+                height,
+                width,
+                self.temporal_patch_size,
+                self.factor,
+                self.min_pixels,
+                self.max_pixels,
+            )
+        else:
+            h, w = smart_resize(height, width, self.factor, self.min_pixels, self.max_pixels)
+        t = -(-frames // self.temporal_patch_size)
+        return t, h // self.patch_size, w // self.patch_size
+
     def grid(self, width: int, height: int) -> Tuple[int, int, int]:
         """The patch grid ``(t, h, w)`` of a still image of ``width x height`` pixels, as the
         image processor's ``image_grid_thw``."""
@@ -99,12 +174,18 @@ class VisionRules:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, config: Mapping[str, Any]) -> "VisionRules":
+    def from_dict(
+        cls, config: Mapping[str, Any], family: Optional[str] = None, video: bool = False
+    ) -> "VisionRules":
         """From a ``preprocessor_config.json`` dict: ``patch_size``, ``merge_size``,
         ``temporal_patch_size`` and the pixel bounds, given as ``min_pixels`` / ``max_pixels``
         or as ``size = {"shortest_edge", "longest_edge"}`` (the explicit keys win, as in
-        transformers)."""
-        defaults = cls()
+        transformers). Keys it leaves out take the family's defaults (``family``, or the one
+        the dict names: :func:`tokpack.multimodal.family.detect_family`; ``video``: the
+        family's video processor defaults)."""
+        from .family import detect_family
+
+        defaults = cls(**detect_family(config, family).rule_defaults(video))
         size = config.get("size") or {}
         if not isinstance(size, Mapping):
             raise ConfigError(f"preprocessor config 'size' must be a mapping, got {size!r}")
@@ -119,20 +200,11 @@ class VisionRules:
         )
 
     @classmethod
-    def from_pretrained(cls, path: Union[str, os.PathLike]) -> "VisionRules":
+    def from_pretrained(
+        cls, path: Union[str, os.PathLike], family: Optional[str] = None
+    ) -> "VisionRules":
         """From ``path/preprocessor_config.json`` (or that file given directly)."""
-        file = Path(path)
-        if file.is_dir():
-            file = file / "preprocessor_config.json"
-        try:
-            config = json.loads(file.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise InputNotFoundError(f"{file}: no such preprocessor config") from None
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"{file}: cannot read the preprocessor config ({exc})") from None
-        if not isinstance(config, dict):
-            raise ConfigError(f"{file}: the preprocessor config is not a JSON object")
-        return cls.from_dict(config)
+        return cls.from_dict(read_preprocessor_config(path), family)
 
     @classmethod
     def from_processor(cls, processor: Any) -> "VisionRules":
@@ -151,6 +223,22 @@ class VisionRules:
                 },
             }
         )
+
+
+def read_preprocessor_config(path: Union[str, os.PathLike]) -> Dict[str, Any]:
+    """The dict of ``path/preprocessor_config.json`` (or of that file given directly)."""
+    file = Path(path)
+    if file.is_dir():
+        file = file / "preprocessor_config.json"
+    try:
+        config = json.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputNotFoundError(f"{file}: no such preprocessor config") from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{file}: cannot read the preprocessor config ({exc})") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{file}: the preprocessor config is not a JSON object")
+    return config
 
 
 def _orientation(im: Any) -> Any:
