@@ -300,15 +300,7 @@ fn next_fit_matches_the_guide_example() {
 
 /// The rows of `p` as (segments) lists, sorted: the multiset of rows.
 fn row_multiset(p: &Plan) -> Vec<Vec<(i64, i64, i64)>> {
-    let mut rows: Vec<Vec<(i64, i64, i64)>> = p
-        .bin_offsets
-        .windows(2)
-        .map(|w| {
-            (w[0] as usize..w[1] as usize)
-                .map(|k| (p.sample_ids[k], p.starts[k], p.lengths[k]))
-                .collect()
-        })
-        .collect();
+    let mut rows = common::plan_rows(p);
     rows.sort();
     rows
 }

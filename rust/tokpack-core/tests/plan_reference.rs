@@ -91,15 +91,7 @@ fn check(lengths: &[i64], max_len: i64, strategy: &str, overlong: &str, threads:
         "bfd" => reference_bfd(&items, max_len),
         _ => reference_ffd(&items, max_len),
     };
-    let got: Vec<Vec<Piece>> = p
-        .bin_offsets
-        .windows(2)
-        .map(|w| {
-            (w[0] as usize..w[1] as usize)
-                .map(|k| (p.sample_ids[k], p.starts[k], p.lengths[k]))
-                .collect()
-        })
-        .collect();
+    let got: Vec<Vec<Piece>> = common::plan_rows(&p);
     assert_eq!(got.len(), expected.len(), "{strategy}: row count");
     for (r, (g, e)) in got.iter().zip(&expected).enumerate() {
         assert_eq!(g, e, "{strategy}: row {r}");
