@@ -3,6 +3,8 @@
 //! heuristics hold (only theorems are asserted: see `heuristics_meet_their_proven_bounds`).
 
 mod common;
+#[path = "common/plans.rs"]
+mod plans;
 
 use proptest::prelude::*;
 use tokpack_core::plan::row_permutation;
@@ -300,7 +302,7 @@ fn next_fit_matches_the_guide_example() {
 
 /// The rows of `p` as (segments) lists, sorted: the multiset of rows.
 fn row_multiset(p: &Plan) -> Vec<Vec<(i64, i64, i64)>> {
-    let mut rows = common::plan_rows(p);
+    let mut rows = plans::plan_rows(p);
     rows.sort();
     rows
 }

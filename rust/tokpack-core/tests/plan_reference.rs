@@ -3,6 +3,8 @@
 //! good. This pins the exact plans, so a faster sort or index cannot change them.
 
 mod common;
+#[path = "common/plans.rs"]
+mod plans;
 
 use proptest::prelude::*;
 use std::cmp::Reverse;
@@ -91,7 +93,7 @@ fn check(lengths: &[i64], max_len: i64, strategy: &str, overlong: &str, threads:
         "bfd" => reference_bfd(&items, max_len),
         _ => reference_ffd(&items, max_len),
     };
-    let got: Vec<Vec<Piece>> = common::plan_rows(&p);
+    let got: Vec<Vec<Piece>> = plans::plan_rows(&p);
     assert_eq!(got.len(), expected.len(), "{strategy}: row count");
     for (r, (g, e)) in got.iter().zip(&expected).enumerate() {
         assert_eq!(g, e, "{strategy}: row {r}");

@@ -3,7 +3,6 @@
 //! `PROPTEST_CASES` ask for other (or more) cases, e.g. a long randomised run on demand.
 
 use proptest::test_runner::{Config, RngAlgorithm, RngSeed};
-use tokpack_core::Plan;
 
 const SEED: u64 = 0x7012_9ac5;
 
@@ -20,17 +19,4 @@ pub fn deterministic(cases: u32) -> Config {
         config.cases = cases;
     }
     config
-}
-
-/// The rows of `p`, each as its (sample id, start, length) segments, in row order.
-#[allow(dead_code)] // not every test file that shares this module plans
-pub fn plan_rows(p: &Plan) -> Vec<Vec<(i64, i64, i64)>> {
-    p.bin_offsets
-        .windows(2)
-        .map(|w| {
-            (w[0] as usize..w[1] as usize)
-                .map(|k| (p.sample_ids[k], p.starts[k], p.lengths[k]))
-                .collect()
-        })
-        .collect()
 }
