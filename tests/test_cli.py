@@ -6,6 +6,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from tokpack.cli import main
 
 from ._interrupt import interrupt_after_first_shard
@@ -161,3 +163,45 @@ def test_signals_are_ignored_once_the_command_has_finished():
         [sys.executable, "-c", _SIGNALS_AFTER_MAIN], capture_output=True, text=True, check=False
     )
     assert proc.stdout.splitlines()[-1] == "0 True True", proc.stderr
+
+
+def test_sigterm_that_c_code_turns_into_an_import_error_is_143(monkeypatch, capsys):
+    """A SIGTERM landing while NumPy's C extension imports `datetime` reached main() as an
+    ImportError ("PyCapsule_Import could not import module datetime"): the run exited 1 with a
+    traceback (test_interruptions, run 13, under load). A received SIGTERM ends it as 143."""
+    import tokpack.commands.verify as verify_command
+    from tokpack.cli import main
+
+    def run(args):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        except KeyboardInterrupt as exc:
+            raise ImportError("PyCapsule_Import could not import module 'datetime'") from exc
+        return 0
+
+    monkeypatch.setattr(verify_command, "run", run)
+    assert main(["verify", "anything"]) == 143
+    assert capsys.readouterr().err == "tokpack verify: terminated\n"
+
+
+def test_an_error_chained_from_ctrl_c_is_130_and_other_errors_still_raise(monkeypatch, capsys):
+    import tokpack.commands.verify as verify_command
+    from tokpack.cli import main
+
+    def interrupted(args):
+        try:
+            raise KeyboardInterrupt()
+        except KeyboardInterrupt as exc:
+            raise ImportError("a C extension failed") from exc
+
+    monkeypatch.setattr(verify_command, "run", interrupted)
+    assert main(["verify", "anything"]) == 130
+    assert capsys.readouterr().err == "tokpack verify: interrupted\n"
+
+    def broken(args):
+        raise ImportError("a real bug")
+
+    monkeypatch.setattr(verify_command, "run", broken)
+    with pytest.raises(ImportError, match="a real bug"):
+        main(["verify", "anything"])

@@ -136,6 +136,16 @@ def main(argv: Optional[List[str]] = None, *, _exiting: bool = False) -> int:
         terminated = isinstance(exc, Terminated) or _late_terminate[0]
         print(f"{name}: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
         return 143 if terminated else 130
+    except Exception as exc:
+        # An interrupt that C code turned into another error (a SIGTERM while NumPy's C
+        # extension imports `datetime` becomes an ImportError): an interrupt all the same.
+        interrupt = _interrupt_in(exc)
+        if interrupt is None and not _late_terminate[0]:
+            raise
+        _handled[0] = True
+        terminated = isinstance(interrupt, Terminated) or _late_terminate[0]
+        print(f"{name}: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
+        return 143 if terminated else 130
     finally:
         if _exiting:
             _ignore_late_signals()  # the hook stays: an interrupt in a late callback is dropped
@@ -143,6 +153,17 @@ def main(argv: Optional[List[str]] = None, *, _exiting: bool = False) -> int:
             sys.unraisablehook = previous_hook
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt_in(exc: BaseException) -> Optional[KeyboardInterrupt]:
+    """The KeyboardInterrupt (or Terminated) among the causes and contexts of ``exc``."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return None
 
 
 def entry() -> None:
