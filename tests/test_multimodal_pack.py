@@ -156,7 +156,8 @@ def _check_pack_cuts(samples, out, manifest, max_len, overlong):
     assert figures["samples_truncated"] == truncated and figures["samples_split"] == split
     assert figures["samples_dropped"] == len(reasons)
     assert (
-        figures["samples_packed"] + truncated + split + len(reasons) == len(samples)
+        figures["samples_packed"] + truncated + split + len(reasons)
+        == len(samples)
         == figures["samples_in"]
     )
     assert all(r["num_tokens"] <= max_len for r in rows)
@@ -216,9 +217,9 @@ def test_pack_cuts_equal_tokenize_cuts(tmp_path):
     max_len = 60
     for overlong in ("truncate", "split"):
         cut = tmp_path / f"cut-{overlong}"
-        counts = tokenize_files(
-            records, cut, tok, vision=tok, max_len=max_len, overlong=overlong
-        )["counts"]
+        counts = tokenize_files(records, cut, tok, vision=tok, max_len=max_len, overlong=overlong)[
+            "counts"
+        ]
         out = tmp_path / f"packed-{overlong}"
         figures = pack_files(tmp_path / "whole", out, max_len, overlong=overlong)["figures"]
         assert figures["samples_dropped"] == counts["dropped_overlong"]
@@ -243,7 +244,9 @@ def test_pack_cuts_equal_tokenize_cuts(tmp_path):
     overlong=st.sampled_from(["truncate", "split"]),
     strategy=st.sampled_from(["bfd", "ffd", "next_fit", "padding"]),
 )
-def test_property_no_segment_cuts_inside_an_image(tokens, tmp_path_factory, data, overlong, strategy):
+def test_property_no_segment_cuts_inside_an_image(
+    tokens, tmp_path_factory, data, overlong, strategy
+):
     samples = _samples(tokens)
     longest = max(s["length"] for s in samples)
     max_len = data.draw(st.integers(4, longest), label="max_len")

@@ -64,9 +64,7 @@ class MediaCuts:
             return {}
         return {
             "cuts": (self.samples, self.offsets, self.starts, self.lengths),
-            "piece_values": {
-                c: pa.array(v, type=self.types[c]) for c, v in self.values.items()
-            },
+            "piece_values": {c: pa.array(v, type=self.types[c]) for c, v in self.values.items()},
         }
 
 

@@ -201,11 +201,12 @@ fn build_chunk<L: Length>(
                 (false, true) => out.split.push(sample),
                 (false, false) => out.truncated.push(sample),
             }
-            out.items.extend(pieces.into_iter().map(|(start, len)| Item {
-                sample,
-                start,
-                len: len as u32,
-            }));
+            out.items
+                .extend(pieces.into_iter().map(|(start, len)| Item {
+                    sample,
+                    start,
+                    len: len as u32,
+                }));
             continue;
         }
         match overlong {

@@ -34,9 +34,9 @@ mod strategies;
 pub mod template;
 
 pub use config::PackConfig;
+pub use cuts::Cuts;
 pub use error::{CoreError, Result};
 pub use materialize::{materialize, FlatColumn, PackedRows};
-pub use cuts::Cuts;
 pub use plan::{plan, plan_cut, Plan, PlanConfig};
 pub use policy::{Overlong, SampleKind, Strategy, IGNORE_INDEX};
 pub use report::PackReport;
