@@ -324,3 +324,18 @@ def test_text_and_multimodal_shards_are_not_packed_together(tokens, tmp_path):
     (text,) = write_token_shards(tmp_path / "t", 10, n_files=1)
     with pytest.raises(tokpack.SchemaError, match="text token shard among multimodal"):
         tokpack.pack_files([*sorted(tokens.glob("*.parquet")), text], tmp_path / "o", 4096)
+
+
+def test_pack_cut_outputs_are_byte_identical_for_any_thread_count(tokens, tmp_path):
+    samples = _samples(tokens)
+    max_len = sorted(s["length"] for s in samples)[len(samples) // 3]
+    outs = []
+    for threads in (1, 2):
+        out = tmp_path / f"t{threads}"
+        pack_files(tokens, out, max_len, overlong="split", threads=threads, rows_per_shard=7)
+        outs.append(out)
+    files = sorted(p.relative_to(outs[0]) for p in outs[0].rglob("*") if p.is_file())
+    assert len([f for f in files if f.name.startswith("part-")]) > 1
+    for f in files:
+        if f.name != "_manifest.json":  # it holds the wall time
+            assert (outs[0] / f).read_bytes() == (outs[1] / f).read_bytes(), f
