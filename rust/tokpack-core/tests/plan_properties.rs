@@ -362,6 +362,9 @@ fn shuffled_row_order_is_seeded_and_thread_independent() {
 /// Chosen cuts (`tokpack_core::cuts`): the planner places exactly the chosen pieces of those
 /// samples, drops (counted) a sample given none, cuts the others as usual, for every strategy
 /// but `random` (refused) and any thread count.
+/// A planned segment: sample, start, length.
+type Piece = (i64, i64, i64);
+
 #[test]
 fn chosen_cuts_are_honoured() {
     use tokpack_core::{plan_cut, Cuts};
@@ -381,11 +384,11 @@ fn chosen_cuts_are_honoured() {
             let p = got.unwrap();
             let two = pool::install(Some(2), || plan_cut(&lengths, &c, Some(cuts))).unwrap();
             assert_eq!(p, two);
-            let mut pieces: Vec<(i64, i64, i64)> = (0..p.sample_ids.len())
+            let mut pieces: Vec<Piece> = (0..p.sample_ids.len())
                 .map(|k| (p.sample_ids[k], p.starts[k], p.lengths[k]))
                 .collect();
             pieces.sort_unstable();
-            let (want, truncated, split_ids): (Vec<(i64, i64, i64)>, Vec<i64>, Vec<i64>) =
+            let (want, truncated, split_ids): (Vec<Piece>, Vec<i64>, Vec<i64>) =
                 if overlong == "split" {
                     let w = vec![
                         (0, 0, 5),
