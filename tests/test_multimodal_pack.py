@@ -100,6 +100,22 @@ def _own_media(media, start, end):
     ]
 
 
+def _tiling(ids, media, pieces, at=0):
+    """``pieces`` in the order they continue sample ``ids`` from token ``at`` on, each holding
+    the sample's tokens there and exactly the images whole inside it, or None. Split pieces
+    are in any rows, and two may hold the same tokens (a prefix of another, or one image's
+    each): a search with backtracking."""
+    if not pieces:
+        return []
+    for i, p in enumerate(pieces):
+        end = at + len(p[0])
+        if p[0] == ids[at:end] and p[2] == _own_media(media, at, end):
+            rest = _tiling(ids, media, pieces[:i] + pieces[i + 1 :], end)
+            if rest is not None:
+                return [p, *rest]
+    return None
+
+
 def _check_pack_cuts(samples, out, manifest, max_len, overlong):
     """The theorems of pack-time cuts: every sample accounted for once; a segment is a slice of
     its sample (whole, from 0 when truncated, tiling it when split) that never starts or ends
@@ -122,27 +138,17 @@ def _check_pack_cuts(samples, out, manifest, max_len, overlong):
             assert len(pieces) == 1 and pieces[0][0] == sample["input_ids"]
             assert pieces[0][2] == media
             continue
-        at, left = 0, list(pieces)
-        while left:
-            # The piece that continues the sample at `at` (split pieces are in any rows; two
-            # pieces may hold the same tokens, one image's each: their media tell them apart).
-            k = next(
-                (
-                    i
-                    for i, p in enumerate(left)
-                    if p[0] == sample["input_ids"][at : at + len(p[0])]
-                    and p[2] == _own_media(media, at, at + len(p[0]))
-                ),
-                None,
-            )
-            assert k is not None, (sid, at, "no segment continues the sample with its images")
-            ids, labels, seg_media, vt, vp = left.pop(k)
+        order = _tiling(sample["input_ids"], media, pieces)
+        assert order is not None, (sid, "its segments do not tile it with their images")
+        at = 0
+        for ids, labels, seg_media, vt, vp in order:
+            want = _own_media(media, at, at + len(ids))
+            assert seg_media == want  # (the tiling chose it so: its images, rebased)
             end = at + len(ids)
             assert 0 < len(ids) <= max_len
             assert labels == sample["labels"][at:end]
             for a, b in blocks:
                 assert not a < at < b and not a < end < b, (sid, at, end, a, b)
-            want = _own_media(media, at, end)
             assert vt == sum(m["span"][1] for m in want)
             assert vp == sum(g[0] * g[1] * g[2] for g in (m["grid"] for m in want))
             at = end
