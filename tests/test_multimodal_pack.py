@@ -1,5 +1,6 @@
 """Packing multimodal token shards: vision tokens count against max_len, media carried per
-segment, no cut inside an image."""
+segment, over-long samples cut (truncate / split) at safe boundaries only, never inside an
+image, with each piece's own media."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import json
 
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("PIL")
 pytest.importorskip("transformers")
@@ -62,25 +65,205 @@ def test_media_is_carried_per_segment(tokens, tmp_path):
     tokpack.verify(tmp_path / "packed")
 
 
-def test_cuts_inside_images_are_refused(tokens, tmp_path):
+def _rows(out):
+    return pq.read_table(sorted(out.glob("part-*.parquet"))).to_pylist()
+
+
+def _blocks(media):
+    return [(m["span"][0] - 1, m["span"][0] + m["span"][1] + 1) for m in media]
+
+
+def _segments(rows):
+    """Per sample id: its segments as (tokens, labels, media, vision_tokens, vision_patches)."""
+    out = {}
+    for row in rows:
+        offset = 0
+        for j, (sid, n) in enumerate(zip(row["sample_ids"], row["seq_lengths"])):
+            seg = (
+                row["input_ids"][offset : offset + n],
+                row["labels"][offset : offset + n],
+                json.loads(row["media"][j]),
+                row["vision_tokens"][j],
+                row["vision_patches"][j],
+            )
+            out.setdefault(sid, []).append(seg)
+            offset += n
+    return out
+
+
+def _own_media(media, start, end):
+    """The images whole inside tokens start:end (with their markers), spans rebased."""
+    return [
+        {**m, "span": [m["span"][0] - start, m["span"][1]]}
+        for m in media
+        if start < m["span"][0] and m["span"][0] + m["span"][1] < end
+    ]
+
+
+def _tiling(ids, media, pieces, at=0):
+    """``pieces`` in the order they continue sample ``ids`` from token ``at`` on, each holding
+    the sample's tokens there and exactly the images whole inside it, or None. Split pieces
+    are in any rows, and two may hold the same tokens (a prefix of another, or one image's
+    each): a search with backtracking."""
+    if not pieces:
+        return []
+    for i, p in enumerate(pieces):
+        end = at + len(p[0])
+        if p[0] == ids[at:end] and p[2] == _own_media(media, at, end):
+            rest = _tiling(ids, media, pieces[:i] + pieces[i + 1 :], end)
+            if rest is not None:
+                return [p, *rest]
+    return None
+
+
+def _check_pack_cuts(samples, out, manifest, max_len, overlong):
+    """The theorems of pack-time cuts: every sample accounted for once; a segment is a slice of
+    its sample (whole, from 0 when truncated, tiling it when split) that never starts or ends
+    inside an image block, carrying exactly its own images, spans rebased."""
+    figures = manifest["figures"]
+    rows = _rows(out)
+    segments = _segments(rows)
+    dropped = pa_ipc_table(out / "__tokpack__" / "_dropped.arrow")
+    reasons = dict(zip(dropped["sample_id"], dropped["reason"]))
+    truncated = split = 0
+    for sid, sample in enumerate(samples):
+        media = json.loads(sample["media"])
+        blocks = _blocks(media)
+        if sid in reasons:
+            assert sid not in segments and sample["length"] > max_len
+            assert reasons[sid] == ("no_safe_cut" if media else "overlong")
+            continue
+        pieces = segments.pop(sid)
+        if sample["length"] <= max_len:
+            assert len(pieces) == 1 and pieces[0][0] == sample["input_ids"]
+            assert pieces[0][2] == media
+            continue
+        order = _tiling(sample["input_ids"], media, pieces)
+        assert order is not None, (sid, "its segments do not tile it with their images")
+        at = 0
+        for ids, labels, seg_media, vt, vp in order:
+            want = _own_media(media, at, at + len(ids))
+            assert seg_media == want  # (the tiling chose it so: its images, rebased)
+            end = at + len(ids)
+            assert 0 < len(ids) <= max_len
+            assert labels == sample["labels"][at:end]
+            for a, b in blocks:
+                assert not a < at < b and not a < end < b, (sid, at, end, a, b)
+            assert vt == sum(m["span"][1] for m in want)
+            assert vp == sum(g[0] * g[1] * g[2] for g in (m["grid"] for m in want))
+            at = end
+        if overlong == "truncate":
+            assert len(pieces) == 1 and at < sample["length"]
+            truncated += 1
+        else:
+            assert at == sample["length"] and len(pieces) >= 2
+            split += 1
+    assert not segments  # no segment of a sample that does not exist
+    assert figures["samples_truncated"] == truncated and figures["samples_split"] == split
+    assert figures["samples_dropped"] == len(reasons)
+    assert (
+        figures["samples_packed"] + truncated + split + len(reasons)
+        == len(samples)
+        == figures["samples_in"]
+    )
+    assert all(r["num_tokens"] <= max_len for r in rows)
+
+
+def pa_ipc_table(path):
+    import pyarrow as pa
+
+    with pa.memory_map(str(path)) as source:
+        return pa.ipc.open_file(source).read_all().to_pydict()
+
+
+def test_pack_cuts_over_long_samples_at_safe_boundaries(tokens, tmp_path):
+    """Failed before: pack refused a truncation inside an image and any split of a sample with
+    images (ConfigError). Now it cuts before the image, like tokenize-time max_len."""
     samples = _samples(tokens)
     # A sample whose first image has text after it, and a max_len inside that image.
-    sid, sample = next(
-        (i, s) for i, s in enumerate(samples) if s["media"] != "[]" and s["vision_tokens"] > 8
-    )
+    sample = next(s for s in samples if s["media"] != "[]" and s["vision_tokens"] > 8)
     start, n = json.loads(sample["media"])[0]["span"]
     inside = start + n // 2
-    shard = sorted(tokens.glob("part-*.parquet"))[0]
-    with pytest.raises(ConfigError, match=rf"{shard.name}: row {sid}: truncating at max_len"):
-        pack_files(tokens, tmp_path / "a", inside, overlong="truncate")
-    with pytest.raises(ConfigError, match="overlong 'split' would cut its images"):
-        pack_files(tokens, tmp_path / "b", inside, overlong="split")
-    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    for overlong in ("truncate", "split"):
+        out = tmp_path / overlong
+        manifest = pack_files(tokens, out, inside, overlong=overlong)
+        _check_pack_cuts(samples, out, manifest, inside, overlong)
+        figure = "samples_truncated" if overlong == "truncate" else "samples_split"
+        assert manifest["figures"][figure] > 0
+        tokpack.verify(out)
     # drop: every over-long sample dropped and listed.
     manifest = pack_files(tokens, tmp_path / "c", inside, overlong="drop")
     figures = manifest["figures"]
     assert figures["samples_dropped"] == sum(s["length"] > inside for s in samples) > 0
     assert figures["samples_packed"] + figures["samples_dropped"] == len(samples)
+
+
+def test_a_sample_with_no_safe_cut_is_dropped_and_listed(tokens, tmp_path):
+    samples = _samples(tokens)
+    # One token short of the largest image with its markers: a split piece that starts at that
+    # image cannot hold it, so its sample has no safe cut. Truncation keeps the text before
+    # the sample's first image (tokenize's rule), so it drops only a sample starting with one.
+    max_len = max(b - a for s in samples for a, b in _blocks(json.loads(s["media"]))) - 1
+    out = tmp_path / "split"
+    manifest = pack_files(tokens, out, max_len, overlong="split")
+    _check_pack_cuts(samples, out, manifest, max_len, "split")
+    reasons = pa_ipc_table(out / "__tokpack__" / "_dropped.arrow")["reason"]
+    assert reasons.count("no_safe_cut") == manifest["figures"]["samples_dropped"] > 0
+    out = tmp_path / "truncate"
+    manifest = pack_files(tokens, out, max_len, overlong="truncate")
+    _check_pack_cuts(samples, out, manifest, max_len, "truncate")
+
+
+def test_pack_cuts_equal_tokenize_cuts(tmp_path):
+    """The one rule: packing whole samples with overlong truncate / split gives the pieces
+    tokenize-time max_len gives."""
+    tok = build_vl_tokenizer(tmp_path / "tok")
+    records = write_jsonl(tmp_path / "chats.jsonl", image_chats(30, tmp_path / "imgs", seed=9))
+    tokenize_files(records, tmp_path / "whole", tok, vision=tok)
+    max_len = 60
+    for overlong in ("truncate", "split"):
+        cut = tmp_path / f"cut-{overlong}"
+        counts = tokenize_files(records, cut, tok, vision=tok, max_len=max_len, overlong=overlong)[
+            "counts"
+        ]
+        out = tmp_path / f"packed-{overlong}"
+        figures = pack_files(tmp_path / "whole", out, max_len, overlong=overlong)["figures"]
+        assert figures["samples_dropped"] == counts["dropped_overlong"]
+        assert figures[f"samples_{'truncated' if overlong == 'truncate' else 'split'}"] == (
+            counts["truncated"] if overlong == "truncate" else counts["split"]
+        )
+        want = sorted(
+            (s["input_ids"], s["media"], s["vision_tokens"], s["vision_patches"])
+            for s in _samples(cut)
+        )
+        got = sorted(
+            (ids, json.dumps(media, separators=(",", ":")), vt, vp)
+            for segs in _segments(_rows(out)).values()
+            for ids, _, media, vt, vp in segs
+        )
+        assert got == want
+
+
+@settings(max_examples=25)
+@given(
+    data=st.data(),
+    overlong=st.sampled_from(["truncate", "split"]),
+    strategy=st.sampled_from(["bfd", "ffd", "next_fit", "padding"]),
+)
+def test_property_no_segment_cuts_inside_an_image(
+    tokens, tmp_path_factory, data, overlong, strategy
+):
+    samples = _samples(tokens)
+    longest = max(s["length"] for s in samples)
+    max_len = data.draw(st.integers(4, longest), label="max_len")
+    out = tmp_path_factory.mktemp("prop") / "p"
+    manifest = pack_files(tokens, out, max_len, overlong=overlong, strategy=strategy)
+    _check_pack_cuts(samples, out, manifest, max_len, overlong)
+
+
+def test_random_strategy_is_refused(tokens, tmp_path):
+    with pytest.raises(ConfigError, match="strategy 'random' cuts samples anywhere"):
+        pack_files(tokens, tmp_path / "r", 4096, strategy="random")
 
 
 def test_truncation_before_an_image_is_allowed(tokens, tmp_path):
@@ -133,10 +316,12 @@ def test_plain_pack_carries_the_media_of_multimodal_shards(tokens, tmp_path, cap
     assert manifest["config"]["carry"] == ["media", "vision_tokens", "vision_patches"]
     got = tokpack.pack_files(tokens, tmp_path / "api", max_len, carry=["vision_tokens"])
     assert got["config"]["carry"] == ["media", "vision_tokens", "vision_patches"]
+    # and cuts an over-long sample before an image, never inside it.
     with_images = [s for s in _samples(tokens) if json.loads(s["media"])]
     inside = json.loads(with_images[0]["media"])[0]["span"][0] + 1
-    with pytest.raises(ConfigError, match="cut inside image"):
-        tokpack.pack_files(tokens, tmp_path / "cut", inside, overlong="truncate")
+    out = tmp_path / "cut"
+    manifest = tokpack.pack_files(tokens, out, inside, overlong="truncate")
+    _check_pack_cuts(_samples(tokens), out, manifest, inside, "truncate")
 
 
 def test_text_and_multimodal_shards_are_not_packed_together(tokens, tmp_path):
@@ -145,3 +330,18 @@ def test_text_and_multimodal_shards_are_not_packed_together(tokens, tmp_path):
     (text,) = write_token_shards(tmp_path / "t", 10, n_files=1)
     with pytest.raises(tokpack.SchemaError, match="text token shard among multimodal"):
         tokpack.pack_files([*sorted(tokens.glob("*.parquet")), text], tmp_path / "o", 4096)
+
+
+def test_pack_cut_outputs_are_byte_identical_for_any_thread_count(tokens, tmp_path):
+    samples = _samples(tokens)
+    max_len = sorted(s["length"] for s in samples)[len(samples) // 3]
+    outs = []
+    for threads in (1, 2):
+        out = tmp_path / f"t{threads}"
+        pack_files(tokens, out, max_len, overlong="split", threads=threads, rows_per_shard=7)
+        outs.append(out)
+    files = sorted(p.relative_to(outs[0]) for p in outs[0].rglob("*") if p.is_file())
+    assert len([f for f in files if f.name.startswith("part-")]) > 1
+    for f in files:
+        if f.name != "_manifest.json":  # it holds the wall time
+            assert (outs[0] / f).read_bytes() == (outs[1] / f).read_bytes(), f

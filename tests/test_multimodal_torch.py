@@ -190,6 +190,47 @@ def test_packed_losses_equal_each_sample_alone(corpora, family, context):
     assert checked == len(samples) and multi >= 3
 
 
+@pytest.mark.parametrize("overlong", ["split", "truncate"])
+def test_pack_cut_samples_train_exactly_as_their_pieces_alone(corpus, tmp_path, overlong):
+    """Samples pack cut at max_len (truncate / split, at safe boundaries, each piece with its
+    own images and rebased spans): every segment's packed losses are its piece's alone."""
+    model = _model(corpus, "qwen2_5_vl")
+    root, _, samples = corpus
+    max_len = sorted(s["length"] for s in samples)[len(samples) // 3]
+    out = tmp_path / overlong
+    figures = pack_files(root / "tokens", out, max_len, overlong=overlong)["figures"]
+    assert figures["samples_truncated" if overlong == "truncate" else "samples_split"] > 0
+    ds = PackedDataset(out)
+    processor = image_processor()
+    collator = MultimodalCollator(processor)
+    reader = MediaReader()
+    cut_with_images = 0
+    for i in range(len(ds)):
+        row = ds[i]
+        batch = collator([row])
+        kwargs = {
+            k: batch[k]
+            for k in ("input_ids", "position_ids", "pixel_values", "image_grid_thw")
+            if k in batch
+        }
+        with torch.no_grad():
+            logits = model(**kwargs, use_cache=False).logits[0]
+        packed = _token_losses(logits, batch["labels"][0])
+        offset = 0
+        segments = zip(row["sample_ids"].tolist(), row["seq_lengths"].tolist(), row["media"])
+        for sid, n, media in segments:
+            piece = {
+                "input_ids": row["input_ids"][offset : offset + n].tolist(),
+                "labels": row["labels"][offset : offset + n].tolist(),
+                "media": media,
+            }
+            alone = _alone(model, piece, reader, processor)
+            assert torch.allclose(packed[offset : offset + n - 1], alone, rtol=0, atol=1e-9), sid
+            cut_with_images += n < samples[sid]["length"] and json.loads(media) != []
+            offset += n
+    assert cut_with_images > 0
+
+
 def test_missing_or_corrupt_media_is_an_error_naming_the_file(tmp_path):
     tok = build_vl_tokenizer(tmp_path / "tok")
     write_image(tmp_path / "a.png", (80, 80), seed=0)
@@ -249,8 +290,8 @@ def test_streaming_reader_batches(corpus):
 
 
 def test_a_row_cut_inside_an_image_is_refused(corpus):
-    """Rows of a plain ``pack --carry media ...`` that truncated a sample inside an image (which
-    tokpack.multimodal.pack_files refuses) are refused by the collator, naming row and image."""
+    """Rows that cut a sample inside an image (which tokpack.pack_files never does: a row built
+    by hand, or by another packer) are refused by the collator, naming row and image."""
     _, _, samples = corpus
     sample = next(s for s in samples if s["vision_tokens"] > 4)
     start, n = json.loads(sample["media"])[0]["span"]

@@ -295,6 +295,8 @@ def pack_files(
     batch_rows: int,
     threads: Optional[int] = None,
     progress: Optional[Progress] = None,
+    cuts: Optional[Tuple[List[int], List[int], List[int], List[int]]] = None,
+    piece_values: Optional[Dict[str, Any]] = None,
 ) -> PackReport: ...
 def read_lengths(
     *,

@@ -100,15 +100,17 @@ class MultimodalCollator:
                     items = json.loads(entry)
                 except (TypeError, ValueError) as exc:
                     raise DataError(f"row {i}, segment {j}: 'media' is not JSON ({exc})") from None
-                # A sample truncated by pack keeps only the images that end inside it.
+                # A segment's images are its own (pack cuts samples at safe boundaries, each
+                # piece carrying its images); an image past its end is dropped, one cut inside
+                # is refused (a row tokpack did not pack).
                 for k, m in enumerate(items):
                     start, count = m["span"]
                     if start - 1 < int(n) <= start + count:
                         raise DataError(
                             f"row {i}, segment {j}: the sample was cut inside its image {k}"
                             f" ({describe_ref(m.get('ref') or m['frames'][0]['ref'])});"
-                            " pack multimodal token shards with tokpack.multimodal.pack_files,"
-                            " which refuses such cuts"
+                            " pack multimodal token shards with tokpack.pack_files, which"
+                            " never cuts inside an image or a video"
                         )
                 media_per_segment.append([m for m in items if m["span"][0] + m["span"][1] < int(n)])
         positions = packed_positions(lengths, media_per_segment, self.rules.merge_size)

@@ -472,25 +472,15 @@ class MultimodalEncoder:
         if self.overlong == "drop":
             counts.dropped_overlong += 1
             return []
-        blocks = [(m["span"][0] - 1, m["span"][0] + m["span"][1] + 1) for m in sample.media]
+        pieces = safe_pieces(n, self.max_len, self.overlong, image_blocks(sample.media))
+        if not pieces:
+            counts.dropped_overlong += 1
+            return []
         if self.overlong == "truncate":
-            cut = _safe_cut(0, self.max_len, blocks)
-            if cut == 0:
-                counts.dropped_overlong += 1
-                return []
             counts.truncated += 1
-            return [_piece(sample, 0, cut)]
-        pieces, start = [], 0
-        while start < n:
-            end = min(n, start + self.max_len)
-            cut = _safe_cut(start, end, blocks) if end < n else end
-            if cut == start:  # an image longer than max_len, or starting a piece it cannot fit
-                counts.dropped_overlong += 1
-                return []
-            pieces.append(_piece(sample, start, cut))
-            start = cut
-        counts.split += 1
-        return pieces
+        else:
+            counts.split += 1
+        return [_piece(sample, start, end) for start, end in pieces]
 
 
 def _media_parts(messages: List[Any], record: Record, column: str) -> Tuple[int, int]:
@@ -537,6 +527,12 @@ def _json_beside(vision: Union[str, os.PathLike], name: str) -> Optional[Dict[st
     return found
 
 
+def image_blocks(media: Sequence[Dict[str, Any]]) -> List[Tuple[int, int]]:
+    """The tokens ``[a, b)`` each image takes with its ``vision_start`` and ``vision_end``
+    markers: a sample is never cut inside one."""
+    return [(m["span"][0] - 1, m["span"][0] + m["span"][1] + 1) for m in media]
+
+
 def _safe_cut(start: int, end: int, blocks: Sequence[Tuple[int, int]]) -> int:
     """``end``, or the start of the image block ``end`` falls inside (never inside one)."""
     for a, b in blocks:
@@ -545,12 +541,41 @@ def _safe_cut(start: int, end: int, blocks: Sequence[Tuple[int, int]]) -> int:
     return end
 
 
-def _piece(sample: MultimodalSample, start: int, end: int) -> MultimodalSample:
-    media = []
-    for m in sample.media:
+def safe_pieces(
+    n: int, max_len: int, overlong: str, blocks: Sequence[Tuple[int, int]]
+) -> List[Tuple[int, int]]:
+    """``(start, end)`` of the pieces a sample of ``n > max_len`` tokens keeps under
+    ``overlong`` ``truncate`` (one piece from 0) or ``split`` (pieces tiling it), each cut at
+    the last safe boundary (:func:`_safe_cut`): never inside a block. ``[]`` when there is no
+    safe cut (an image alone longer than ``max_len``, or one starting a piece it cannot fit):
+    the sample is dropped. The one rule of tokenize-time and pack-time cuts."""
+    if overlong == "truncate":
+        cut = _safe_cut(0, max_len, blocks)
+        return [(0, cut)] if cut > 0 else []
+    pieces, start = [], 0
+    while start < n:
+        end = min(n, start + max_len)
+        cut = _safe_cut(start, end, blocks) if end < n else end
+        if cut == start:
+            return []
+        pieces.append((start, cut))
+        start = cut
+    return pieces
+
+
+def piece_media(media: Sequence[Dict[str, Any]], start: int, end: int) -> List[Dict[str, Any]]:
+    """The images of tokens ``start:end`` of a sample (whole, with their markers), their spans
+    rebased to the piece."""
+    out = []
+    for m in media:
         s = m["span"][0]
         if start < s and s + m["span"][1] < end:
-            media.append({**m, "span": [s - start, m["span"][1]]})
+            out.append({**m, "span": [s - start, m["span"][1]]})
+    return out
+
+
+def _piece(sample: MultimodalSample, start: int, end: int) -> MultimodalSample:
+    media = piece_media(sample.media, start, end)
     return MultimodalSample(sample.input_ids[start:end], sample.labels[start:end], media)
 
 

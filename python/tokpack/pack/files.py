@@ -39,7 +39,7 @@ from .._io.progress import run_with_progress
 from .._io.store import cached_run, destination
 from .._tokpack import pair_layout_for
 from ..errors import ConfigError, OverlongError
-from ..multimodal.pack import media_config
+from ..multimodal.pack import dropped_reasons, media_config, media_cuts
 from ..packed.format import (
     DROPPED_NAME,
     FORMAT,
@@ -206,6 +206,8 @@ def pack_files(
                 }
                 if config.pair_layout is not None and config.overlong == "error":
                     _check_pairs_fit(staged, paths, config.max_len, config.pair_layout)
+            # Multimodal shards: where over-long samples may be cut (never inside an image).
+            cuts = media_cuts(paths, config) if encoding is None else None
             report = run_with_progress(
                 lambda p: _tokpack.pack_files(
                     paths=[str(x) for x in sources],
@@ -215,11 +217,14 @@ def pack_files(
                     batch_rows=BATCH_ROWS,
                     threads=threads,
                     progress=p,
+                    **(cuts.core_args() if cuts is not None else {}),
                 ),
                 progress,
             )
             with writing(tmp / DROPPED_NAME):
-                dropped = write_dropped(tmp / DROPPED_NAME, report, paths, staged)
+                dropped = write_dropped(
+                    tmp / DROPPED_NAME, report, paths, staged, reasons=dropped_reasons(cuts)
+                )
         finally:
             shutil.rmtree(spill, ignore_errors=True)
         wall = time.perf_counter() - started

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import pyarrow as pa
@@ -122,13 +122,18 @@ def packed_manifest(
 
 
 def write_dropped(
-    path: Path, report: PackReport, paths: List[Path], staged: Optional[Path] = None
+    path: Path,
+    report: PackReport,
+    paths: List[Path],
+    staged: Optional[Path] = None,
+    reasons: Optional[Mapping[str, Sequence[int]]] = None,
 ) -> Dict[str, Any]:
     """Every sample that is not in the output, with its file, row (token shards, Parquet: from
-    0) or line (JSONL: from 1) and reason. With ``staged`` (one-step pack) the sample ids are
-    rows of that tokenized file, whose source columns lead back to the raw ``paths``. Returns
-    the manifest's ``dropped_size`` and ``dropped_checksum`` of the file written (readers
-    check them)."""
+    0) or line (JSONL: from 1) and reason (``"empty"``, ``"overlong"``, or a reason of
+    ``reasons``, reason: sample ids, which the caller knows better: ``"no_safe_cut"``). With
+    ``staged`` (one-step pack) the sample ids are rows of that tokenized file, whose source
+    columns lead back to the raw ``paths``. Returns the manifest's ``dropped_size`` and
+    ``dropped_checksum`` of the file written (readers check them)."""
     dropped = report.dropped
     if staged is None:
         bounds = np.cumsum([0] + list(report.input_rows))
@@ -141,7 +146,9 @@ def write_dropped(
             file_idx = table.column("source_file").take(dropped).to_numpy()
             where = table.column("source_line").take(dropped).to_numpy()
         is_line = np.array([not is_parquet(p) for p in paths], dtype=bool)[file_idx]
-    reason = np.where(np.isin(dropped, report.empty), "empty", "overlong")
+    reason = np.where(np.isin(dropped, report.empty), "empty", "overlong").astype(object)
+    for why, ids in (reasons or {}).items():
+        reason[np.isin(dropped, np.asarray(ids, dtype=np.int64))] = why
     table = pa.table(
         {
             "sample_id": pa.array(dropped, pa.int64()),

@@ -247,6 +247,8 @@ impl PackConfig {
             row_group_rows: self.row_group_rows,
             compression: parse_compression(&self.compression)?,
             batch_rows,
+            cuts: None,
+            piece_values: Vec::new(),
         })
     }
 }

@@ -1,5 +1,6 @@
 //! Turning sample lengths into packable items, applying the overlong policy.
 
+use crate::cuts::Cuts;
 use crate::error::{CoreError, Result};
 use crate::policy::Overlong;
 use rayon::prelude::*;
@@ -100,7 +101,22 @@ fn add_tokens(total: u64, more: u64) -> Result<u64> {
         .ok_or_else(|| CoreError::data("the sample lengths add up to more than 2^64 tokens"))
 }
 
-pub fn build_items<L: Length>(lengths: &[L], max_len: u32, overlong: Overlong) -> Result<Items> {
+/// The items of `lengths` under `overlong`; `cuts` chooses the pieces of some over-long samples
+/// under `truncate` and `split` (see [`crate::cuts`]).
+pub fn build_items<L: Length>(
+    lengths: &[L],
+    max_len: u32,
+    overlong: Overlong,
+    cuts: Option<&Cuts>,
+) -> Result<Items> {
+    if let Some(&last) = cuts.and_then(|c| c.samples.last()) {
+        if last < 0 || last as usize >= lengths.len() {
+            return Err(CoreError::Config(format!(
+                "cuts: sample {last} is not one of the {} samples",
+                lengths.len()
+            )));
+        }
+    }
     let cap = i64::from(max_len);
     let counts: Vec<u64> = lengths
         .par_chunks(CHUNK)
@@ -116,7 +132,7 @@ pub fn build_items<L: Length>(lengths: &[L], max_len: u32, overlong: Overlong) -
         .par_chunks(CHUNK)
         .zip(counts)
         .enumerate()
-        .map(|(c, (chunk, n))| build_chunk(chunk, c * CHUNK, n, max_len, overlong))
+        .map(|(c, (chunk, n))| build_chunk(chunk, c * CHUNK, n, max_len, overlong, cuts))
         .collect();
     let mut all = Items::default();
     reserve(&mut all.items, total)?;
@@ -138,6 +154,7 @@ fn build_chunk<L: Length>(
     n_items: u64,
     max_len: u32,
     overlong: Overlong,
+    cuts: Option<&Cuts>,
 ) -> Result<Items> {
     let mut out = Items::default();
     reserve(&mut out.items, n_items)?;
@@ -153,15 +170,43 @@ fn build_chunk<L: Length>(
         }
         out.input_tokens = add_tokens(out.input_tokens, length as u64)?;
         if length == 0 {
+            if let Some(c) = cuts {
+                c.chosen(sample, length, cap, overlong == Overlong::Split)?;
+            }
             out.empty.push(sample);
             continue;
         }
         if length <= cap {
+            if let Some(c) = cuts {
+                // Refused: a chosen cut of a sample that fits would be ignored silently.
+                c.chosen(sample, length, cap, overlong == Overlong::Split)?;
+            }
             out.items.push(Item {
                 sample,
                 start: 0,
                 len: length as u32,
             });
+            continue;
+        }
+        let whole = overlong == Overlong::Split;
+        let chosen = match (overlong, cuts) {
+            (Overlong::Truncate | Overlong::Split, Some(c)) => {
+                c.chosen(sample, length, cap, whole)?
+            }
+            _ => None,
+        };
+        if let Some(pieces) = chosen {
+            match (pieces.is_empty(), whole) {
+                (true, _) => out.dropped.push(sample),
+                (false, true) => out.split.push(sample),
+                (false, false) => out.truncated.push(sample),
+            }
+            out.items
+                .extend(pieces.into_iter().map(|(start, len)| Item {
+                    sample,
+                    start,
+                    len: len as u32,
+                }));
             continue;
         }
         match overlong {

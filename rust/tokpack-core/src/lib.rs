@@ -18,6 +18,7 @@ pub mod balance;
 pub mod bpe;
 mod capacity_index;
 pub mod config;
+pub mod cuts;
 pub mod error;
 pub mod format;
 pub mod io;
@@ -33,8 +34,9 @@ mod strategies;
 pub mod template;
 
 pub use config::PackConfig;
+pub use cuts::Cuts;
 pub use error::{CoreError, Result};
 pub use materialize::{materialize, FlatColumn, PackedRows};
-pub use plan::{plan, Plan, PlanConfig};
+pub use plan::{plan, plan_cut, Plan, PlanConfig};
 pub use policy::{Overlong, SampleKind, Strategy, IGNORE_INDEX};
 pub use report::PackReport;

@@ -1,6 +1,7 @@
 //! Planning: sample lengths in, rows of segments out.
 
-use crate::error::Result;
+use crate::cuts::Cuts;
+use crate::error::{CoreError, Result};
 use crate::items::{build_items, Length};
 use crate::policy::{check_range, Overlong, RowOrder, Strategy, MAX_LEN};
 use crate::rng::SplitMix64;
@@ -94,7 +95,27 @@ pub fn efficiency(tokens: u64, rows: u64, max_len: u32) -> f64 {
 /// rows listed in `config.row_order`. Deterministic: the result depends only on the inputs,
 /// never on the thread count.
 pub fn plan<L: Length>(lengths: &[L], config: &PlanConfig) -> Result<Plan> {
-    let items = build_items(lengths, config.max_len, config.overlong)?;
+    plan_cut(lengths, config, None)
+}
+
+/// [`plan`], with the pieces of some over-long samples chosen by the caller (`cuts`, see
+/// [`crate::cuts`]): a sample given no piece is dropped. The `random` strategy, which cuts
+/// samples anywhere across rows, refuses chosen cuts.
+pub fn plan_cut<L: Length>(
+    lengths: &[L],
+    config: &PlanConfig,
+    cuts: Option<&Cuts>,
+) -> Result<Plan> {
+    let cuts = cuts.filter(|c| !c.is_empty());
+    if cuts.is_some() && config.strategy == Strategy::Random {
+        return Err(CoreError::Config(
+            "strategy \"random\" cuts samples anywhere across rows, and these samples may be \
+             cut only at chosen places (multimodal: never inside an image); pick another \
+             strategy"
+                .into(),
+        ));
+    }
+    let items = build_items(lengths, config.max_len, config.overlong, cuts)?;
     let max_len = config.max_len;
     let units = &items.items;
     let (rows, cut) = match config.strategy {

@@ -352,3 +352,85 @@ fn shuffled_row_order_is_seeded_and_thread_independent() {
     assert_eq!(first(&planned), *planned.lengths.iter().max().unwrap());
     assert_ne!(planned.sample_ids, one.sample_ids);
 }
+
+/// Chosen cuts (`tokpack_core::cuts`): the planner places exactly the chosen pieces of those
+/// samples, drops (counted) a sample given none, cuts the others as usual, for every strategy
+/// but `random` (refused) and any thread count.
+/// A planned segment: sample, start, length.
+type Piece = (i64, i64, i64);
+
+#[test]
+fn chosen_cuts_are_honoured() {
+    use tokpack_core::{plan_cut, Cuts};
+    let lengths = [5i64, 12, 3, 11, 14];
+    // Sample 1 (12 tokens): 0..4 then 4..10 then 10..12 under split, 0..7 under truncate;
+    // sample 3: no acceptable cut (dropped); sample 4: not chosen, cut at max_len as usual.
+    let split = Cuts::new(vec![1, 3], vec![0, 3, 3], vec![0, 4, 10], vec![4, 6, 2]).unwrap();
+    let truncate = Cuts::new(vec![1, 3], vec![0, 1, 1], vec![0], vec![7]).unwrap();
+    for &strategy in STRATEGIES {
+        for (overlong, cuts) in [("split", &split), ("truncate", &truncate)] {
+            let c = config(8, strategy, overlong);
+            let got = plan_cut(&lengths, &c, Some(cuts));
+            if strategy == "random" {
+                assert!(got.unwrap_err().to_string().contains("random"));
+                continue;
+            }
+            let p = got.unwrap();
+            let two = pool::install(Some(2), || plan_cut(&lengths, &c, Some(cuts))).unwrap();
+            assert_eq!(p, two);
+            let mut pieces: Vec<Piece> = (0..p.sample_ids.len())
+                .map(|k| (p.sample_ids[k], p.starts[k], p.lengths[k]))
+                .collect();
+            pieces.sort_unstable();
+            let (want, truncated, split_ids): (Vec<Piece>, Vec<i64>, Vec<i64>) =
+                if overlong == "split" {
+                    let w = vec![
+                        (0, 0, 5),
+                        (1, 0, 4),
+                        (1, 4, 6),
+                        (1, 10, 2),
+                        (2, 0, 3),
+                        (4, 0, 8),
+                        (4, 8, 6),
+                    ];
+                    (w, vec![], vec![1, 4])
+                } else {
+                    (
+                        vec![(0, 0, 5), (1, 0, 7), (2, 0, 3), (4, 0, 8)],
+                        vec![1, 4],
+                        vec![],
+                    )
+                };
+            assert_eq!(pieces, want, "{strategy} {overlong}");
+            assert_eq!(p.dropped, vec![3]);
+            assert_eq!(p.truncated, truncated);
+            assert_eq!(p.split, split_ids);
+        }
+    }
+    // Pieces that break the policy's rule, or chosen for a sample that fits, are refused.
+    let bad = [
+        (
+            Cuts::new(vec![1], vec![0, 2], vec![0, 4], vec![4, 7]).unwrap(),
+            "split",
+        ), // 11 of 12
+        (
+            Cuts::new(vec![1], vec![0, 1], vec![2], vec![6]).unwrap(),
+            "truncate",
+        ), // not from 0
+        (
+            Cuts::new(vec![1], vec![0, 1], vec![0], vec![9]).unwrap(),
+            "truncate",
+        ), // over max_len
+        (
+            Cuts::new(vec![0], vec![0, 1], vec![0], vec![5]).unwrap(),
+            "split",
+        ), // sample fits
+        (
+            Cuts::new(vec![9], vec![0, 1], vec![0], vec![5]).unwrap(),
+            "split",
+        ), // no sample 9
+    ];
+    for (cuts, overlong) in bad {
+        assert!(plan_cut(&lengths, &config(8, "bfd", overlong), Some(&cuts)).is_err());
+    }
+}

@@ -1,6 +1,7 @@
 //! Files on disk: `pack_files`, `read_lengths` and the shared reader primitive `read_row_group`.
 //! Rust work runs with the GIL released; progress is polled through a `Progress` object.
 
+use crate::arrow_in::Chunks;
 use crate::config::{PyPackConfig, PyPackReport};
 use crate::errors::to_py;
 use numpy::{IntoPyArray, PyArray1};
@@ -12,6 +13,7 @@ use std::sync::Arc;
 use tokpack_core::io;
 use tokpack_core::io::columns::list_parts;
 use tokpack_core::pool;
+use tokpack_core::Cuts;
 
 /// Progress counters of a running `pack_files` / `read_lengths`, and its cancel switch.
 #[pyclass(frozen, module = "tokpack._tokpack")]
@@ -56,10 +58,15 @@ pub fn input_columns(
         .map_err(to_py)
 }
 
+/// `(samples, offsets, starts, lengths)` of chosen cuts, as Python passes them.
+type CutsArg = (Vec<i64>, Vec<usize>, Vec<i64>, Vec<i64>);
+
 /// Packs token shards into `out_dir` as `config` says (a config `for_kind` of the inputs);
-/// returns the job's report.
+/// returns the job's report. `cuts` chooses the pieces of some over-long samples
+/// (`tokpack_core::cuts`) and `piece_values` (column name: Arrow array, one value per piece)
+/// what carried columns hold for them.
 #[pyfunction]
-#[pyo3(signature = (*, paths, out_dir, spill_dir, config, batch_rows, threads=None, progress=None))]
+#[pyo3(signature = (*, paths, out_dir, spill_dir, config, batch_rows, threads=None, progress=None, cuts=None, piece_values=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn pack_files(
     py: Python<'_>,
@@ -70,11 +77,24 @@ pub fn pack_files(
     batch_rows: usize,
     threads: Option<usize>,
     progress: Option<&Bound<'_, Progress>>,
+    cuts: Option<CutsArg>,
+    piece_values: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<PyPackReport> {
-    let job = config
+    let mut job = config
         .0
         .files_job(paths, out_dir, spill_dir, batch_rows)
         .map_err(to_py)?;
+    if let Some((samples, offsets, starts, lengths)) = cuts {
+        let cuts = Cuts::new(samples, offsets, starts, lengths).map_err(to_py)?;
+        job.cuts = Some(Arc::new(cuts));
+    }
+    if let Some(values) = piece_values {
+        for (name, array) in values.iter() {
+            let name: String = name.extract()?;
+            let array = Chunks::import(&array)?.column(&name)?;
+            job.piece_values.push((name, array));
+        }
+    }
     let progress = progress_of(progress);
     let outcome = py
         .detach(|| pool::install(threads, || io::pack_files(&job, &progress)))

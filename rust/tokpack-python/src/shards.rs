@@ -73,6 +73,7 @@ pub fn write_held_shard<'py>(
                 name: name.clone(),
                 values: Chunks::import(values)?.column(name)?,
                 ids: Some(ids.as_slice()?.to_vec()),
+                pieces: None,
             })
         })
         .collect::<PyResult<Vec<_>>>()?;

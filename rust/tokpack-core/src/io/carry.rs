@@ -4,9 +4,11 @@
 
 use super::columns::BatchAt;
 use super::source::Source;
+use crate::cuts::Cuts;
 use crate::error::{Context, CoreError, Location, Result};
 use arrow::array::{Array, ArrayRef, UInt64Array};
 use arrow::datatypes::DataType;
+use std::sync::Arc;
 
 /// A carried column: its name and one value per sample: `values[s]` is sample `s`'s, or with
 /// `ids` (the held samples of a `tokpack.ray` shard task, ascending) `values[i]` is `ids[i]`'s.
@@ -14,6 +16,53 @@ pub struct Carried {
     pub name: String,
     pub values: ArrayRef,
     pub ids: Option<Vec<i64>>,
+    /// Values of the chosen pieces of some samples ([`crate::cuts`]): a segment that is piece
+    /// `k` of `cuts` takes `values[base + k]`, not its sample's value.
+    pub pieces: Option<PieceValues>,
+}
+
+/// Where the per-piece values of a carried column are (see [`Carried::pieces`]).
+pub struct PieceValues {
+    pub cuts: Arc<Cuts>,
+    pub base: usize,
+}
+
+/// A carried column of one value per sample (`values`), and with `piece_values` (one per piece
+/// of `cuts`, the column's type) for the chosen pieces.
+pub fn with_pieces(
+    name: &str,
+    values: ArrayRef,
+    cuts: Option<&Arc<Cuts>>,
+    piece_values: Option<&ArrayRef>,
+) -> Result<Carried> {
+    let (values, pieces) = match (cuts, piece_values) {
+        (Some(cuts), Some(p)) => {
+            if p.len() != cuts.starts.len() || p.data_type() != values.data_type() {
+                return Err(CoreError::Config(format!(
+                    "cuts: {} values of type {} for carried column {name:?}, expected {} of type \
+                     {}",
+                    p.len(),
+                    p.data_type(),
+                    cuts.starts.len(),
+                    values.data_type()
+                )));
+            }
+            let base = values.len();
+            let all = concat(&[values, p.clone()], p.data_type())?;
+            let pieces = PieceValues {
+                cuts: Arc::clone(cuts),
+                base,
+            };
+            (all, Some(pieces))
+        }
+        _ => (values, None),
+    };
+    Ok(Carried {
+        name: name.to_string(),
+        values,
+        ids: None,
+        pieces,
+    })
 }
 
 fn is_scalar(t: &DataType) -> bool {
@@ -112,11 +161,30 @@ pub fn concat(chunks: &[ArrayRef], data_type: &DataType) -> Result<ArrayRef> {
     arrow::compute::concat(&refs).corrupt(&Location::default(), "cannot gather a carried column")
 }
 
-/// The values of the samples `samples` (one per segment).
-pub fn per_segment(carried: &Carried, samples: &[i64], dir: &std::path::Path) -> Result<ArrayRef> {
-    let indices = match &carried.ids {
-        None => UInt64Array::from_iter_values(samples.iter().map(|&s| s as u64)),
-        Some(ids) => samples
+/// The values of the segments of samples `samples` starting at `starts` (one per segment).
+pub fn per_segment(
+    carried: &Carried,
+    samples: &[i64],
+    starts: &[i64],
+    dir: &std::path::Path,
+) -> Result<ArrayRef> {
+    let indices = match (&carried.ids, &carried.pieces) {
+        (None, None) => UInt64Array::from_iter_values(samples.iter().map(|&s| s as u64)),
+        (_, Some(p)) => samples
+            .iter()
+            .zip(starts)
+            .map(|(&s, &start)| match p.cuts.pieces_of(s) {
+                None => Ok(s as u64),
+                Some(_) => p
+                    .cuts
+                    .piece_at(s, start)
+                    .map(|k| (p.base + k) as u64)
+                    .ok_or_else(|| {
+                        CoreError::data(format!("sample {s} has no chosen piece at {start}"))
+                    }),
+            })
+            .collect::<Result<UInt64Array>>()?,
+        (Some(ids), None) => samples
             .iter()
             .map(|s| {
                 ids.binary_search(s)

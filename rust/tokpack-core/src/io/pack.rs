@@ -9,7 +9,7 @@
 //! Output bytes depend only on the inputs and the config: the spill layout varies with thread
 //! scheduling but is only ever addressed through the per-sample locations.
 
-use super::carry::{carried_types, carried_values, concat, Carried};
+use super::carry::{carried_types, carried_values, concat, with_pieces};
 use super::columns::{
     check_aligned, check_scalar_int, check_type, flatten, labels_from_mask, BatchAt, Flat, Role,
 };
@@ -20,6 +20,7 @@ use super::progress::{Phase, Progress};
 use super::source::Source;
 use super::spill::{Spill, SpillReader};
 use super::writer::{write_shard, SampleSource, ShardContext, ShardInfo};
+use crate::cuts::Cuts;
 use crate::error::{CoreError, Location, Result};
 use crate::plan::{Plan, PlanConfig};
 use arrow::array::{ArrayRef, RecordBatch};
@@ -29,6 +30,7 @@ use parquet::basic::Compression;
 use rayon::prelude::*;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 /// Where labels come from.
 #[derive(Clone, Debug)]
@@ -61,6 +63,11 @@ pub struct PackFilesConfig {
     pub compression: Compression,
     /// Rows decoded at a time inside a unit (bounds the memory of reading).
     pub batch_rows: usize,
+    /// The pieces of some over-long samples, chosen by the caller ([`crate::cuts`]; plain
+    /// samples only), and the values of carried columns for each piece (by column name; a
+    /// column not named here carries its sample's value to every piece).
+    pub cuts: Option<Arc<Cuts>>,
+    pub piece_values: Vec<(String, ArrayRef)>,
 }
 
 pub struct PackOutcome {
@@ -478,6 +485,20 @@ pub fn pack_files(config: &PackFilesConfig, progress: &Progress) -> Result<PackO
     )?;
     if config.pairs.is_some() {
         check_pair_config(&config.plan)?;
+        if config.cuts.is_some() {
+            return Err(CoreError::Config(
+                "cuts: chosen pieces are for plain samples; a preference pair is never cut".into(),
+            ));
+        }
+    }
+    if let Some((name, _)) = config
+        .piece_values
+        .iter()
+        .find(|(n, _)| config.cuts.is_none() || !config.carry.contains(n))
+    {
+        return Err(CoreError::Config(format!(
+            "cuts: piece values for {name:?}, which is not a carried column of chosen cuts"
+        )));
     }
     let sources = open_all(&config.paths)?;
     let columns = resolve_columns(
@@ -524,7 +545,7 @@ pub fn pack_files(config: &PackFilesConfig, progress: &Progress) -> Result<PackO
             (plan, Some(pairs))
         }
         None => {
-            let plan = crate::plan::plan(&read.lengths, &config.plan)
+            let plan = crate::plan::plan_cut(&read.lengths, &config.plan, config.cuts.as_deref())
                 .map_err(|e| locate_overlong(e, Some(&config.tokens_column)))?;
             (plan, None)
         }
@@ -534,11 +555,13 @@ pub fn pack_files(config: &PackFilesConfig, progress: &Progress) -> Result<PackO
         .iter()
         .zip(read.carried)
         .map(|((name, data_type), chunks)| {
-            Ok(Carried {
-                name: name.clone(),
-                values: concat(&chunks, data_type)?,
-                ids: None,
-            })
+            let pieces = config.piece_values.iter().find(|(n, _)| n == name);
+            with_pieces(
+                name,
+                concat(&chunks, data_type)?,
+                config.cuts.as_ref(),
+                pieces.map(|(_, v)| v),
+            )
         })
         .collect::<Result<Vec<_>>>()?;
     progress.advance(1);

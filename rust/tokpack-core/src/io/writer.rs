@@ -452,8 +452,9 @@ fn row_group(
             Arc::new(Int32Array::from(num_pairs)) as ArrayRef,
         ]);
     }
+    let starts: Vec<i64> = segments.iter().map(|(_, p)| p.start).collect();
     for carried in ctx.carried {
-        let values = per_segment(carried, &sample_ids, ctx.dir)?;
+        let values = per_segment(carried, &sample_ids, &starts, ctx.dir)?;
         columns.push(list(seg_offsets.clone(), values));
     }
     RecordBatch::try_new(schema.clone(), columns).output(ctx.dir)

@@ -1,0 +1,187 @@
+//! Chosen cuts: the pieces the caller cuts some over-long samples into, in place of the overlong
+//! policy's cut at `max_len`. A caller that knows where a sample may not be cut (the multimodal
+//! layer: never inside an image's span) chooses the pieces by its rule; the planner honours
+//! them under `truncate` (one piece from the start) and `split` (pieces tiling the sample), and
+//! drops, counted, a sample given no piece (no acceptable cut). Other samples are cut as usual.
+
+use crate::error::{CoreError, Result};
+use std::ops::Range;
+
+/// The chosen pieces of some samples.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Cuts {
+    /// The samples with chosen pieces, ascending, each once.
+    pub samples: Vec<i64>,
+    /// The pieces of `samples[i]` are `offsets[i]..offsets[i + 1]` of `starts` / `lengths`
+    /// (none: the sample has no acceptable cut and is dropped).
+    pub offsets: Vec<usize>,
+    /// Each piece's first token in its sample, ascending within a sample, and its length.
+    pub starts: Vec<i64>,
+    pub lengths: Vec<i64>,
+}
+
+fn bad(what: String) -> CoreError {
+    CoreError::Config(format!("cuts: {what}"))
+}
+
+impl Cuts {
+    /// Checked shapes: `samples` ascending and unique, `offsets` non-decreasing from 0 to the
+    /// number of pieces, pieces of one sample ascending and non-empty.
+    pub fn new(
+        samples: Vec<i64>,
+        offsets: Vec<usize>,
+        starts: Vec<i64>,
+        lengths: Vec<i64>,
+    ) -> Result<Self> {
+        if offsets.len() != samples.len() + 1 || offsets.first() != Some(&0) {
+            return Err(bad(format!(
+                "{} offsets for {} samples (one more, from 0, expected)",
+                offsets.len(),
+                samples.len()
+            )));
+        }
+        if starts.len() != lengths.len() || offsets.last() != Some(&starts.len()) {
+            return Err(bad(format!(
+                "{} starts and {} lengths for {} pieces",
+                starts.len(),
+                lengths.len(),
+                offsets.last().copied().unwrap_or(0)
+            )));
+        }
+        if let Some(w) = samples.windows(2).find(|w| w[0] >= w[1]) {
+            return Err(bad(format!(
+                "samples must be ascending and unique, got {} then {}",
+                w[0], w[1]
+            )));
+        }
+        for (i, w) in offsets.windows(2).enumerate() {
+            if w[0] > w[1] {
+                return Err(bad("offsets must not decrease".into()));
+            }
+            let mut end = 0;
+            for k in w[0]..w[1] {
+                if starts[k] < end || lengths[k] <= 0 {
+                    return Err(bad(format!(
+                        "piece {k} of sample {} (start {}, length {}) is empty or overlaps the \
+                         one before",
+                        samples[i], starts[k], lengths[k]
+                    )));
+                }
+                end = starts[k] + lengths[k];
+            }
+        }
+        Ok(Self {
+            samples,
+            offsets,
+            starts,
+            lengths,
+        })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.samples.is_empty()
+    }
+
+    /// The pieces (indices into `starts` / `lengths`) of `sample`, if it has chosen ones.
+    pub fn pieces_of(&self, sample: i64) -> Option<Range<usize>> {
+        let i = self.samples.binary_search(&sample).ok()?;
+        Some(self.offsets[i]..self.offsets[i + 1])
+    }
+
+    /// The index of the piece of `sample` starting at `start`.
+    pub fn piece_at(&self, sample: i64, start: i64) -> Option<usize> {
+        let r = self.pieces_of(sample)?;
+        let k = self.starts[r.clone()].binary_search(&start).ok()?;
+        Some(r.start + k)
+    }
+
+    /// The chosen pieces of `sample` (`length` tokens, over `cap`) under `split` (`truncate`:
+    /// `!whole`): `Ok(None)` when it has none chosen, `Ok(Some(empty))` when it is dropped,
+    /// else `(start, len)` of each piece, checked: each fits `cap`; one piece from 0 shorter
+    /// than the sample (`truncate`) or pieces tiling the sample (`split`).
+    pub fn chosen(
+        &self,
+        sample: i64,
+        length: i64,
+        cap: i64,
+        whole: bool,
+    ) -> Result<Option<Vec<(i64, i64)>>> {
+        let Some(r) = self.pieces_of(sample) else {
+            return Ok(None);
+        };
+        let pieces: Vec<(i64, i64)> = r.map(|k| (self.starts[k], self.lengths[k])).collect();
+        let fail = |rule: &str| {
+            Err(CoreError::data(format!(
+                "sample {sample} ({length} tokens, max_len {cap}): its chosen pieces {pieces:?} \
+                 {rule}"
+            )))
+        };
+        if length <= cap {
+            return fail("are given for a sample that fits max_len");
+        }
+        if pieces.iter().any(|&(_, l)| l > cap) {
+            return fail("include one longer than max_len");
+        }
+        if pieces.is_empty() {
+            return Ok(Some(pieces));
+        }
+        if whole {
+            let mut at = 0;
+            for &(s, l) in &pieces {
+                if s != at {
+                    return fail("do not tile the sample (split)");
+                }
+                at = s + l;
+            }
+            if at != length {
+                return fail("do not tile the sample (split)");
+            }
+        } else if pieces.len() != 1 || pieces[0].0 != 0 {
+            return fail("are not one piece from its start (truncate)");
+        }
+        Ok(Some(pieces))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cuts() -> Cuts {
+        // Sample 2: pieces 0..4, 4..10; sample 5: none (dropped).
+        Cuts::new(vec![2, 5], vec![0, 2, 2], vec![0, 4], vec![4, 6]).unwrap()
+    }
+
+    #[test]
+    fn lookups() {
+        let c = cuts();
+        assert_eq!(c.pieces_of(2), Some(0..2));
+        assert_eq!(c.pieces_of(5), Some(2..2));
+        assert_eq!(c.pieces_of(3), None);
+        assert_eq!(c.piece_at(2, 4), Some(1));
+        assert_eq!(c.piece_at(2, 3), None);
+    }
+
+    #[test]
+    fn chosen_pieces_are_checked() {
+        let c = cuts();
+        assert_eq!(
+            c.chosen(2, 10, 6, true).unwrap(),
+            Some(vec![(0, 4), (4, 6)])
+        );
+        assert_eq!(c.chosen(5, 10, 6, true).unwrap(), Some(vec![]));
+        assert_eq!(c.chosen(1, 10, 6, true).unwrap(), None);
+        assert!(c.chosen(2, 11, 6, true).is_err()); // does not tile
+        assert!(c.chosen(2, 10, 6, false).is_err()); // two pieces under truncate
+        assert!(c.chosen(2, 10, 5, true).is_err()); // a piece over max_len
+        assert!(c.chosen(2, 6, 6, true).is_err()); // the sample fits
+    }
+
+    #[test]
+    fn malformed_cuts_are_refused() {
+        assert!(Cuts::new(vec![2, 2], vec![0, 0, 0], vec![], vec![]).is_err());
+        assert!(Cuts::new(vec![2], vec![0, 1], vec![0, 1], vec![1, 1]).is_err());
+        assert!(Cuts::new(vec![2], vec![0, 2], vec![0, 1], vec![2, 1]).is_err());
+        assert!(Cuts::new(vec![2], vec![1, 2], vec![0, 1], vec![1, 1]).is_err());
+    }
+}
