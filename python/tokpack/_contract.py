@@ -2,7 +2,7 @@
 Python side: every Python use imports them from here, so each has exactly one definition. The
 packed-directory format's names are in ``_format``."""
 
-from ._tokpack import (
+from ._tokpack import (  # noqa: F401 (re-exported)
     ATTENTION_COST,
     IGNORE_INDEX,
     MICRO_BATCH_ORDERS,
@@ -18,20 +18,3 @@ from ._tokpack import (
     STRATEGIES,
     default_threads,
 )
-
-__all__ = [
-    "ATTENTION_COST",
-    "IGNORE_INDEX",
-    "MICRO_BATCH_ORDERS",
-    "OVER_CAP_POLICIES",
-    "OVERLONG_HINT",
-    "OVERLONG_POLICIES",
-    "PAIR_LAYOUTS",
-    "PAIR_SEGMENT_ROLES",
-    "PARTITION_METHODS",
-    "ROW_ORDERS",
-    "SEGMENT_ROLES",
-    "SPLIT_REGEXES",
-    "STRATEGIES",
-    "default_threads",
-]

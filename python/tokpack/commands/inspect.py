@@ -17,8 +17,6 @@ from ..packed.shuffle_quality import DEFAULT_BATCH_ROWS, DEFAULT_SHUFFLE_WINDOW,
 from ..remote import open_packed
 from ..stats.estimate import check_options
 
-# ``seq_roles`` of preference outputs.
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("output", metavar="OUT_DIR")

@@ -382,10 +382,7 @@ class RecordEncoder:
         if max_len is not None and np.diff(flat.offsets).max() > max_len:
             return None
         stats.samples_in += len(records)
-        flat.files = np.fromiter((r.file_index for r in records), np.int32, len(records))
-        flat.lines = np.fromiter((r.line for r in records), np.int64, len(records))
-        flat.carried = self._carried(records)
-        return flat.count(stats)
+        return self._finished(flat, records, stats)
 
     def _finish_each(
         self,
@@ -411,11 +408,7 @@ class RecordEncoder:
             records.extend([item.record] * len(kept))
         if not pieces:
             return None
-        done = Tokens.from_pairs(pieces)
-        done.files = np.array([r.file_index for r in records], dtype=np.int32)
-        done.lines = np.array([r.line for r in records], dtype=np.int64)
-        done.carried = self._carried(records)
-        return done.count(stats)
+        return self._finished(Tokens.from_pairs(pieces), records, stats)
 
     def _finish_pairs(
         self,
@@ -449,19 +442,19 @@ class RecordEncoder:
             return None
         done = Tokens.from_pairs(sequences)
         done.kind = self.kind
-        done.files = np.fromiter((p.record.file_index for p in kept_items), np.int32)
-        done.lines = np.fromiter((p.record.line for p in kept_items), np.int64)
         done.prompt_lengths = np.array(prompt_lengths, dtype=np.int32)
         if self.kind == "kto":
             done.kto_labels = np.array([p.label for p in kept_items], dtype=bool)
-        done.carried = self._carried([p.record for p in kept_items])
-        return done.count(stats)
+        return self._finished(done, [p.record for p in kept_items], stats)
 
-    def _carried(self, records: List[Record]) -> Optional[List[List[Any]]]:
-        """Per carried field, the value of each of ``records`` (None without any)."""
-        if not self.options.carry:
-            return None
-        return [[r.carried[i] for r in records] for i in range(len(self.options.carry))]
+    def _finished(self, done: Tokens, records: List[Record], stats: TokenizeStats) -> Tokens:
+        """``done``, a sample from each of ``records``, with their files, lines and carried
+        fields (per field, each sample's value; None without any), counted in ``stats``."""
+        done.files = np.fromiter((r.file_index for r in records), np.int32, len(records))
+        done.lines = np.fromiter((r.line for r in records), np.int64, len(records))
+        carry = range(len(self.options.carry))
+        done.carried = [[r.carried[i] for r in records] for i in carry] if carry else None
+        return done.count(stats)
 
     def _pair_max_len(
         self, record: Record, prompt_length: int, full: List[np.ndarray], stats: TokenizeStats

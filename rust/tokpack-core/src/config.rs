@@ -179,25 +179,6 @@ impl PackConfig {
         })
     }
 
-    /// The fields this config was made from (`PackConfig::new(c.fields()) == c`).
-    pub fn fields(&self) -> PackFields {
-        PackFields {
-            max_len: self.plan.max_len.into(),
-            strategy: self.plan.strategy.name().into(),
-            overlong: self.plan.overlong.name().into(),
-            seed: self.plan.seed.into(),
-            tokens_column: self.tokens_column.clone(),
-            labels_column: self.labels_column.clone(),
-            loss_mask_column: self.loss_mask_column.clone(),
-            pair_layout: self.pair_layout.map(|l| l.name().into()),
-            carry: self.carry.clone(),
-            row_order: self.plan.row_order.name().into(),
-            rows_per_shard: self.rows_per_shard as i128,
-            row_group_rows: self.row_group_rows as i128,
-            compression: self.compression.clone(),
-        }
-    }
-
     /// This config for inputs of `kind` (`inputs` names them in messages): the pair layout
     /// of [`pair_layout_for`]; KTO carries its `label` first, other kinds refuse that name.
     pub fn for_kind(&self, kind: SampleKind, inputs: &str) -> Result<Self> {
@@ -277,7 +258,6 @@ mod tests {
         assert_eq!(config(|_| ()).unwrap().plan.row_order, RowOrder::Shuffled);
         let c = config(|f| f.carry = vec!["a".into(), "a".into()]).unwrap();
         assert_eq!(c.carry, ["a"]);
-        assert_eq!(PackConfig::new(c.fields()).unwrap(), c);
     }
 
     #[test]

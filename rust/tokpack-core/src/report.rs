@@ -3,8 +3,10 @@
 
 use crate::io::{PackOutcome, ShardInfo};
 use crate::plan::{efficiency, lower_bound, Plan};
+use serde::{Deserialize, Serialize};
 
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PackReport {
     /// Samples (pairs for preference shards) in each input, in order.
     pub input_rows: Vec<u64>,
@@ -25,7 +27,7 @@ pub struct PackReport {
 }
 
 /// The manifest's `figures` (but the wall time).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Figures {
     pub samples_in: u64,
     pub samples_packed: u64,

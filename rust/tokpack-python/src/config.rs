@@ -2,14 +2,13 @@
 //! picklable Python classes (re-exported as `tokpack.PackConfig` / `tokpack.PackReport`).
 
 use crate::errors::to_py;
-use crate::shards::shard_dict;
 use numpy::{IntoPyArray, PyArray1};
-use pyo3::exceptions::{PyOverflowError, PyTypeError};
+use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{IntoPyDict, PyBool, PyBytes, PyDict, PyList, PyString, PyTuple};
+use serde::{de::DeserializeOwned, Serialize};
 use tokpack_core::config::{self, PackFields, FIELDS};
 use tokpack_core::error::CoreError;
-use tokpack_core::io::{ByteRange, ShardInfo};
 use tokpack_core::policy::{check_range, PairLayout, RowOrder};
 use tokpack_core::{PackConfig, PackReport, SampleKind};
 
@@ -123,35 +122,69 @@ fn apply(fields: &mut PackFields, kwargs: Option<&Bound<'_, PyDict>>) -> PyResul
 #[derive(PartialEq, Eq, Hash)]
 pub struct PyPackConfig(pub PackConfig);
 
+/// The `#[pymethods]` of `PyPackConfig` with a getter for each `name -> type = value of c`
+/// (`c`: the core config), and `scalars`, which sets those fields in a dict, in order.
+macro_rules! pack_config_methods {
+    ($($name:ident -> $ty:ty = |$c:ident| $value:expr;)* { $($methods:tt)* }) => {
+        impl PyPackConfig {
+            fn scalars(&self, d: &Bound<'_, PyDict>) -> PyResult<()> {
+                $(d.set_item(stringify!($name), self.$name())?;)*
+                Ok(())
+            }
+        }
+
+        #[pymethods]
+        impl PyPackConfig {
+            $(
+                #[getter]
+                fn $name(&self) -> $ty {
+                    let $c = &self.0;
+                    $value
+                }
+            )*
+            $($methods)*
+        }
+    };
+}
+
 impl PyPackConfig {
     fn fields_dict<'py>(&self, py: Python<'py>, all: bool) -> PyResult<Bound<'py, PyDict>> {
-        let c = &self.0;
         let d = PyDict::new(py);
-        d.set_item("max_len", c.plan.max_len)?;
-        d.set_item("strategy", c.plan.strategy.name())?;
-        d.set_item("overlong", c.plan.overlong.name())?;
-        d.set_item("seed", c.plan.seed)?;
-        d.set_item("row_order", c.plan.row_order.name())?;
-        d.set_item("tokens_column", &c.tokens_column)?;
-        d.set_item("labels_column", &c.labels_column)?;
-        d.set_item("loss_mask_column", &c.loss_mask_column)?;
-        d.set_item("rows_per_shard", c.rows_per_shard)?;
-        d.set_item("row_group_rows", c.row_group_rows)?;
-        d.set_item("compression", &c.compression)?;
+        self.scalars(&d)?;
         // Only where they apply (and always with `all`), so the cache keys of SFT outputs stay
         // what they were.
-        if all || c.pair_layout.is_some() {
-            d.set_item("pair_layout", c.pair_layout.map(|l| l.name()))?;
+        if all || self.0.pair_layout.is_some() {
+            d.set_item("pair_layout", self.pair_layout())?;
         }
-        if all || !c.carry.is_empty() {
-            d.set_item("carry", PyList::new(py, &c.carry)?)?;
+        if all || !self.0.carry.is_empty() {
+            d.set_item("carry", PyList::new(py, &self.0.carry)?)?;
         }
         Ok(d)
     }
+
+    /// The config of a dict of its fields, ``max_len`` among them (which it removes).
+    fn of_fields(fields: &Bound<'_, PyDict>) -> PyResult<Self> {
+        let Some(max_len) = fields.get_item("max_len")? else {
+            return Err(config_error("the config has no max_len".into()));
+        };
+        fields.del_item("max_len")?;
+        Self::new(&max_len, Some(fields))
+    }
 }
 
-#[pymethods]
-impl PyPackConfig {
+pack_config_methods! {
+    max_len -> u32 = |c| c.plan.max_len;
+    strategy -> &'static str = |c| c.plan.strategy.name();
+    overlong -> &'static str = |c| c.plan.overlong.name();
+    seed -> u64 = |c| c.plan.seed;
+    row_order -> &'static str = |c| c.plan.row_order.name();
+    tokens_column -> &str = |c| &c.tokens_column;
+    labels_column -> Option<&str> = |c| c.labels_column.as_deref();
+    loss_mask_column -> Option<&str> = |c| c.loss_mask_column.as_deref();
+    rows_per_shard -> usize = |c| c.rows_per_shard;
+    row_group_rows -> usize = |c| c.row_group_rows;
+    compression -> &str = |c| &c.compression;
+{
     #[new]
     #[pyo3(signature = (max_len, **fields))]
     fn new(max_len: &Bound<'_, PyAny>, fields: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
@@ -180,56 +213,12 @@ impl PyPackConfig {
     }
 
     #[getter]
-    fn max_len(&self) -> u32 {
-        self.0.plan.max_len
-    }
-    #[getter]
-    fn strategy(&self) -> &'static str {
-        self.0.plan.strategy.name()
-    }
-    #[getter]
-    fn overlong(&self) -> &'static str {
-        self.0.plan.overlong.name()
-    }
-    #[getter]
-    fn seed(&self) -> u64 {
-        self.0.plan.seed
-    }
-    #[getter]
-    fn row_order(&self) -> &'static str {
-        self.0.plan.row_order.name()
-    }
-    #[getter]
-    fn tokens_column(&self) -> &str {
-        &self.0.tokens_column
-    }
-    #[getter]
-    fn labels_column(&self) -> Option<&str> {
-        self.0.labels_column.as_deref()
-    }
-    #[getter]
-    fn loss_mask_column(&self) -> Option<&str> {
-        self.0.loss_mask_column.as_deref()
-    }
-    #[getter]
     fn pair_layout(&self) -> Option<&'static str> {
         self.0.pair_layout.map(|l| l.name())
     }
     #[getter]
     fn carry<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         PyTuple::new(py, &self.0.carry)
-    }
-    #[getter]
-    fn rows_per_shard(&self) -> usize {
-        self.0.rows_per_shard
-    }
-    #[getter]
-    fn row_group_rows(&self) -> usize {
-        self.0.row_group_rows
-    }
-    #[getter]
-    fn compression(&self) -> &str {
-        &self.0.compression
     }
 
     /// The config as the manifest records it (``format_version`` first; ``pair_layout`` and
@@ -257,20 +246,17 @@ impl PyPackConfig {
         if !fields.contains("row_order")? {
             fields.set_item("row_order", RowOrder::Plan.name())?;
         }
-        let max_len = match fields.get_item("max_len")? {
-            Some(v) => v,
-            None => return Err(config_error("the config has no max_len".into())),
-        };
-        fields.del_item("max_len")?;
-        Self::new(&max_len, Some(&fields))
+        Self::of_fields(&fields)
     }
 
     /// A copy with the given fields changed (checked again).
     #[pyo3(signature = (**fields))]
-    fn replace(&self, fields: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
-        let mut f = self.0.fields();
-        apply(&mut f, fields)?;
-        PackConfig::new(f).map(Self).map_err(to_py)
+    fn replace(&self, py: Python<'_>, fields: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+        let all = self.fields_dict(py, true)?;
+        if let Some(fields) = fields {
+            all.update(fields.as_mapping())?;
+        }
+        Self::of_fields(&all)
     }
 
     /// This config for inputs of ``kind`` (``"sft"``, ``"preference"``, ``"kto"``; ``inputs``
@@ -297,44 +283,31 @@ impl PyPackConfig {
         Ok(format!("PackConfig({})", parts?.join(", ")))
     }
 }
+}
 
 fn ids<'py>(py: Python<'py>, v: &[i64]) -> Bound<'py, PyArray1<i64>> {
     v.to_vec().into_pyarray(py)
 }
 
-fn byte_range(d: &Bound<'_, PyAny>) -> PyResult<ByteRange> {
-    Ok(ByteRange {
-        offset: d.get_item("offset")?.extract()?,
-        length: d.get_item("length")?.extract()?,
-        checksum: d.get_item("checksum")?.extract()?,
-    })
+/// `value` as Python data (dicts in field order, lists, numbers, strings), through JSON.
+pub fn to_python<'py>(py: Python<'py>, value: &impl Serialize) -> PyResult<Bound<'py, PyAny>> {
+    let text = serde_json::to_string(value).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    py.import("json")?.call_method1("loads", (text,))
 }
 
-/// A manifest shard entry (as `shard_dict` makes it) back to a `ShardInfo`.
-pub fn shard_info(d: &Bound<'_, PyAny>) -> PyResult<ShardInfo> {
-    let groups: PyResult<Vec<ByteRange>> = d
-        .get_item("row_group_bytes")?
-        .try_iter()?
-        .map(|g| byte_range(&g?))
-        .collect();
-    Ok(ShardInfo {
-        file: d.get_item("file")?.extract()?,
-        index: d.get_item("index")?.extract()?,
-        rows: d.get_item("rows")?.extract()?,
-        row_groups: d.get_item("row_groups")?.extract()?,
-        tokens: d.get_item("tokens")?.extract()?,
-        loss_tokens: d.get_item("loss_tokens")?.extract()?,
-        size: d.get_item("size")?.extract()?,
-        checksum: d.get_item("checksum")?.extract()?,
-        row_group_bytes: groups?,
-        footer_bytes: byte_range(&d.get_item("footer_bytes")?)?,
-        index_size: d.get_item("index_size")?.extract()?,
-        index_checksum: d.get_item("index_checksum")?.extract()?,
-    })
-}
-
-fn shard_infos(shards: &Bound<'_, PyAny>) -> PyResult<Vec<ShardInfo>> {
-    shards.try_iter()?.map(|s| shard_info(&s?)).collect()
+/// Python data (numpy arrays and integers too) as a `T`, through JSON; a TypeError names what
+/// does not fit.
+fn from_python<T: DeserializeOwned>(value: &Bound<'_, PyAny>, what: &str) -> PyResult<T> {
+    let py = value.py();
+    let tolist = py
+        .import("operator")?
+        .call_method1("methodcaller", ("tolist",))?;
+    let kwargs = [("default", tolist)].into_py_dict(py)?;
+    let json = py
+        .import("json")?
+        .call_method("dumps", (value,), Some(&kwargs))?;
+    let json: String = json.extract()?;
+    serde_json::from_str(&json).map_err(|e| PyTypeError::new_err(format!("{what}: {e}")))
 }
 
 /// What a pack job did: counts, the ids of the samples not packed whole, the shards written,
@@ -344,42 +317,15 @@ pub struct PyPackReport(pub PackReport);
 
 #[pymethods]
 impl PyPackReport {
-    /// A report of one part of a job (Ray's groups): its counts, sample ids (global) and shard
-    /// entries.
+    /// A report of one part of a job (Ray's groups), by its fields (keywords): ``input_rows``,
+    /// ``has_labels``, ``max_len``, ``n_samples``, ``rows``, ``segments``, ``tokens``,
+    /// ``input_tokens``, the sample ids (global) ``dropped``, ``empty``, ``truncated``, ``split``,
+    /// and the ``shards``' entries.
     #[new]
-    #[pyo3(signature = (*, input_rows, has_labels, max_len, n_samples, rows, segments, tokens,
-        input_tokens, dropped, empty, truncated, split, shards))]
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        input_rows: Vec<u64>,
-        has_labels: bool,
-        max_len: u32,
-        n_samples: u64,
-        rows: u64,
-        segments: u64,
-        tokens: u64,
-        input_tokens: u64,
-        dropped: Vec<i64>,
-        empty: Vec<i64>,
-        truncated: Vec<i64>,
-        split: Vec<i64>,
-        shards: &Bound<'_, PyAny>,
-    ) -> PyResult<Self> {
-        Ok(Self(PackReport {
-            input_rows,
-            has_labels,
-            max_len,
-            n_samples,
-            rows,
-            segments,
-            tokens,
-            input_tokens,
-            dropped,
-            empty,
-            truncated,
-            split,
-            shards: shard_infos(shards)?,
-        }))
+    #[pyo3(signature = (**fields))]
+    fn new(py: Python<'_>, fields: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+        let empty = PyDict::new(py);
+        from_python(fields.unwrap_or(&empty), "PackReport").map(Self)
     }
 
     /// The parts of one job (consecutive runs of samples) as one report, with ``shards`` (the
@@ -391,11 +337,8 @@ impl PyPackReport {
         input_rows: Vec<u64>,
     ) -> PyResult<Self> {
         let parts: Vec<PackReport> = parts.iter().map(|p| p.0.clone()).collect();
-        Ok(Self(PackReport::merge(
-            &parts,
-            shard_infos(shards)?,
-            input_rows,
-        )))
+        let shards = from_python(shards, "shards")?;
+        Ok(Self(PackReport::merge(&parts, shards, input_rows)))
     }
 
     #[getter]
@@ -416,30 +359,13 @@ impl PyPackReport {
     }
     /// The shards' manifest entries.
     #[getter]
-    fn shards<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let entries: PyResult<Vec<_>> = self.0.shards.iter().map(|s| shard_dict(py, s)).collect();
-        PyList::new(py, entries?)
+    fn shards<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        to_python(py, &self.0.shards)
     }
 
     /// The manifest's ``figures`` (but ``wall_time_s``).
-    fn figures<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let f = self.0.figures();
-        let d = PyDict::new(py);
-        d.set_item("samples_in", f.samples_in)?;
-        d.set_item("samples_packed", f.samples_packed)?;
-        d.set_item("samples_truncated", f.samples_truncated)?;
-        d.set_item("samples_split", f.samples_split)?;
-        d.set_item("samples_dropped", f.samples_dropped)?;
-        d.set_item("samples_empty", f.samples_empty)?;
-        d.set_item("input_tokens", f.input_tokens)?;
-        d.set_item("rows", f.rows)?;
-        d.set_item("tokens", f.tokens)?;
-        d.set_item("loss_tokens", f.loss_tokens)?;
-        d.set_item("padding_tokens", f.padding_tokens)?;
-        d.set_item("padding_tokens_unpacked", f.padding_tokens_unpacked)?;
-        d.set_item("efficiency", f.efficiency)?;
-        d.set_item("lower_bound", f.lower_bound)?;
-        Ok(d)
+    fn figures<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        to_python(py, &self.0.figures())
     }
 
     /// Pickled through its keyword constructor (Ray tasks return reports).
@@ -447,25 +373,9 @@ impl PyPackReport {
         slf: &Bound<'py, Self>,
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
         let py = slf.py();
-        let r = &slf.get().0;
-        let kw = PyDict::new(py);
-        kw.set_item("input_rows", &r.input_rows)?;
-        kw.set_item("has_labels", r.has_labels)?;
-        kw.set_item("max_len", r.max_len)?;
-        kw.set_item("n_samples", r.n_samples)?;
-        kw.set_item("rows", r.rows)?;
-        kw.set_item("segments", r.segments)?;
-        kw.set_item("tokens", r.tokens)?;
-        kw.set_item("input_tokens", r.input_tokens)?;
-        kw.set_item("dropped", &r.dropped)?;
-        kw.set_item("empty", &r.empty)?;
-        kw.set_item("truncated", &r.truncated)?;
-        kw.set_item("split", &r.split)?;
-        kw.set_item("shards", slf.get().shards(py)?)?;
-        let partial = py
-            .import("functools")?
-            .getattr("partial")?
-            .call((slf.get_type(),), Some(&kw))?;
+        let fields = to_python(py, &slf.get().0)?;
+        let partial = py.import("functools")?.getattr("partial")?;
+        let partial = partial.call((slf.get_type(),), Some(fields.cast()?))?;
         Ok((partial, PyTuple::empty(py)))
     }
 }

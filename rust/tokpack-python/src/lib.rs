@@ -22,6 +22,7 @@ use tokpack_core::policy::{
 
 #[pymodule]
 fn _tokpack(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let names = |names: &[&str]| PyTuple::new(m.py(), names.to_vec());
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("MAX_THREADS", tokpack_core::pool::MAX_THREADS)?;
     // The shared names and constants (re-exported to Python by `tokpack/_contract.py`).
@@ -33,27 +34,18 @@ fn _tokpack(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MANIFEST_NAME", format::MANIFEST_NAME)?;
     m.add("DROPPED_NAME", format::DROPPED_NAME)?;
     m.add("REJECTED_NAME", format::REJECTED_NAME)?;
-    m.add(
-        "SHARD_COLUMNS",
-        PyTuple::new(m.py(), format::SHARD_COLUMNS)?,
-    )?;
-    m.add(
-        "INDEX_COLUMNS",
-        PyTuple::new(m.py(), format::INDEX_COLUMNS)?,
-    )?;
+    m.add("SHARD_COLUMNS", names(&format::SHARD_COLUMNS)?)?;
+    m.add("INDEX_COLUMNS", names(&format::INDEX_COLUMNS)?)?;
     m.add("KTO_LABEL", format::col::KTO_LABEL)?;
     m.add("MAX_LEN", policy::MAX_LEN)?;
     m.add("MAX_ROWS", policy::MAX_ROWS)?;
     m.add("OVERLONG_HINT", policy::OVERLONG_HINT)?;
-    m.add("STRATEGIES", PyTuple::new(m.py(), Strategy::NAMES)?)?;
-    m.add("OVERLONG_POLICIES", PyTuple::new(m.py(), Overlong::NAMES)?)?;
-    m.add("PAIR_LAYOUTS", PyTuple::new(m.py(), PairLayout::NAMES)?)?;
-    m.add("ROW_ORDERS", PyTuple::new(m.py(), RowOrder::NAMES)?)?;
-    m.add("SAMPLE_KINDS", PyTuple::new(m.py(), SampleKind::NAMES)?)?;
-    m.add(
-        "SEGMENT_ROLES",
-        PyTuple::new(m.py(), policy::SEGMENT_ROLES)?,
-    )?;
+    m.add("STRATEGIES", names(Strategy::NAMES)?)?;
+    m.add("OVERLONG_POLICIES", names(Overlong::NAMES)?)?;
+    m.add("PAIR_LAYOUTS", names(PairLayout::NAMES)?)?;
+    m.add("ROW_ORDERS", names(RowOrder::NAMES)?)?;
+    m.add("SAMPLE_KINDS", names(SampleKind::NAMES)?)?;
+    m.add("SEGMENT_ROLES", names(&policy::SEGMENT_ROLES)?)?;
     let roles = PyDict::new(m.py());
     for &layout in PairLayout::ALL {
         roles.set_item(layout.name(), PyTuple::new(m.py(), layout.roles())?)?;
@@ -82,15 +74,9 @@ fn _tokpack(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(files::file_checksum, m)?)?;
     m.add_function(wrap_pyfunction!(files::bytes_checksum, m)?)?;
     m.add_function(wrap_pyfunction!(shards::write_held_shard, m)?)?;
-    m.add(
-        "PARTITION_METHODS",
-        PyTuple::new(m.py(), PartitionMethod::NAMES)?,
-    )?;
-    m.add(
-        "MICRO_BATCH_ORDERS",
-        PyTuple::new(m.py(), MicroBatchOrder::NAMES)?,
-    )?;
-    m.add("OVER_CAP_POLICIES", PyTuple::new(m.py(), OverCap::NAMES)?)?;
+    m.add("PARTITION_METHODS", names(PartitionMethod::NAMES)?)?;
+    m.add("MICRO_BATCH_ORDERS", names(MicroBatchOrder::NAMES)?)?;
+    m.add("OVER_CAP_POLICIES", names(OverCap::NAMES)?)?;
     let attention = tokpack_core::balance::CostModel::ATTENTION;
     m.add("ATTENTION_COST", (attention.a, attention.b))?;
     m.add_function(wrap_pyfunction!(balance::partition, m)?)?;

@@ -2,44 +2,14 @@
 //! the writer of `pack_files` (identical bytes for the same plan rows).
 
 use crate::arrow_in::Chunks;
+use crate::config::to_python;
 use crate::errors::to_py;
 use numpy::PyReadonlyArray1;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
 use std::path::PathBuf;
 use tokpack_core::io::carry::Carried;
-use tokpack_core::io::{self, HeldSamples, ShardInfo};
+use tokpack_core::io::{self, HeldSamples};
 use tokpack_core::Plan;
-
-fn byte_range_dict<'py>(py: Python<'py>, r: &io::ByteRange) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("offset", r.offset)?;
-    d.set_item("length", r.length)?;
-    d.set_item("checksum", &r.checksum)?;
-    Ok(d)
-}
-
-/// A shard's manifest entry, as `pack_files` reports it.
-pub fn shard_dict<'py>(py: Python<'py>, s: &ShardInfo) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("file", &s.file)?;
-    d.set_item("index", &s.index)?;
-    d.set_item("rows", s.rows)?;
-    d.set_item("row_groups", s.row_groups)?;
-    d.set_item("tokens", s.tokens)?;
-    d.set_item("loss_tokens", s.loss_tokens)?;
-    d.set_item("size", s.size)?;
-    d.set_item("checksum", &s.checksum)?;
-    let groups = PyList::empty(py);
-    for r in &s.row_group_bytes {
-        groups.append(byte_range_dict(py, r)?)?;
-    }
-    d.set_item("row_group_bytes", groups)?;
-    d.set_item("footer_bytes", byte_range_dict(py, &s.footer_bytes)?)?;
-    d.set_item("index_size", s.index_size)?;
-    d.set_item("index_checksum", &s.index_checksum)?;
-    Ok(d)
-}
 
 /// Writes shard `shard` into `out_dir`: plan rows given as CSR arrays (`bin_offsets` from 0,
 /// global `sample_ids`), tokens gathered from the held samples `ids` (ascending) with
@@ -65,7 +35,7 @@ pub fn write_held_shard<'py>(
     row_group_rows: usize,
     compression: &str,
     carried: Vec<(String, Bound<'py, PyAny>)>,
-) -> PyResult<Bound<'py, PyDict>> {
+) -> PyResult<Bound<'py, PyAny>> {
     let carried = carried
         .iter()
         .map(|(name, values)| {
@@ -110,5 +80,5 @@ pub fn write_held_shard<'py>(
             )
         })
         .map_err(to_py)?;
-    shard_dict(py, &info)
+    to_python(py, &info)
 }

@@ -22,6 +22,7 @@ use arrow::ipc::writer::FileWriter;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
+use serde::{Deserialize, Serialize};
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::ops::Range;
@@ -29,7 +30,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 /// A byte range of a shard file and the checksum of its bytes.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ByteRange {
     pub offset: u64,
     pub length: u64,
@@ -38,7 +39,7 @@ pub struct ByteRange {
 }
 
 /// What was written for one shard (recorded in the manifest).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct ShardInfo {
     pub file: String,
     pub index: String,
