@@ -204,9 +204,21 @@ class PackedCollator:
         starts = cu[:-1]
         lab[starts] = IGNORE_INDEX
         positions, seq_idx = _segments(lens, input_ids.numel())
+        out, shape = self._flat_fields(input_ids, lab, positions, cu.to(torch.int32), max_len)
+        self._extras(out, lab.view(shape), seq_idx.view(shape), lens.numel())
+        return out
+
+    def _flat_fields(
+        self,
+        input_ids: torch.Tensor,
+        lab: torch.Tensor,
+        positions: torch.Tensor,
+        cu32: torch.Tensor,
+        max_len: int,
+    ) -> "tuple[Dict[str, Any], tuple[int, ...]]":
+        """The flat formats' tokens, labels, positions and boundaries, and their shape."""
         flat = self.format == "flash"
         shape = (-1,) if flat else (1, -1)
-        cu32 = cu.to(torch.int32)
         out: Dict[str, Any] = {
             "input_ids": input_ids.view(shape),
             "labels": lab.view(shape),
@@ -220,8 +232,7 @@ class PackedCollator:
             out["cu_seq_lens_k"] = cu32
             out["max_length_q"] = max_len
             out["max_length_k"] = max_len
-        self._extras(out, lab.view(shape), seq_idx.view(shape), lens.numel())
-        return out
+        return out, shape
 
     def _flat_host(
         self, ids: List[np.ndarray], labels: List[np.ndarray], seg_lens: List[np.ndarray]
@@ -244,23 +255,13 @@ class PackedCollator:
         if total:
             step[0] = 0
         positions = np.cumsum(step, out=step)
-        flat = self.format == "flash"
-        shape = (-1,) if flat else (1, -1)
-        max_len = int(lens.max()) if lens.size else 0
-        cu32 = torch.from_numpy(cu.astype(np.int32))
-        out: Dict[str, Any] = {
-            "input_ids": torch.from_numpy(input_ids).view(shape),
-            "labels": torch.from_numpy(lab).view(shape),
-            "position_ids": torch.from_numpy(positions).view(shape),
-        }
-        if flat:
-            out["cu_seqlens"] = cu32
-            out["max_seqlen"] = max_len
-        else:
-            out["cu_seq_lens_q"] = cu32
-            out["cu_seq_lens_k"] = cu32
-            out["max_length_q"] = max_len
-            out["max_length_k"] = max_len
+        out, shape = self._flat_fields(
+            torch.from_numpy(input_ids),
+            torch.from_numpy(lab),
+            torch.from_numpy(positions),
+            torch.from_numpy(cu.astype(np.int32)),
+            int(lens.max()) if lens.size else 0,
+        )
         out["num_loss_tokens"] = int(np.count_nonzero(lab != IGNORE_INDEX))
         out["num_seqs"] = int(lens.size)
         if self.return_seq_idx or self.return_loss_weights:
