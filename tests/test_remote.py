@@ -403,3 +403,35 @@ def test_a_stopped_iteration_drops_the_fetches_it_queued(corpus, s3, tmp_path):
     # Nothing of what was queued was fetched once the reader had stopped.
     assert _cached_groups(ds.packed) == needed
     assert len(needed) < ds.packed.num_groups
+
+
+def test_the_decode_thread_decodes_what_fetch_ahead_brought_and_never_fetches(
+    corpus, s3, tmp_path, monkeypatch
+):
+    """Without workers, row groups already in the cache are decoded ahead on the background
+    thread; a group not yet fetched is left to the fetch-ahead threads and the loop."""
+    from tokpack.remote._packed import settle
+
+    upload(corpus, s3)
+    fetchers, decoders = [], []
+    read_range = Source.read_range
+    decode = PackedDir.decode
+
+    def logged_fetch(self, name, offset, length):
+        fetchers.append(threading.current_thread().name)
+        return read_range(self, name, offset, length)
+
+    def logged_decode(self, group, columns=None):
+        decoders.append(threading.current_thread().name)
+        return decode(self, group, columns)
+
+    monkeypatch.setattr(Source, "read_range", logged_fetch)
+    monkeypatch.setattr(PackedDir, "decode", logged_decode)
+    ds = _iterable(PREFIX, filesystem=s3, cache_dir=tmp_path)
+    seen = []
+    for batch in DataLoader(ds, batch_size=None, num_workers=0):
+        seen.append(batch)
+        assert settle(60)  # fetch-ahead keeps up: the decode thread finds groups cached
+    assert _bytes(seen) == _bytes(_iterable(corpus))
+    assert any(name.startswith("tokpack-decode") for name in decoders)
+    assert not any(name.startswith("tokpack-decode") for name in fetchers)

@@ -117,6 +117,10 @@ class RangeCache:
         tag, offset, length, _ = want
         return self.meta / "have" / f"{shard}.{tag}.{offset}.{length}"
 
+    def has(self, shard: int, want: Want) -> bool:
+        """Whether range ``want`` of shard ``shard`` is cached now (it may be evicted later)."""
+        return self._marker(shard, want).exists()
+
     def _span(self, offset: int, length: int) -> int:
         """Bytes of the blocks ``[offset, offset + length)`` touches."""
         if length <= 0:

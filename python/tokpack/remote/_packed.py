@@ -250,6 +250,11 @@ class RemotePackedDir(PackedDir):
         # Queued requests carry the count they were made under: older ones are skipped.
         self._ahead_gen = getattr(self, "_ahead_gen", 0) + 1
 
+    def cached(self, group: int) -> bool:
+        """Whether row group ``group`` and its shard's footer are in the local cache now."""
+        shard = int(self.group_shard[group])
+        return all(self.cache.has(shard, w) for w in self._wants(shard, group))
+
     def fetch_group(self, group: int) -> None:
         """Fetch row group ``group`` (and its shard's footer) into the cache, if missing."""
         with self.naming(), self._local(int(self.group_shard[group]), group):

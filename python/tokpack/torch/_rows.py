@@ -127,14 +127,16 @@ class GroupCache:
         """In one process (no DataLoader workers, or one), have group ``group`` decoded on a
         background thread while this one collates (the decoder releases the GIL), so a reader
         without workers uses a second core; at most ``_AHEAD`` groups wait to be taken. With
-        several workers, nothing: they share their decodes (:meth:`prefetch`); nor for a
-        directory on object storage (its fetch-ahead threads fetch the groups ahead)."""
+        several workers, nothing: they share their decodes (:meth:`prefetch`). On object
+        storage, only a group already in the local cache (its fetch-ahead threads fetch ahead)."""
         pending = self._pending()
         if group in self._groups or group in pending or len(pending) >= _AHEAD:
             return
-        if worker_slot()[1] > 1 or self.packed.remote:
-            # Object storage: its fetch-ahead threads get the bytes (and stop when the reader
-            # does); a decode here would fetch on its own.
+        if worker_slot()[1] > 1:
+            return
+        if self.packed.remote and not self.packed.cached(group):
+            # Object storage: only what the fetch-ahead threads brought in (they stop when the
+            # reader does); this thread never fetches.
             return
         pending[group] = _decoder_pool().submit(self._decode, group)
 
