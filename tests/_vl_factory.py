@@ -9,7 +9,7 @@ import random
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
-from tests._tokenizer_factory import build_tokenizer, sentence
+from tests._tokenizer_factory import build_tokenizer, hf_tokenizer, sentence
 
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 
@@ -102,22 +102,43 @@ def video_processor(config: Dict[str, Any] = PREPROCESSOR):
     return cls(**config, cap_pixels_per_frame=False, do_sample_frames=False)
 
 
+# What a Qwen-VL forward takes from a MultimodalCollator batch (those present).
+MODEL_INPUTS = (
+    "input_ids",
+    "position_ids",
+    "pixel_values",
+    "image_grid_thw",
+    "pixel_values_videos",
+    "video_grid_thw",
+)
+
+
+def model_inputs(batch) -> dict:
+    """The batch's fields a Qwen-VL forward takes."""
+    return {k: batch[k] for k in MODEL_INPUTS if k in batch}
+
+
+def packed_logits(model, batch):
+    """The model's logits for a packed batch, with its mRoPE positions and with plain ones
+    (the text row repeated: the common bug, which must give other losses)."""
+    import torch
+
+    kwargs = model_inputs(batch)
+    with torch.no_grad():
+        logits = model(**kwargs, use_cache=False).logits[0]
+        flat = batch["position_ids"].clone()
+        flat[1:] = flat[0]
+        plain = model(**{**kwargs, "position_ids": flat}, use_cache=False).logits[0]
+    return logits, plain
+
+
 def video_processor_pipeline(directory: Path, family: str = "qwen2-vl"):
     """transformers' Qwen2VLProcessor (``family="qwen2.5-vl"``: Qwen2_5_VLProcessor,
     ``"qwen3-vl"``: Qwen3VLProcessor) with its image and video processors (the video one needs
     torchvision)."""
-    from transformers import (
-        PreTrainedTokenizerFast,
-        Qwen2_5_VLProcessor,
-        Qwen2VLProcessor,
-        Qwen3VLProcessor,
-    )
+    from transformers import Qwen2_5_VLProcessor, Qwen2VLProcessor, Qwen3VLProcessor
 
-    tok = PreTrainedTokenizerFast(
-        tokenizer_file=str(directory / "tokenizer.json"),
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-    )
+    tok = hf_tokenizer(directory)
     if family == "qwen3-vl":
         return Qwen3VLProcessor(
             image_processor=image_processor(QWEN3_PREPROCESSOR),
@@ -138,7 +159,7 @@ def processor(directory: Path, family: str = "qwen2-vl"):
     """transformers' Qwen2VLProcessor (``family="qwen3-vl"``: Qwen3VLProcessor) without its
     video processor (which needs torchvision, not installed here); images and text go through
     the processor's own code."""
-    from transformers import PreTrainedTokenizerFast, Qwen2VLProcessor, Qwen3VLProcessor
+    from transformers import Qwen2VLProcessor, Qwen3VLProcessor
     from transformers.processing_utils import ProcessorMixin
 
     class ImageOnlyQwen2VLProcessor(Qwen2VLProcessor):
@@ -154,11 +175,7 @@ def processor(directory: Path, family: str = "qwen2-vl"):
                 self, image_processor, tokenizer, None, chat_template=chat_template
             )
 
-    tok = PreTrainedTokenizerFast(
-        tokenizer_file=str(directory / "tokenizer.json"),
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-    )
+    tok = hf_tokenizer(directory)
     if family == "qwen3-vl":
         return ImageOnlyQwen3VLProcessor(
             image_processor=image_processor(QWEN3_PREPROCESSOR),

@@ -20,6 +20,8 @@ from tests._vl_factory import (  # noqa: E402
     build_vl_tokenizer,
     image_chats,
     image_processor,
+    model_inputs,
+    packed_logits,
     tiny_qwen2_5_vl,
     tiny_qwen3_vl,
     write_image,
@@ -163,16 +165,7 @@ def test_packed_losses_equal_each_sample_alone(corpora, family, context):
         assert batch["position_ids"].shape == (4, 1, batch["input_ids"].shape[1])
         n_images = sum(len(json.loads(m)) for m in row["media"])
         assert batch.get("image_grid_thw", torch.zeros(0, 3)).shape[0] == n_images
-        kwargs = {
-            k: batch[k]
-            for k in ("input_ids", "position_ids", "pixel_values", "image_grid_thw")
-            if k in batch
-        }
-        with torch.no_grad():
-            logits = model(**kwargs, use_cache=False).logits[0]
-            flat = batch["position_ids"].clone()
-            flat[1:] = flat[0]
-            plain = model(**{**kwargs, "position_ids": flat}, use_cache=False).logits[0]
+        logits, plain = packed_logits(model, batch)
         packed = _token_losses(logits, batch["labels"][0])
         packed_plain = _token_losses(plain, batch["labels"][0])
         offset = 0
@@ -208,11 +201,7 @@ def test_pack_cut_samples_train_exactly_as_their_pieces_alone(corpus, tmp_path, 
     for i in range(len(ds)):
         row = ds[i]
         batch = collator([row])
-        kwargs = {
-            k: batch[k]
-            for k in ("input_ids", "position_ids", "pixel_values", "image_grid_thw")
-            if k in batch
-        }
+        kwargs = model_inputs(batch)
         with torch.no_grad():
             logits = model(**kwargs, use_cache=False).logits[0]
         packed = _token_losses(logits, batch["labels"][0])

@@ -27,6 +27,7 @@ from tests._vl_factory import (  # noqa: E402
     build_vl_tokenizer,
     image_processor,
     media_chats,
+    packed_logits,
     tiny_qwen2_5_vl,
     tiny_qwen3_vl,
     video_processor,
@@ -299,23 +300,7 @@ def test_packed_losses_equal_each_sample_alone(corpora, family):
         row = ds[i]
         n_videos = sum(sum(m.get("type") == "video" for m in json.loads(x)) for x in row["media"])
         assert batch.get("video_grid_thw", torch.zeros(0, 3)).shape[0] == n_videos
-        kwargs = {
-            k: batch[k]
-            for k in (
-                "input_ids",
-                "position_ids",
-                "pixel_values",
-                "image_grid_thw",
-                "pixel_values_videos",
-                "video_grid_thw",
-            )
-            if k in batch
-        }
-        with torch.no_grad():
-            logits = model(**kwargs, use_cache=False).logits[0]
-            flat = batch["position_ids"].clone()
-            flat[1:] = flat[0]
-            plain = model(**{**kwargs, "position_ids": flat}, use_cache=False).logits[0]
+        logits, plain = packed_logits(model, batch)
         packed = _losses(logits, batch["labels"][0])
         packed_plain = _losses(plain, batch["labels"][0])
         offset = 0
