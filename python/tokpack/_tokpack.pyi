@@ -50,6 +50,7 @@ __all__ = [
     "read_lengths",
     "read_row_group",
     "file_checksum",
+    "file_fingerprint",
     "bytes_checksum",
     "write_held_shard",
     "PARTITION_METHODS",
@@ -163,6 +164,7 @@ class PackReport:
         parts: Sequence[PackReport], shards: Sequence[Dict[str, Any]], input_rows: Sequence[int]
     ) -> PackReport: ...
     input_rows: List[int]
+    input_fingerprints: List[str]
     has_labels: bool
     dropped: npt.NDArray[np.int64]
     empty: npt.NDArray[np.int64]
@@ -315,6 +317,7 @@ def read_row_group(
     check: Optional[Tuple[int, Tuple[int, int, str], Tuple[int, int, str]]] = None,
 ) -> Dict[str, Union[npt.NDArray[Any], Tuple[npt.NDArray[Any], npt.NDArray[np.int64]]]]: ...
 def file_checksum(path: str) -> Tuple[int, str]: ...
+def file_fingerprint(path: str) -> Tuple[int, str]: ...
 def bytes_checksum(data: bytes) -> str: ...
 def write_held_shard(
     *,

@@ -60,53 +60,53 @@ _OLD_TAG = ".old-"
 _LOCK_SUFFIX = ".lock"
 
 
-def fingerprint_file(path: os.PathLike, chunk: int = 1 << 22) -> str:
-    """BLAKE2b-128 of the whole file content (hashlib releases the GIL on large buffers)."""
-    h = hashlib.blake2b(digest_size=16)
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(chunk), b""):
-            h.update(block)
-    return h.hexdigest()
+def fingerprint_file(path: os.PathLike) -> str:
+    """Content fingerprint of a file: xxh3-128 over its parts (a Parquet file's row groups and
+    the gaps between them), as ``pack`` takes it while reading an input
+    (``tokpack_core::io::fingerprint``; the GIL is released)."""
+    return _tokpack.file_fingerprint(os.fspath(path))[1]
 
 
-def _describe(path: Path) -> Dict[str, Any]:
+def _describe(path: Path, contents: bool = True) -> Dict[str, Any]:
     remote = object_fingerprint(path)
     if remote is not None:  # a copy of an object: described by the object, not re-hashed
         uri, size, fingerprint = remote
         return {"path": uri, "size": size, "fingerprint": fingerprint}
     try:
         size = path.stat().st_size
-        fp = fingerprint_file(path)
+        described = {"path": str(path.resolve()), "size": size}
+        if contents:
+            described["fingerprint"] = fingerprint_file(path)
     except OSError as exc:
         raise input_error(path, exc) from None
-    return {"path": str(path.resolve()), "size": size, "fingerprint": fp}
+    return described
 
 
 def describe_inputs(
-    paths: Sequence[os.PathLike], threads: Optional[int] = None
+    paths: Sequence[os.PathLike], threads: Optional[int] = None, contents: bool = True
 ) -> List[Dict[str, Any]]:
     """Path, size and content fingerprint of every input file, in order (files hashed on
-    ``threads`` threads, default all cores: hashing releases the GIL)."""
+    ``threads`` threads, default all cores). Without ``contents`` local files get no
+    fingerprint yet: the run that reads them takes it (:func:`add_fingerprints`)."""
     workers = max(1, min(len(paths), threads or _tokpack.default_threads()))
     with ThreadPoolExecutor(workers) as pool:
-        return list(pool.map(_describe, map(Path, paths)))
+        return list(pool.map(lambda p: _describe(Path(p), contents), paths))
+
+
+def add_fingerprints(
+    described: List[Dict[str, Any]], paths: Sequence[os.PathLike], taken: Sequence[str] = ()
+) -> None:
+    """Gives every input described without a fingerprint the one its run ``taken`` while
+    reading it (in input order), or hashes it now."""
+    for i, d in enumerate(described):
+        if "fingerprint" not in d:
+            d["fingerprint"] = taken[i] if i < len(taken) else fingerprint_file(paths[i])
 
 
 def cache_key(kind: str, inputs: List[Dict[str, Any]], config: Dict[str, Any]) -> str:
     """A digest of everything that determines the output bytes."""
     blob = json.dumps({"kind": kind, "inputs": inputs, "config": config}, sort_keys=True)
     return hashlib.blake2b(blob.encode(), digest_size=16).hexdigest()
-
-
-def is_cache_hit(out_dir: os.PathLike, key: str) -> Optional[Dict[str, Any]]:
-    """The existing manifest when OUT_DIR is complete and was built with the same key."""
-    try:
-        manifest = read_manifest(out_dir)
-    except CorruptOutputError:
-        return None
-    if manifest is not None and manifest.get("cache_key") == key:
-        return manifest
-    return None
 
 
 def pid_alive(pid: int) -> bool:

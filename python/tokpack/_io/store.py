@@ -57,13 +57,14 @@ from ..packed.integrity import cache_problem
 from .outdir import (
     MANIFEST_NAME,
     SIDE_DIR,
+    add_fingerprints,
     atomic_output_dir,
     cache_key,
     describe_inputs,
     foreign_names,
-    is_cache_hit,
     is_tokpack_manifest,
     output_target,
+    read_manifest,
     writing,
 )
 from .uri import RUN_MARKER, local_path, store_of
@@ -384,11 +385,14 @@ def cached_run(
     force: bool = False,
     verify: bool = False,
     staging: Optional[Union[str, os.PathLike]] = None,
+    fingerprinted: bool = False,
 ) -> Tuple[Dict[str, Any], bool, Optional[str]]:
     """The run of every command that writes a directory: describe the inputs -> cache key ->
     the existing output if built with that key and intact (``verify``: checksums too) -> else
     ``build(tmp, described)`` fills a local directory and returns the manifest, written last
     with the key. Returns (manifest, cache hit?, why a current output was rebuilt).
+    ``fingerprinted``: ``build`` fills in the inputs' fingerprints from its own reading
+    (:func:`outdir.add_fingerprints`) when the output cannot be current without them.
 
     Local: ``tmp`` is an :func:`atomic_output_dir`. On object storage a cache hit is a
     manifest with the key whose listed objects are all there with their recorded sizes; the
@@ -396,41 +400,63 @@ def cached_run(
     directory), then the prefix is claimed (refused unless tokpack's, before any work),
     cleared and the files uploaded, the manifest last; a run that fails leaves the previous
     output as it was."""
-    described = describe_inputs(inputs, threads)
-    key = cache_key(kind, described, config)
     out = None if dest.store is None else StoreOut(*dest.store)
-    rebuilt_because = None
+    existing = None
     if not force:
-        if out is None:
-            assert dest.local is not None
-            hit = is_cache_hit(dest.local, key)
-        else:
-            hit = out._manifest()
-            hit = hit if is_tokpack_manifest(hit) and hit.get("cache_key") == key else None
-        if hit is not None:
+        try:
+            existing = read_manifest(dest.local) if out is None else out._manifest()
+        except CorruptOutputError:  # rebuilt
+            existing = None
+        existing = existing if is_tokpack_manifest(existing) else None
+    # The inputs' content is hashed before the work only when the output may be current: its
+    # manifest has this config and lists these inputs with these sizes. Otherwise ``build``
+    # (``fingerprinted``) takes the fingerprints while it reads the inputs, which are then read
+    # from disk once.
+    described = describe_inputs(inputs, threads, contents=False)
+    if not fingerprinted or _may_be_current(existing, described, config):
+        add_fingerprints(described, inputs)
+    rebuilt_because = None
+    if existing is not None and all("fingerprint" in d for d in described):
+        key = cache_key(kind, described, config)
+        if existing.get("cache_key") == key:
             if out is None:
-                rebuilt_because = cache_problem(dest.local, hit, full=verify)
+                assert dest.local is not None
+                rebuilt_because = cache_problem(dest.local, existing, full=verify)
             else:
-                rebuilt_because = out.problem(hit, full=verify)
+                rebuilt_because = out.problem(existing, full=verify)
             if rebuilt_because is None:
-                return hit, True, None
+                return existing, True, None
     if out is None:
         assert dest.local is not None
         outputs = atomic_output_dir(dest.local)
     else:
         outputs = _committed(out, staging, build_first=True)
     with outputs as tmp:
-        manifest = {"tokpack_version": _tokpack.__version__, "cache_key": key}
+        manifest = {"tokpack_version": _tokpack.__version__, "cache_key": ""}
         manifest.update(build(tmp, described))
+        add_fingerprints(described, inputs)  # those a build that reads the inputs left out
+        manifest["cache_key"] = cache_key(kind, described, config)
         with writing(tmp / MANIFEST_NAME):
             _format.write_manifest(tmp, manifest)
     return manifest, False, rebuilt_because
 
 
+def _may_be_current(manifest: Any, described: List[Dict[str, Any]], config: Any) -> bool:
+    """Whether ``manifest`` (a packed directory's) records ``config`` and lists the inputs
+    ``described`` (paths and sizes, in order)."""
+    listed = None if manifest is None else manifest.get("inputs")
+    if not isinstance(listed, list) or len(listed) != len(described):
+        return False
+    if manifest.get("config") != json.loads(json.dumps(config)):
+        return False
+    return all(
+        isinstance(m, dict) and m.get("path") == d["path"] and m.get("size") == d["size"]
+        for m, d in zip(listed, described)
+    )
+
+
 def read_manifest_at(output_dir: Union[str, os.PathLike], filesystem: Any = None):
     """``(manifest or None, fs or None, root)`` of a packed output, local or on a store."""
-    from .outdir import read_manifest
-
     local_dir = local_path(output_dir, filesystem)
     if local_dir is not None:
         return read_manifest(local_dir), None, local_dir

@@ -34,7 +34,7 @@ from .._io.inputs import (
     resolve_inputs,
     shown_path,
 )
-from .._io.outdir import open_for_writing, writing
+from .._io.outdir import add_fingerprints, open_for_writing, writing
 from .._io.progress import run_with_progress
 from .._io.store import cached_run, destination
 from .._tokpack import pair_layout_for
@@ -221,6 +221,8 @@ def pack_files(
                 ),
                 progress,
             )
+            if encoding is None:  # taken while the inputs were read: no second pass over them
+                add_fingerprints(described, paths, report.input_fingerprints)
             with writing(tmp / DROPPED_NAME):
                 dropped = write_dropped(
                     tmp / DROPPED_NAME, report, paths, staged, reasons=dropped_reasons(cuts)
@@ -240,9 +242,9 @@ def pack_files(
         check_disk_space(paths, tokens, labels, config.compression != "none", tmp, spill)
 
     if out is not None and encoding is None and not (out / MANIFEST_NAME).exists():
-        # Before the inputs are fingerprinted for the cache key (a minute at 10M samples): a
-        # run the disk cannot hold is refused first. An OUT with a manifest may be a cache hit,
-        # which needs no space: checked again inside the run, where it is known not to be.
+        # Before any work: a run the disk cannot hold is refused first. An OUT with a manifest
+        # may be a cache hit, which needs no space: checked again inside the run, where it is
+        # known not to be.
         preflight(out, Path(spill_dir) / ".spill" if spill_dir is not None else out / ".spill")
     manifest, hit, rebuilt_because = cached_run(
         dest,
@@ -254,6 +256,7 @@ def pack_files(
         force=force,
         verify=verify_cache,
         staging=spill_dir,
+        fingerprinted=encoding is None,
     )
     return {**manifest, "cache_hit": hit, "rebuilt_because": rebuilt_because}
 

@@ -24,6 +24,10 @@ pub struct PackReport {
     pub truncated: Vec<i64>,
     pub split: Vec<i64>,
     pub shards: Vec<ShardInfo>,
+    /// Each input file's content fingerprint, taken while packing it (`pack_files`; empty for
+    /// reports of parts and merged reports).
+    #[serde(default)]
+    pub input_fingerprints: Vec<String>,
 }
 
 /// The manifest's `figures` (but the wall time).
@@ -70,6 +74,7 @@ impl PackReport {
             truncated: ids(&plan.truncated),
             split: ids(&plan.split),
             shards,
+            input_fingerprints: Vec::new(),
         }
     }
 
@@ -92,6 +97,7 @@ impl PackReport {
             truncated: cat(|p| &p.truncated),
             split: cat(|p| &p.split),
             shards,
+            input_fingerprints: Vec::new(),
         }
     }
 
@@ -132,6 +138,9 @@ impl PackReport {
 
 impl From<PackOutcome> for PackReport {
     fn from(o: PackOutcome) -> Self {
-        Self::of_plan(&o.plan, o.shards, o.input_rows, o.has_labels, 0)
+        Self {
+            input_fingerprints: o.input_fingerprints,
+            ..Self::of_plan(&o.plan, o.shards, o.input_rows, o.has_labels, 0)
+        }
     }
 }

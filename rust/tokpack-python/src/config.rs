@@ -345,6 +345,11 @@ impl PyPackReport {
     fn input_rows(&self) -> Vec<u64> {
         self.0.input_rows.clone()
     }
+    /// Each input file's content fingerprint, taken while it was read (``pack_files``).
+    #[getter]
+    fn input_fingerprints(&self) -> Vec<String> {
+        self.0.input_fingerprints.clone()
+    }
     #[getter]
     fn has_labels(&self) -> bool {
         self.0.has_labels

@@ -126,6 +126,13 @@ pub fn file_checksum(py: Python<'_>, path: PathBuf) -> PyResult<(u64, String)> {
     py.detach(|| io::file_checksum(&path)).map_err(to_py)
 }
 
+/// Size and content fingerprint of a file, as `pack_files` takes it while reading an input
+/// (the cache key's fingerprint of an input file).
+#[pyfunction]
+pub fn file_fingerprint(py: Python<'_>, path: PathBuf) -> PyResult<(u64, String)> {
+    py.detach(|| io::file_fingerprint(&path)).map_err(to_py)
+}
+
 /// Lengths (int64) of the token column across `paths` (with `pair_layout`: the footprints of
 /// preference pairs in that layout), and the rows of each file.
 #[pyfunction]

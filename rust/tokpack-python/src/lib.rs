@@ -72,6 +72,7 @@ fn _tokpack(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(files::read_lengths, m)?)?;
     m.add_function(wrap_pyfunction!(files::read_row_group, m)?)?;
     m.add_function(wrap_pyfunction!(files::file_checksum, m)?)?;
+    m.add_function(wrap_pyfunction!(files::file_fingerprint, m)?)?;
     m.add_function(wrap_pyfunction!(files::bytes_checksum, m)?)?;
     m.add_function(wrap_pyfunction!(shards::write_held_shard, m)?)?;
     m.add("PARTITION_METHODS", names(PartitionMethod::NAMES)?)?;

@@ -28,9 +28,9 @@ pub struct GroupCheck {
 }
 
 /// Checked byte ranges of a file standing in for the file: reads outside them fail.
-struct CheckedBytes {
-    size: u64,
-    ranges: Vec<(u64, Bytes)>,
+pub(crate) struct CheckedBytes {
+    pub size: u64,
+    pub ranges: Vec<(u64, Bytes)>,
 }
 
 impl CheckedBytes {

@@ -11,6 +11,7 @@
 pub mod carry;
 pub mod checked;
 pub mod columns;
+pub mod fingerprint;
 pub mod pack;
 mod pagecache;
 pub mod pairs;
@@ -21,6 +22,7 @@ pub mod spill;
 pub mod writer;
 
 pub use checked::{bytes_checksum, file_checksum, read_checked_row_group, GroupCheck};
+pub use fingerprint::file_fingerprint;
 pub use pack::{
     input_columns, pack_files, read_lengths, LabelSource, PackFilesConfig, PackOutcome,
 };

@@ -76,6 +76,8 @@ pub struct PackOutcome {
     pub plan: Plan,
     pub has_labels: bool,
     pub shards: Vec<ShardInfo>,
+    /// Each input file's content fingerprint (`super::fingerprint`), taken while reading it.
+    pub input_fingerprints: Vec<String>,
 }
 
 /// The columns of a preference token shard: chosen tokens and labels, rejected tokens and
@@ -224,6 +226,8 @@ struct UnitOut {
     locations: Vec<u64>,
     rejected: Vec<u64>,
     carried: Vec<Vec<ArrayRef>>,
+    /// The unit's part of its file and that part's digest (`super::fingerprint`).
+    digest: Option<(usize, u128)>,
 }
 
 impl UnitOut {
@@ -295,13 +299,14 @@ fn read_unit(
     columns: &Columns,
     batch_rows: usize,
     spill: Option<&Spill>,
+    hashed: bool,
     progress: &Progress,
 ) -> Result<UnitOut> {
     let names = columns.names();
     let at = Location::unit(&source.path, source.unit_kind, unit);
     let mut out = UnitOut::new(columns);
     let worker = rayon::current_thread_index().unwrap_or(0);
-    source.read_unit(unit, &names, batch_rows, |batch| {
+    out.digest = source.read_unit_hashed(unit, &names, batch_rows, hashed, |batch| {
         progress.check()?;
         let loc = BatchAt {
             unit: &at,
@@ -345,16 +350,25 @@ fn read_unit(
     Ok(out)
 }
 
+/// What [`read_all`] read: the units concatenated, the rows and the fingerprint of each file.
+struct ReadAll {
+    all: UnitOut,
+    rows: Vec<u64>,
+    fingerprints: Vec<String>,
+}
+
 /// Reads all units in parallel; units are concatenated in file order, so sample `i` is the
 /// `i`-th row across the inputs. On failure, the error of the first failing unit is returned.
-/// Returns what was read and the rows of each file.
+/// With `hashed`, each file's fingerprint is taken from the bytes read (plus the parts no unit
+/// covers); else there are none.
 fn read_all(
     sources: &[Source],
     columns: &Columns,
     batch_rows: usize,
     spill: Option<&Spill>,
+    hashed: bool,
     progress: &Progress,
-) -> Result<(UnitOut, Vec<u64>)> {
+) -> Result<ReadAll> {
     let units: Vec<(usize, usize)> = sources
         .iter()
         .enumerate()
@@ -369,7 +383,7 @@ fn read_all(
             if i > first_failed.load(Ordering::Relaxed) {
                 return None; // an earlier unit failed: its error is the one reported
             }
-            let r = read_unit(&sources[s], u, columns, batch_rows, spill, progress);
+            let r = read_unit(&sources[s], u, columns, batch_rows, spill, hashed, progress);
             if r.is_err() {
                 first_failed.fetch_min(i, Ordering::Relaxed);
             }
@@ -378,15 +392,39 @@ fn read_all(
         .collect();
     let mut all = UnitOut::new(columns);
     let mut rows = vec![0u64; sources.len()];
+    let mut digests: Vec<Vec<Option<u128>>> = sources
+        .iter()
+        .map(|s| vec![None; s.parts.parts.len()])
+        .collect();
     for (r, &(s, _)) in results.into_iter().zip(&units) {
         let unit = match r {
             Some(r) => r?,
             None => continue,
         };
+        if let Some((part, digest)) = unit.digest {
+            digests[s][part] = Some(digest);
+        }
         rows[s] += unit.rows;
         all.append(unit);
     }
-    Ok((all, rows))
+    let fingerprints = if !hashed {
+        Vec::new()
+    } else {
+        sources
+            .par_iter()
+            .zip(digests.par_iter_mut())
+            .map(|(source, digests)| {
+                let file = super::source::open_file(&source.path)?;
+                let at = Location::file(&source.path);
+                source.parts.finish(&file, &at, digests)
+            })
+            .collect::<Result<Vec<_>>>()?
+    };
+    Ok(ReadAll {
+        all,
+        rows,
+        fingerprints,
+    })
 }
 
 /// The columns `pack_files` reads from token shards `paths` (plain sequences), by its rules and
@@ -444,7 +482,9 @@ pub fn read_lengths(
 ) -> Result<(Vec<i64>, Vec<u64>)> {
     let sources = open_all(paths)?;
     let columns = resolve_columns(&sources, tokens_column, &LabelSource::None, pairs, &[])?;
-    let (read, rows) = read_all(&sources, &columns, batch_rows, None, progress)?;
+    let ReadAll {
+        all: read, rows, ..
+    } = read_all(&sources, &columns, batch_rows, None, false, progress)?;
     if read.rows == 0 {
         return Err(no_samples(paths));
     }
@@ -510,11 +550,16 @@ pub fn pack_files(config: &PackFilesConfig, progress: &Progress) -> Result<PackO
     )?;
     let has_labels = columns.has_labels();
     let spill = Spill::create(&config.spill_dir, rayon::current_num_threads(), has_labels)?;
-    let (read, input_rows) = read_all(
+    let ReadAll {
+        all: read,
+        rows: input_rows,
+        fingerprints: input_fingerprints,
+    } = read_all(
         &sources,
         &columns,
         config.batch_rows,
         Some(&spill),
+        true,
         progress,
     )?;
     if read.rows == 0 {
@@ -605,5 +650,6 @@ pub fn pack_files(config: &PackFilesConfig, progress: &Progress) -> Result<PackO
         plan,
         has_labels,
         shards,
+        input_fingerprints,
     })
 }

@@ -1,6 +1,8 @@
 //! Input files: Parquet (one unit per row group) and Arrow IPC / Feather v2 (one unit per
 //! record batch), read with only the requested columns.
 
+use super::checked::CheckedBytes;
+use super::fingerprint::Parts;
 use crate::error::{Context, CoreError, Location, Result};
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
@@ -9,9 +11,15 @@ use parquet::arrow::arrow_reader::{
     ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
 };
 use parquet::arrow::ProjectionMask;
+use parquet::file::reader::ChunkReader;
 use std::fs::File;
 use std::io::Read;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+
+/// Row groups up to this size are read whole into memory, hashed for the file's fingerprint
+/// and decoded from there; larger ones are decoded from the file and hashed separately.
+const WHOLE_UNIT_BYTES: u64 = 1 << 28;
 
 /// An opened input file: its Arrow schema and units.
 pub struct Source {
@@ -22,6 +30,8 @@ pub struct Source {
     parquet: Option<ArrowReaderMetadata>,
     /// Row groups (Parquet) or record batches (IPC).
     pub units: usize,
+    /// The parts the file's fingerprint is taken over (`super::fingerprint`).
+    pub parts: Parts,
 }
 
 pub(crate) fn open_file(path: &Path) -> Result<File> {
@@ -33,6 +43,10 @@ impl Source {
     pub fn open(path: &Path) -> Result<Self> {
         let at = Location::file(path);
         let file = open_file(path)?;
+        let size = file
+            .metadata()
+            .map_err(|e| CoreError::unreadable(path, e))?
+            .len();
         let mut magic = Vec::with_capacity(6);
         (&file)
             .take(6)
@@ -46,6 +60,7 @@ impl Source {
                 unit_kind: "row group",
                 schema: meta.schema().clone(),
                 units: meta.metadata().num_row_groups(),
+                parts: Parts::parquet(meta.metadata(), size),
                 parquet: Some(meta),
             })
         } else if magic == b"ARROW1" {
@@ -56,6 +71,7 @@ impl Source {
                 unit_kind: "record batch",
                 schema: reader.schema(),
                 units: reader.num_batches(),
+                parts: Parts::plain(size),
                 parquet: None,
             })
         } else {
@@ -94,22 +110,52 @@ impl Source {
         unit: usize,
         columns: &[&str],
         batch_rows: usize,
-        mut f: impl FnMut(RecordBatch) -> Result<()>,
+        f: impl FnMut(RecordBatch) -> Result<()>,
     ) -> Result<()> {
+        self.read_unit_hashed(unit, columns, batch_rows, false, f)
+            .map(|_| ())
+    }
+
+    /// [`Source::read_unit`] that, with `hashed`, also hashes the row group's part of the
+    /// file (Parquet): `(part index, xxh3-128)`, read once for both when not too large.
+    pub fn read_unit_hashed(
+        &self,
+        unit: usize,
+        columns: &[&str],
+        batch_rows: usize,
+        hashed: bool,
+        mut f: impl FnMut(RecordBatch) -> Result<()>,
+    ) -> Result<Option<(usize, u128)>> {
         let indices = self.column_indices(columns)?;
         let at = Location::unit(&self.path, self.unit_kind, unit);
         let file = open_file(&self.path)?;
+        let mut digest = None;
         match &self.parquet {
             Some(meta) => {
                 let mask = ProjectionMask::roots(meta.parquet_schema(), indices);
-                let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file, meta.clone())
-                    .with_projection(mask)
-                    .with_row_groups(vec![unit])
-                    .with_batch_size(batch_rows.max(1))
-                    .build()
-                    .corrupt(&at, "cannot decode")?;
-                for batch in reader {
-                    f(batch.corrupt(&at, "cannot decode")?)?;
+                let part = self.parts.units.get(unit).copied().filter(|_| hashed);
+                let whole = part.filter(|&p| {
+                    self.parts.parts[p].1 <= WHOLE_UNIT_BYTES && self.holds(meta, unit, p)
+                });
+                if let Some(p) = whole {
+                    let (offset, length) = self.parts.parts[p];
+                    let mut buf = vec![0u8; length as usize];
+                    file.read_exact_at(&mut buf, offset)
+                        .corrupt(&at, "cannot read")?;
+                    digest = Some((p, twox_hash::XxHash3_128::oneshot(&buf)));
+                    let data = CheckedBytes {
+                        size: self.parts.size,
+                        ranges: vec![(offset, bytes::Bytes::from(buf))],
+                    };
+                    decode(data, meta, mask, unit, batch_rows, &at, &mut f)?;
+                } else {
+                    let data = file.try_clone().corrupt(&at, "cannot read")?;
+                    decode(data, meta, mask, unit, batch_rows, &at, &mut f)?;
+                    if let Some(p) = part {
+                        let (offset, length) = self.parts.parts[p];
+                        let d = super::fingerprint::hash_range(&file, offset, length, &at)?;
+                        digest = Some((p, d));
+                    }
                 }
             }
             None => {
@@ -128,8 +174,40 @@ impl Source {
                 }
             }
         }
-        Ok(())
+        Ok(digest)
     }
+
+    /// Whether part `p` holds every column chunk of row group `unit` (it does unless the
+    /// footer lists row groups out of file order).
+    fn holds(&self, meta: &ArrowReaderMetadata, unit: usize, p: usize) -> bool {
+        let (offset, length) = self.parts.parts[p];
+        meta.metadata().row_group(unit).columns().iter().all(|c| {
+            let (s, n) = c.byte_range();
+            s >= offset && s.saturating_add(n) <= offset + length
+        })
+    }
+}
+
+/// Decodes row group `unit` of a Parquet file from `data` (the file, or its bytes) in batches.
+fn decode<R: ChunkReader + 'static>(
+    data: R,
+    meta: &ArrowReaderMetadata,
+    mask: ProjectionMask,
+    unit: usize,
+    batch_rows: usize,
+    at: &Location,
+    f: &mut impl FnMut(RecordBatch) -> Result<()>,
+) -> Result<()> {
+    let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(data, meta.clone())
+        .with_projection(mask)
+        .with_row_groups(vec![unit])
+        .with_batch_size(batch_rows.max(1))
+        .build()
+        .corrupt(at, "cannot decode")?;
+    for batch in reader {
+        f(batch.corrupt(at, "cannot decode")?)?;
+    }
+    Ok(())
 }
 
 /// One whole row group (Parquet) or record batch (IPC) of `path`, with only `columns`.
