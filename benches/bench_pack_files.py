@@ -124,6 +124,15 @@ def run_child(
     return result
 
 
+def drop_page_cache() -> None:
+    """Writes dirty pages back and empties the page cache (``--cold``)."""
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("1\n")
+    except OSError as exc:
+        sys.exit(f"--cold: cannot empty the page cache ({exc}); run as root or without --cold")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=1_000_000)
@@ -140,6 +149,11 @@ def main() -> None:
         "--row-order", default="shuffled", help="tokpack's row_order (shuffled, plan)"
     )
     parser.add_argument("--keep", action="store_true", help="keep the corpus and outputs")
+    parser.add_argument(
+        "--cold",
+        action="store_true",
+        help="empty the page cache before each contender (needs root): both start from disk",
+    )
     args = parser.parse_args()
 
     from tokpack._io.tables import table
@@ -165,6 +179,8 @@ def main() -> None:
     for name in contenders:
         out = work / f"out-{name}"
         shutil.rmtree(out, ignore_errors=True)
+        if args.cold:
+            drop_page_cache()
         results[name] = run_child(name, corpus, out, args.max_len, work / "spill", args.row_order)
         print(name, json.dumps(results[name]), flush=True)
         shutil.rmtree(out, ignore_errors=True)
@@ -194,7 +210,8 @@ def main() -> None:
     print(
         f"\n{args.samples:,} samples, {results['tokpack']['tokens']:,} tokens with labels, "
         f"max_len {args.max_len}, input {size / 1e9:.2f} GB Parquet (zstd), "
-        f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n"
+        f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+        f"{', page cache emptied before each run' if args.cold else ''}\n"
     )
     print(
         table(

@@ -13,6 +13,7 @@ use super::carry::{carried_types, carried_values, concat, with_pieces};
 use super::columns::{
     check_aligned, check_scalar_int, check_type, flatten, labels_from_mask, BatchAt, Flat, Role,
 };
+use super::pagecache::inputs_read_once;
 use super::pairs::{
     check_pair_config, pair_lengths, plan_pairs, PairLayout, PairLengths, SEQ_REJECTED,
 };
@@ -540,7 +541,11 @@ pub fn pack_files(config: &PackFilesConfig, progress: &Progress) -> Result<PackO
             "cuts: piece values for {name:?}, which is not a carried column of chosen cuts"
         )));
     }
-    let sources = open_all(&config.paths)?;
+    let mut sources = open_all(&config.paths)?;
+    let read_once = inputs_read_once(sources.iter().map(|s| s.parts.size).sum());
+    for source in &mut sources {
+        source.read_once = read_once;
+    }
     let columns = resolve_columns(
         &sources,
         &config.tokens_column,

@@ -2,6 +2,8 @@
 //! the spill must stay in the page cache while shards are written: shards are written once and
 //! not read back, so their pages are handed to the disk early and dropped, instead of pushing
 //! the spill out; the spill is read at random, so readahead would only read what is not needed.
+//! Inputs larger than a quarter of the memory are dropped as they are read ([`drop_read`]):
+//! they are read once, and their pages would otherwise push the spill written meanwhile out.
 
 use std::fs::File;
 
@@ -54,4 +56,37 @@ pub fn random_reads(file: &File) {
     }
     #[cfg(not(target_os = "linux"))]
     let _ = file;
+}
+
+/// Drops `len` bytes of `file` from `offset` from the page cache: input read once, not needed
+/// again by this run.
+pub fn drop_read(file: &File, offset: u64, len: u64) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: as above.
+        unsafe {
+            libc::posix_fadvise(
+                file.as_raw_fd(),
+                offset as i64,
+                len as i64,
+                libc::POSIX_FADV_DONTNEED,
+            );
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (file, offset, len);
+}
+
+/// Whether inputs of `bytes` in all are too large to keep in the page cache beside the spill
+/// (more than a quarter of the physical memory).
+pub fn inputs_read_once(bytes: u64) -> bool {
+    // SAFETY: sysconf has no preconditions.
+    let (pages, size) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    pages > 0 && size > 0 && bytes > (pages as u64).saturating_mul(size as u64) / 4
 }

@@ -3,6 +3,7 @@
 
 use super::checked::CheckedBytes;
 use super::fingerprint::Parts;
+use super::pagecache::drop_read;
 use crate::error::{Context, CoreError, Location, Result};
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
@@ -32,6 +33,9 @@ pub struct Source {
     pub units: usize,
     /// The parts the file's fingerprint is taken over (`super::fingerprint`).
     pub parts: Parts,
+    /// Drop the row groups a hashed read reads from the page cache once read
+    /// (`super::pagecache::drop_read`).
+    pub read_once: bool,
 }
 
 pub(crate) fn open_file(path: &Path) -> Result<File> {
@@ -61,6 +65,7 @@ impl Source {
                 schema: meta.schema().clone(),
                 units: meta.metadata().num_row_groups(),
                 parts: Parts::parquet(meta.metadata(), size),
+                read_once: false,
                 parquet: Some(meta),
             })
         } else if magic == b"ARROW1" {
@@ -72,6 +77,7 @@ impl Source {
                 schema: reader.schema(),
                 units: reader.num_batches(),
                 parts: Parts::plain(size),
+                read_once: false,
                 parquet: None,
             })
         } else {
@@ -143,6 +149,9 @@ impl Source {
                     file.read_exact_at(&mut buf, offset)
                         .corrupt(&at, "cannot read")?;
                     digest = Some((p, twox_hash::XxHash3_128::oneshot(&buf)));
+                    if self.read_once {
+                        drop_read(&file, offset, length);
+                    }
                     let data = CheckedBytes {
                         size: self.parts.size,
                         ranges: vec![(offset, bytes::Bytes::from(buf))],
@@ -155,6 +164,9 @@ impl Source {
                         let (offset, length) = self.parts.parts[p];
                         let d = super::fingerprint::hash_range(&file, offset, length, &at)?;
                         digest = Some((p, d));
+                        if self.read_once {
+                            drop_read(&file, offset, length);
+                        }
                     }
                 }
             }
