@@ -21,7 +21,10 @@ Locks (``flock``, released when a process dies):
 - per range: exclusive while it is fetched (a second fetcher of the same range, a thread or a
   process, waits and finds it present once it gets the lock: fetched once);
 - the cache's: held while bytes are written and while making room, so that the space used, as
-  the file system allocates it (``st_blocks``), never exceeds ``limit``.
+  the file system allocates it (``st_blocks``), never exceeds ``limit`` outside it. Room is made
+  for a range's blocks before it is written; what the file system allocates beyond them (extent
+  blocks of a sparse file, a partial block left by a punched neighbour) is evicted after the
+  write, before the lock is released. :func:`usage` reads the figure under this lock.
 
 Eviction frees the least recently used row groups first (punching holes into the sparse file,
 so the space is returned without rewriting it); a shard's footer goes with its last row group.
@@ -82,7 +85,17 @@ def _punch(fd: int, offset: int, length: int) -> bool:
 
 def usage(root: os.PathLike) -> int:
     """Bytes the file system allocates for the cached data under ``root`` (its shards and side
-    files; the markers and locks are empty files)."""
+    files; the markers and locks are empty files), between two writes (under the cache's lock:
+    the figure ``cache_limit`` bounds)."""
+    lock_path = Path(root) / META / "lock"
+    if not lock_path.exists():
+        return _usage(root)
+    with open(lock_path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_SH)
+        return _usage(root)
+
+
+def _usage(root: os.PathLike) -> int:
     total = 0
     for dirpath, dirnames, filenames in os.walk(root):
         if META in dirnames:
@@ -250,11 +263,13 @@ class RangeCache:
         with open(self.meta / "lock", "a") as lock:
             while True:
                 fcntl.flock(lock, fcntl.LOCK_EX)
-                while usage(self.root) + need > self.limit:
+                while _usage(self.root) + need > self.limit:
                     if not self._evict_one(shard, keep):
                         break
                 else:
                     yield
+                    while _usage(self.root) > self.limit and self._evict_one(shard, keep):
+                        pass
                     return
                 fcntl.flock(lock, fcntl.LOCK_UN)
                 if time.monotonic() > deadline:
