@@ -147,6 +147,37 @@ def test_an_interrupt_inside_a_callback_still_interrupts():
     assert (proc.returncode, proc.stdout, proc.stderr) == (130, "", "tokpack demo: interrupted\n")
 
 
+# A Ctrl-C that lands in code run by exec() of a string (a dataclass being built while a
+# command's module is imported) and propagates from there to main(): handled, exit 130. CPython
+# used to remember it and end the process by SIGINT (-2) after main() had returned 130.
+_INTERRUPT_IN_EXEC = """
+import sys
+import tokpack.commands.demo as demo
+
+def run(args):
+    exec("raise KeyboardInterrupt")
+
+demo.run = run
+sys.argv = ["tokpack", "demo"]
+from tokpack.cli import entry
+entry()
+"""
+
+
+def test_an_interrupt_inside_exec_code_exits_130(tmp_path):
+    # Run with -m, as `python -m tokpack` is: a script file's SystemExit exits at once.
+    (tmp_path / "interrupt_in_exec.py").write_text(_INTERRUPT_IN_EXEC)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    proc = subprocess.run(
+        [sys.executable, "-m", "interrupt_in_exec"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+    )
+    assert (proc.returncode, proc.stderr) == (130, "tokpack demo: interrupted\n")
+
+
 _SIGNALS_AFTER_MAIN = """
 import signal, sys
 from tokpack import cli

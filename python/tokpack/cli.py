@@ -182,6 +182,11 @@ def entry() -> None:
             _ignore_late_signals()
     except KeyboardInterrupt:  # landed in main()'s last steps: the command is complete
         _ignore_late_signals()
+    # CPython ends a process by SIGINT instead of with its exit code when a KeyboardInterrupt
+    # ever left code run by exec() of a string (dataclasses and namedtuple build their methods
+    # that way while a module is imported), even one that was caught later: a Ctrl-C during the
+    # imports exited -2, not 130. The flag it keeps is cleared by the next such exec().
+    exec("pass")
     sys.exit(code)
 
 
