@@ -207,7 +207,7 @@ def pack_files(
                 if config.pair_layout is not None and config.overlong == "error":
                     _check_pairs_fit(staged, paths, config.max_len, config.pair_layout)
             # Multimodal shards: where over-long samples may be cut (never inside an image).
-            cuts = media_cuts(paths, config) if encoding is None else None
+            cuts = media_cuts(paths, config, threads) if encoding is None else None
             report = run_with_progress(
                 lambda p: _tokpack.pack_files(
                     paths=[str(x) for x in sources],
