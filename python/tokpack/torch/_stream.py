@@ -17,8 +17,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import numpy as np
 import torch
 
-from ..balance import Cost, cost_coefficients
-from ..balance.packed import checked_balance, deal_step, row_compute
+from ..balance import Cost
+from ..balance.packed import checked_balance, deal_step, packed_cost, row_compute
 from ..errors import ConfigError
 from ..multimodal.tokenize import MEDIA_COLUMNS
 from ..packed.order import TAILS, RankSplit
@@ -84,7 +84,7 @@ class RowStream(torch.utils.data.IterableDataset):
             else non_negative_int("grad_accum_steps", grad_accum_steps, 1)
         )
         self.balance = checked_balance(balance)
-        self._cost = cost_coefficients(cost)
+        self._cost = packed_cost(cost)
         self.epoch = 0
         self._start = 0
         # Batches of the split from _start already taken when the state was loaded (only a state
