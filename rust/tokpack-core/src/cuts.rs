@@ -306,7 +306,10 @@ mod tests {
         assert_eq!(safe_cut(&blocks, 3, 7), 6);
         assert_eq!(safe_cut(&blocks, 6, 8), 6); // none before `end`
         assert_eq!(safe_cut(&blocks, 0, 2), 2);
-        assert_eq!(safe_pieces(12, 5, true, &blocks), vec![(0, 2), (2, 6), (6, 11), (11, 12)]);
+        assert_eq!(
+            safe_pieces(12, 5, true, &blocks),
+            vec![(0, 2), (2, 6), (6, 11), (11, 12)]
+        );
         assert_eq!(safe_pieces(12, 5, false, &blocks), vec![(0, 2)]);
         assert_eq!(safe_pieces(12, 3, true, &blocks), vec![]); // 2..6 is longer than 3
         assert_eq!(safe_pieces(12, 2, false, &[(0, 4)]), vec![]);
