@@ -179,26 +179,17 @@ def _random_pieces(
     splits) and their media values: the plan the packer makes from these lengths, cuts and
     blocks (it checks that its own plan cuts the same)."""
     plan = _tokpack.plan(lengths=lengths, config=config, threads=threads, **out.plan_args())
-    cut = np.union1d(plan.split, plan.truncated)
-    keep = np.isin(plan.sample_ids, cut)
+    keep = np.isin(plan.sample_ids, np.union1d(plan.split, plan.truncated))
     sample_ids, starts, seg_lengths = (
         np.asarray(a)[keep] for a in (plan.sample_ids, plan.starts, plan.lengths)
     )
     order = np.lexsort((starts, sample_ids))
-    samples: List[int] = []
-    offsets = [0]
-    for k in order:
-        sample, start, n = int(sample_ids[k]), int(starts[k]), int(seg_lengths[k])
-        if not samples or samples[-1] != sample:
-            if samples:
-                offsets.append(len(out.values["media"]))
-            samples.append(sample)
+    sample_ids, starts, seg_lengths = sample_ids[order], starts[order], seg_lengths[order]
+    samples, first = np.unique(sample_ids, return_index=True)
+    for sample, start, n in zip(sample_ids.tolist(), starts.tolist(), seg_lengths.tolist()):
         _add_values(out, media.get(sample, []), start, start + n)
-    offsets.append(len(out.values["media"]))
-    if not samples:
-        offsets = [0]
-    ordered = (sample_ids[order].tolist(), starts[order].tolist(), seg_lengths[order].tolist())
-    out.pieces = (samples, offsets, ordered[1], ordered[2])
+    offsets = [*first.tolist(), len(sample_ids)]
+    out.pieces = (samples.tolist(), offsets, starts.tolist(), seg_lengths.tolist())
 
 
 def _add_values(out: MediaCuts, items: List[Dict[str, Any]], start: int, end: int) -> None:
