@@ -355,7 +355,8 @@ fn shuffled_row_order_is_seeded_and_thread_independent() {
 
 /// Chosen cuts (`tokpack_core::cuts`): the planner places exactly the chosen pieces of those
 /// samples, drops (counted) a sample given none, cuts the others as usual, for every strategy
-/// but `random` (refused) and any thread count.
+/// but `random` (refused without blocks: see `random_never_cuts_inside_a_block`) and any
+/// thread count.
 /// A planned segment: sample, start, length.
 type Piece = (i64, i64, i64);
 
