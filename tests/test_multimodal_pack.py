@@ -16,7 +16,6 @@ pytest.importorskip("transformers")
 
 import tokpack  # noqa: E402
 from tests._vl_factory import build_vl_tokenizer, image_chats, write_jsonl  # noqa: E402
-from tokpack import ConfigError  # noqa: E402
 from tokpack.multimodal import pack_files, tokenize_files  # noqa: E402
 
 
@@ -261,9 +260,122 @@ def test_property_no_segment_cuts_inside_an_image(
     _check_pack_cuts(samples, out, manifest, max_len, overlong)
 
 
-def test_random_strategy_is_refused(tokens, tmp_path):
-    with pytest.raises(ConfigError, match="strategy 'random' cuts samples anywhere"):
-        pack_files(tokens, tmp_path / "r", 4096, strategy="random")
+def _check_random(samples, out, manifest, max_len, overlong, expect_cut=True):
+    """The theorems of ``random`` with images: every kept sample's tokens once, in order, across
+    its segments (all of it, or a prefix when truncated), no row over ``max_len``, no cut inside
+    an image block, each segment carrying exactly its own images (spans rebased) and their
+    vision figures; a row ends early only where the next token would be inside an image."""
+    rows = _rows(out)
+    segments = _segments(rows)
+    dropped = pa_ipc_table(out / "__tokpack__" / "_dropped.arrow")
+    reasons = dict(zip(dropped["sample_id"], dropped["reason"]))
+    cut = 0
+    for sid, sample in enumerate(samples):
+        media = json.loads(sample["media"])
+        if sid in reasons:
+            assert sid not in segments and sample["length"] > max_len
+            continue
+        pieces = segments.pop(sid)
+        order = _tiling(sample["input_ids"], media, pieces)
+        assert order is not None, (sid, "its segments do not tile it with their images")
+        at = 0
+        for ids, labels, seg_media, vt, vp in order:
+            end = at + len(ids)
+            assert labels == sample["labels"][at:end]
+            for a, b in _blocks(media):
+                assert not a < at < b and not a < end < b, (sid, at, end, a, b)
+            assert vt == sum(m["span"][1] for m in seg_media)
+            assert vp == sum(g[0] * g[1] * g[2] for g in (m["grid"] for m in seg_media))
+            at = end
+        if sample["length"] <= max_len or overlong == "split":
+            assert at == sample["length"]
+        cut += len(pieces) > 1
+    assert not segments
+    assert cut > 0 or not expect_cut  # (the corpus and max_len make random cut samples)
+    for row in rows:
+        assert 0 < row["num_tokens"] <= max_len
+    figures = manifest["figures"]
+    assert figures["samples_dropped"] == len(reasons)
+
+
+@pytest.mark.parametrize("overlong", ["drop", "truncate", "split"])
+def test_random_strategy_cuts_only_at_safe_boundaries(tokens, tmp_path, overlong):
+    """Failed before: the random strategy was refused for multimodal shards (ConfigError)."""
+    samples = _samples(tokens)
+    max_len = sorted(s["length"] for s in samples)[len(samples) * 3 // 4]
+    out = tmp_path / "r"
+    manifest = pack_files(tokens, out, max_len, strategy="random", overlong=overlong, seed=3)
+    _check_random(samples, out, manifest, max_len, overlong)
+    figures = manifest["figures"]
+    assert figures["samples_split"] > 0
+    # Rows end early only before an image that would not fit: some rows are shorter.
+    assert figures["efficiency"] < 1.0
+    tokpack.verify(out)
+
+
+def test_random_strategy_with_images_is_byte_identical_for_any_thread_count(tokens, tmp_path):
+    samples = _samples(tokens)
+    max_len = sorted(s["length"] for s in samples)[len(samples) // 2]
+    outs = []
+    for threads in (1, 2):
+        out = tmp_path / f"t{threads}"
+        pack_files(
+            tokens,
+            out,
+            max_len,
+            strategy="random",
+            overlong="split",
+            threads=threads,
+            rows_per_shard=5,
+        )
+        outs.append(out)
+    files = sorted(p.relative_to(outs[0]) for p in outs[0].rglob("*") if p.is_file())
+    for f in files:
+        if f.name != "_manifest.json":
+            assert (outs[0] / f).read_bytes() == (outs[1] / f).read_bytes(), f
+
+
+@settings(max_examples=15)
+@given(data=st.data(), overlong=st.sampled_from(["drop", "truncate", "split"]))
+def test_property_random_never_cuts_inside_an_image(tokens, tmp_path_factory, data, overlong):
+    samples = _samples(tokens)
+    longest = max(s["length"] for s in samples)
+    shortest_fit = max(b - a for s in samples for a, b in _blocks(json.loads(s["media"])))
+    max_len = data.draw(st.integers(shortest_fit, longest), label="max_len")
+    seed = data.draw(st.integers(0, 2**32), label="seed")
+    out = tmp_path_factory.mktemp("rand") / "p"
+    manifest = pack_files(tokens, out, max_len, strategy="random", overlong=overlong, seed=seed)
+    _check_random(samples, out, manifest, max_len, overlong, expect_cut=False)
+
+
+def test_random_with_an_over_long_sample_names_it(tokens, tmp_path):
+    samples = _samples(tokens)
+    max_len = sorted(s["length"] for s in samples)[len(samples) // 2]
+    with pytest.raises(tokpack.OverlongError, match=r"part-.*\.parquet"):
+        pack_files(tokens, tmp_path / "r", max_len, strategy="random")
+
+
+def test_random_pieces_must_match_the_plan(tmp_path):
+    """The core refuses piece values planned from other lengths (never wrong media)."""
+    from tokpack import _tokpack
+
+    (shard,) = tokpack.synthetic.write_token_shards(
+        tmp_path / "t", 40, n_files=1, seed=1, max_length=100
+    )
+    config = tokpack.PackConfig(max_len=64, strategy="random", overlong="split")
+    (tmp_path / "o").mkdir()
+    (tmp_path / "s").mkdir()
+    with pytest.raises(tokpack.TokpackError, match="not this plan's"):
+        _tokpack.pack_files(
+            paths=[str(shard)],
+            out_dir=str(tmp_path / "o"),
+            spill_dir=str(tmp_path / "s"),
+            config=config,
+            batch_rows=16,
+            cuts=None,
+            blocks=([0], [0, 1], [2], [5]),
+            pieces=([0], [0, 1], [0], [3]),
+        )
 
 
 def test_truncation_before_an_image_is_allowed(tokens, tmp_path):

@@ -183,15 +183,20 @@ def test_packed_losses_equal_each_sample_alone(corpora, family, context):
     assert checked == len(samples) and multi >= 3
 
 
-@pytest.mark.parametrize("overlong", ["split", "truncate"])
-def test_pack_cut_samples_train_exactly_as_their_pieces_alone(corpus, tmp_path, overlong):
+@pytest.mark.parametrize(
+    "overlong, strategy", [("split", "bfd"), ("truncate", "bfd"), ("split", "random")]
+)
+def test_pack_cut_samples_train_exactly_as_their_pieces_alone(corpus, tmp_path, overlong, strategy):
     """Samples pack cut at max_len (truncate / split, at safe boundaries, each piece with its
-    own images and rebased spans): every segment's packed losses are its piece's alone."""
+    own images and rebased spans), or that the random strategy cuts at row ends (at safe
+    boundaries too): every segment's packed losses are its piece's alone."""
     model = _model(corpus, "qwen2_5_vl")
     root, _, samples = corpus
     max_len = sorted(s["length"] for s in samples)[len(samples) // 3]
     out = tmp_path / overlong
-    figures = pack_files(root / "tokens", out, max_len, overlong=overlong)["figures"]
+    figures = pack_files(
+        root / "tokens", out, max_len, overlong=overlong, strategy=strategy, seed=2
+    )["figures"]
     assert figures["samples_truncated" if overlong == "truncate" else "samples_split"] > 0
     ds = PackedDataset(out)
     processor = image_processor()

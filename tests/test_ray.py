@@ -851,3 +851,32 @@ def test_rejected_records_and_local_mode_dropped_samples_name_their_files(
     assert [Path(f).resolve() for f in got.column("file").to_pylist()] == [
         Path(f).resolve() for f in want.column("file").to_pylist()
     ]
+
+
+@pytest.mark.parametrize("mode", ["global", "local"])
+def test_multimodal_shards_are_refused_naming_pack_files(cluster, tmp_path, mode):
+    """Failed before: Ray packed the ids of multimodal token shards and dropped their media
+    columns (rows with image pads and no images), silently; from a dataset too."""
+    from tokpack.multimodal.tokenize import token_schema
+
+    ids = [[1, 5, 7, 7, 6, 2], [1, 2, 3]]
+    media = '[{"ref":{"path":"a.png"},"grid":[1,2,2],"span":[2,2]}]'
+    table = pa.table(
+        {
+            "input_ids": ids,
+            "labels": [[-100] * len(i) for i in ids],
+            "length": [len(i) for i in ids],
+            "media": [media, "[]"],
+            "vision_tokens": [2, 0],
+            "vision_patches": [4, 0],
+        },
+        schema=token_schema(),
+    )
+    path = tmp_path / "mm.parquet"
+    pq.write_table(table, path)
+    with pytest.raises(tokpack.ConfigError, match=r"tokpack.ray.pack .* tokpack.pack_files"):
+        tokpack.ray.pack([path], tmp_path / "out", 16, mode=mode)
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(tokpack.ConfigError, match=r"the ray dataset: multimodal data"):
+        tokpack.ray.pack(ray.data.from_arrow(table), tmp_path / "ds", 16, mode=mode)
+    assert tokpack.pack_files([path], tmp_path / "ok", 16)["config"]["carry"][0] == "media"

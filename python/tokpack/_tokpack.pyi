@@ -38,6 +38,7 @@ __all__ = [
     "PackReport",
     "check_int",
     "plan",
+    "safe_pieces",
     "pack_tokens",
     "flatten_samples",
     "PlanParts",
@@ -186,12 +187,20 @@ class PackedRows:
     labels: Optional[npt.NDArray[np.int32]]
     row_offsets: npt.NDArray[np.int64]
 
+# ``(samples, offsets, starts, lengths)`` of chosen cuts (or ``ends`` of blocks).
+_Cuts = Tuple[List[int], List[int], List[int], List[int]]
+
 def plan(
     *,
     lengths: npt.NDArray[np.int32] | npt.NDArray[np.int64],
     config: PackConfig,
     threads: Optional[int],
+    cuts: Optional[_Cuts] = None,
+    blocks: Optional[_Cuts] = None,
 ) -> PlanParts: ...
+def safe_pieces(
+    *, length: int, max_len: int, overlong: str, blocks: List[Tuple[int, int]]
+) -> List[Tuple[int, int]]: ...
 def pack_tokens(
     *,
     input_ids: Any,
@@ -297,8 +306,10 @@ def pack_files(
     batch_rows: int,
     threads: Optional[int] = None,
     progress: Optional[Progress] = None,
-    cuts: Optional[Tuple[List[int], List[int], List[int], List[int]]] = None,
+    cuts: Optional[_Cuts] = None,
     piece_values: Optional[Dict[str, Any]] = None,
+    blocks: Optional[_Cuts] = None,
+    pieces: Optional[_Cuts] = None,
 ) -> PackReport: ...
 def read_lengths(
     *,

@@ -37,8 +37,9 @@ __all__ = [
 ]
 
 #: ``"tokens"`` (``L``), ``"attention"`` (``ATTENTION_COST``: ``24576·L + L²``) or ``(a, b)``
-#: for ``a·L + b·L²``.
-Cost = Union[str, Tuple[float, float]]
+#: for ``a·L + b·L²``; the packed readers' balance also takes ``(a, b, c)``: plus ``c`` per
+#: vision-encoder patch of a multimodal row (``tokpack.balance.packed.packed_cost``).
+Cost = Union[str, Tuple[float, float], Tuple[float, float, float]]
 
 
 def cost_coefficients(cost: Cost) -> Tuple[float, float]:

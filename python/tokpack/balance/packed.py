@@ -1,7 +1,9 @@
 """Balanced optimizer steps of packed rows: the compute of a packed directory's rows
 (``Σ a·L + b·L²`` over each row's segments: the attention of a packed row is per segment, read
-from its ``seq_lengths`` column only) and the deal of one step's rows to ranks and batches that
-``PackedBatchSampler(balance="compute")`` and ``tokpack stats`` share."""
+from its ``seq_lengths`` column only; with a cost ``(a, b, c)``, plus ``c`` per vision-encoder
+patch of the row's images, read from its ``vision_patches`` column) and the deal of one
+step's rows to ranks and batches that ``PackedBatchSampler(balance="compute")`` and ``tokpack
+stats`` share."""
 
 from __future__ import annotations
 
@@ -13,7 +15,17 @@ from ..errors import ConfigError
 from ..packed.reader import PackedDir
 from . import Cost, cost_coefficients, partition
 
-__all__ = ["checked_balance", "deal_step", "row_compute", "segment_compute", "step_imbalance"]
+__all__ = [
+    "checked_balance",
+    "deal_step",
+    "packed_cost",
+    "row_compute",
+    "segment_compute",
+    "step_imbalance",
+]
+
+# The per-segment column the third cost coefficient weighs (multimodal directories).
+VISION_PATCHES = "vision_patches"
 
 
 def checked_balance(balance: Any) -> Optional[str]:
@@ -23,13 +35,46 @@ def checked_balance(balance: Any) -> Optional[str]:
     return balance
 
 
-def row_compute(packed: PackedDir, cost: Cost = "attention") -> np.ndarray:
-    """float64 compute of every row of ``packed`` (global numbering) under ``cost``."""
+def packed_cost(cost: Any) -> Tuple[float, ...]:
+    """The coefficients of a packed rows' cost: ``(a, b)`` as :func:`cost_coefficients` gives
+    them, or ``(a, b, c)`` for a cost ``(a, b, c)``: ``c`` per vision-encoder patch of a row
+    (a multimodal directory's second cost, ``vision_patches``)."""
+    if not isinstance(cost, str):
+        try:
+            parts = tuple(cost)
+        except TypeError:
+            parts = ()
+        if len(parts) == 3:
+            try:
+                c = float(parts[2])
+            except (TypeError, ValueError):
+                c = float("nan")
+            if not np.isfinite(c) or c < 0:
+                raise ConfigError(
+                    f"cost (a, b, c): c, the cost of a vision-encoder patch, must be a number"
+                    f" >= 0, got {parts[2]!r}"
+                )
+            return (*cost_coefficients(parts[:2]), c)
+    return cost_coefficients(cost)
+
+
+def row_compute(packed: PackedDir, cost: Any = "attention") -> np.ndarray:
+    """float64 compute of every row of ``packed`` (global numbering) under ``cost`` (a
+    :data:`Cost`, or ``(a, b, c)``: see :func:`packed_cost`)."""
+    a, b, *vision = packed_cost(cost)
     parts = []
     for g in range(packed.num_groups):
         lengths, offsets = packed.decode(g, ["seq_lengths"])["seq_lengths"]
-        parts.append(segment_compute(lengths, offsets, cost))
-    return np.concatenate(parts) if parts else np.zeros(0, np.float64)
+        parts.append(segment_compute(lengths, offsets, (a, b)))
+    compute = np.concatenate(parts) if parts else np.zeros(0, np.float64)
+    if vision and vision[0]:
+        if VISION_PATCHES not in packed.carried:
+            raise ConfigError(
+                f"{packed.shown}: cost (a, b, c) weighs the rows' vision-encoder patches, and"
+                f" this directory has no {VISION_PATCHES!r} column (not multimodal): pass (a, b)"
+            )
+        compute += vision[0] * packed.row_sums(VISION_PATCHES)
+    return compute
 
 
 def segment_compute(

@@ -11,6 +11,12 @@ from typing import Any, Dict, Iterator, Tuple
 from .._contract import SEGMENT_ROLES
 from .._io.tables import table
 from ..errors import ConfigError, CorruptOutputError
+from ..multimodal.stats import (
+    PATCHES,
+    render_row_patches,
+    row_patch_figures,
+    row_vision_patches,
+)
 from ..packed.integrity import cache_problem
 from ..packed.reader import PackedDir
 from ..packed.shuffle_quality import DEFAULT_BATCH_ROWS, DEFAULT_SHUFFLE_WINDOW, shuffle_quality
@@ -72,6 +78,9 @@ def run(args: argparse.Namespace) -> int:
         packed, batch_rows=args.batch_rows, shuffle_window=args.shuffle_window
     )
     print("\n" + "\n".join(quality.lines()))
+    if PATCHES in packed.carried:
+        print("\nvision-encoder patches per row (a second cost to balance rows on):")
+        print(render_row_patches(row_patch_figures(row_vision_patches(packed))))
     if args.world_size or args.batch_size:
         print(_step_imbalance(packed, args.batch_size, args.world_size))
     for file, row in itertools.islice(_rows(packed), max(args.rows, 0)):

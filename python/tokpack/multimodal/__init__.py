@@ -20,6 +20,7 @@ __all__ = [
     "pack_files",
     "sample_positions",
     "packed_positions",
+    "row_vision_patches",
 ]
 
 _LAZY = {
@@ -31,6 +32,7 @@ _LAZY = {
     "pack_files": ".pack.files",  # tokpack.pack_files: it carries the media of multimodal shards
     "sample_positions": "positions",
     "packed_positions": "positions",
+    "row_vision_patches": "stats",
     "MultimodalCollator": "collate",
 }
 

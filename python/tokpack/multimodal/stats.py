@@ -1,17 +1,32 @@
 """Vision-token figures of multimodal token shards, for ``tokpack stats`` (the length
-distribution it prints already counts vision tokens: they are tokens of ``input_ids``)."""
+distribution it prints already counts vision tokens: they are tokens of ``input_ids``), and the
+vision-encoder cost of packed rows (the patches of each row's images: a second cost, besides
+tokens, to balance rows on), for the manifest, ``tokpack inspect`` and the readers."""
 
 from __future__ import annotations
 
+import os
 from typing import Any, Dict, Optional, Sequence, Union
 
+import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .._io.inputs import TOKEN_SUFFIXES, is_parquet, resolve_inputs
 from .._io.tables import table
+from ..packed.reader import PackedDir, segment_sums
+from .tokenize import MEDIA_COLUMNS
 
-__all__ = ["vision_stats", "render_vision_stats"]
+__all__ = [
+    "vision_stats",
+    "render_vision_stats",
+    "row_vision_patches",
+    "row_patch_figures",
+    "packed_vision_figures",
+]
+
+# The per-segment column of vision-encoder patches (``t * h * w`` of each image, summed).
+PATCHES = MEDIA_COLUMNS[2]
 
 
 def vision_stats(inputs: Union[str, Sequence[str]]) -> Optional[Dict[str, Any]]:
@@ -68,3 +83,59 @@ def render_vision_stats(stats: Dict[str, Any]) -> str:
             ]
         ],
     )
+
+
+def row_vision_patches(packed: Union[str, os.PathLike, PackedDir]) -> np.ndarray:
+    """The vision-encoder patches of every row of a multimodal packed directory (int64, global
+    row numbering, the readers' row order): the second cost of a row, besides its tokens.
+    Reads the ``vision_patches`` column alone."""
+    if not isinstance(packed, PackedDir):
+        from ..remote import open_packed
+
+        packed = open_packed(packed)
+    return packed.row_sums(PATCHES)
+
+
+def row_patch_figures(per_row: np.ndarray) -> Dict[str, Any]:
+    """min / mean / p99 / max of the patches per row, and the imbalance (max over mean: 1.0 is
+    even; the heaviest row's vision encoder works that many times the average)."""
+    if not len(per_row):
+        return {"rows": 0, "min": 0, "mean": 0.0, "p99": 0.0, "max": 0, "imbalance": 1.0}
+    mean = float(per_row.mean())
+    return {
+        "rows": int(len(per_row)),
+        "min": int(per_row.min()),
+        "mean": mean,
+        "p99": float(np.percentile(per_row, 99)),
+        "max": int(per_row.max()),
+        "imbalance": float(per_row.max()) / mean if mean else 1.0,
+    }
+
+
+def render_row_patches(figures: Dict[str, Any]) -> str:
+    return table(
+        ["rows", "min", "mean", "p99", "max", "max / mean"],
+        [
+            [
+                f"{figures['rows']:,}",
+                f"{figures['min']:,}",
+                f"{figures['mean']:,.1f}",
+                f"{figures['p99']:,.1f}",
+                f"{figures['max']:,}",
+                f"{figures['imbalance']:.2f}x",
+            ]
+        ],
+    )
+
+
+def packed_vision_figures(shards: Sequence[Union[str, os.PathLike]]) -> Dict[str, int]:
+    """The manifest figures of a multimodal pack's shards (in row order): ``vision_patches``
+    (all rows) and ``vision_patches_max_row`` (the heaviest row's)."""
+    total = top = 0
+    for path in shards:
+        column = pq.read_table(path, columns=[PATCHES]).column(PATCHES).combine_chunks()
+        per_row = segment_sums(column.values.to_numpy(), column.offsets.to_numpy())
+        if len(per_row):
+            total += int(per_row.sum())
+            top = max(top, int(per_row.max()))
+    return {"vision_patches": total, "vision_patches_max_row": top}

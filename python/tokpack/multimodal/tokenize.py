@@ -45,6 +45,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import pyarrow as pa
 
+from .. import _tokpack
 from .._contract import IGNORE_INDEX
 from .._io.inputs import RAW_SUFFIXES, resolve_inputs
 from ..errors import ConfigError, DataError, InputNotFoundError, InvalidRecordError, OverlongError
@@ -533,34 +534,18 @@ def image_blocks(media: Sequence[Dict[str, Any]]) -> List[Tuple[int, int]]:
     return [(m["span"][0] - 1, m["span"][0] + m["span"][1] + 1) for m in media]
 
 
-def _safe_cut(start: int, end: int, blocks: Sequence[Tuple[int, int]]) -> int:
-    """``end``, or the start of the image block ``end`` falls inside (never inside one)."""
-    for a, b in blocks:
-        if a < end < b:
-            return max(start, a)
-    return end
-
-
 def safe_pieces(
     n: int, max_len: int, overlong: str, blocks: Sequence[Tuple[int, int]]
 ) -> List[Tuple[int, int]]:
     """``(start, end)`` of the pieces a sample of ``n > max_len`` tokens keeps under
     ``overlong`` ``truncate`` (one piece from 0) or ``split`` (pieces tiling it), each cut at
-    the last safe boundary (:func:`_safe_cut`): never inside a block. ``[]`` when there is no
-    safe cut (an image alone longer than ``max_len``, or one starting a piece it cannot fit):
-    the sample is dropped. The one rule of tokenize-time and pack-time cuts."""
-    if overlong == "truncate":
-        cut = _safe_cut(0, max_len, blocks)
-        return [(0, cut)] if cut > 0 else []
-    pieces, start = [], 0
-    while start < n:
-        end = min(n, start + max_len)
-        cut = _safe_cut(start, end, blocks) if end < n else end
-        if cut == start:
-            return []
-        pieces.append((start, cut))
-        start = cut
-    return pieces
+    the last safe boundary: never inside a block. ``[]`` when there is no safe cut (an image
+    alone longer than ``max_len``, or one starting a piece it cannot fit): the sample is
+    dropped. The one rule of tokenize-time and pack-time cuts, the core's
+    (``tokpack_core::cuts::safe_pieces``; the ``random`` strategy cuts by it too)."""
+    return _tokpack.safe_pieces(
+        length=n, max_len=max_len, overlong=overlong, blocks=[tuple(b) for b in blocks]
+    )
 
 
 def piece_media(media: Sequence[Dict[str, Any]], start: int, end: int) -> List[Dict[str, Any]]:

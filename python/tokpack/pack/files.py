@@ -40,6 +40,8 @@ from .._io.store import cached_run, destination
 from .._tokpack import pair_layout_for
 from ..errors import ConfigError, OverlongError
 from ..multimodal.pack import dropped_reasons, media_config, media_cuts
+from ..multimodal.stats import packed_vision_figures
+from ..multimodal.tokenize import MEDIA_COLUMNS
 from ..packed.format import (
     DROPPED_NAME,
     FORMAT,
@@ -207,7 +209,7 @@ def pack_files(
                 if config.pair_layout is not None and config.overlong == "error":
                     _check_pairs_fit(staged, paths, config.max_len, config.pair_layout)
             # Multimodal shards: where over-long samples may be cut (never inside an image).
-            cuts = media_cuts(paths, config) if encoding is None else None
+            cuts = media_cuts(paths, config, threads) if encoding is None else None
             report = run_with_progress(
                 lambda p: _tokpack.pack_files(
                     paths=[str(x) for x in sources],
@@ -231,6 +233,9 @@ def pack_files(
             shutil.rmtree(spill, ignore_errors=True)
         wall = time.perf_counter() - started
         manifest = packed_manifest(recorded, described, report, wall, dropped)
+        if set(MEDIA_COLUMNS) <= set(config.carry):  # the vision-encoder cost of the rows
+            shards = [tmp / shard["file"] for shard in report.shards]
+            manifest["figures"].update(packed_vision_figures(shards))
         manifest["sample_kind"] = kind
         if tokenized is not None:
             manifest["inputs"] = described

@@ -10,6 +10,7 @@ import pyarrow as pa
 
 from .. import _tokpack
 from .._io.arrays import as_arrow_column, list_array
+from ..multimodal.pack import refuse_multimodal
 from ..packed.format import SHARD_COLUMNS
 from .config import PackConfig, pack_config
 from .plan import Plan, checked_threads
@@ -62,6 +63,12 @@ def pack_tokens(
     """
     fields = dict(strategy=strategy, overlong=overlong, seed=seed, row_order=row_order)
     config = pack_config(max_len, config, fields)
+    refuse_multimodal(
+        "tokpack.pack_tokens (in memory, no media columns)",
+        "tokpack.pack_files on its token shards (tokpack pack), which carries each segment's"
+        " images and never cuts inside one",
+        columns=_column_names(input_ids),
+    )
     rows = _tokpack.pack_tokens(
         input_ids=as_arrow_column(input_ids, INPUT_IDS),
         labels=None if labels is None else as_arrow_column(labels, LABELS),
@@ -71,6 +78,14 @@ def pack_tokens(
     plan = Plan._from_rust(rows.plan)
     table = packed_table(plan, rows.tokens, rows.labels, rows.row_offsets)
     return (table, plan) if return_plan else table
+
+
+def _column_names(data: Any) -> list:
+    """A table's (pyarrow, polars, pandas) column names; none for a column or a sequence."""
+    names = getattr(getattr(data, "schema", None), "names", None)
+    if names is None:
+        names = getattr(data, "columns", None)
+    return [] if names is None else [str(n) for n in names]
 
 
 def packed_table(

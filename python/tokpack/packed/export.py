@@ -33,6 +33,7 @@ from .._io.objects import is_object_uri
 from .._io.outdir import atomic_output_files, output_file, writing
 from .._io.store import object_output_files
 from ..errors import ConfigError, CorruptOutputError, DataError
+from ..multimodal.pack import refuse_multimodal
 from ..remote import open_packed
 from .reader import PackedDir
 
@@ -85,7 +86,8 @@ def _packed_dir(packed_dir: PathLike, target: str) -> PackedDir:
     """The packed directory an export reads, validated (shards present with their sizes, paths
     inside it), and refused when ``target`` cannot represent its samples: Megatron and NeMo
     datasets are sequences of independent documents, with no notion of a preference pair
-    (chosen / rejected) or of KTO's desirable / undesirable label. On object storage (a URI) it
+    (chosen / rejected), of KTO's desirable / undesirable label or of images (multimodal rows:
+    the ids alone would train on image pads without their images). On object storage (a URI) it
     is read through the readers' cache (``tokpack.remote``)."""
     packed = open_packed(packed_dir)
     kind = packed.manifest.get("sample_kind")
@@ -98,6 +100,12 @@ def _packed_dir(packed_dir: PathLike, target: str) -> PackedDir:
             f"them (it would train on every sequence as an independent document, rejected ones "
             "included): export SFT or pretraining outputs only"
         )
+    refuse_multimodal(
+        f"export to {target} (token ids only, no images)",
+        "the packed directory itself with tokpack.multimodal.MultimodalCollator",
+        columns=packed.carried,
+        where=shown_path(packed_dir),
+    )
     return packed
 
 

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .. import _tokpack
-from ..errors import CorruptOutputError, InputNotFoundError, TokpackError
+from ..errors import ConfigError, CorruptOutputError, InputNotFoundError, TokpackError
 from .format import FORMAT, FORMAT_VERSION, MANIFEST_NAME
 
 __all__ = ["PackedDir", "decode_row_group", "member_path", "ROW_COLUMNS", "PAIR_COLUMNS"]
@@ -63,6 +63,13 @@ def decode_row_group(
         raise CorruptOutputError(
             f"{path}: cannot decode row group {row_group} (columns {list(columns)}): {exc}"
         ) from None
+
+
+def segment_sums(values: Any, offsets: Any) -> np.ndarray:
+    """int64 per row of a list column's ``(values, offsets)``: its values summed."""
+    cum = np.concatenate([[0], np.cumsum(np.asarray(values, dtype=np.int64))])
+    offsets = np.asarray(offsets, dtype=np.int64)
+    return cum[offsets[1:]] - cum[offsets[:-1]]
 
 
 def identity(path: Union[str, os.PathLike]) -> Optional[Identity]:
@@ -294,6 +301,17 @@ class PackedDir:
         """(row group number, row within it) of a global row."""
         g = int(np.searchsorted(self.group_start, row, side="right")) - 1
         return g, row - int(self.group_start[g])
+
+    def row_sums(self, column: str) -> np.ndarray:
+        """int64 per row (global numbering) of a numeric per-segment column summed over the
+        row's segments: ``row_sums("vision_patches")`` is each row's vision-encoder cost of a
+        multimodal directory. Reads that column alone, checked."""
+        if column not in self.carried:
+            raise ConfigError(
+                f"{self.shown}: no per-segment column {column!r} (carried: {self.carried})"
+            )
+        parts = [segment_sums(*self.decode(g, [column])[column]) for g in range(self.num_groups)]
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
     def decode(self, group: int, columns: Optional[Sequence[str]] = None) -> Dict[str, Column]:
         """Decode the row columns (or ``columns``) of one row group (global numbering), checking

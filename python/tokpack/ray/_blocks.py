@@ -26,8 +26,14 @@ from ray.data.block import BlockAccessor
 from .. import _tokpack
 from .._io.inputs import shown_path
 from ..errors import ConfigError, CorruptInputError, DataError, SchemaError, TokpackError
+from ..multimodal.pack import refuse_multimodal
 from ..pack.config import PackConfig
 from ..tokenize.schema import kind_of_files, kind_of_schema
+
+# Ray packs token lists only: multimodal shards' media columns would be lost (one check, for
+# files and datasets).
+RAY_ENTRY = "tokpack.ray.pack (pack --ray)"
+RAY_INSTEAD = "tokpack.pack_files (tokpack pack without --ray), which carries the media"
 
 # A dataset made with ``ray.data.read_parquet(..., include_paths=True)`` names each row's file:
 # the dropped-samples list then gives the file and row, as ``tokpack pack`` does.
@@ -290,6 +296,7 @@ def dataset_columns(refs: List[Any], config: PackConfig) -> Tuple[str, PackConfi
     column when the dataset has it (a name other than ``"labels"`` must exist); KTO's ``label``
     carried. Preference pairs are refused."""
     schema = ray.get(_schema.remote(refs[0])) if refs else pa.schema([])
+    refuse_multimodal(RAY_ENTRY, RAY_INSTEAD, columns=schema.names, where="the ray dataset")
     found = kind_of_schema(schema)
     kind = "sft" if found is None else found[0]
     if found is not None and kind == "preference":

@@ -14,6 +14,7 @@ from .._io.objects import is_object_uri
 from .._io.outdir import output_target, writing
 from .._io.store import LocalOut, committed_output, local_path, read_manifest_at
 from ..errors import ConfigError, CorruptOutputError
+from ..multimodal.pack import refuse_multimodal
 from ..pack.config import PackConfig, pack_config, refuse_unsupported
 from ..pack.plan import check_int
 from ..pack.plan import plan as make_plan
@@ -26,6 +27,8 @@ from ..packed.format import (
 )
 from ..packed.reader import member_path
 from ._blocks import (
+    RAY_ENTRY,
+    RAY_INSTEAD,
     dataset_columns,
     file_columns,
     file_units,
@@ -105,6 +108,7 @@ def pack(
     paths = None if _is_dataset(ds) else _input_files(ds, output_dir, filesystem)
     refs: List[Any] = []
     if paths is not None:  # (checked before the output is touched)
+        refuse_multimodal(RAY_ENTRY, RAY_INSTEAD, files=paths)
         kind, config, columns = file_columns(paths, config)
         refs, file_rows = file_units(paths)
     inputs = dataset_inputs(ds) if paths is None else [str(p) for p in paths]

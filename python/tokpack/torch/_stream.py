@@ -17,9 +17,10 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import numpy as np
 import torch
 
-from ..balance import Cost, cost_coefficients
-from ..balance.packed import checked_balance, deal_step, row_compute
+from ..balance import Cost
+from ..balance.packed import checked_balance, deal_step, packed_cost, row_compute
 from ..errors import ConfigError
+from ..multimodal.tokenize import MEDIA_COLUMNS
 from ..packed.order import TAILS, RankSplit
 from ..packed.reader import ROW_COLUMNS, PackedDir
 from ..packed.row_counts import RowCounts
@@ -83,7 +84,7 @@ class RowStream(torch.utils.data.IterableDataset):
             else non_negative_int("grad_accum_steps", grad_accum_steps, 1)
         )
         self.balance = checked_balance(balance)
-        self._cost = cost_coefficients(cost)
+        self._cost = packed_cost(cost)
         self.epoch = 0
         self._start = 0
         # Batches of the split from _start already taken when the state was loaded (only a state
@@ -107,6 +108,17 @@ class RowStream(torch.utils.data.IterableDataset):
             c
             for c in self.sources[0].columns
             if c not in ROW_COLUMNS and all(c in p.columns for p in self.sources)
+        ]
+        # Multimodal sources mixed with text ones: a text row has no image, so it gets empty
+        # media per segment (the media columns are never dropped, and one collator takes both).
+        self._no_media = [
+            [c for c in MEDIA_COLUMNS if c not in p.carried]
+            if any(MEDIA_COLUMNS[0] in q.carried for q in self.sources)
+            else []
+            for p in self.sources
+        ]
+        self._columns += [
+            c for c in MEDIA_COLUMNS if any(self._no_media) and c not in self._columns
         ]
         # Per-row counts for the global normalisers: read once here, before workers copy it.
         self._counts: Optional[List[RowCounts]] = (
@@ -331,7 +343,7 @@ class RowStream(torch.utils.data.IterableDataset):
         copy = not getattr(self.collate_fn, "reads_rows_only", False)
         caches = self._caches
         batch_rows = [
-            caches[s].get(g).row(r, copy)
+            _with_media(caches[s].get(g).row(r, copy), self._no_media[s], copy)
             for s, g, r in zip(src.tolist(), groups.tolist(), rows.tolist())
         ]
         if self.collate_fn is not None:
@@ -447,3 +459,16 @@ class RowStream(torch.utils.data.IterableDataset):
         # batches, so mark the whole pass finished or a persistent worker's next pass would
         # resume mid-epoch instead of replaying it.
         self._next_batch = split.num_batches
+
+
+def _with_media(row: Dict[str, Any], missing: List[str], copy: bool) -> Dict[str, Any]:
+    """``row`` of a text source in a mixture with multimodal ones: no image in any segment."""
+    if missing and "seq_lengths" in row:  # (a collator reading no segments reads no media)
+        n = len(row["seq_lengths"])
+        for c in missing:
+            if c == MEDIA_COLUMNS[0]:
+                row[c] = ["[]"] * n
+            else:
+                zeros = np.zeros(n, dtype=np.int32)
+                row[c] = torch.from_numpy(zeros) if copy else zeros
+    return row

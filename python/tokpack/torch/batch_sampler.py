@@ -17,8 +17,8 @@ from typing import Callable, Iterable, Iterator, List, Optional
 import numpy as np
 import torch
 
-from ..balance import Cost, cost_coefficients
-from ..balance.packed import checked_balance, deal_step, row_compute
+from ..balance import Cost
+from ..balance.packed import checked_balance, deal_step, packed_cost, row_compute
 from ..errors import ConfigError
 from ..packed.row_counts import row_counts
 from ._stream import non_negative_int
@@ -47,7 +47,8 @@ class PackedBatchSampler(torch.utils.data.Sampler):
     ``balance="compute"`` re-deals each optimizer step's rows (the same rows, each as often as
     before) among the ranks so that their compute, ``Σ a·L + b·L²`` over the segments of their
     rows (``cost``: ``"attention"``, ``"tokens"`` or ``(a, b)``, see
-    :func:`tokpack.balance.cost_coefficients`), is as even as a balanced partition with equal
+    :func:`tokpack.balance.cost_coefficients`; ``(a, b, c)`` adds ``c`` per vision-encoder patch
+    of a multimodal row), is as even as a balanced partition with equal
     row counts gets it, and within a rank among its ``grad_accum_steps`` batches, heaviest
     first. The step's normalisers do not change; every rank computes the same deal, so the
     order is still a pure function of the epoch (resume by skipping batches, as before). A
@@ -88,7 +89,7 @@ class PackedBatchSampler(torch.utils.data.Sampler):
 
         self.balance = checked_balance(balance)
         self._samplers = [sampler(r) for r in range(self.world_size)]
-        self._cost = cost_coefficients(cost)
+        self._cost = packed_cost(cost)
         self._row_compute: Optional[np.ndarray] = None
         counts = row_counts(dataset.packed)
         self._terms, self._samples = counts.loss_terms, counts.samples

@@ -230,6 +230,7 @@ impl PackConfig {
             batch_rows,
             cuts: None,
             piece_values: Vec::new(),
+            pieces: None,
         })
     }
 }

@@ -3,6 +3,11 @@
 //! layer: never inside an image's span) chooses the pieces by its rule; the planner honours
 //! them under `truncate` (one piece from the start) and `split` (pieces tiling the sample), and
 //! drops, counted, a sample given no piece (no acceptable cut). Other samples are cut as usual.
+//!
+//! Blocks: the spans of some samples no cut may fall inside ([`safe_cut`], the one rule, also
+//! used by tokenize-time cuts through [`safe_pieces`]). The `random` strategy, which cuts
+//! samples at row ends, cuts such a sample at the last safe boundary at or before the row end
+//! (the row is then shorter, padded).
 
 use crate::error::{CoreError, Result};
 use std::ops::Range;
@@ -18,6 +23,115 @@ pub struct Cuts {
     /// Each piece's first token in its sample, ascending within a sample, and its length.
     pub starts: Vec<i64>,
     pub lengths: Vec<i64>,
+    /// The spans no cut may fall inside, of some samples (see [`Cuts::with_blocks`]).
+    pub blocks: Blocks,
+}
+
+/// Spans `[start, end)` of some samples no cut may fall inside: sample `samples[i]` has spans
+/// `offsets[i]..offsets[i + 1]` of `starts` / `ends`, ascending and not overlapping.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Blocks {
+    samples: Vec<i64>,
+    offsets: Vec<usize>,
+    spans: Vec<(i64, i64)>,
+}
+
+impl Blocks {
+    /// Checked shapes: `samples` ascending and unique, `offsets` non-decreasing from 0 to the
+    /// number of spans, each span non-empty and after the one before of its sample.
+    pub fn new(
+        samples: Vec<i64>,
+        offsets: Vec<usize>,
+        starts: Vec<i64>,
+        ends: Vec<i64>,
+    ) -> Result<Self> {
+        let bad = |what: String| CoreError::Config(format!("blocks: {what}"));
+        if offsets.len() != samples.len() + 1
+            || offsets.first() != Some(&0)
+            || starts.len() != ends.len()
+            || offsets.last() != Some(&starts.len())
+        {
+            return Err(bad(format!(
+                "{} offsets, {} starts and {} ends for {} samples",
+                offsets.len(),
+                starts.len(),
+                ends.len(),
+                samples.len()
+            )));
+        }
+        if samples.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(bad("samples must be ascending and unique".into()));
+        }
+        for (i, w) in offsets.windows(2).enumerate() {
+            if w[0] > w[1] {
+                return Err(bad("offsets must not decrease".into()));
+            }
+            let mut end = 0;
+            for k in w[0]..w[1] {
+                if starts[k] < end || ends[k] <= starts[k] {
+                    return Err(bad(format!(
+                        "span {}..{} of sample {} is empty or overlaps the one before",
+                        starts[k], ends[k], samples[i]
+                    )));
+                }
+                end = ends[k];
+            }
+        }
+        let spans = starts.into_iter().zip(ends).collect();
+        Ok(Self {
+            samples,
+            offsets,
+            spans,
+        })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.samples.is_empty()
+    }
+
+    /// The spans of `sample` (none for a sample without blocks).
+    pub fn of(&self, sample: i64) -> &[(i64, i64)] {
+        match self.samples.binary_search(&sample) {
+            Ok(i) => &self.spans[self.offsets[i]..self.offsets[i + 1]],
+            Err(_) => &[],
+        }
+    }
+}
+
+/// The cut of a piece `start..` of a sample wanted at `end`: `end`, or the start of the block
+/// `end` falls inside (never inside one), at least `start` (`start`: no safe cut before `end`).
+pub fn safe_cut(blocks: &[(i64, i64)], start: i64, end: i64) -> i64 {
+    blocks
+        .iter()
+        .find(|&&(a, b)| a < end && end < b)
+        .map_or(end, |&(a, _)| a.max(start))
+}
+
+/// The pieces `(start, end)` a sample of `length > cap` tokens keeps under `truncate` (one
+/// piece from 0; `whole: false`) or `split` (pieces tiling it; `whole: true`), each cut at
+/// [`safe_cut`]; empty when there is no safe cut (a block alone longer than `cap`, or one
+/// starting a piece it cannot fit): the sample is dropped.
+pub fn safe_pieces(length: i64, cap: i64, whole: bool, blocks: &[(i64, i64)]) -> Vec<(i64, i64)> {
+    if !whole {
+        let cut = safe_cut(blocks, 0, cap.min(length));
+        return if cut > 0 { vec![(0, cut)] } else { vec![] };
+    }
+    let mut pieces = Vec::new();
+    let mut start = 0;
+    while start < length {
+        let end = length.min(start + cap);
+        let cut = if end < length {
+            safe_cut(blocks, start, end)
+        } else {
+            end
+        };
+        if cut == start {
+            return vec![];
+        }
+        pieces.push((start, cut));
+        start = cut;
+    }
+    pieces
 }
 
 fn bad(what: String) -> CoreError {
@@ -75,11 +189,18 @@ impl Cuts {
             offsets,
             starts,
             lengths,
+            blocks: Blocks::default(),
         })
     }
 
+    /// These cuts with `blocks`: the spans the `random` strategy never cuts inside.
+    pub fn with_blocks(self, blocks: Blocks) -> Self {
+        Self { blocks, ..self }
+    }
+
+    /// No chosen piece and no block.
     pub fn is_empty(&self) -> bool {
-        self.samples.is_empty()
+        self.samples.is_empty() && self.blocks.is_empty()
     }
 
     /// The pieces (indices into `starts` / `lengths`) of `sample`, if it has chosen ones.
@@ -175,6 +296,30 @@ mod tests {
         assert!(c.chosen(2, 10, 6, false).is_err()); // two pieces under truncate
         assert!(c.chosen(2, 10, 5, true).is_err()); // a piece over max_len
         assert!(c.chosen(2, 6, 6, true).is_err()); // the sample fits
+    }
+
+    #[test]
+    fn safe_cuts_never_fall_inside_a_block() {
+        let blocks = [(2, 6), (6, 9)];
+        assert_eq!(safe_cut(&blocks, 0, 4), 2);
+        assert_eq!(safe_cut(&blocks, 0, 6), 6); // between two blocks
+        assert_eq!(safe_cut(&blocks, 3, 7), 6);
+        assert_eq!(safe_cut(&blocks, 6, 8), 6); // none before `end`
+        assert_eq!(safe_cut(&blocks, 0, 2), 2);
+        assert_eq!(
+            safe_pieces(12, 5, true, &blocks),
+            vec![(0, 2), (2, 6), (6, 11), (11, 12)]
+        );
+        assert_eq!(safe_pieces(12, 5, false, &blocks), vec![(0, 2)]);
+        assert_eq!(safe_pieces(12, 3, true, &blocks), vec![]); // 2..6 is longer than 3
+        assert_eq!(safe_pieces(12, 2, false, &[(0, 4)]), vec![]);
+        let b = Blocks::new(vec![3, 7], vec![0, 2, 3], vec![1, 5, 0], vec![4, 8, 2]).unwrap();
+        assert_eq!(b.of(3), &[(1, 4), (5, 8)]);
+        assert_eq!(b.of(7), &[(0, 2)]);
+        assert!(b.of(4).is_empty());
+        assert!(Blocks::new(vec![3], vec![0, 2], vec![1, 3], vec![4, 8]).is_err()); // overlap
+        assert!(Blocks::new(vec![3], vec![0, 1], vec![4], vec![4]).is_err()); // empty
+        assert!(Blocks::new(vec![3, 3], vec![0, 0, 0], vec![], vec![]).is_err());
     }
 
     #[test]

@@ -34,7 +34,7 @@ mod strategies;
 pub mod template;
 
 pub use config::PackConfig;
-pub use cuts::Cuts;
+pub use cuts::{Blocks, Cuts};
 pub use error::{CoreError, Result};
 pub use materialize::{materialize, FlatColumn, PackedRows};
 pub use plan::{plan, plan_cut, Plan, PlanConfig};

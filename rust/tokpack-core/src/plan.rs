@@ -100,18 +100,19 @@ pub fn plan<L: Length>(lengths: &[L], config: &PlanConfig) -> Result<Plan> {
 
 /// [`plan`], with the pieces of some over-long samples chosen by the caller (`cuts`, see
 /// [`crate::cuts`]): a sample given no piece is dropped. The `random` strategy, which cuts
-/// samples anywhere across rows, refuses chosen cuts.
+/// samples at row ends, cuts a sample with blocks only at a safe boundary ([`crate::cuts::safe_cut`]);
+/// chosen pieces without blocks are refused with it (nothing would say where it may cut them).
 pub fn plan_cut<L: Length>(
     lengths: &[L],
     config: &PlanConfig,
     cuts: Option<&Cuts>,
 ) -> Result<Plan> {
     let cuts = cuts.filter(|c| !c.is_empty());
-    if cuts.is_some() && config.strategy == Strategy::Random {
+    let random = config.strategy == Strategy::Random;
+    if random && cuts.is_some_and(|c| c.blocks.is_empty()) {
         return Err(CoreError::Config(
-            "strategy \"random\" cuts samples anywhere across rows, and these samples may be \
-             cut only at chosen places (multimodal: never inside an image); pick another \
-             strategy"
+            "strategy \"random\" cuts samples at row ends, and these samples may be cut only at \
+             chosen places: give their blocks (the spans no cut may fall inside)"
                 .into(),
         ));
     }
@@ -123,7 +124,10 @@ pub fn plan_cut<L: Length>(
         Strategy::Ffd => (strategies::first_fit_decreasing(units, max_len), vec![]),
         Strategy::NextFit => (strategies::next_fit(units, max_len), vec![]),
         Strategy::Padding => (strategies::padding(units), vec![]),
-        Strategy::Random => strategies::random_concat(units, max_len, config.seed),
+        Strategy::Random => {
+            let blocks = cuts.map(|c| &c.blocks);
+            strategies::random_concat(units, max_len, config.seed, blocks)?
+        }
     };
     // Every sample is in exactly one class: a truncated sample that `random` also cuts across
     // rows stays "truncated" (it lost tokens), never "split" as well.

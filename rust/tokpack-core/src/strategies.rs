@@ -3,6 +3,8 @@
 //! columns; segments keep the order in which they were placed.
 
 use crate::capacity_index::SuccessorSet;
+use crate::cuts::{safe_cut, Blocks};
+use crate::error::{CoreError, Result};
 use crate::items::Item;
 use crate::rng::SplitMix64;
 use rayon::prelude::*;
@@ -233,8 +235,15 @@ pub fn padding(items: &[Item]) -> Rows {
 }
 
 /// The "random packing" baseline: shuffle samples with `seed`, concatenate, cut every `max_len`
-/// tokens. Samples may be cut across rows; the cut ones are returned as the third value.
-pub fn random_concat(items: &[Item], max_len: u32, seed: u64) -> (Rows, Vec<i64>) {
+/// tokens. Samples may be cut across rows; the cut ones are returned as the second value. A
+/// sample with `blocks` is cut only at a safe boundary (the last at or before the row's end,
+/// [`crate::cuts::safe_cut`]): the row ends there, shorter, and the rest starts the next one.
+pub fn random_concat(
+    items: &[Item],
+    max_len: u32,
+    seed: u64,
+    blocks: Option<&Blocks>,
+) -> Result<(Rows, Vec<i64>)> {
     // Items of one sample are contiguous (they come in sample order): shuffle sample groups.
     let mut groups: Vec<(usize, usize)> = Vec::new();
     for (k, item) in items.iter().enumerate() {
@@ -250,9 +259,28 @@ pub fn random_concat(items: &[Item], max_len: u32, seed: u64) -> (Rows, Vec<i64>
     let mut room = max_len;
     for &(a, b) in &groups {
         for item in &items[a..b] {
+            let spans = blocks.map_or(&[][..], |b| b.of(item.sample));
             let mut piece = *item;
             while piece.len > 0 {
-                let take = piece.len.min(room);
+                let mut take = piece.len.min(room);
+                if take < piece.len && !spans.is_empty() {
+                    let end = safe_cut(spans, piece.start, piece.start + i64::from(take));
+                    take = (end - piece.start) as u32;
+                }
+                if take == 0 {
+                    if room == max_len {
+                        return Err(CoreError::data(format!(
+                            "sample {}: no safe cut in tokens {}..{} (a block longer than \
+                             max_len {max_len} inside a piece)",
+                            piece.sample,
+                            piece.start,
+                            piece.start + i64::from(piece.len)
+                        )));
+                    }
+                    offsets.push(segments.len() as i64);
+                    room = max_len;
+                    continue;
+                }
                 segments.push(Item { len: take, ..piece });
                 if take < piece.len && cut.last() != Some(&piece.sample) {
                     cut.push(piece.sample);
@@ -260,7 +288,8 @@ pub fn random_concat(items: &[Item], max_len: u32, seed: u64) -> (Rows, Vec<i64>
                 piece.start += i64::from(take);
                 piece.len -= take;
                 room -= take;
-                if room == 0 {
+                // Without blocks a piece is left over only when the row is full.
+                if room == 0 || piece.len > 0 {
                     offsets.push(segments.len() as i64);
                     room = max_len;
                 }
@@ -272,5 +301,5 @@ pub fn random_concat(items: &[Item], max_len: u32, seed: u64) -> (Rows, Vec<i64>
     }
     cut.sort_unstable();
     cut.dedup();
-    (Rows::in_order(offsets, &segments), cut)
+    Ok((Rows::in_order(offsets, &segments), cut))
 }

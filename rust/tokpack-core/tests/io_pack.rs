@@ -52,6 +52,7 @@ fn config(dir: &Path, inputs: Vec<PathBuf>, name: &str) -> PackFilesConfig {
         batch_rows: 2,
         cuts: None,
         piece_values: Vec::new(),
+        pieces: None,
     }
 }
 

@@ -355,7 +355,8 @@ fn shuffled_row_order_is_seeded_and_thread_independent() {
 
 /// Chosen cuts (`tokpack_core::cuts`): the planner places exactly the chosen pieces of those
 /// samples, drops (counted) a sample given none, cuts the others as usual, for every strategy
-/// but `random` (refused) and any thread count.
+/// but `random` (refused without blocks: see `random_never_cuts_inside_a_block`) and any
+/// thread count.
 /// A planned segment: sample, start, length.
 type Piece = (i64, i64, i64);
 
@@ -432,5 +433,71 @@ fn chosen_cuts_are_honoured() {
     ];
     for (cuts, overlong) in bad {
         assert!(plan_cut(&lengths, &config(8, "bfd", overlong), Some(&cuts)).is_err());
+    }
+}
+
+proptest! {
+    /// `random` with blocks: each sample's tokens covered exactly once, no row over `max_len`,
+    /// no segment starting or ending strictly inside a block, a row ended early only where the
+    /// next token of its last sample would fall inside a block; without blocks, the plain plan.
+    #[test]
+    fn random_never_cuts_inside_a_block(
+        samples in prop::collection::vec((1i64..60, prop::collection::vec((0i64..50, 1i64..12), 0..4)), 1..40),
+        max_len in 12i64..64,
+        seed in any::<u64>(),
+    ) {
+        use tokpack_core::{plan_cut, Blocks, Cuts};
+        // Blocks of each sample, ascending, not overlapping, inside the sample and each at
+        // most max_len long; the sample fits max_len (an over-long one is the cuts' job).
+        let mut lengths = Vec::new();
+        let (mut ids, mut offsets, mut starts, mut ends) = (vec![], vec![0usize], vec![], vec![]);
+        for (i, (len, spans)) in samples.iter().enumerate() {
+            let len = (*len).min(max_len);
+            lengths.push(len);
+            let mut at = 0;
+            let mut mine = vec![];
+            for &(gap, n) in spans {
+                let (a, b) = (at + gap, at + gap + n);
+                if b > len { break; }
+                mine.push((a, b));
+                at = b;
+            }
+            if !mine.is_empty() {
+                ids.push(i as i64);
+                starts.extend(mine.iter().map(|s| s.0));
+                ends.extend(mine.iter().map(|s| s.1));
+                offsets.push(starts.len());
+            }
+        }
+        let blocks = Blocks::new(ids, offsets, starts, ends).unwrap();
+        let cuts = Cuts::new(vec![], vec![0], vec![], vec![]).unwrap().with_blocks(blocks.clone());
+        let c = PlanConfig { seed, ..config(max_len, "random", "error") };
+        let p = plan_cut(&lengths, &c, Some(&cuts)).unwrap();
+        let two = pool::install(Some(2), || plan_cut(&lengths, &c, Some(&cuts))).unwrap();
+        prop_assert_eq!(&p, &two);
+        check_coverage(&lengths, &p, max_len);
+        check_classes(&lengths, &p);
+        for k in 0..p.sample_ids.len() {
+            let (a, b) = (p.starts[k], p.starts[k] + p.lengths[k]);
+            for &(x, y) in blocks.of(p.sample_ids[k]) {
+                let inside = |c: i64| x < c && c < y;
+                prop_assert!(!inside(a) && !inside(b), "cut inside {x}..{y}");
+            }
+        }
+        // In planned order, a row that ends early ends before a block that would not fit.
+        let planned = plan_cut(&lengths, &PlanConfig { row_order: RowOrder::Plan, ..c }, Some(&cuts)).unwrap();
+        for r in 0..planned.n_bins() {
+            let seg = planned.bin_offsets[r] as usize..planned.bin_offsets[r + 1] as usize;
+            let used: i64 = planned.lengths[seg.clone()].iter().sum();
+            let last = seg.end - 1;
+            let (s, end) = (planned.sample_ids[last], planned.starts[last] + planned.lengths[last]);
+            if used < max_len && end < lengths[s as usize] {
+                let room_end = end + (max_len - used);
+                prop_assert!(blocks.of(s).iter().any(|&(x, y)| x == end && room_end < y));
+            }
+        }
+        // Without blocks: the plain plan.
+        let plain = Cuts::new(vec![], vec![0], vec![], vec![]).unwrap();
+        prop_assert_eq!(plan_cut(&lengths, &c, Some(&plain)).unwrap(), plan(&lengths, &c).unwrap());
     }
 }

@@ -3,6 +3,7 @@
 
 use crate::arrow_in::Chunks;
 use crate::config::{PyPackConfig, PyPackReport};
+use crate::cuts::{cuts_of, CutsArg};
 use crate::errors::to_py;
 use numpy::{IntoPyArray, PyArray1};
 use pyo3::exceptions::PyTypeError;
@@ -13,7 +14,6 @@ use std::sync::Arc;
 use tokpack_core::io;
 use tokpack_core::io::columns::list_parts;
 use tokpack_core::pool;
-use tokpack_core::Cuts;
 
 /// Progress counters of a running `pack_files` / `read_lengths`, and its cancel switch.
 #[pyclass(frozen, module = "tokpack._tokpack")]
@@ -58,15 +58,14 @@ pub fn input_columns(
         .map_err(to_py)
 }
 
-/// `(samples, offsets, starts, lengths)` of chosen cuts, as Python passes them.
-type CutsArg = (Vec<i64>, Vec<usize>, Vec<i64>, Vec<i64>);
-
 /// Packs token shards into `out_dir` as `config` says (a config `for_kind` of the inputs);
 /// returns the job's report. `cuts` chooses the pieces of some over-long samples
 /// (`tokpack_core::cuts`) and `piece_values` (column name: Arrow array, one value per piece)
-/// what carried columns hold for them.
+/// what carried columns hold for them; `blocks` the spans the `random` strategy never cuts
+/// inside; `pieces` the pieces `piece_values` are for when not `cuts`' (`random`'s, planned
+/// beforehand).
 #[pyfunction]
-#[pyo3(signature = (*, paths, out_dir, spill_dir, config, batch_rows, threads=None, progress=None, cuts=None, piece_values=None))]
+#[pyo3(signature = (*, paths, out_dir, spill_dir, config, batch_rows, threads=None, progress=None, cuts=None, piece_values=None, blocks=None, pieces=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn pack_files(
     py: Python<'_>,
@@ -79,15 +78,15 @@ pub fn pack_files(
     progress: Option<&Bound<'_, Progress>>,
     cuts: Option<CutsArg>,
     piece_values: Option<&Bound<'_, PyDict>>,
+    blocks: Option<CutsArg>,
+    pieces: Option<CutsArg>,
 ) -> PyResult<PyPackReport> {
     let mut job = config
         .0
         .files_job(paths, out_dir, spill_dir, batch_rows)
         .map_err(to_py)?;
-    if let Some((samples, offsets, starts, lengths)) = cuts {
-        let cuts = Cuts::new(samples, offsets, starts, lengths).map_err(to_py)?;
-        job.cuts = Some(Arc::new(cuts));
-    }
+    job.cuts = cuts_of(cuts, blocks)?.map(Arc::new);
+    job.pieces = cuts_of(pieces, None)?.map(Arc::new);
     if let Some(values) = piece_values {
         for (name, array) in values.iter() {
             let name: String = name.extract()?;

@@ -5,6 +5,7 @@ mod arrow_in;
 mod balance;
 mod bpe;
 mod config;
+mod cuts;
 mod errors;
 mod files;
 mod plan;
@@ -60,6 +61,7 @@ fn _tokpack(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(config::index_name, m)?)?;
     m.add_function(wrap_pyfunction!(config::pair_layout_for, m)?)?;
     m.add_function(wrap_pyfunction!(plan::plan, m)?)?;
+    m.add_function(wrap_pyfunction!(cuts::safe_pieces, m)?)?;
     m.add_function(wrap_pyfunction!(plan::pack_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(plan::flatten_samples, m)?)?;
     m.add_class::<plan::PlanParts>()?;

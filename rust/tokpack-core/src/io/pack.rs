@@ -69,6 +69,10 @@ pub struct PackFilesConfig {
     /// column not named here carries its sample's value to every piece).
     pub cuts: Option<Arc<Cuts>>,
     pub piece_values: Vec<(String, ArrayRef)>,
+    /// The pieces `piece_values` are given for, when they are not `cuts`' (the `random`
+    /// strategy's: every piece of every sample the plan cuts, from a plan made beforehand with
+    /// the same lengths and cuts; checked against this plan).
+    pub pieces: Option<Arc<Cuts>>,
 }
 
 pub struct PackOutcome {
@@ -517,6 +521,48 @@ pub(crate) fn check_layout(
     Ok(())
 }
 
+/// The samples `pieces` holds are the ones `plan` cuts (truncated or split), and each of their
+/// segments is one of their pieces: the values given for them are the plan's.
+fn check_pieces(plan: &Plan, pieces: &Cuts) -> Result<()> {
+    let mut cut: Vec<i64> = plan.split.iter().chain(&plan.truncated).copied().collect();
+    cut.sort_unstable();
+    let mismatch = |what: String| {
+        CoreError::data(format!(
+            "the pieces given with piece values are not this plan's ({what}); were they planned \
+             from other lengths?"
+        ))
+    };
+    if cut != pieces.samples {
+        let n = cut.len().min(pieces.samples.len());
+        let first = cut
+            .iter()
+            .zip(&pieces.samples)
+            .find(|(a, b)| a != b)
+            .map(|(&a, &b)| a.min(b))
+            .or_else(|| cut.get(n).or(pieces.samples.get(n)).copied())
+            .unwrap_or_default();
+        return Err(mismatch(format!(
+            "sample {first} is cut by one and not by the other"
+        )));
+    }
+    for k in 0..plan.sample_ids.len() {
+        let (s, start) = (plan.sample_ids[k], plan.starts[k]);
+        let ok = match pieces.pieces_of(s) {
+            None => true,
+            Some(_) => pieces
+                .piece_at(s, start)
+                .is_some_and(|i| pieces.lengths[i] == plan.lengths[k]),
+        };
+        if !ok {
+            return Err(mismatch(format!(
+                "sample {s} has a segment of {} tokens at {start}",
+                plan.lengths[k]
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Packs the token shards `config.paths` into `config.out_dir`. Call inside `pool::install`.
 pub fn pack_files(config: &PackFilesConfig, progress: &Progress) -> Result<PackOutcome> {
     check_layout(
@@ -532,10 +578,11 @@ pub fn pack_files(config: &PackFilesConfig, progress: &Progress) -> Result<PackO
             ));
         }
     }
+    let pieces = config.pieces.as_ref().or(config.cuts.as_ref());
     if let Some((name, _)) = config
         .piece_values
         .iter()
-        .find(|(n, _)| config.cuts.is_none() || !config.carry.contains(n))
+        .find(|(n, _)| pieces.is_none() || !config.carry.contains(n))
     {
         return Err(CoreError::Config(format!(
             "cuts: piece values for {name:?}, which is not a carried column of chosen cuts"
@@ -600,6 +647,9 @@ pub fn pack_files(config: &PackFilesConfig, progress: &Progress) -> Result<PackO
             (plan, None)
         }
     };
+    if let Some(given) = &config.pieces {
+        check_pieces(&plan, given)?;
+    }
     let carried = columns
         .carry
         .iter()
@@ -609,7 +659,7 @@ pub fn pack_files(config: &PackFilesConfig, progress: &Progress) -> Result<PackO
             with_pieces(
                 name,
                 concat(&chunks, data_type)?,
-                config.cuts.as_ref(),
+                config.pieces.as_ref().or(config.cuts.as_ref()),
                 pieces.map(|(_, v)| v),
             )
         })
