@@ -111,3 +111,53 @@ def test_mixture_of_multimodal_and_text_directories(corpus):
         assert batch["position_ids"].shape == (4, 1, batch["input_ids"].shape[1])
         grids += len(batch.get("image_grid_thw", ()))
     assert grids > 0
+
+
+def test_multimodal_rows_from_object_storage_through_workers(corpus, s3, tmp_path):
+    """Pack onto S3 (filesystem=), then read the rows back through the range cache in two
+    DataLoader workers with the multimodal collator: the same images, grids and positions as
+    the local directory gives."""
+    torch = pytest.importorskip("torch")
+    from tests._vl_factory import image_processor
+    from tokpack.multimodal import MultimodalCollator
+    from tokpack.torch import PackedIterableDataset
+
+    root, _, max_len = corpus
+    prefix = "tokpack-test/vl-joins"
+    m = tokpack.pack_files(
+        root / "tokens", prefix, max_len, row_group_rows=4, filesystem=s3, strategy="random"
+    )
+    local = tokpack.pack_files(
+        root / "tokens", tmp_path / "local", max_len, row_group_rows=4, strategy="random"
+    )
+    assert [s["checksum"] for s in m["shards"]] == [s["checksum"] for s in local["shards"]]
+
+    def batches(path, **kw):
+        ds = PackedIterableDataset(
+            path,
+            batch_rows=2,
+            seed=4,
+            rank=0,
+            world_size=1,
+            collate_fn=MultimodalCollator(image_processor()),
+            **kw,
+        )
+        out = []
+        for b in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2):
+            out.append({k: v for k, v in b.items() if isinstance(v, torch.Tensor)})
+        return out
+
+    from tokpack.multimodal import row_vision_patches
+    from tokpack.remote import open_packed
+
+    on_s3 = open_packed(prefix, filesystem=s3, cache_dir=tmp_path / "cache")
+    assert (row_vision_patches(on_s3) == row_vision_patches(tmp_path / "local")).all()
+    assert m["figures"]["vision_patches"] == local["figures"]["vision_patches"] > 0
+    remote = batches(prefix, filesystem=s3, cache_dir=tmp_path / "cache")
+    here = batches(tmp_path / "local")
+    assert len(remote) == len(here) > 0
+    assert sum(len(b.get("image_grid_thw", ())) for b in here) > 0
+    for a, b in zip(remote, here):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert torch.equal(a[k], b[k]), k
