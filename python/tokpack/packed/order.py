@@ -16,11 +16,13 @@ shapes) and up to ``world_size * batch_rows - 1`` rows of the epoch are skipped.
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 
 TAILS = ("even", "drop")
+# Windows whose permutation an EpochOrder keeps.
+_WINDOWS_KEPT = 4
 
 
 def _rng(seed: int, epoch: int, stream: int) -> np.random.Generator:
@@ -40,7 +42,9 @@ class EpochOrder:
         self.window_groups = [groups[i : i + window] for i in range(0, n_groups, window)]
         sizes = [int(group_rows[w].sum()) for w in self.window_groups]
         self.window_start = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        self._cached: Tuple[int, np.ndarray, np.ndarray] = (-1, np.zeros(0), np.zeros(0))
+        # The last few windows' permutations: a reader's current batch and its fetch-ahead
+        # (a window further) alternate between two windows.
+        self._cached: Dict[int, Tuple[Optional[np.ndarray], np.ndarray]] = {}
 
     @property
     def num_rows(self) -> int:
@@ -48,13 +52,16 @@ class EpochOrder:
 
     def _window(self, w: int) -> Tuple[np.ndarray, np.ndarray]:
         """(permutation of the window's rows, cumulative row starts of its groups)."""
-        if self._cached[0] != w:
+        cached = self._cached.get(w)
+        if cached is None:
             groups = self.window_groups[w]
             starts = np.concatenate([[0], np.cumsum(self.group_rows[groups])])
             n = int(starts[-1])
             perm = _rng(self.seed, self.epoch, w + 1).permutation(n) if self.shuffle else None
-            self._cached = (w, perm, starts)
-        return self._cached[1], self._cached[2]
+            if len(self._cached) >= _WINDOWS_KEPT:
+                del self._cached[next(iter(self._cached))]  # the oldest
+            cached = self._cached[w] = (perm, starts)
+        return cached
 
     def rows(self, a: int, b: int) -> Tuple[np.ndarray, np.ndarray]:
         """Row groups and rows-in-group of global positions ``[a, b)``, in order."""
