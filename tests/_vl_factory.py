@@ -373,3 +373,17 @@ def media_chats(
 def write_jsonl(path: Path, records: List[Dict[str, Any]]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     return path
+
+
+def vl_token_shards(root: Path, n: int, seed: int) -> Tuple[Path, List[Dict[str, Any]]]:
+    """Multimodal token shards of ``n`` image chats under ``root / "tokens"`` (the tiny VL
+    tokenizer and processor config in ``root / "tok"``), and their samples as dicts."""
+    import pyarrow.parquet as pq
+
+    from tokpack.multimodal import tokenize_files
+
+    tok = build_vl_tokenizer(root / "tok")
+    records = image_chats(n, root / "imgs", seed=seed)
+    tokenize_files(write_jsonl(root / "chats.jsonl", records), root / "tokens", tok, vision=tok)
+    samples = pq.read_table(sorted((root / "tokens").glob("part-*.parquet"))).to_pylist()
+    return root / "tokens", samples

@@ -13,20 +13,16 @@ pytest.importorskip("PIL")
 pytest.importorskip("transformers")
 
 import tokpack  # noqa: E402
-from tests._vl_factory import build_vl_tokenizer, image_chats, write_jsonl  # noqa: E402
+from tests._vl_factory import vl_token_shards  # noqa: E402
 from tokpack import ConfigError  # noqa: E402
 from tokpack.cli import main  # noqa: E402
-from tokpack.multimodal import tokenize_files  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     """Multimodal token shards, a packed directory of them, and a text packed directory."""
     root = tmp_path_factory.mktemp("vl-joins")
-    tok = build_vl_tokenizer(root / "tok")
-    records = image_chats(24, root / "imgs", seed=3)
-    tokenize_files(write_jsonl(root / "chats.jsonl", records), root / "tokens", tok, vision=tok)
-    samples = pq.read_table(sorted((root / "tokens").glob("part-*.parquet"))).to_pylist()
+    _, samples = vl_token_shards(root, 24, seed=3)
     max_len = max(s["length"] for s in samples) + 20
     tokpack.pack_files(root / "tokens", root / "packed", max_len, row_group_rows=4)
     (text,) = tokpack.synthetic.write_token_shards(root / "text", 30, n_files=1, max_length=60)

@@ -14,11 +14,10 @@ pytest.importorskip("PIL")
 pytest.importorskip("transformers")
 
 import tokpack  # noqa: E402
-from tests._vl_factory import build_vl_tokenizer, image_chats, write_jsonl  # noqa: E402
+from tests._vl_factory import vl_token_shards  # noqa: E402
 from tokpack import ConfigError  # noqa: E402
 from tokpack.balance.packed import row_compute  # noqa: E402
 from tokpack.cli import main  # noqa: E402
-from tokpack.multimodal import tokenize_files  # noqa: E402
 from tokpack.multimodal.stats import row_patch_figures, row_vision_patches  # noqa: E402
 from tokpack.remote import open_packed  # noqa: E402
 
@@ -26,10 +25,7 @@ from tokpack.remote import open_packed  # noqa: E402
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory):
     root = tmp_path_factory.mktemp("vl-cost")
-    tok = build_vl_tokenizer(root / "tok")
-    records = image_chats(40, root / "imgs", seed=8)
-    tokenize_files(write_jsonl(root / "chats.jsonl", records), root / "tokens", tok, vision=tok)
-    samples = pq.read_table(sorted((root / "tokens").glob("part-*.parquet"))).to_pylist()
+    _, samples = vl_token_shards(root, 40, seed=8)
     max_len = max(s["length"] for s in samples) + 60
     manifest = tokpack.pack_files(root / "tokens", root / "packed", max_len, row_group_rows=3)
     return root / "packed", samples, manifest
