@@ -86,21 +86,31 @@ def describe_inputs(
     paths: Sequence[os.PathLike], threads: Optional[int] = None, contents: bool = True
 ) -> List[Dict[str, Any]]:
     """Path, size and content fingerprint of every input file, in order (files hashed on
-    ``threads`` threads, default all cores). Without ``contents`` local files get no
-    fingerprint yet: the run that reads them takes it (:func:`add_fingerprints`)."""
+    ``threads`` threads, default all cores: the hashing releases the GIL). Without
+    ``contents`` local files get no fingerprint yet: the run that reads them takes it
+    (:func:`add_fingerprints`)."""
     workers = max(1, min(len(paths), threads or _tokpack.default_threads()))
     with ThreadPoolExecutor(workers) as pool:
         return list(pool.map(lambda p: _describe(Path(p), contents), paths))
 
 
 def add_fingerprints(
-    described: List[Dict[str, Any]], paths: Sequence[os.PathLike], taken: Sequence[str] = ()
+    described: List[Dict[str, Any]],
+    paths: Sequence[os.PathLike],
+    taken: Sequence[str] = (),
+    threads: Optional[int] = None,
 ) -> None:
     """Gives every input described without a fingerprint the one its run ``taken`` while
-    reading it (in input order), or hashes it now."""
-    for i, d in enumerate(described):
-        if "fingerprint" not in d:
-            d["fingerprint"] = taken[i] if i < len(taken) else fingerprint_file(paths[i])
+    reading it (in input order), or hashes it now (on ``threads`` threads, default all cores:
+    the hashing releases the GIL)."""
+    missing = [i for i, d in enumerate(described) if "fingerprint" not in d]
+    for i in [i for i in missing if i < len(taken)]:
+        described[i]["fingerprint"] = taken[i]
+    missing = [i for i in missing if i >= len(taken)]
+    workers = max(1, min(len(missing), threads or _tokpack.default_threads()))
+    with ThreadPoolExecutor(workers) as pool:
+        for i, fp in zip(missing, pool.map(lambda i: fingerprint_file(paths[i]), missing)):
+            described[i]["fingerprint"] = fp
 
 
 def cache_key(kind: str, inputs: List[Dict[str, Any]], config: Dict[str, Any]) -> str:

@@ -414,7 +414,7 @@ def cached_run(
     # from disk once.
     described = describe_inputs(inputs, threads, contents=False)
     if not fingerprinted or _may_be_current(existing, described, config):
-        add_fingerprints(described, inputs)
+        add_fingerprints(described, inputs, threads=threads)
     rebuilt_because = None
     if existing is not None and all("fingerprint" in d for d in described):
         key = cache_key(kind, described, config)
@@ -434,7 +434,8 @@ def cached_run(
     with outputs as tmp:
         manifest = {"tokpack_version": _tokpack.__version__, "cache_key": ""}
         manifest.update(build(tmp, described))
-        add_fingerprints(described, inputs)  # those a build that reads the inputs left out
+        # Those a build that reads the inputs left out.
+        add_fingerprints(described, inputs, threads=threads)
         manifest["cache_key"] = cache_key(kind, described, config)
         with writing(tmp / MANIFEST_NAME):
             _format.write_manifest(tmp, manifest)
