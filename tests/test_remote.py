@@ -445,7 +445,7 @@ def test_the_decode_thread_decodes_what_fetch_ahead_brought_and_never_fetches(
         return read_range(self, name, offset, length)
 
     def logged_decode(self, group, columns=None):
-        decoders.append(threading.current_thread().name)
+        decoders.append((threading.current_thread().name, group))
         return decode(self, group, columns)
 
     monkeypatch.setattr(Source, "read_range", logged_fetch)
@@ -455,6 +455,11 @@ def test_the_decode_thread_decodes_what_fetch_ahead_brought_and_never_fetches(
     for batch in DataLoader(ds, batch_size=None, num_workers=0):
         seen.append(batch)
         assert settle(60)  # fetch-ahead keeps up: the decode thread finds groups cached
+    decoded = decoders[:]
     assert _bytes(seen) == _bytes(_iterable(corpus))
-    assert any(name.startswith("tokpack-decode") for name in decoders)
     assert not any(name.startswith("tokpack-decode") for name in fetchers)
+    # A group fetched after the look-ahead saw it is handed to the decoder at the next batch:
+    # the loop decodes only the first batch's groups itself (nothing was fetched before it).
+    first = set(ds._locate(0, 3)[1].tolist())
+    assert {g for name, g in decoded if not name.startswith("tokpack-decode")} <= first
+    assert len(decoded) == ds.packed.num_groups

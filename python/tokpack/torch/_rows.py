@@ -123,22 +123,25 @@ class GroupCache:
             # One process reading object storage: its bytes are fetched in the background.
             self.packed.prefetch(group)
 
-    def decode_ahead(self, group: int) -> None:
+    def decode_ahead(self, group: int) -> bool:
         """In one process (no DataLoader workers, or one), have group ``group`` decoded on a
         background thread while this one collates (the decoder releases the GIL), so a reader
         without workers uses a second core; at most ``_AHEAD`` groups wait to be taken. With
         several workers, nothing: they share their decodes (:meth:`prefetch`). On object
-        storage, only a group already in the local cache (its fetch-ahead threads fetch ahead)."""
+        storage, only a group already in the local cache (its fetch-ahead threads fetch ahead).
+        False when the group is not decoded, nor being decoded, nor handed over now (worth
+        asking again later)."""
         pending = self._pending()
-        if group in self._groups or group in pending or len(pending) >= _AHEAD:
-            return
-        if worker_slot()[1] > 1:
-            return
+        if group in self._groups or group in pending:
+            return True
+        if len(pending) >= _AHEAD or worker_slot()[1] > 1:
+            return False
         if self.packed.remote and not self.packed.cached(group):
             # Object storage: only what the fetch-ahead threads brought in (they stop when the
             # reader does); this thread never fetches.
-            return
+            return False
         pending[group] = _decoder_pool().submit(self._decode, group)
+        return True
 
     def _decode(self, group: int) -> Dict[str, Column]:
         return self.packed.decode(group, self.columns)

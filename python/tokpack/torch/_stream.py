@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import warnings
 from abc import abstractmethod
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -33,10 +33,8 @@ __all__ = ["RowStream", "non_negative_int"]
 # Stream rows of an epoch that never ends (the split's arithmetic stays in Python ints).
 ENDLESS = 1 << 62
 
-# A worker looks ahead for groups to prefetch at every this many of its batches.
+# A reader looks ahead for groups to fetch or decode at every this many of its batches.
 _PREFETCH_EVERY = 4
-# In one process, the groups of this many batches ahead are decoded in the background.
-_DECODE_AHEAD = 2
 
 Collate = Callable[[List[Dict[str, torch.Tensor]]], Dict[str, Any]]
 
@@ -353,32 +351,27 @@ class RowStream(torch.utils.data.IterableDataset):
             for name in self._columns
         }
 
-    def _decode_ahead(
-        self, split: RankSplit, k: int, upcoming: Dict[int, Tuple[np.ndarray, ...]]
-    ) -> Tuple[np.ndarray, ...]:
-        """The rows of batch ``k`` (as ``_locate``), with the groups of this batch and of the next
-        ``_DECODE_AHEAD`` ones handed to the background decoder in the order they are needed
-        (one process: see :meth:`GroupCache.decode_ahead`). ``upcoming`` keeps the rows of the
-        batches looked at ahead."""
-        for n in range(k, min(k + _DECODE_AHEAD + 1, split.num_batches)):
-            if n not in upcoming:
-                upcoming[n] = self._locate(*split.batch(self.rank, n))
-            src, groups, _ = upcoming[n]
-            for s, g in dict.fromkeys(zip(src.tolist(), groups.tolist())):
-                self._caches[s].decode_ahead(g)
-        return upcoming.pop(k)
+    def _decode_ahead(self, groups: Iterable[Tuple[int, int]]) -> List[Tuple[int, int]]:
+        """In one process, have ``groups`` ((source, group), in the order the rows need them)
+        decoded on the background thread (see :meth:`GroupCache.decode_ahead`); those it could
+        not take yet (not fetched yet from object storage, or the decodes waiting are many)
+        are returned, to be asked again at the next batch."""
+        return [(s, g) for s, g in groups if not self._caches[s].decode_ahead(g)]
+
+    def _groups(self, a: int, b: int) -> Iterable[Tuple[int, int]]:
+        """The (source, group) pairs of stream rows ``[a, b)``, each once, in the order the rows
+        need them."""
+        total = self._stream_rows()
+        b = b if total is None else min(b, total)
+        if a >= b:
+            return ()
+        src, groups, _ = self._locate(a, b)
+        return dict.fromkeys(zip(src.tolist(), groups.tolist()))
 
     def _prefetch(self, a: int, b: int) -> None:
         """Have the groups of stream rows ``[a, b)`` decoded in the background (with several
         DataLoader workers: see :func:`GroupCache.prefetch`)."""
-        total = self._stream_rows()
-        if total is not None:
-            b = min(b, total)
-        if a >= b:
-            return
-        src, groups, _ = self._locate(a, b)
-        # Each group once, in the order the rows need them.
-        for s, g in dict.fromkeys(zip(src.tolist(), groups.tolist())):
+        for s, g in self._groups(a, b):
             self._caches[s].prefetch(g)
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
@@ -414,23 +407,24 @@ class RowStream(torch.utils.data.IterableDataset):
         # window too, so the loop does not fetch it itself), each group once.
         remote = any(p.remote for p in self.sources)
         edge = -1
-        # In one process, the rows of the next few batches (see `_decode_ahead`).
-        upcoming: Dict[int, Tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        # In one process: the groups a window ahead not handed to the decoder yet.
+        waiting: List[Tuple[int, int]] = []
         try:
             for i, k in enumerate(range(first, split.num_batches, num_workers)):
                 a, b = split.batch(self.rank, k)
-                if remote and i % _PREFETCH_EVERY == 0:
-                    edge = max(edge, a)
-                    self._prefetch(edge, b + ahead)
-                    edge = max(edge, b + ahead)
-                elif num_workers > 1 and i % _PREFETCH_EVERY == 0:
-                    self._prefetch(a + ahead, b + ahead)
-                if self.balance is None:
+                if i % _PREFETCH_EVERY == 0:
+                    if remote:
+                        edge = max(edge, a)
+                        self._prefetch(edge, b + ahead)
+                        edge = max(edge, b + ahead)
+                    elif num_workers > 1:
+                        self._prefetch(a + ahead, b + ahead)
                     if num_workers == 1:
-                        located = self._decode_ahead(split, k, upcoming)
-                    else:
-                        located = self._locate(a, b)
-                    batch = self._batch(*located)
+                        waiting = self._decode_ahead(self._groups(a, b + ahead))
+                elif waiting:
+                    waiting = self._decode_ahead(waiting)
+                if self.balance is None:
+                    batch = self._batch(*self._locate(a, b))
                 else:
                     if deal[0] != k // span:
                         deal = (k // span, self._dealt(split, k // span))
