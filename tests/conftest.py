@@ -1,4 +1,8 @@
 import os
+import socket
+import subprocess
+import sys
+import time
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -67,6 +71,66 @@ def s3(s3_endpoint):
     )
     fs.create_dir("tokpack-test")
     return fs
+
+
+@pytest.fixture(scope="session")
+def gcs_endpoint():
+    """A local Google Cloud Storage endpoint (gcp-storage-emulator in a child process, in
+    memory, with the bucket ``tokpack-test``): its ``host:port``."""
+    pytest.importorskip("gcp_storage_emulator", reason="gcp-storage-emulator is not installed")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gcp_storage_emulator", "start", "--host=127.0.0.1"]
+        + [f"--port={port}", "--in-memory", "--default-bucket=tokpack-test"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.2).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the GCS emulator did not start") from None
+                time.sleep(0.1)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+@pytest.fixture
+def gcs(gcs_endpoint):
+    """A pyarrow GCS file system for the local endpoint (anonymous), with the bucket
+    ``tokpack-test``. ``gcs_uri(gcs_endpoint, key)`` names a key of it as a ``gs://`` URI."""
+    import datetime
+
+    import pyarrow.fs as pafs
+
+    return pafs.GcsFileSystem(
+        anonymous=True,
+        scheme="http",
+        endpoint_override=gcs_endpoint,
+        project_id="tokpack",
+        retry_time_limit=datetime.timedelta(seconds=5),
+    )
+
+
+def gcs_uri(endpoint: str, key: str) -> str:
+    """``gs://`` URI of ``key`` ("bucket/path") on the local endpoint: pyarrow takes the
+    endpoint and the credentials from the URI itself."""
+    return f"gs://anonymous@{key}?scheme=http&endpoint_override={endpoint}&retry_limit_seconds=5"
+
+
+@pytest.fixture(params=["s3", "gcs"])
+def store(request):
+    """The pyarrow file system of a local S3 endpoint, then of a local GCS one, each with the
+    bucket ``tokpack-test``."""
+    return request.getfixturevalue(request.param)
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""`pack` / `tokenize` into and from object storage (moto's S3 server): the objects are
+"""`pack` / `tokenize` into and from object storage (moto's S3 server, and a GCS emulator where
+a test takes ``store``): the objects are
 `pack`'s local bytes, the manifest is written last, a rerun is a cache hit, what tokpack did not
 write is refused and never deleted, and a run that fails leaves the previous output as it was.
 Inputs given as URIs are packed from local copies with `pack`'s bytes and named by their URIs.
@@ -41,73 +42,75 @@ def local_files(root: Path):
     return {str(p.relative_to(root)): p for p in root.rglob("*") if p.is_file()}
 
 
-def test_pack_to_s3_uploads_packs_bytes_with_the_manifest_last(corpus, s3, tmp_path):
+def test_pack_to_a_store_uploads_packs_bytes_with_the_manifest_last(corpus, store, tmp_path):
     local = tokpack.pack_files(corpus, tmp_path / "local", 512, rows_per_shard=200)
-    remote = tokpack.pack_files(corpus, f"{BUCKET}/packed", 512, rows_per_shard=200, filesystem=s3)
+    remote = tokpack.pack_files(
+        corpus, f"{BUCKET}/packed", 512, rows_per_shard=200, filesystem=store
+    )
     assert not remote["cache_hit"]
     assert remote["figures"]["rows"] == local["figures"]["rows"]
     assert remote["cache_key"] == local["cache_key"]
-    stored = objects(s3, f"{BUCKET}/packed")
+    stored = objects(store, f"{BUCKET}/packed")
     files = local_files(tmp_path / "local")
     assert set(stored) == set(files)  # the claim is gone, nothing staged is left
     for name, path in files.items():
         if name != MANIFEST_NAME:
-            assert read_object(s3, f"{BUCKET}/packed/{name}") == path.read_bytes(), name
-    manifest = json.loads(read_object(s3, f"{BUCKET}/packed/{MANIFEST_NAME}"))
+            assert read_object(store, f"{BUCKET}/packed/{name}") == path.read_bytes(), name
+    manifest = json.loads(read_object(store, f"{BUCKET}/packed/{MANIFEST_NAME}"))
     assert manifest["shards"] == local["shards"]
     # The manifest commits the output: it was the last object written.
     assert stored[MANIFEST_NAME].mtime >= max(i.mtime for i in stored.values())
 
 
-def test_rerun_is_a_cache_hit_and_a_damaged_object_is_rebuilt(corpus, s3):
+def test_rerun_is_a_cache_hit_and_a_damaged_object_is_rebuilt(corpus, store):
     out = f"{BUCKET}/again"
-    tokpack.pack_files(corpus, out, 512, filesystem=s3)
-    assert tokpack.pack_files(corpus, out, 512, filesystem=s3)["cache_hit"]
-    shard = tokpack.pack_files(corpus, out, 512, filesystem=s3)["shards"][0]["file"]
-    with s3.open_output_stream(f"{out}/{shard}") as f:
+    tokpack.pack_files(corpus, out, 512, filesystem=store)
+    assert tokpack.pack_files(corpus, out, 512, filesystem=store)["cache_hit"]
+    shard = tokpack.pack_files(corpus, out, 512, filesystem=store)["shards"][0]["file"]
+    with store.open_output_stream(f"{out}/{shard}") as f:
         f.write(b"truncated")
-    rerun = tokpack.pack_files(corpus, out, 512, filesystem=s3)
+    rerun = tokpack.pack_files(corpus, out, 512, filesystem=store)
     assert not rerun["cache_hit"]
     assert "bytes, the manifest says" in rerun["rebuilt_because"]
-    assert tokpack.pack_files(corpus, out, 512, filesystem=s3)["cache_hit"]
+    assert tokpack.pack_files(corpus, out, 512, filesystem=store)["cache_hit"]
     # Another config is another key: rebuilt.
-    assert not tokpack.pack_files(corpus, out, 1024, filesystem=s3)["cache_hit"]
+    assert not tokpack.pack_files(corpus, out, 1024, filesystem=store)["cache_hit"]
 
 
-def test_a_prefix_holding_foreign_objects_is_refused_and_kept(corpus, s3):
-    with s3.open_output_stream(f"{BUCKET}/theirs/part-0.parquet") as f:
+def test_a_prefix_holding_foreign_objects_is_refused_and_kept(corpus, store):
+    with store.open_output_stream(f"{BUCKET}/theirs/part-0.parquet") as f:
         f.write(b"not ours")
     with pytest.raises(tokpack.OutputExistsError, match="tokpack did not write"):
-        tokpack.pack_files(corpus, f"{BUCKET}/theirs", 512, filesystem=s3)
-    assert list(objects(s3, f"{BUCKET}/theirs")) == ["part-0.parquet"]
+        tokpack.pack_files(corpus, f"{BUCKET}/theirs", 512, filesystem=store)
+    assert list(objects(store, f"{BUCKET}/theirs")) == ["part-0.parquet"]
 
 
-def test_a_failed_run_leaves_the_previous_output_as_it_was(corpus, s3):
+def test_a_failed_run_leaves_the_previous_output_as_it_was(corpus, store):
     out = f"{BUCKET}/kept"
-    tokpack.pack_files(corpus, out, 512, filesystem=s3)
-    before = {k: read_object(s3, f"{out}/{k}") for k in objects(s3, out)}
+    tokpack.pack_files(corpus, out, 512, filesystem=store)
+    before = {k: read_object(store, f"{out}/{k}") for k in objects(store, out)}
     # Samples longer than 64 tokens with overlong="error": the build fails before any upload.
     with pytest.raises(tokpack.OverlongError):
-        tokpack.pack_files(corpus, out, 64, filesystem=s3)
-    after = {k: read_object(s3, f"{out}/{k}") for k in objects(s3, out)}
+        tokpack.pack_files(corpus, out, 64, filesystem=store)
+    after = {k: read_object(store, f"{out}/{k}") for k in objects(store, out)}
     assert after == before
     assert RUN_MARKER not in after
-    assert tokpack.pack_files(corpus, out, 512, filesystem=s3)["cache_hit"]
+    assert tokpack.pack_files(corpus, out, 512, filesystem=store)["cache_hit"]
 
 
-def test_a_dead_runs_objects_stay_claimed_after_a_failed_run(corpus, s3):
+def test_a_dead_runs_objects_stay_claimed_after_a_failed_run(corpus, store):
     """A run killed mid-upload leaves shards and its claim; a later run that fails must keep
     the claim, or the dead run's objects would read as foreign and block every rerun."""
     out = f"{BUCKET}/dead"
-    with s3.open_output_stream(f"{out}/part-00000.parquet") as f:
+    with store.open_output_stream(f"{out}/part-00000.parquet") as f:
         f.write(b"half a shard")
-    with s3.open_output_stream(f"{out}/{RUN_MARKER}") as f:
+    with store.open_output_stream(f"{out}/{RUN_MARKER}") as f:
         f.write(b"1\n")
     with pytest.raises(tokpack.OverlongError):
-        tokpack.pack_files(corpus, out, 64, filesystem=s3)
-    assert RUN_MARKER in objects(s3, out)
-    manifest = tokpack.pack_files(corpus, out, 512, filesystem=s3)
-    assert set(objects(s3, out)) == {
+        tokpack.pack_files(corpus, out, 64, filesystem=store)
+    assert RUN_MARKER in objects(store, out)
+    manifest = tokpack.pack_files(corpus, out, 512, filesystem=store)
+    assert set(objects(store, out)) == {
         MANIFEST_NAME,
         manifest["dropped_file"],
         *(s["file"] for s in manifest["shards"]),
@@ -115,21 +118,23 @@ def test_a_dead_runs_objects_stay_claimed_after_a_failed_run(corpus, s3):
     }
 
 
-def test_tokenize_to_s3_uploads_its_bytes(s3, tmp_path):
+def test_tokenize_to_a_store_uploads_its_bytes(store, tmp_path):
     from ._tokenizer_factory import build_tokenizer, conversations, write_jsonl
 
     tok = build_tokenizer(tmp_path / "tok")
     records = write_jsonl(tmp_path / "chat.jsonl", [{"messages": m} for m in conversations(80)])
     local = tokpack.tokenize_files([records], tmp_path / "tokens", tok)
-    remote = tokpack.tokenize_files([records], f"{BUCKET}/tokenized", tok, filesystem=s3)
+    remote = tokpack.tokenize_files([records], f"{BUCKET}/tokenized", tok, filesystem=store)
     assert remote["counts"] == local["counts"]
     for shard in local["shards"]:
         name = shard["file"]
         assert (
-            read_object(s3, f"{BUCKET}/tokenized/{name}")
+            read_object(store, f"{BUCKET}/tokenized/{name}")
             == (tmp_path / "tokens" / name).read_bytes()
         )
-    assert tokpack.tokenize_files([records], f"{BUCKET}/tokenized", tok, filesystem=s3)["cache_hit"]
+    assert tokpack.tokenize_files([records], f"{BUCKET}/tokenized", tok, filesystem=store)[
+        "cache_hit"
+    ]
 
 
 def test_an_unknown_scheme_is_a_config_error(corpus):

@@ -20,6 +20,7 @@ from tokpack.remote import RemotePackedDir, cache_counters, cache_usage, counter
 from tokpack.remote._fetch import Source
 from tokpack.torch import PackedCollator, PackedDataset, PackedIterableDataset, PackedMixture
 
+from .conftest import gcs_uri
 from .packed_corpus import (
     batch_bytes as _bytes,
 )
@@ -46,9 +47,24 @@ def upload(local: Path, fs, prefix: str = PREFIX, skip=()) -> None:
                 f.write(path.read_bytes())
 
 
-def uri(s3_server, prefix: str = PREFIX) -> str:
-    _, endpoint = s3_server
+def uri(server, prefix: str = PREFIX) -> str:
+    """The URI of ``prefix`` on ``server`` (``remote_store``'s, or ``s3_server``)."""
+    fs, endpoint = server
+    if fs.type_name == "gcs":
+        return gcs_uri(endpoint, prefix)
     return f"s3://{prefix}?endpoint_override={endpoint}&scheme=http&region=us-east-1"
+
+
+def scheme(server) -> str:
+    return "gs" if server[0].type_name == "gcs" else "s3"
+
+
+@pytest.fixture(params=["s3", "gcs"])
+def remote_store(request):
+    """``(file system, "host:port")`` of a local S3 endpoint, then of a local GCS one."""
+    if request.param == "s3":
+        return request.getfixturevalue("s3_server")
+    return request.getfixturevalue("gcs"), request.getfixturevalue("gcs_endpoint")
 
 
 @pytest.fixture(autouse=True)
@@ -79,11 +95,11 @@ def _cached_groups(packed: RemotePackedDir):
     )
 
 
-def test_remote_rows_are_the_local_rows(corpus, s3, tmp_path):
-    upload(corpus, s3)
+def test_remote_rows_are_the_local_rows(corpus, store, tmp_path):
+    upload(corpus, store)
     local = PackedDataset(corpus)
     before = dict(counters())
-    remote = PackedDataset(PREFIX, filesystem=s3, cache_dir=tmp_path)
+    remote = PackedDataset(PREFIX, filesystem=store, cache_dir=tmp_path)
     assert remote.packed.remote and len(remote) == len(local)
     # Opening reads the manifest only: one request, whatever the number of shards.
     assert counters()["requests"] - before["requests"] == 1
@@ -97,17 +113,17 @@ def test_remote_rows_are_the_local_rows(corpus, s3, tmp_path):
     manifest_bytes = len((packed.root / "__tokpack__/_manifest.json").read_bytes())
     assert fetched == manifest_bytes + _ranges(packed, range(packed.num_groups))
     # A second reader on the machine finds everything cached: no range is fetched again.
-    again = PackedDataset(PREFIX, filesystem=s3, cache_dir=tmp_path)
+    again = PackedDataset(PREFIX, filesystem=store, cache_dir=tmp_path)
     misses = counters()["misses"]
     assert all(torch.equal(again[i]["input_ids"], local[i]["input_ids"]) for i in range(len(local)))
     assert counters()["misses"] == misses
 
 
-def test_streaming_and_resume_from_s3_fetch_only_what_is_left(corpus, s3_server, tmp_path):
-    fs, _ = s3_server
+def test_streaming_and_resume_from_a_store_fetch_only_what_is_left(corpus, remote_store, tmp_path):
+    fs, _ = remote_store
     upload(corpus, fs)
     full = _bytes(_iterable(corpus))
-    ds = _iterable(uri(s3_server), cache_dir=tmp_path / "first")
+    ds = _iterable(uri(remote_store), cache_dir=tmp_path / "first")
     head = []
     for batch in DataLoader(ds, batch_size=None, num_workers=0):
         head.append(batch)
@@ -115,7 +131,7 @@ def test_streaming_and_resume_from_s3_fetch_only_what_is_left(corpus, s3_server,
             break
     position = head[-1]["position"]
     # Another machine resumes (an empty cache), with another worker count.
-    resumed = _iterable(uri(s3_server), cache_dir=tmp_path / "second")
+    resumed = _iterable(uri(remote_store), cache_dir=tmp_path / "second")
     resumed.load_state_dict(position)
     tail = list(DataLoader(resumed, batch_size=None, num_workers=2))
     assert _bytes(head + tail) == full
@@ -239,8 +255,8 @@ def test_two_processes_on_a_node_fetch_a_row_group_once(corpus, s3, tmp_path, mo
     assert cache_counters(ds.packed.root)["bytes_fetched"] == every
 
 
-def test_a_corrupted_object_raises_naming_it(corpus, s3_server, tmp_path):
-    fs, _ = s3_server
+def test_a_corrupted_object_raises_naming_it(corpus, remote_store, tmp_path):
+    fs, _ = remote_store
     upload(corpus, fs)
     packed = PackedDir(corpus)
     shard = packed.manifest["shards"][1]
@@ -249,11 +265,11 @@ def test_a_corrupted_object_raises_naming_it(corpus, s3_server, tmp_path):
     data[group["offset"] + group["length"] // 2] ^= 0x01
     with fs.open_output_stream(f"{PREFIX}/{shard['file']}") as f:
         f.write(bytes(data))
-    target = f"s3://{PREFIX}/{shard['file']}: row group 2"
+    target = f"{scheme(remote_store)}://{PREFIX}/{shard['file']}: row group 2"
     with pytest.raises(tokpack.CorruptOutputError, match=target):
-        tokpack.verify(uri(s3_server), cache_dir=tmp_path)
-    assert tokpack.verify(uri(s3_server), full=False, cache_dir=tmp_path)["ok"]
-    remote = PackedDataset(uri(s3_server), cache_dir=tmp_path)
+        tokpack.verify(uri(remote_store), cache_dir=tmp_path)
+    assert tokpack.verify(uri(remote_store), full=False, cache_dir=tmp_path)["ok"]
+    remote = PackedDataset(uri(remote_store), cache_dir=tmp_path)
     first = int(packed.group_start[int(np.flatnonzero(packed.group_shard == 1)[2])])
     with pytest.raises(tokpack.CorruptOutputError, match=target):
         remote[first]
@@ -262,43 +278,62 @@ def test_a_corrupted_object_raises_naming_it(corpus, s3_server, tmp_path):
     assert torch.equal(remote[0]["input_ids"], PackedDataset(corpus)[0]["input_ids"])
 
 
-def test_verify_and_inspect_on_s3(corpus, s3_server, tmp_path, capsys, monkeypatch):
-    fs, _ = s3_server
+def test_verify_and_inspect_on_a_store(corpus, remote_store, tmp_path, capsys, monkeypatch):
+    fs, _ = remote_store
     upload(corpus, fs)
-    report = tokpack.verify(uri(s3_server), cache_dir=tmp_path)
+    report = tokpack.verify(uri(remote_store), cache_dir=tmp_path)
     local = tokpack.verify(corpus)
-    assert report["path"] == f"s3://{PREFIX}"
+    assert report["path"] == f"{scheme(remote_store)}://{PREFIX}"
     assert {k: report[k] for k in ("shards", "row_groups", "rows", "bytes")} == {
         k: local[k] for k in ("shards", "row_groups", "rows", "bytes")
     }
     monkeypatch.setenv("TOKPACK_CACHE_DIR", str(tmp_path))
     from tokpack import cli
 
-    assert cli.main(["inspect", uri(s3_server), "--rows", "2"]) == 0
+    assert cli.main(["inspect", uri(remote_store), "--rows", "2"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"{uri(s3_server)}: ") and "part-00000.parquet" in out
-    assert cli.main(["verify", uri(s3_server)]) == 0
+    assert out.startswith(f"{uri(remote_store)}: ") and "part-00000.parquet" in out
+    assert cli.main(["verify", uri(remote_store)]) == 0
     assert "intact" in capsys.readouterr().out
 
 
-def test_a_prefix_without_a_manifest_is_refused(corpus, s3_server, tmp_path):
-    fs, _ = s3_server
-    prefix = "tokpack-test/no-manifest"  # (moto's buckets outlive its server in a process)
+def test_a_prefix_without_a_manifest_is_refused(corpus, remote_store, tmp_path):
+    fs, _ = remote_store
+    prefix = "tokpack-test/no-manifest"  # (the stores keep their objects for the whole session)
     upload(corpus, fs, prefix, skip={"__tokpack__/_manifest.json"})
     with pytest.raises(tokpack.InputNotFoundError, match="not a packed directory"):
-        PackedIterableDataset(uri(s3_server, prefix), batch_rows=2, cache_dir=tmp_path)
+        PackedIterableDataset(uri(remote_store, prefix), batch_rows=2, cache_dir=tmp_path)
     # What an interrupted `tokpack.ray.pack` leaves: its claim, no manifest.
     with fs.open_output_stream(f"{prefix}/__tokpack__/_writing") as f:
         f.write(b"1\n")
     with pytest.raises(tokpack.InputNotFoundError, match="has not finished"):
-        PackedDataset(uri(s3_server, prefix), cache_dir=tmp_path)
+        PackedDataset(uri(remote_store, prefix), cache_dir=tmp_path)
     with pytest.raises(tokpack.InputNotFoundError, match="not a packed directory"):
-        tokpack.verify(uri(s3_server, "tokpack-test/elsewhere"), cache_dir=tmp_path)
+        tokpack.verify(uri(remote_store, "tokpack-test/elsewhere"), cache_dir=tmp_path)
 
 
 def test_a_missing_bucket_is_named(s3_server, tmp_path):
     with pytest.raises(tokpack.InputNotFoundError, match="s3://no-such-bucket/packed"):
         PackedDataset(uri(s3_server, "no-such-bucket/packed"), cache_dir=tmp_path)
+
+
+def test_credentials_in_a_uri_stay_out_of_messages_and_reports(corpus, s3_server, tmp_path):
+    """pyarrow takes an S3 key and secret from ``s3://KEY:SECRET@bucket/...``: messages and
+    reports name the URI without them (as they drop its query)."""
+    fs, endpoint = s3_server
+    upload(corpus, fs)
+    secret = "tokpack:tokpack@"
+    query = f"?endpoint_override={endpoint}&scheme=http&region=us-east-1"
+    given = f"s3://{secret}{PREFIX}{query}"
+    report = tokpack.verify(given, cache_dir=tmp_path)
+    assert report["ok"] and report["path"] == f"s3://{PREFIX}"
+    with pytest.raises(tokpack.InputNotFoundError) as err:
+        PackedDataset(f"s3://{secret}tokpack-test/nothing{query}", cache_dir=tmp_path)
+    assert "s3://tokpack-test/nothing" in str(err.value) and secret not in str(err.value)
+    out = f"s3://{secret}tokpack-test/written{query}"
+    with pytest.raises(tokpack.OverlongError) as err:
+        tokpack.pack_files(tokpack.synthetic.write_token_shards(tmp_path / "t", 20), out, 8)
+    assert secret not in str(err.value)
 
 
 class _Flaky:

@@ -103,6 +103,16 @@ def is_remote(path: Union[str, os.PathLike], filesystem: Any = None) -> bool:
     return local_path(path, filesystem) is None
 
 
+def shown_uri(uri: str) -> str:
+    """How messages and reports name ``uri``: without its query and its user information
+    (``s3://KEY:SECRET@bucket/...`` and ``?secret_key=...`` carry credentials)."""
+    scheme, sep, rest = uri.split("?", 1)[0].partition("://")
+    if not sep:
+        return scheme
+    authority, slash, path = rest.partition("/")
+    return f"{scheme}://{authority.rpartition('@')[2]}{slash}{path}"
+
+
 def store_of(
     output_dir: Union[str, os.PathLike], filesystem: Any = None
 ) -> Optional[Tuple[pafs.FileSystem, str, str]]:
@@ -115,8 +125,7 @@ def store_of(
         return None
     if filesystem is None:
         fs, prefix = _from_uri(str(text))
-        # Messages name the URI without its query (which may hold credentials).
-        return fs, prefix, str(text).split("?", 1)[0]
+        return fs, prefix, shown_uri(str(text))
     if not isinstance(filesystem, pafs.FileSystem):
         filesystem = pafs.PyFileSystem(pafs.FSSpecHandler(filesystem))
     return filesystem, str(text), str(text)
