@@ -17,10 +17,6 @@ from ._workers import worker_slot
 
 __all__ = ["TensorGroup", "GroupCache"]
 
-# Groups decoded ahead on the background thread and not yet taken, at most (a decoded group of
-# 64 rows of 4,096 tokens is about 2 MB).
-_AHEAD = 8
-
 # The background decoding thread of this process (see `GroupCache.decode_ahead`): one for every
 # reader and source of the process, made on first use, and made anew in a forked child.
 _decoder: Tuple[int, Optional[ThreadPoolExecutor]] = (0, None)
@@ -126,7 +122,8 @@ class GroupCache:
     def decode_ahead(self, group: int) -> bool:
         """In one process (no DataLoader workers, or one), have group ``group`` decoded on a
         background thread while this one collates (the decoder releases the GIL), so a reader
-        without workers uses a second core; at most ``_AHEAD`` groups wait to be taken. With
+        without workers uses a second core; at most ``capacity`` groups wait to be taken (with the
+        ``capacity`` groups kept, two shuffle windows' groups decoded at most). With
         several workers, nothing: they share their decodes (:meth:`prefetch`). On object
         storage, only a group already in the local cache (its fetch-ahead threads fetch ahead).
         False when the group is not decoded, nor being decoded, nor handed over now (worth
@@ -134,7 +131,7 @@ class GroupCache:
         pending = self._pending()
         if group in self._groups or group in pending:
             return True
-        if len(pending) >= _AHEAD or worker_slot()[1] > 1:
+        if len(pending) >= self.capacity or worker_slot()[1] > 1:
             return False
         if self.packed.remote and not self.packed.cached(group):
             # Object storage: only what the fetch-ahead threads brought in (they stop when the
