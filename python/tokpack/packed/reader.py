@@ -213,10 +213,9 @@ class PackedDir:
             footers.append(footer)
             identities.append(ident)
             g_bytes.extend(ranges)
-            for g in range(groups):
-                g_shard.append(k)
-                g_index.append(g)
-                g_rows.append(group_rows[g])
+            g_shard += [k] * groups
+            g_index += range(groups)
+            g_rows += group_rows
         if sum(g_rows) != total:
             raise _corrupt(root, f"figures.rows is {total} but the shards hold {sum(g_rows)} rows")
         self.shard_paths = paths
@@ -230,8 +229,7 @@ class PackedDir:
         self.group_start = np.concatenate([[0], np.cumsum(self.group_rows)]).astype(np.int64)
         # What a row is made of: tokens and boundaries, then each segment's role (preference
         # outputs) and the carried per-sample columns (per segment).
-        self.columns = tuple(c for c in ROW_COLUMNS if c != "labels" or self.has_labels)
-        self.columns += ("seq_roles",) * (self.pair_layout is not None) + tuple(self.carried)
+        self.columns = tuple(c for c in needed if c != "num_pairs")
 
     def _open_shard(
         self, k: int, path: Path, rows: int, groups: int, size: int
