@@ -81,7 +81,8 @@ def identity(path: Union[str, os.PathLike]) -> Optional[Identity]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def _range(value: Any) -> Range:
+def byte_range(value: Any) -> Range:
+    """A manifest's ``{"offset", "length", "checksum"}`` as a :data:`Range`."""
     return (int(value["offset"]), int(value["length"]), str(value["checksum"]))
 
 
@@ -196,8 +197,8 @@ class PackedDir:
                     int(shard["row_groups"]),
                     int(shard["size"]),
                 )
-                footer = _range(shard["footer_bytes"])
-                ranges = [_range(r) for r in shard["row_group_bytes"]]
+                footer = byte_range(shard["footer_bytes"])
+                ranges = [byte_range(r) for r in shard["row_group_bytes"]]
             except (KeyError, TypeError, ValueError) as exc:
                 raise _corrupt(root, f"shard {k}: missing or invalid field {exc}") from None
             path = member_path(root, name, f"shard {k}")
