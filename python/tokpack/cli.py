@@ -131,14 +131,10 @@ def main(argv: Optional[List[str]] = None, *, _exiting: bool = False) -> int:
         # command-line tools do, and keep the interpreter's final flush from failing again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # 128 + SIGPIPE, as a shell reports a command its pipe ended
-    except KeyboardInterrupt as exc:
-        _handled[0] = True
-        terminated = isinstance(exc, Terminated) or _late_terminate[0]
-        print(f"{name}: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
-        return 143 if terminated else 130
-    except Exception as exc:
-        # An interrupt that C code turned into another error (a SIGTERM while NumPy's C
-        # extension imports `datetime` becomes an ImportError): an interrupt all the same.
+    except (KeyboardInterrupt, Exception) as exc:
+        # A Ctrl-C or SIGTERM, or one that C code turned into another error (a SIGTERM while
+        # NumPy's C extension imports `datetime` becomes an ImportError): an interrupt all the
+        # same.
         interrupt = _interrupt_in(exc)
         if interrupt is None and not _late_terminate[0]:
             raise

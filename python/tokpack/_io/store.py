@@ -227,8 +227,9 @@ class StoreOut(Out):
         for name in sorted(names, key=lambda n: (n != MANIFEST_NAME, n == RUN_MARKER)):
             if _OURS.fullmatch(name):
                 self.fs.delete_file(self.key(name))
+        left = self.names()  # (only empty folders are removed: the files stay as they are)
         for folder in sorted(self.names(pafs.FileType.Directory), reverse=True):
-            if _OURS.fullmatch(f"{folder}/x") and not self.names_in(folder):
+            if _OURS.fullmatch(f"{folder}/x") and not any(n.startswith(f"{folder}/") for n in left):
                 self.fs.delete_dir(self.key(folder))
 
     def problem(self, manifest: Dict[str, Any], full: bool = False) -> Optional[str]:
@@ -265,10 +266,6 @@ class StoreOut(Out):
                     if _tokpack.file_checksum(str(copy))[1] != checksum:
                         return f"{self.shown}/{name} does not match its checksum"
         return None
-
-    def names_in(self, folder: str) -> List[str]:
-        selector = pafs.FileSelector(self.key(folder), recursive=True, allow_not_found=True)
-        return [i.path for i in self.fs.get_file_info(selector) if i.type == pafs.FileType.File]
 
 
 def check_no_overlap(target: str, inputs: Sequence[str], shown: str, local: bool) -> None:

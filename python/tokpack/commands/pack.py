@@ -79,7 +79,18 @@ def run(args: argparse.Namespace) -> int:
 
         manifest = pack_command(args)
     else:
-        manifest = _pack_here(args)
+        manifest = pack_files(
+            args.inputs,
+            args.output,
+            config=pack_config.from_args(args),
+            threads=args.threads,
+            force=args.force,
+            progress=not args.quiet,
+            tokenizer=args.tokenizer,
+            tokenize=tokenize_options(args) if args.tokenizer else None,
+            verify_cache=args.verify_cache,
+            spill_dir=args.spill_dir,
+        )
     if manifest["rebuilt_because"]:
         print(
             f"{args.output} was up to date but damaged ({manifest['rebuilt_because']}): rebuilt",
@@ -94,18 +105,3 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(summary(manifest))
     return 0
-
-
-def _pack_here(args: argparse.Namespace) -> Dict[str, Any]:
-    return pack_files(
-        args.inputs,
-        args.output,
-        config=pack_config.from_args(args),
-        threads=args.threads,
-        force=args.force,
-        progress=not args.quiet,
-        tokenizer=args.tokenizer,
-        tokenize=tokenize_options(args) if args.tokenizer else None,
-        verify_cache=args.verify_cache,
-        spill_dir=args.spill_dir,
-    )

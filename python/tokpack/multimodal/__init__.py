@@ -11,18 +11,6 @@ from __future__ import annotations
 
 import importlib
 
-__all__ = [
-    "VisionRules",
-    "smart_resize",
-    "image_size",
-    "MultimodalEncoder",
-    "tokenize_files",
-    "pack_files",
-    "sample_positions",
-    "packed_positions",
-    "row_vision_patches",
-]
-
 _LAZY = {
     "VisionRules": "vision",
     "smart_resize": "vision",
@@ -35,6 +23,8 @@ _LAZY = {
     "row_vision_patches": "stats",
     "MultimodalCollator": "collate",
 }
+# The lazy names but the collator's (``import *`` must not import torch).
+__all__ = [name for name in _LAZY if name != "MultimodalCollator"]
 
 
 def __getattr__(name: str):

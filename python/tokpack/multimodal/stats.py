@@ -6,7 +6,7 @@ tokens, to balance rows on), for the manifest, ``tokpack inspect`` and the reade
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Optional, Sequence, Union
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pyarrow.compute as pc
@@ -61,28 +61,20 @@ def vision_stats(inputs: Union[str, Sequence[str]]) -> Optional[Dict[str, Any]]:
 
 
 def render_vision_stats(stats: Dict[str, Any]) -> str:
-    return table(
-        [
-            "samples with images",
-            "images",
-            "videos",
-            "vision tokens",
-            "share of tokens",
-            "max per sample",
-            "encoder patches",
-        ],
-        [
-            [
-                f"{stats['samples_with_images']:,} of {stats['samples']:,}",
-                f"{stats['images']:,}",
-                f"{stats['videos']:,}",
-                f"{stats['vision_tokens']:,}",
-                f"{stats['vision_token_share']:.1%}",
-                f"{stats['max_vision_tokens']:,}",
-                f"{stats['vision_patches']:,}",
-            ]
-        ],
+    return _one_row(
+        ("samples with images", f"{stats['samples_with_images']:,} of {stats['samples']:,}"),
+        ("images", f"{stats['images']:,}"),
+        ("videos", f"{stats['videos']:,}"),
+        ("vision tokens", f"{stats['vision_tokens']:,}"),
+        ("share of tokens", f"{stats['vision_token_share']:.1%}"),
+        ("max per sample", f"{stats['max_vision_tokens']:,}"),
+        ("encoder patches", f"{stats['vision_patches']:,}"),
     )
+
+
+def _one_row(*cells: Tuple[str, str]) -> str:
+    """A table of one row from its ``(header, value)`` cells."""
+    return table([h for h, _ in cells], [[v for _, v in cells]])
 
 
 def row_vision_patches(packed: Union[str, os.PathLike, PackedDir]) -> np.ndarray:
@@ -113,18 +105,13 @@ def row_patch_figures(per_row: np.ndarray) -> Dict[str, Any]:
 
 
 def render_row_patches(figures: Dict[str, Any]) -> str:
-    return table(
-        ["rows", "min", "mean", "p99", "max", "max / mean"],
-        [
-            [
-                f"{figures['rows']:,}",
-                f"{figures['min']:,}",
-                f"{figures['mean']:,.1f}",
-                f"{figures['p99']:,.1f}",
-                f"{figures['max']:,}",
-                f"{figures['imbalance']:.2f}x",
-            ]
-        ],
+    return _one_row(
+        ("rows", f"{figures['rows']:,}"),
+        ("min", f"{figures['min']:,}"),
+        ("mean", f"{figures['mean']:,.1f}"),
+        ("p99", f"{figures['p99']:,.1f}"),
+        ("max", f"{figures['max']:,}"),
+        ("max / mean", f"{figures['imbalance']:.2f}x"),
     )
 
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 import io
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -133,9 +133,6 @@ class _Counts:
     tokens: int = 0
     vision_tokens: int = 0
     trained_tokens: int = 0
-
-    def as_dict(self) -> Dict[str, int]:
-        return dict(self.__dict__)
 
 
 def _token_id(tokenizer: LoadedTokenizer, text: str, what: str) -> int:
@@ -389,19 +386,15 @@ class MultimodalEncoder:
             )
         return items
 
-    def _where(self, record: Record, input_file: Path, column: str, index: int) -> Dict[str, Any]:
+    def _where(self, record: Record, column: str, index: int) -> Dict[str, Any]:
         # Bytes are referenced by their Parquet row (a JSONL line cannot hold bytes).
         if not record.is_row:
             return {}
-        return {
-            "file": str(Path(os.path.abspath(input_file))),
-            "row": record.line,
-            "column": column,
-            "index": index,
-        }
+        file = str(Path(os.path.abspath(record.path)))
+        return {"file": file, "row": record.line, "column": column, "index": index}
 
     def _image(self, record: Record, image: Any, i: int, root: Path) -> Dict[str, Any]:
-        where = self._where(record, record.path, self.images_column, i)
+        where = self._where(record, self.images_column, i)
         try:
             ref, data = resolve_image(image, root, where)
             width, height = image_size(io.BytesIO(data), name=ref.get("path", ""))
@@ -417,7 +410,7 @@ class MultimodalEncoder:
             raise record.fail(f"video {i}: a video must be a non-empty list of frames")
         frames, size = [], None
         for j, frame in enumerate(video):
-            where = self._where(record, record.path, self.videos_column, i)
+            where = self._where(record, self.videos_column, i)
             if where:
                 where["frame"] = j
             try:
@@ -461,11 +454,7 @@ class MultimodalEncoder:
         if self.max_len is None or n <= self.max_len:
             return [sample]
         if self.overlong == "error":
-            where = (
-                f"{record.path}:row {record.line}"
-                if record.is_row
-                else f"{record.path}:{record.line}"
-            )
+            where = f"{record.path}:{'row ' if record.is_row else ''}{record.line}"
             raise OverlongError(
                 f"{where}: sample of {n} tokens is longer than max_len {self.max_len}"
                 " (overlong='truncate', 'split' or 'drop' handles it)"
@@ -689,7 +678,7 @@ def tokenize_files(
             "tokenizer": {"path": str(encoder.tokenizer.path.resolve())},
             "template": encoder.template_info,
             "config": config,
-            "counts": counts.as_dict(),
+            "counts": asdict(counts),
             "shards": shards.shards,
             "rejected_file": REJECTED_NAME if counts.rejected else None,
         }

@@ -247,9 +247,15 @@ def _write_marker(path: Path, files: Dict[str, Path]) -> None:
         os.fsync(f.fileno())
 
 
-def _read_marker(marker: Path) -> Optional[Dict[str, Any]]:
+def _read_marker(marker: Any, fs: Any = None) -> Optional[Dict[str, Any]]:
+    """The marker ``PREFIX.tokpack.json`` (a path, or a key of ``fs``), or None when it is
+    missing or is not one."""
     try:
-        data = json.loads(marker.read_text(encoding="utf-8"))
+        if fs is None:
+            data = json.loads(Path(marker).read_text(encoding="utf-8"))
+        else:
+            with fs.open_input_stream(marker) as f:
+                data = json.loads(f.read())
     except (OSError, ValueError):
         return None
     if not isinstance(data, dict) or not isinstance(data.get("files"), dict):
@@ -266,14 +272,9 @@ def _marked(marker: Path, path: Path) -> bool:
 def _marked_object(fs: Any, key: str) -> bool:
     """:func:`_marked` for an object: the marker beside it names it (or it is the marker)."""
     base = key[: -len(MARKER_SUFFIX)] if key.endswith(MARKER_SUFFIX) else key.rsplit(".", 1)[0]
-    try:
-        with fs.open_input_stream(base + MARKER_SUFFIX) as f:
-            data = json.loads(f.read())
-    except (OSError, ValueError):
-        return False
-    files = data.get("files") if isinstance(data, dict) else None
-    return isinstance(files, dict) and (
-        key.endswith(MARKER_SUFFIX) or key.rsplit("/", 1)[-1] in files
+    data = _read_marker(base + MARKER_SUFFIX, fs)
+    return data is not None and (
+        key.endswith(MARKER_SUFFIX) or key.rsplit("/", 1)[-1] in data["files"]
     )
 
 
@@ -362,7 +363,9 @@ def export_nemo_packed(
         )
     packed = _packed_dir(packed_dir, "a NeMo packed-sequence file")
     if is_object_uri(shown):
-        outputs = object_output_files([shown], force=force, owned=_nemo_written_object)
+        outputs = object_output_files(
+            [shown], force=force, owned=lambda fs, key: _nemo_written(key, fs)
+        )
     else:
         final = output_file(shown, [packed.root])
         outputs = atomic_output_files([final], [shown], force=force, owned=_nemo_written)
@@ -380,19 +383,11 @@ def export_nemo_packed(
     return figures
 
 
-def _nemo_written_object(fs: Any, key: str) -> bool:
-    """:func:`_nemo_written` for an object (its footer only is read)."""
+def _nemo_written(path: Any, fs: Any = None) -> bool:
+    """Whether tokpack wrote the Parquet file ``path`` (a key of ``fs``, an object store: its
+    footer only is read): its footer holds tokpack's key."""
     try:
-        metadata = pq.read_schema(key, filesystem=fs).metadata or {}
-    except (pa.ArrowException, OSError):
-        return False
-    return _NEMO_MARK.encode() in metadata
-
-
-def _nemo_written(path: Path) -> bool:
-    """Whether tokpack wrote the Parquet file ``path`` (its footer holds tokpack's key)."""
-    try:
-        metadata = pq.read_schema(path).metadata or {}
+        metadata = pq.read_schema(path, filesystem=fs).metadata or {}
     except (pa.ArrowException, OSError):
         return False
     return _NEMO_MARK.encode() in metadata

@@ -58,7 +58,13 @@ def read_side_file(path: Path, size: Any, checksum: Any, what: str) -> pa.Table:
     problem = side_file_problem(path, size, checksum, True, what)
     if problem is not None:
         raise CorruptOutputError(problem)
-    return _read_ipc(path)
+    try:
+        with pa.memory_map(str(path)) as source:
+            return pa.ipc.open_file(source).read_all()
+    except FileNotFoundError:
+        raise CorruptOutputError(f"{path}: missing") from None
+    except (pa.ArrowException, OSError) as exc:
+        raise CorruptOutputError(f"{path}: not a readable Arrow IPC file ({exc})") from None
 
 
 def _file_problem(out: Path, shard: Dict[str, Any], full: bool) -> Optional[str]:
@@ -120,16 +126,6 @@ def cache_problem(
     except CorruptOutputError as exc:
         return str(exc)
     return None
-
-
-def _read_ipc(path: Path) -> pa.Table:
-    try:
-        with pa.memory_map(str(path)) as source:
-            return pa.ipc.open_file(source).read_all()
-    except FileNotFoundError:
-        raise CorruptOutputError(f"{path}: missing") from None
-    except (pa.ArrowException, OSError) as exc:
-        raise CorruptOutputError(f"{path}: not a readable Arrow IPC file ({exc})") from None
 
 
 def _check_figures(packed: PackedDir) -> None:

@@ -81,7 +81,8 @@ def identity(path: Union[str, os.PathLike]) -> Optional[Identity]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def _range(value: Any) -> Range:
+def byte_range(value: Any) -> Range:
+    """A manifest's ``{"offset", "length", "checksum"}`` as a :data:`Range`."""
     return (int(value["offset"]), int(value["length"]), str(value["checksum"]))
 
 
@@ -196,8 +197,8 @@ class PackedDir:
                     int(shard["row_groups"]),
                     int(shard["size"]),
                 )
-                footer = _range(shard["footer_bytes"])
-                ranges = [_range(r) for r in shard["row_group_bytes"]]
+                footer = byte_range(shard["footer_bytes"])
+                ranges = [byte_range(r) for r in shard["row_group_bytes"]]
             except (KeyError, TypeError, ValueError) as exc:
                 raise _corrupt(root, f"shard {k}: missing or invalid field {exc}") from None
             path = member_path(root, name, f"shard {k}")
@@ -213,10 +214,9 @@ class PackedDir:
             footers.append(footer)
             identities.append(ident)
             g_bytes.extend(ranges)
-            for g in range(groups):
-                g_shard.append(k)
-                g_index.append(g)
-                g_rows.append(group_rows[g])
+            g_shard += [k] * groups
+            g_index += range(groups)
+            g_rows += group_rows
         if sum(g_rows) != total:
             raise _corrupt(root, f"figures.rows is {total} but the shards hold {sum(g_rows)} rows")
         self.shard_paths = paths
@@ -230,8 +230,7 @@ class PackedDir:
         self.group_start = np.concatenate([[0], np.cumsum(self.group_rows)]).astype(np.int64)
         # What a row is made of: tokens and boundaries, then each segment's role (preference
         # outputs) and the carried per-sample columns (per segment).
-        self.columns = tuple(c for c in ROW_COLUMNS if c != "labels" or self.has_labels)
-        self.columns += ("seq_roles",) * (self.pair_layout is not None) + tuple(self.carried)
+        self.columns = tuple(c for c in needed if c != "num_pairs")
 
     def _open_shard(
         self, k: int, path: Path, rows: int, groups: int, size: int

@@ -14,6 +14,7 @@ large), the distributed counterpart of ``tokpack pack``'s spill files.
 from __future__ import annotations
 
 import contextlib
+import itertools
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, List, Optional, Tuple
 
@@ -183,13 +184,8 @@ def read_block(block: Any, columns: Columns) -> pa.Table:
 
 def _runs(counted: Iterable[Tuple[Any, int]]) -> List[Tuple[Any, int]]:
     """``(value, count)`` pairs with the counts of consecutive equal values added up."""
-    out: List[Tuple[Any, int]] = []
-    for value, count in counted:
-        if out and out[-1][0] == value:
-            out[-1] = (value, out[-1][1] + count)
-        else:
-            out.append((value, count))
-    return out
+    runs = itertools.groupby(counted, key=lambda pair: pair[0])
+    return [(value, sum(count for _, count in run)) for value, run in runs]
 
 
 def block_error(exc: TokpackError, block: Any, j: int, base: int) -> TokpackError:

@@ -6,7 +6,7 @@ import itertools
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .. import _tokpack
 from .._io.inputs import TOKEN_SUFFIXES, is_parquet, resolve_inputs
@@ -107,11 +107,13 @@ def pack(
     min_block_samples = check_int(min_block_samples, "min_block_samples", 1, 2**62)
     paths = None if _is_dataset(ds) else _input_files(ds, output_dir, filesystem)
     refs: List[Any] = []
+    files: Optional[Tuple[List[str], List[int]]] = None  # the input files and their rows
     if paths is not None:  # (checked before the output is touched)
         refuse_multimodal(RAY_ENTRY, RAY_INSTEAD, files=paths)
         kind, config, columns = file_columns(paths, config)
         refs, file_rows = file_units(paths)
-    inputs = dataset_inputs(ds) if paths is None else [str(p) for p in paths]
+        files = ([str(p) for p in paths], file_rows)
+    inputs = dataset_inputs(ds) if files is None else files[0]
     with committed_output(output_dir, filesystem, inputs) as (out, local):
         clock = _Clock()
         if paths is None and mode == "local":
@@ -127,10 +129,7 @@ def pack(
         if mode == "local":
             recorded["ray"] = {"mode": mode, "min_block_samples": min_block_samples}
         if mode == "global":
-            if paths is not None:
-                measured = measure(refs, columns, ([str(p) for p in paths], file_rows))
-            else:
-                measured = measure(blocks, columns)
+            measured = measure(blocks if files is None else refs, columns, files)
             n_blocks = len(measured.flats)
             # Reading and measuring overlap (the blocks are measured as they stream in).
             clock.lap("read+measure")
@@ -143,8 +142,7 @@ def pack(
         else:
             n_blocks = len(refs)
             clock.lap("blocks")
-            sources = None if paths is None else ([str(p) for p in paths], file_rows)
-            report, shown = pack_local(refs, columns, config, out, min_block_samples, sources)
+            report, shown = pack_local(refs, columns, config, out, min_block_samples, files)
         clock.lap("write")
         if isinstance(out, LocalOut):
             remove_attempts(local)

@@ -9,7 +9,7 @@ import json
 import os
 import shutil
 import tempfile
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 from .._io.store import MANIFEST_NAME
 from ..errors import CorruptOutputError
@@ -69,13 +69,13 @@ def _read_shard(shard: Dict[str, Any], root: str, fs: Any, columns: Optional[Lis
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from ..packed.reader import decode_row_group
+    from ..packed.reader import byte_range, decode_row_group
 
     name = shard["file"]
     try:
         size = int(shard["size"])
-        footer = _checked_range(shard["footer_bytes"])
-        groups = [_checked_range(r) for r in shard["row_group_bytes"]]
+        footer = byte_range(shard["footer_bytes"])
+        groups = [byte_range(r) for r in shard["row_group_bytes"]]
     except (KeyError, TypeError, ValueError) as exc:
         raise CorruptOutputError(f"{root}/{MANIFEST_NAME}: shard {name}: field {exc}") from None
     with _local_copy(root, name, fs) as path:
@@ -112,10 +112,6 @@ def _names(path: str) -> List[str]:
         return list(pq.read_schema(path).names)
     except Exception as exc:
         raise CorruptOutputError(f"{path}: not a readable shard ({exc})") from None
-
-
-def _checked_range(value: Any) -> Tuple[int, int, str]:
-    return (int(value["offset"]), int(value["length"]), str(value["checksum"]))
 
 
 @contextlib.contextmanager

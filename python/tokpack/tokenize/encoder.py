@@ -360,18 +360,14 @@ class RecordEncoder:
             return None
         if self.kind != "sft":
             return self._finish_pairs(chunk, encoded.pairs(), stats)
-        done = self._finish_flat(chunk, encoded, stats)
-        return done if done is not None else self._finish_each(chunk, encoded.pairs(), stats)
-
-    def _finish_flat(
-        self, chunk: List[Prepared], flat: Tokens, stats: TokenizeStats
-    ) -> Optional[Tokens]:
-        """The encoder's flat arrays as they are when no sample needs an EOS or a max_len
-        policy (the usual case); None otherwise (then :meth:`_finish_each` handles it)."""
+        # The encoder's flat arrays as they are when no sample needs an EOS or a max_len policy
+        # (the usual case).
         add_eos = self.options.add_eos
-        if add_eos or (add_eos is None and any(p.spans is None for p in chunk)):
-            return None
-        return self._flat_samples(flat, [p.record for p in chunk], stats)
+        if not add_eos and not (add_eos is None and any(p.spans is None for p in chunk)):
+            done = self._flat_samples(encoded, [p.record for p in chunk], stats)
+            if done is not None:
+                return done
+        return self._finish_each(chunk, encoded.pairs(), stats)
 
     def _flat_samples(
         self, flat: Tokens, records: List[Record], stats: TokenizeStats

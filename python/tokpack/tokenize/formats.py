@@ -183,10 +183,9 @@ def read_records(
     require_file(path)
     if is_parquet(path):  # records are rows, counted from 0; JSONL: lines, from 1
         yield from _parquet_records(path, on_bytes)
-    elif path.name.lower().endswith(".gz"):
-        yield from _jsonl_records(path, gzip_=True, on_bytes=on_bytes, decode=decode)
     else:
-        yield from _jsonl_records(path, gzip_=False, on_bytes=on_bytes, decode=decode)
+        gzip_ = path.name.lower().endswith(".gz")
+        yield from _jsonl_records(path, gzip_=gzip_, on_bytes=on_bytes, decode=decode)
 
 
 _PROGRESS_LINES = 64

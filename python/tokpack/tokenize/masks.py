@@ -13,21 +13,10 @@ from .._contract import IGNORE_INDEX
 __all__ = ["IGNORE_INDEX", "labels_from_spans"]
 
 
-def _first_token(encoding: Any, start: int, end: int) -> Optional[int]:
-    # Characters covered by no token (trimmed offsets, stripped text) are skipped.
-    for pos in range(start, end):
-        token = encoding.char_to_token(pos)
-        if token is not None:
-            return token
-    return None
-
-
-def _last_token(encoding: Any, start: int, end: int) -> Optional[int]:
-    for pos in range(end - 1, start - 1, -1):
-        token = encoding.char_to_token(pos)
-        if token is not None:
-            return token
-    return None
+def _token_at(encoding: Any, positions: range) -> Optional[int]:
+    """The token of the first of ``positions`` a token covers (characters covered by none,
+    trimmed offsets or stripped text, are skipped)."""
+    return next((t for t in map(encoding.char_to_token, positions) if t is not None), None)
 
 
 def labels_from_spans(
@@ -36,9 +25,9 @@ def labels_from_spans(
     """``ids`` on the tokens of the character ``spans`` of the encoded text, -100 elsewhere."""
     labels = np.full(len(ids), IGNORE_INDEX, dtype=np.int32)
     for start, end in spans:
-        first = _first_token(encoding, start, end)
+        first = _token_at(encoding, range(start, end))
         if first is None:
             continue
-        last = _last_token(encoding, start, end)
+        last = _token_at(encoding, range(end - 1, start - 1, -1))
         labels[first : last + 1] = ids[first : last + 1]
     return labels

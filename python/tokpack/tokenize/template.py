@@ -258,15 +258,19 @@ class ChatTemplate:
     ) -> str:
         """The rendered conversation (as ``apply_chat_template(tokenize=False)``)."""
         try:
-            return self._template.render(
-                messages=_alias_reasoning(messages),
-                tools=None,
-                documents=None,
-                add_generation_prompt=add_generation_prompt,
-                **self._variables,
-            )
+            return self._template.render(self._context(messages, add_generation_prompt))
         except Exception as exc:  # raise_exception() and any failure of template code
             raise record.fail(f"chat template failed: {exc}") from None
+
+    def _context(self, messages: List[Dict[str, Any]], add_generation_prompt: bool) -> dict:
+        """The template's variables, as ``apply_chat_template`` passes them."""
+        return dict(
+            messages=_alias_reasoning(messages),
+            tools=None,
+            documents=None,
+            add_generation_prompt=add_generation_prompt,
+            **self._variables,
+        )
 
     def render_tracked(
         self, messages: List[Dict[str, Any]], record: Record
@@ -278,13 +282,7 @@ class ChatTemplate:
         blocks = []
         tracker.active = True
         try:
-            for block in self._template.generate(
-                messages=_alias_reasoning(messages),
-                tools=None,
-                documents=None,
-                add_generation_prompt=False,
-                **self._variables,
-            ):
+            for block in self._template.generate(self._context(messages, False)):
                 blocks.append(block)
                 tracker.pos += len(block)
         except Exception as exc:

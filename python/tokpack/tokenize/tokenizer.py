@@ -125,11 +125,8 @@ def load_tokenizer(path: Union[str, os.PathLike]) -> LoadedTokenizer:
     fast, fast_unsupported = _load_fast(file)
     config_path = file.parent / "tokenizer_config.json"
     config = _read_config(config_path) if config_path.is_file() else {}
-    specials = {}
-    for key in SPECIAL_TOKEN_KEYS:
-        text = _token_text(config.get(key))
-        if text is not None:
-            specials[key] = text
+    texts = {key: _token_text(config.get(key)) for key in SPECIAL_TOKEN_KEYS}
+    specials = {key: text for key, text in texts.items() if text is not None}
     added = tokenizer.get_added_tokens_decoder().values()
     special_strings = sorted({t.content for t in added if t.special}, key=len, reverse=True)
     fingerprint = {"tokenizer.json": fingerprint_file(file)}
