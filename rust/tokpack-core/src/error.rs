@@ -46,6 +46,14 @@ impl Location {
             ..Self::file(path)
         }
     }
+
+    /// This location, in column `column`.
+    pub fn column(self, column: &str) -> Self {
+        Self {
+            column: Some(column.to_string()),
+            ..self
+        }
+    }
 }
 
 impl fmt::Display for Location {
@@ -154,6 +162,14 @@ impl CoreError {
     pub fn data(what: impl Into<String>) -> Self {
         Self::Data {
             at: Box::default(),
+            what: what.into(),
+        }
+    }
+
+    /// A missing or unsupported column at `at`.
+    pub fn schema(at: Location, what: impl Into<String>) -> Self {
+        Self::Schema {
+            at: Box::new(at),
             what: what.into(),
         }
     }

@@ -28,21 +28,16 @@ pub struct Items {
 pub trait Length: Copy + Send + Sync {
     fn to_i64(self) -> i64;
 }
-impl Length for i32 {
-    fn to_i64(self) -> i64 {
-        i64::from(self)
-    }
+macro_rules! length {
+    ($($t:ty),*) => {$(
+        impl Length for $t {
+            fn to_i64(self) -> i64 {
+                i64::from(self)
+            }
+        }
+    )*};
 }
-impl Length for i64 {
-    fn to_i64(self) -> i64 {
-        self
-    }
-}
-impl Length for u32 {
-    fn to_i64(self) -> i64 {
-        i64::from(self)
-    }
-}
+length!(i32, i64, u32);
 
 const CHUNK: usize = 1 << 16;
 
@@ -60,12 +55,6 @@ fn pieces(length: i64, cap: i64, overlong: Overlong) -> u64 {
         Overlong::Truncate => 1,
         Overlong::Drop | Overlong::Error => 0,
     }
-}
-
-fn count_items<L: Length>(chunk: &[L], cap: i64, overlong: Overlong) -> u64 {
-    chunk.iter().fold(0u64, |n, &l| {
-        n.saturating_add(pieces(l.to_i64(), cap, overlong))
-    })
 }
 
 fn too_many_items<L: Length>(lengths: &[L], max_len: u32, overlong: Overlong) -> CoreError {
@@ -120,7 +109,10 @@ pub fn build_items<L: Length>(
     let cap = i64::from(max_len);
     let counts: Vec<u64> = lengths
         .par_chunks(CHUNK)
-        .map(|chunk| count_items(chunk, cap, overlong))
+        .map(|chunk| {
+            let count = |n: u64, l: &L| n.saturating_add(pieces(l.to_i64(), cap, overlong));
+            chunk.iter().fold(0u64, count)
+        })
         .collect();
     let total = counts.iter().fold(0u64, |a, &b| a.saturating_add(b));
     if total > MAX_ITEMS {
@@ -169,18 +161,21 @@ fn build_chunk<L: Length>(
             )));
         }
         out.input_tokens = add_tokens(out.input_tokens, length as u64)?;
-        if length == 0 {
-            if let Some(c) = cuts {
-                c.chosen(sample, length, cap, overlong == Overlong::Split)?;
+        let whole = overlong == Overlong::Split;
+        // A sample that fits may have no chosen cut (it would be ignored silently).
+        let chosen = match cuts {
+            Some(c)
+                if length <= cap || matches!(overlong, Overlong::Truncate | Overlong::Split) =>
+            {
+                c.chosen(sample, length, cap, whole)?
             }
+            _ => None,
+        };
+        if length == 0 {
             out.empty.push(sample);
             continue;
         }
         if length <= cap {
-            if let Some(c) = cuts {
-                // Refused: a chosen cut of a sample that fits would be ignored silently.
-                c.chosen(sample, length, cap, overlong == Overlong::Split)?;
-            }
             out.items.push(Item {
                 sample,
                 start: 0,
@@ -188,13 +183,6 @@ fn build_chunk<L: Length>(
             });
             continue;
         }
-        let whole = overlong == Overlong::Split;
-        let chosen = match (overlong, cuts) {
-            (Overlong::Truncate | Overlong::Split, Some(c)) => {
-                c.chosen(sample, length, cap, whole)?
-            }
-            _ => None,
-        };
         if let Some(pieces) = chosen {
             match (pieces.is_empty(), whole) {
                 (true, _) => out.dropped.push(sample),
@@ -229,16 +217,12 @@ fn build_chunk<L: Length>(
             }
             Overlong::Split => {
                 out.split.push(sample);
-                let mut start = 0;
-                while start < length {
-                    let len = (length - start).min(cap);
-                    out.items.push(Item {
+                out.items
+                    .extend((0..length).step_by(cap as usize).map(|start| Item {
                         sample,
                         start,
-                        len: len as u32,
-                    });
-                    start += len;
-                }
+                        len: (length - start).min(cap) as u32,
+                    }));
             }
         }
     }

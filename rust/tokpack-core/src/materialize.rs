@@ -11,14 +11,6 @@ pub struct FlatColumn<'a> {
 }
 
 impl FlatColumn<'_> {
-    pub fn len(&self) -> usize {
-        self.offsets.len().saturating_sub(1)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     pub fn lengths(&self) -> Vec<i64> {
         self.offsets.windows(2).map(|w| w[1] - w[0]).collect()
     }

@@ -34,7 +34,7 @@ impl PlanConfig {
 
 /// A packing plan: row `r` holds segments `bin_offsets[r]..bin_offsets[r+1]`; segment `k` is
 /// tokens `starts[k]..starts[k]+lengths[k]` of input sample `sample_ids[k]`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Plan {
     pub max_len: u32,
     pub bin_offsets: Vec<i64>,

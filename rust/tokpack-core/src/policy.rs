@@ -3,7 +3,6 @@
 //! module: it imports nothing else of the crate but the error type.
 
 use crate::error::{CoreError, Result};
-use std::str::FromStr;
 
 /// Label value that the loss ignores.
 pub const IGNORE_INDEX: i32 = -100;
@@ -51,19 +50,20 @@ macro_rules! named {
             }
         }
 
-        impl FromStr for $ty {
-            type Err = CoreError;
-            fn from_str(s: &str) -> Result<Self> {
+        impl std::str::FromStr for $ty {
+            type Err = $crate::error::CoreError;
+            fn from_str(s: &str) -> $crate::error::Result<Self> {
                 match Self::NAMES.iter().position(|n| *n == s) {
                     Some(i) => Ok(Self::ALL[i]),
-                    None => Err(unknown($what, s, Self::NAMES)),
+                    None => Err($crate::policy::unknown($what, s, Self::NAMES)),
                 }
             }
         }
     )+};
 }
+pub(crate) use named;
 
-fn unknown(what: &str, got: &str, names: &[&str]) -> CoreError {
+pub(crate) fn unknown(what: &str, got: &str, names: &[&str]) -> CoreError {
     let quoted: Vec<String> = names.iter().map(|n| format!("{n:?}")).collect();
     CoreError::Config(format!(
         "unknown {what} {got:?}; expected one of {}",

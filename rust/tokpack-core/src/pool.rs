@@ -53,8 +53,7 @@ pub fn resolve_threads(threads: Option<usize>) -> Result<usize> {
 
 /// Runs `f` inside a pool of `threads` threads (default: [`default_threads`]) owned by this process.
 pub fn install<R: Send>(threads: Option<usize>, f: impl FnOnce() -> Result<R> + Send) -> Result<R> {
-    let pool = pool_for(resolve_threads(threads)?)?;
-    pool.install(f)
+    pool_for(resolve_threads(threads)?)?.install(f)
 }
 
 fn pool_for(threads: usize) -> Result<Arc<ThreadPool>> {

@@ -2,7 +2,7 @@
 //! packed whole, the shards written) and of the figures derived from it, computed here only.
 
 use crate::io::{PackOutcome, ShardInfo};
-use crate::plan::{efficiency, lower_bound, Plan};
+use crate::plan::{efficiency, lower_bound};
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -50,34 +50,6 @@ pub struct Figures {
 }
 
 impl PackReport {
-    /// The report of `plan`'s rows written as `shards`, sample ids offset by `id_base` (a part
-    /// of a larger job, see [`PackReport::merge`]).
-    pub fn of_plan(
-        plan: &Plan,
-        shards: Vec<ShardInfo>,
-        input_rows: Vec<u64>,
-        has_labels: bool,
-        id_base: i64,
-    ) -> Self {
-        let ids = |v: &[i64]| v.iter().map(|&i| i + id_base).collect();
-        Self {
-            input_rows,
-            has_labels,
-            max_len: plan.max_len,
-            n_samples: plan.n_samples as u64,
-            rows: plan.n_bins() as u64,
-            segments: plan.sample_ids.len() as u64,
-            tokens: plan.total_tokens(),
-            input_tokens: plan.input_tokens,
-            dropped: ids(&plan.dropped),
-            empty: ids(&plan.empty),
-            truncated: ids(&plan.truncated),
-            split: ids(&plan.split),
-            shards,
-            input_fingerprints: Vec::new(),
-        }
-    }
-
     /// Parts of one job (consecutive runs of samples, ids already global) as one report with
     /// `shards` (the parts' shards as they were renamed) and `input_rows`.
     pub fn merge(parts: &[PackReport], shards: Vec<ShardInfo>, input_rows: Vec<u64>) -> Self {
@@ -138,9 +110,22 @@ impl PackReport {
 
 impl From<PackOutcome> for PackReport {
     fn from(o: PackOutcome) -> Self {
+        let plan = o.plan;
         Self {
+            input_rows: o.input_rows,
+            has_labels: o.has_labels,
+            max_len: plan.max_len,
+            n_samples: plan.n_samples as u64,
+            rows: plan.n_bins() as u64,
+            segments: plan.sample_ids.len() as u64,
+            tokens: plan.total_tokens(),
+            input_tokens: plan.input_tokens,
+            dropped: plan.dropped,
+            empty: plan.empty,
+            truncated: plan.truncated,
+            split: plan.split,
+            shards: o.shards,
             input_fingerprints: o.input_fingerprints,
-            ..Self::of_plan(&o.plan, o.shards, o.input_rows, o.has_labels, 0)
         }
     }
 }

@@ -1,11 +1,10 @@
 //! `BpeEncoder`: the core's byte-level BPE encoder, batch calls with the GIL released.
 
-use crate::errors::ConfigError;
+use crate::errors::{detached, ConfigError};
 use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use tokpack_core::bpe::{self, BpeTokenizer, EncodedBatch, LoadError};
-use tokpack_core::pool;
 
 /// A byte-level BPE tokenizer loaded from `tokenizer.json` text.
 #[pyclass(frozen, module = "tokpack._tokpack")]
@@ -83,13 +82,9 @@ impl BpeEncoder {
             ));
         }
         let spans: Vec<(i64, i64)> = starts.iter().copied().zip(ends.iter().copied()).collect();
-        let out = py
-            .detach(|| {
-                pool::install(threads, || {
-                    Ok(bpe::encode_batch(&self.0, &texts, offsets, &spans))
-                })
-            })
-            .map_err(crate::errors::to_py)?;
+        let out = detached(py, threads, || {
+            Ok(bpe::encode_batch(&self.0, &texts, offsets, &spans))
+        })?;
         Ok(batch_to_py(py, out))
     }
 }

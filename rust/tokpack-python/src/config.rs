@@ -2,7 +2,7 @@
 //! picklable Python classes (re-exported as `tokpack.PackConfig` / `tokpack.PackReport`).
 
 use crate::errors::to_py;
-use numpy::{IntoPyArray, PyArray1};
+use numpy::PyArray1;
 use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{IntoPyDict, PyBool, PyBytes, PyDict, PyList, PyString, PyTuple};
@@ -18,18 +18,12 @@ fn config_error(what: String) -> PyErr {
 
 /// An integer argument (never a bool or a float), saturated to i128 for the core's range check.
 fn integer(value: &Bound<'_, PyAny>, name: &str) -> PyResult<i128> {
-    if value.is_instance_of::<PyBool>() {
-        return Err(config_error(format!(
-            "{name} must be an integer, got {}",
-            value.repr()?
-        )));
-    }
     match value.extract::<i128>() {
-        Ok(v) => Ok(v),
+        Ok(v) if !value.is_instance_of::<PyBool>() => Ok(v),
         Err(e) if e.is_instance_of::<PyOverflowError>(value.py()) => {
             Ok(if value.gt(0)? { i128::MAX } else { i128::MIN })
         }
-        Err(_) => Err(config_error(format!(
+        _ => Err(config_error(format!(
             "{name} must be an integer, got {}",
             value.repr()?
         ))),
@@ -53,11 +47,7 @@ fn string(value: &Bound<'_, PyAny>, name: &str) -> PyResult<String> {
 }
 
 fn optional_string(value: &Bound<'_, PyAny>, name: &str) -> PyResult<Option<String>> {
-    if value.is_none() {
-        Ok(None)
-    } else {
-        string(value, name).map(Some)
-    }
+    (!value.is_none()).then(|| string(value, name)).transpose()
 }
 
 fn carry(value: &Bound<'_, PyAny>) -> PyResult<Vec<String>> {
@@ -70,20 +60,17 @@ fn carry(value: &Bound<'_, PyAny>) -> PyResult<Vec<String>> {
             value.repr()?
         )));
     }
-    let mut names = Vec::new();
-    for item in value.try_iter()? {
+    let name = |item: PyResult<Bound<'_, PyAny>>| {
         let item = item?;
         match item.extract::<String>() {
-            Ok(name) if !name.is_empty() => names.push(name),
-            _ => {
-                return Err(config_error(format!(
-                    "carry: column names must be non-empty strings, got {}",
-                    item.repr()?
-                )))
-            }
+            Ok(name) if !name.is_empty() => Ok(name),
+            _ => Err(config_error(format!(
+                "carry: column names must be non-empty strings, got {}",
+                item.repr()?
+            ))),
         }
-    }
-    Ok(names)
+    };
+    value.try_iter()?.map(name).collect()
 }
 
 /// The fields of `kwargs` over `fields` (unknown names: TypeError, as a Python signature).
@@ -285,10 +272,6 @@ pack_config_methods! {
 }
 }
 
-fn ids<'py>(py: Python<'py>, v: &[i64]) -> Bound<'py, PyArray1<i64>> {
-    v.to_vec().into_pyarray(py)
-}
-
 /// `value` as Python data (dicts in field order, lists, numbers, strings), through JSON.
 pub fn to_python<'py>(py: Python<'py>, value: &impl Serialize) -> PyResult<Bound<'py, PyAny>> {
     let text = serde_json::to_string(value).map_err(|e| PyValueError::new_err(e.to_string()))?;
@@ -356,11 +339,11 @@ impl PyPackReport {
     }
     #[getter]
     fn dropped<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i64>> {
-        ids(py, &self.0.dropped)
+        PyArray1::from_slice(py, &self.0.dropped)
     }
     #[getter]
     fn empty<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i64>> {
-        ids(py, &self.0.empty)
+        PyArray1::from_slice(py, &self.0.empty)
     }
     /// The shards' manifest entries.
     #[getter]

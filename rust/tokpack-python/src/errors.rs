@@ -2,9 +2,9 @@
 //! and catch them; each error kind has its own class under `tokpack.TokpackError`.
 
 use pyo3::exceptions::PyKeyboardInterrupt;
-use pyo3::PyErr;
+use pyo3::{PyErr, PyResult, Python};
 use std::io::ErrorKind;
-use tokpack_core::CoreError;
+use tokpack_core::{pool, CoreError};
 
 pyo3::import_exception!(tokpack.errors, ConfigError);
 pyo3::import_exception!(tokpack.errors, OverlongError);
@@ -30,4 +30,14 @@ pub fn to_py(err: CoreError) -> PyErr {
         CoreError::Output { .. } => OutputError::new_err(message),
         CoreError::Cancelled => PyKeyboardInterrupt::new_err(message),
     }
+}
+
+/// Runs `f` with the GIL released on a pool of `threads` threads (`pool::install`); its error
+/// as the Python exception of its kind.
+pub fn detached<R: Send>(
+    py: Python<'_>,
+    threads: Option<usize>,
+    f: impl FnOnce() -> tokpack_core::Result<R> + Send,
+) -> PyResult<R> {
+    py.detach(|| pool::install(threads, f)).map_err(to_py)
 }

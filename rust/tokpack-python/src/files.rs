@@ -4,7 +4,7 @@
 use crate::arrow_in::Chunks;
 use crate::config::{PyPackConfig, PyPackReport};
 use crate::cuts::{cuts_of, CutsArg};
-use crate::errors::to_py;
+use crate::errors::{detached, to_py};
 use numpy::{IntoPyArray, PyArray1};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
@@ -13,7 +13,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use tokpack_core::io;
 use tokpack_core::io::columns::list_parts;
-use tokpack_core::pool;
 
 /// Progress counters of a running `pack_files` / `read_lengths`, and its cancel switch.
 #[pyclass(frozen, module = "tokpack._tokpack")]
@@ -95,9 +94,7 @@ pub fn pack_files(
         }
     }
     let progress = progress_of(progress);
-    let outcome = py
-        .detach(|| pool::install(threads, || io::pack_files(&job, &progress)))
-        .map_err(to_py)?;
+    let outcome = detached(py, threads, || io::pack_files(&job, &progress))?;
     Ok(PyPackReport(outcome.into()))
 }
 
@@ -151,13 +148,9 @@ pub fn read_lengths<'py>(
         .transpose()
         .map_err(to_py)?;
     let progress = progress_of(progress);
-    let (lengths, rows) = py
-        .detach(|| {
-            pool::install(threads, || {
-                io::read_lengths(&paths, &tokens_column, pairs, batch_rows, &progress)
-            })
-        })
-        .map_err(to_py)?;
+    let (lengths, rows) = detached(py, threads, || {
+        io::read_lengths(&paths, &tokens_column, pairs, batch_rows, &progress)
+    })?;
     Ok((lengths.into_pyarray(py), rows))
 }
 
@@ -209,12 +202,8 @@ fn to_numpy<'py>(
     match out {
         Some(a) => Ok(a),
         None if *array.data_type() == arrow::datatypes::DataType::Boolean => {
-            let b = array.as_boolean();
-            Ok((0..b.len())
-                .map(|i| b.value(i))
-                .collect::<Vec<bool>>()
-                .into_pyarray(py)
-                .into_any())
+            let values: Vec<bool> = array.as_boolean().values().iter().collect();
+            Ok(values.into_pyarray(py).into_any())
         }
         // Strings (carried columns) as an object array of str.
         None if matches!(array.data_type(), Utf8 | LargeUtf8) => {

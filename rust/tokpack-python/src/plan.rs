@@ -4,7 +4,7 @@
 use crate::arrow_in::Chunks;
 use crate::config::PyPackConfig;
 use crate::cuts::{cuts_of, CutsArg};
-use crate::errors::to_py;
+use crate::errors::{detached, to_py};
 use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1};
 use pyo3::prelude::*;
 use tokpack_core::format::col;
@@ -72,15 +72,15 @@ pub fn plan(
     let config = config.0.plan;
     let cuts = cuts_of(cuts, blocks)?;
     let cuts = cuts.as_ref();
-    let result = if let Ok(arr) = lengths.extract::<PyReadonlyArray1<i64>>() {
+    let plan = if let Ok(arr) = lengths.extract::<PyReadonlyArray1<i64>>() {
         let slice = arr.as_slice()?;
-        py.detach(|| pool::install(threads, || tokpack_core::plan_cut(slice, &config, cuts)))
+        detached(py, threads, || tokpack_core::plan_cut(slice, &config, cuts))?
     } else {
         let arr = lengths.extract::<PyReadonlyArray1<i32>>()?;
         let slice = arr.as_slice()?;
-        py.detach(|| pool::install(threads, || tokpack_core::plan_cut(slice, &config, cuts)))
+        detached(py, threads, || tokpack_core::plan_cut(slice, &config, cuts))?
     };
-    Ok(PlanParts::new(py, result.map_err(to_py)?, &config))
+    Ok(PlanParts::new(py, plan, &config))
 }
 
 /// Packed rows: row `r` is `tokens[row_offsets[r]:row_offsets[r + 1]]` (and of `labels`).
@@ -111,17 +111,14 @@ pub fn pack_tokens(
         Some(labels) => Some(Chunks::import(labels)?.column(col::LABELS)?),
         None => input.field(col::LABELS)?,
     };
-    let result = py.detach(|| {
-        pool::install(threads, || {
-            let labels = labels.as_ref().map(|l| (l, col::LABELS, Role::Labels));
-            let (tokens, labels) = flatten_in_memory((&tokens, col::INPUT_IDS), labels)?;
-            let labels = labels.as_ref().map(Flat::column);
-            let plan = tokpack_core::plan(&tokens.column().lengths(), &config)?;
-            let rows = materialize(&plan, &tokens.column(), labels.as_ref());
-            Ok::<_, tokpack_core::CoreError>((plan, rows))
-        })
-    });
-    let (plan, rows) = result.map_err(to_py)?;
+    let (plan, rows) = detached(py, threads, || {
+        let labels = labels.as_ref().map(|l| (l, col::LABELS, Role::Labels));
+        let (tokens, labels) = flatten_in_memory((&tokens, col::INPUT_IDS), labels)?;
+        let labels = labels.as_ref().map(Flat::column);
+        let plan = tokpack_core::plan(&tokens.column().lengths(), &config)?;
+        let rows = materialize(&plan, &tokens.column(), labels.as_ref());
+        Ok((plan, rows))
+    })?;
     Ok(PackedRows {
         plan: Py::new(py, PlanParts::new(py, plan, &config))?,
         tokens: rows.tokens.into_pyarray(py).unbind(),

@@ -53,12 +53,7 @@ pub fn write_held_shard<'py>(
         sample_ids: sample_ids.as_slice()?.to_vec(),
         starts: starts.as_slice()?.to_vec(),
         lengths: lengths.as_slice()?.to_vec(),
-        dropped: Vec::new(),
-        empty: Vec::new(),
-        truncated: Vec::new(),
-        split: Vec::new(),
-        n_samples: 0,
-        input_tokens: 0,
+        ..Plan::default()
     };
     let samples = HeldSamples {
         ids: ids.as_slice()?,

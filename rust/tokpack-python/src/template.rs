@@ -1,12 +1,12 @@
 //! `ChatRenderer`: the core's chat template renderer, batch calls with the GIL released.
 
 use crate::bpe::{batch_to_py, Batch, BpeEncoder};
+use crate::errors::detached;
 use numpy::{IntoPyArray, PyArray1};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedStr;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString};
-use tokpack_core::pool;
 use tokpack_core::records::{self, ChatFields};
 use tokpack_core::template::{ChatTemplate, Data, Mode};
 
@@ -76,21 +76,19 @@ impl ChatRenderer {
         utc_offset: i64,
         tools: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<(Option<Self>, Option<String>)> {
-        let tools = match tools {
-            None => None,
-            Some(t) => Some(
-                plain_data(t).ok_or_else(|| PyValueError::new_err("tools must be plain data"))?,
-            ),
-        };
-        Ok(
-            match ChatTemplate::new(source, variables, special_tokens, utc_offset) {
-                Ok(mut t) => match tools.as_ref().map_or(Ok(()), |tools| t.set_tools(tools)) {
-                    Ok(()) => (Some(Self(t)), None),
-                    Err(why) => (None, Some(why)),
-                },
-                Err(why) => (None, Some(why)),
-            },
-        )
+        let tools = tools
+            .map(|t| plain_data(t).ok_or_else(|| PyValueError::new_err("tools must be plain data")))
+            .transpose()?;
+        let template =
+            ChatTemplate::new(source, variables, special_tokens, utc_offset).and_then(|mut t| {
+                tools
+                    .map_or(Ok(()), |tools| t.set_tools(&tools))
+                    .map(|()| t)
+            });
+        Ok(match template {
+            Ok(t) => (Some(Self(t)), None),
+            Err(why) => (None, Some(why)),
+        })
     }
 
     /// Whether the template has `{% generation %}` blocks.
@@ -117,31 +115,27 @@ impl ChatRenderer {
             .ok_or_else(|| PyValueError::new_err(format!("unknown mode {mode:?}")))?;
         let conversations: Vec<Option<Vec<Data>>> =
             conversations.iter().map(|c| conversation(&c)).collect();
-        let results = py
-            .detach(|| pool::install(threads, || Ok(self.0.render_batch(&conversations, mode))))
-            .map_err(crate::errors::to_py)?;
-        let mut texts = Vec::with_capacity(results.len());
-        let mut errors = Vec::with_capacity(results.len());
+        let results = detached(py, threads, || {
+            Ok(self.0.render_batch(&conversations, mode))
+        })?;
         let mut offsets = Vec::with_capacity(results.len() + 1);
-        let (mut starts, mut ends) = (Vec::new(), Vec::new());
         offsets.push(0i64);
-        for result in results {
-            match result {
-                Ok(r) => {
-                    for (a, b) in r.spans {
-                        starts.push(a);
-                        ends.push(b);
+        let (mut starts, mut ends) = (Vec::new(), Vec::new());
+        let (texts, errors): (Vec<_>, Vec<_>) = results
+            .into_iter()
+            .map(|result| {
+                let out = match result {
+                    Ok(r) => {
+                        starts.extend(r.spans.iter().map(|s| s.0));
+                        ends.extend(r.spans.iter().map(|s| s.1));
+                        (Some(r.text), None)
                     }
-                    texts.push(Some(r.text));
-                    errors.push(None);
-                }
-                Err(why) => {
-                    texts.push(None);
-                    errors.push(Some(why));
-                }
-            }
-            offsets.push(starts.len() as i64);
-        }
+                    Err(why) => (None, Some(why)),
+                };
+                offsets.push(starts.len() as i64);
+                out
+            })
+            .unzip();
         Ok((
             texts,
             offsets.into_pyarray(py),
@@ -181,15 +175,11 @@ impl ChatRenderer {
             detect: detect_keys,
         };
         let tokenizer = &encoder.get().0;
-        let out = py
-            .detach(|| {
-                pool::install(threads, || {
-                    Ok(records::tokenize_jsonl(
-                        &self.0, tokenizer, &lines, &fields, mode,
-                    ))
-                })
-            })
-            .map_err(crate::errors::to_py)?;
+        let out = detached(py, threads, || {
+            Ok(records::tokenize_jsonl(
+                &self.0, tokenizer, &lines, &fields, mode,
+            ))
+        })?;
         Ok((
             batch_to_py(py, out.batch),
             out.last_assistant.into_pyarray(py),

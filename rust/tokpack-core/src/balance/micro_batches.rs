@@ -12,7 +12,7 @@
 
 use super::partition::{budget, by_cost_desc, partition, Partition};
 use super::refine::Layout;
-use super::{cmp_cost, CostModel};
+use super::{cmp_cost, Cost, CostModel};
 use crate::error::{CoreError, Result};
 use crate::policy::{MicroBatchOrder, OverCap, PartitionMethod};
 use std::cmp::Reverse;
@@ -40,10 +40,6 @@ pub struct MicroBatchPlan {
     pub rank_offsets: Vec<i64>,
     pub mb_tokens: Vec<i64>,
     pub mb_compute: Vec<f64>,
-}
-
-fn round_up(x: usize, to: usize) -> usize {
-    x.div_ceil(to) * to
 }
 
 pub fn micro_batches(lengths: &[i64], cfg: &MicroBatchConfig) -> Result<MicroBatchPlan> {
@@ -92,10 +88,8 @@ pub fn micro_batches(lengths: &[i64], cfg: &MicroBatchConfig) -> Result<MicroBat
     let bfd = best_fit_decreasing(&fitting, &len, cap);
     let needed = alone.len() + bfd.len();
     let dp = cfg.dp_size;
-    let per_rank = round_up(
-        needed.div_ceil(dp).max(cfg.min_micro_batches),
-        cfg.divisible_by,
-    );
+    let per_rank = needed.div_ceil(dp).max(cfg.min_micro_batches);
+    let per_rank = per_rank.div_ceil(cfg.divisible_by) * cfg.divisible_by;
     let total = if cfg.same_count || cfg.divisible_by > 1 {
         per_rank * dp
     } else {
@@ -169,38 +163,25 @@ fn lpt_capped(
     cap: u64,
     m: usize,
 ) -> Option<Vec<Vec<u32>>> {
-    #[derive(Clone, Copy, PartialEq)]
-    struct Load(f64, usize, usize);
-    impl Eq for Load {}
-    impl Ord for Load {
-        fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-            cmp_cost(self.0, o.0)
-                .then(self.1.cmp(&o.1))
-                .then(self.2.cmp(&o.2))
-        }
-    }
-    impl PartialOrd for Load {
-        fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
-            Some(self.cmp(o))
-        }
-    }
+    // A micro-batch's compute, item count and index.
+    type Load = (Cost, usize, usize);
     let mut bins = vec![Vec::new(); m];
     let mut tokens = vec![0u64; m];
-    let mut heap: BinaryHeap<Reverse<Load>> = (0..m).map(|b| Reverse(Load(0.0, 0, b))).collect();
+    let mut heap: BinaryHeap<Reverse<Load>> = (0..m).map(|b| Reverse((Cost(0.0), 0, b))).collect();
     let mut full = Vec::new();
     for &i in items {
         let (c, l) = (cost[i as usize], len[i as usize]);
         let placed = loop {
-            let Some(Reverse(Load(s, count, b))) = heap.pop() else {
+            let Some(Reverse((Cost(s), count, b))) = heap.pop() else {
                 break false;
             };
             if tokens[b] + l <= cap {
                 bins[b].push(i);
                 tokens[b] += l;
-                heap.push(Reverse(Load(s + c, count + 1, b)));
+                heap.push(Reverse((Cost(s + c), count + 1, b)));
                 break true;
             }
-            full.push(Reverse(Load(s, count, b)));
+            full.push(Reverse((Cost(s), count, b)));
         };
         heap.extend(full.drain(..));
         if !placed {

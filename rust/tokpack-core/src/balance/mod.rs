@@ -49,6 +49,24 @@ fn cmp_cost(x: f64, y: f64) -> Ordering {
     x.total_cmp(&y)
 }
 
+/// A cost (or a sum of costs) in a heap or set key, ordered by [`cmp_cost`].
+#[derive(Clone, Copy, PartialEq)]
+struct Cost(f64);
+
+impl Eq for Cost {}
+
+impl Ord for Cost {
+    fn cmp(&self, other: &Self) -> Ordering {
+        cmp_cost(self.0, other.0)
+    }
+}
+
+impl PartialOrd for Cost {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
 /// Costs checked once: finite and non-negative.
 fn checked_costs(costs: &[f64]) -> Result<()> {
     match costs.iter().position(|c| !(c.is_finite() && *c >= 0.0)) {

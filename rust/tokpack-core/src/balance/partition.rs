@@ -2,10 +2,10 @@
 //! better of both refined by local search.
 
 use super::refine::Layout;
-use super::{checked_costs, cmp_cost};
+use super::{checked_costs, cmp_cost, Cost};
 use crate::error::{CoreError, Result};
 use crate::policy::PartitionMethod;
-use std::cmp::{Ordering, Reverse};
+use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 /// `k` parts of item indices, each ascending.
@@ -112,10 +112,10 @@ pub(super) fn lpt(costs: &[f64], order: &[u32], k: usize, equal_size: bool) -> P
     let n = costs.len();
     let (base, mut extra) = if equal_size { (n / k, n % k) } else { (n, 0) };
     let mut parts = vec![Vec::new(); k];
-    let mut heap: BinaryHeap<Reverse<(Sum, usize, usize)>> =
-        (0..k).map(|p| Reverse((Sum(0.0), 0, p))).collect();
+    let mut heap: BinaryHeap<Reverse<(Cost, usize, usize)>> =
+        (0..k).map(|p| Reverse((Cost(0.0), 0, p))).collect();
     for &i in order {
-        while let Some(Reverse((Sum(s), count, p))) = heap.pop() {
+        while let Some(Reverse((Cost(s), count, p))) = heap.pop() {
             if equal_size && count == base && extra == 0 {
                 continue; // full for good: no part may take a (base + 1)-th item any more
             }
@@ -123,30 +123,12 @@ pub(super) fn lpt(costs: &[f64], order: &[u32], k: usize, equal_size: bool) -> P
             if equal_size && count == base {
                 extra -= 1;
             } else {
-                heap.push(Reverse((Sum(s + costs[i as usize]), count + 1, p)));
+                heap.push(Reverse((Cost(s + costs[i as usize]), count + 1, p)));
             }
             break;
         }
     }
     parts
-}
-
-/// A sum in a heap key (costs are finite).
-#[derive(Clone, Copy, PartialEq)]
-struct Sum(f64);
-
-impl Eq for Sum {}
-
-impl Ord for Sum {
-    fn cmp(&self, other: &Self) -> Ordering {
-        cmp_cost(self.0, other.0)
-    }
-}
-
-impl PartialOrd for Sum {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
 }
 
 /// One part of a Karmarkar-Karp state: its sum and items (a linked list through `next`).
@@ -185,10 +167,10 @@ pub(super) fn karmarkar_karp(
         order.iter().map(|&i| vec![singleton(i)]).collect()
     };
     let spread = |s: &[Entry]| s[0].sum - if s.len() < k { 0.0 } else { s[s.len() - 1].sum };
-    let mut heap: BinaryHeap<(Sum, Reverse<usize>)> = states
+    let mut heap: BinaryHeap<(Cost, Reverse<usize>)> = states
         .iter()
         .enumerate()
-        .map(|(id, s)| (Sum(spread(s)), Reverse(id)))
+        .map(|(id, s)| (Cost(spread(s)), Reverse(id)))
         .collect();
     while heap.len() > 1 {
         let (_, Reverse(a)) = heap.pop().expect("two states");
@@ -215,7 +197,7 @@ pub(super) fn karmarkar_karp(
             }
         }
         merged.sort_by(|x, y| cmp_cost(y.sum, x.sum).then(x.head.cmp(&y.head)));
-        heap.push((Sum(spread(&merged)), Reverse(states.len())));
+        heap.push((Cost(spread(&merged)), Reverse(states.len())));
         states.push(merged);
     }
     let (_, Reverse(last)) = heap.pop().expect("n >= k >= 1 items");

@@ -4,7 +4,7 @@
 //! the heaviest group or the number of groups that heavy and strictly lowers the sum of squared
 //! group sums, so the search ends; a budget bounds it anyway. Bins never become empty.
 
-use super::cmp_cost;
+use super::{cmp_cost, Cost};
 use std::cmp::Ordering;
 use std::collections::BTreeSet;
 
@@ -14,22 +14,7 @@ const TRIES: usize = 8;
 const WINDOW: usize = 16;
 
 /// A group's sum and id, ordered by sum then id.
-#[derive(Clone, Copy, PartialEq)]
-struct Key(f64, u32);
-
-impl Eq for Key {}
-
-impl Ord for Key {
-    fn cmp(&self, other: &Self) -> Ordering {
-        cmp_cost(self.0, other.0).then(self.1.cmp(&other.1))
-    }
-}
-
-impl PartialOrd for Key {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
+type Key = (Cost, u32);
 
 /// Ascending cost, ties by decreasing index (the reverse of `partition::by_cost_desc`).
 fn by_cost(cost: &[f64], a: u32, b: u32) -> Ordering {
@@ -116,7 +101,7 @@ impl<'a> Layout<'a> {
             layout.members[g].push(i);
         }
         layout.order = (0..n_groups)
-            .map(|g| Key(layout.group_sum[g], g as u32))
+            .map(|g| (Cost(layout.group_sum[g]), g as u32))
             .collect();
         layout
     }
@@ -135,7 +120,7 @@ impl<'a> Layout<'a> {
     pub fn refine(&mut self, moves: bool, budget: usize) {
         let mean = self.group_sum.iter().sum::<f64>() / self.group_sum.len().max(1) as f64;
         for _ in 0..budget {
-            let Some(&Key(heavy_sum, p)) = self.order.iter().next_back() else {
+            let Some(&(Cost(heavy_sum), p)) = self.order.iter().next_back() else {
                 return;
             };
             if heavy_sum - mean <= mean * 1e-12 {
@@ -146,7 +131,7 @@ impl<'a> Layout<'a> {
                 .iter()
                 .take(TRIES)
                 .take_while(|k| k.1 != p)
-                .find_map(|&Key(s, q)| {
+                .find_map(|&(Cost(s), q)| {
                     self.best_exchange(p, q, heavy_sum - s, moves)
                         .map(|e| (q, e))
                 });
@@ -273,9 +258,9 @@ impl<'a> Layout<'a> {
         to_members.insert(at, item);
         for (g, change) in [(from_group, -c), (to_group, c)] {
             let sum = &mut self.group_sum[g as usize];
-            self.order.remove(&Key(*sum, g));
+            self.order.remove(&(Cost(*sum), g));
             *sum += change;
-            self.order.insert(Key(*sum, g));
+            self.order.insert((Cost(*sum), g));
         }
     }
 }

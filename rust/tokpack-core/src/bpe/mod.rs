@@ -120,16 +120,9 @@ fn adds_tokens(post: Option<&Value>) -> Result<bool, LoadError> {
             Ok(false)
         }
         Some("Sequence") => {
-            let mut any = false;
-            for p in post
-                .get("processors")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-            {
-                any |= adds_tokens(Some(p))?;
-            }
-            Ok(any)
+            let steps = post.get("processors").and_then(Value::as_array);
+            let mut adds = steps.into_iter().flatten().map(|p| adds_tokens(Some(p)));
+            adds.try_fold(false, |any, a| Ok(any | a?))
         }
         Some(_) => Ok(true),
         None => unsupported("post-processor without a type"),

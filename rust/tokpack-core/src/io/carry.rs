@@ -65,8 +65,9 @@ pub fn with_pieces(
     })
 }
 
-fn is_scalar(t: &DataType) -> bool {
-    t.is_integer()
+/// A carried column holds one scalar per sample (the error at `at` otherwise).
+fn check_scalar(t: &DataType, at: Location) -> Result<()> {
+    let scalar = t.is_integer()
         || matches!(
             t,
             DataType::Boolean
@@ -74,7 +75,17 @@ fn is_scalar(t: &DataType) -> bool {
                 | DataType::Float64
                 | DataType::Utf8
                 | DataType::LargeUtf8
-        )
+        );
+    if scalar {
+        return Ok(());
+    }
+    Err(CoreError::schema(
+        at,
+        format!(
+            "cannot carry a column of type {t}: carried columns hold one bool, integer, float \
+             or string per sample"
+        ),
+    ))
 }
 
 /// Every input has each carried column, with one scalar type across the files; returns the
@@ -86,25 +97,17 @@ pub fn carried_types(sources: &[Source], columns: &[String]) -> Result<Vec<DataT
         for s in sources {
             let idx = s.column_indices(&[column.as_str()])?[0];
             let t = s.schema.field(idx).data_type();
-            let schema = |what: String| CoreError::Schema {
-                at: Box::new(Location {
-                    column: Some(column.clone()),
-                    ..Location::file(&s.path)
-                }),
-                what,
-            };
-            if !is_scalar(t) {
-                return Err(schema(format!(
-                    "cannot carry a column of type {t}: carried columns hold one bool, integer, \
-                     float or string per sample"
-                )));
-            }
+            let at = Location::file(&s.path).column(column);
+            check_scalar(t, at.clone())?;
             match &first {
                 Some(f) if f != t => {
-                    return Err(schema(format!(
-                        "has type {t}, the first input has {f}: a carried column must have one \
-                         type across the inputs"
-                    )))
+                    return Err(CoreError::schema(
+                        at,
+                        format!(
+                            "has type {t}, the first input has {f}: a carried column must have \
+                             one type across the inputs"
+                        ),
+                    ))
                 }
                 Some(_) => {}
                 None => first = Some(t.clone()),
@@ -118,19 +121,7 @@ pub fn carried_types(sources: &[Source], columns: &[String]) -> Result<Vec<DataT
 /// An in-memory column to carry (a `tokpack.ray` block's), checked as a file's: a scalar type
 /// and no null (errors name the row and column).
 pub fn check_carried_in_memory(array: &ArrayRef, column: &str) -> Result<()> {
-    let t = array.data_type();
-    if !is_scalar(t) {
-        return Err(CoreError::Schema {
-            at: Box::new(Location {
-                column: Some(column.to_string()),
-                ..Location::default()
-            }),
-            what: format!(
-                "cannot carry a column of type {t}: carried columns hold one bool, integer, \
-                 float or string per sample"
-            ),
-        });
-    }
+    check_scalar(array.data_type(), Location::default().column(column))?;
     let unit = Location::default();
     carried_values(
         array,

@@ -3,14 +3,12 @@
 //! only then decoded, from memory. A damaged, truncated or replaced shard therefore fails
 //! instead of yielding other tokens, and the check covers exactly the bytes that are decoded.
 
-use super::source::{assemble_batch, open_file};
+use super::source::{assemble_batch, decode, open_file};
 use super::writer::{xxh3_hex, ByteRange};
 use crate::error::{Context, CoreError, Location, Result};
 use arrow::array::RecordBatch;
 use bytes::{Buf, Bytes};
-use parquet::arrow::arrow_reader::{
-    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
-};
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
 use parquet::arrow::ProjectionMask;
 use parquet::errors::ParquetError;
 use parquet::file::reader::{ChunkReader, Length};
@@ -122,27 +120,17 @@ pub fn read_checked_row_group(
         let what = format!("does not exist (the file has {})", groups.len());
         return Err(CoreError::corrupt(at, what, None));
     };
-    let indices = columns
-        .iter()
-        .map(|c| {
-            let column = Location {
-                column: Some(c.to_string()),
-                ..at.clone()
-            };
-            meta.schema().index_of(c).corrupt(&column, "no such column")
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let index = |c: &&str| {
+        let column = at.clone().column(c);
+        meta.schema().index_of(c).corrupt(&column, "no such column")
+    };
+    let indices = columns.iter().map(index).collect::<Result<Vec<_>>>()?;
     let mask = ProjectionMask::roots(meta.parquet_schema(), indices);
-    let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(data, meta)
-        .with_projection(mask)
-        .with_row_groups(vec![unit])
-        .with_batch_size((rows as usize).max(1))
-        .build()
-        .corrupt(&at, "cannot decode")?;
-    let schema = arrow::array::RecordBatchReader::schema(&reader);
-    let batches = reader
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .corrupt(&at, "cannot decode")?;
+    let mut batches = Vec::new();
+    let schema = decode(data, &meta, mask, unit, rows as usize, &at, &mut |b| {
+        batches.push(b);
+        Ok(())
+    })?;
     assemble_batch(&at, schema, batches, columns)
 }
 

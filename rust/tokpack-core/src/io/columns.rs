@@ -22,17 +22,6 @@ pub enum Role {
     LossMask,
 }
 
-impl Role {
-    fn expected(self) -> &'static str {
-        match self {
-            Role::Tokens | Role::Labels => {
-                "list or large_list of integers (int32, int64, uint32, ...)"
-            }
-            Role::LossMask => "list or large_list of 0/1 integers or booleans",
-        }
-    }
-}
-
 /// Where a batch came from, for error messages: its unit, and the row of its first row there.
 pub struct BatchAt<'a> {
     pub unit: &'a Location,
@@ -40,17 +29,14 @@ pub struct BatchAt<'a> {
 }
 
 impl BatchAt<'_> {
-    pub(crate) fn at(&self, row: usize, column: &str) -> Location {
-        Location {
-            row: Some(self.row_base + row as u64),
-            column: Some(column.to_string()),
-            ..self.unit.clone()
-        }
-    }
-
+    /// Invalid data in row `row` of this batch, column `column`.
     pub(crate) fn data(&self, row: usize, column: &str, what: impl Into<String>) -> CoreError {
+        let at = Location {
+            row: Some(self.row_base + row as u64),
+            ..self.unit.clone()
+        };
         CoreError::Data {
-            at: Box::new(self.at(row, column)),
+            at: Box::new(at.column(column)),
             what: what.into(),
         }
     }
@@ -76,10 +62,8 @@ pub fn check_scalar_int(file: &Location, column: &str, data_type: &DataType) -> 
     if data_type.is_integer() {
         Ok(())
     } else {
-        Err(CoreError::Schema {
-            at: Box::new(file.clone()),
-            what: format!("column {column:?} has type {data_type}; expected an integer"),
-        })
+        let what = format!("column {column:?} has type {data_type}; expected an integer");
+        Err(CoreError::schema(file.clone(), what))
     }
 }
 
@@ -172,11 +156,12 @@ pub fn flatten(array: &ArrayRef, column: &str, role: Role, loc: &BatchAt) -> Res
 
 /// The column (of the file or unit at `at`) has an unsupported type.
 fn wrong_type(at: &Location, column: &str, what: &str, found: &DataType, role: Role) -> CoreError {
-    let expected = role.expected();
-    CoreError::Schema {
-        at: Box::new(at.clone()),
-        what: format!("column {column:?} has {what} {found}; expected a {expected}"),
-    }
+    let expected = match role {
+        Role::Tokens | Role::Labels => "list or large_list of integers (int32, int64, uint32, ...)",
+        Role::LossMask => "list or large_list of 0/1 integers or booleans",
+    };
+    let what = format!("column {column:?} has {what} {found}; expected a {expected}");
+    CoreError::schema(at.clone(), what)
 }
 
 fn out_of_range(role: Role, value: &str) -> String {
@@ -264,7 +249,17 @@ pub fn flatten_in_memory(
         unit: &unit,
         row_base: 0,
     };
-    let flat = flatten(tokens.0, tokens.1, Role::Tokens, &loc)?;
+    flatten_sequence(tokens, labels, &loc)
+}
+
+/// Flattens and checks a sequence's tokens and its labels or loss mask (as many rows, as many
+/// entries in each row as tokens); a loss mask becomes labels.
+pub fn flatten_sequence(
+    tokens: (&ArrayRef, &str),
+    labels: Option<(&ArrayRef, &str, Role)>,
+    loc: &BatchAt,
+) -> Result<(Flat, Option<Flat>)> {
+    let flat = flatten(tokens.0, tokens.1, Role::Tokens, loc)?;
     let Some((labels, name, role)) = labels else {
         return Ok((flat, None));
     };
@@ -276,8 +271,8 @@ pub fn flatten_in_memory(
             tokens.0.len()
         )));
     }
-    let mut other = flatten(labels, name, role, &loc)?;
-    check_aligned(&flat, &other, name, &loc)?;
+    let mut other = flatten(labels, name, role, loc)?;
+    check_aligned(&flat, &other, name, loc)?;
     if role == Role::LossMask {
         other.values = labels_from_mask(&flat.values, &other.values);
     }

@@ -10,9 +10,7 @@
 //! scheduling but is only ever addressed through the per-sample locations.
 
 use super::carry::{carried_types, carried_values, concat, with_pieces};
-use super::columns::{
-    check_aligned, check_scalar_int, check_type, flatten, labels_from_mask, BatchAt, Flat, Role,
-};
+use super::columns::{check_scalar_int, check_type, flatten_sequence, BatchAt, Flat, Role};
 use super::pagecache::inputs_read_once;
 use super::pairs::{
     check_pair_config, pair_lengths, plan_pairs, PairLayout, PairLengths, SEQ_REJECTED,
@@ -98,10 +96,7 @@ pub const PAIR_COLUMNS: [&str; 5] = [
 /// The spilled samples, found through each sample's spill location (and, for pairs, the
 /// rejected sequence's) and length.
 struct Spilled<'a> {
-    locations: &'a [u64],
-    rejected: &'a [u64],
-    lengths: &'a [i64],
-    pairs: &'a [PairLengths],
+    read: &'a UnitOut,
     reader: &'a SpillReader,
 }
 
@@ -115,10 +110,11 @@ impl SampleSource for Spilled<'_> {
         labels: Option<&mut [i32]>,
     ) -> Result<()> {
         let s = sample as usize;
-        let (loc, n) = match (seq == SEQ_REJECTED, self.pairs.get(s)) {
-            (true, Some(p)) => (self.rejected[s], i64::from(p.rejected)),
-            (false, Some(p)) => (self.locations[s], i64::from(p.chosen)),
-            (_, None) => (self.locations[s], self.lengths[s]),
+        let read = self.read;
+        let (loc, n) = match (seq == SEQ_REJECTED, read.pairs.get(s)) {
+            (true, Some(p)) => (read.rejected[s], i64::from(p.rejected)),
+            (false, Some(p)) => (read.locations[s], i64::from(p.chosen)),
+            (_, None) => (read.locations[s], read.lengths[s]),
         };
         self.reader.read(loc, n, start, tokens, labels)
     }
@@ -135,22 +131,15 @@ struct Columns {
 
 impl Columns {
     fn names(&self) -> Vec<&str> {
+        let labels = self.labels.as_ref().map(|(c, _)| c.as_str());
         let mut names = match self.pairs {
             Some(_) => PAIR_COLUMNS.to_vec(),
-            None => {
-                let mut names = vec![self.tokens.as_str()];
-                if let Some((c, _)) = &self.labels {
-                    names.push(c.as_str());
-                }
-                names
-            }
+            None => std::iter::once(self.tokens.as_str())
+                .chain(labels)
+                .collect(),
         };
         names.extend(self.carry.iter().map(|(c, _)| c.as_str()));
         names
-    }
-
-    fn has_labels(&self) -> bool {
-        self.pairs.is_some() || self.labels.is_some()
     }
 }
 
@@ -265,24 +254,13 @@ fn read_sequence(
     path: &std::path::Path,
 ) -> Result<(Flat, Option<ScalarBuffer<i32>>)> {
     let column = |name: &str| {
-        batch.column_by_name(name).ok_or_else(|| CoreError::Schema {
-            at: Box::new(Location::file(path)),
-            what: format!("no column {name:?}"),
-        })
+        batch
+            .column_by_name(name)
+            .ok_or_else(|| CoreError::schema(Location::file(path), format!("no column {name:?}")))
     };
-    let flat = flatten(column(tokens)?, tokens, Role::Tokens, loc)?;
-    let labels = match labels {
-        Some((name, role)) => {
-            let other = flatten(column(name)?, name, role, loc)?;
-            check_aligned(&flat, &other, name, loc)?;
-            Some(match role {
-                Role::LossMask => labels_from_mask(&flat.values, &other.values),
-                _ => other.values,
-            })
-        }
-        None => None,
-    };
-    Ok((flat, labels))
+    let labels = labels.map(|(name, role)| column(name).map(|c| (c, name, role)));
+    let (flat, labels) = flatten_sequence((column(tokens)?, tokens), labels.transpose()?, loc)?;
+    Ok((flat, labels.map(|l| l.values)))
 }
 
 /// Spills the sequences of a batch; returns the location of each row.
@@ -311,7 +289,7 @@ fn read_unit(
     let at = Location::unit(&source.path, source.unit_kind, unit);
     let mut out = UnitOut::new(columns);
     let worker = rayon::current_thread_index().unwrap_or(0);
-    out.digest = source.read_unit_hashed(unit, &names, batch_rows, hashed, |batch| {
+    out.digest = source.read_unit(unit, &names, batch_rows, hashed, |batch| {
         progress.check()?;
         let loc = BatchAt {
             unit: &at,
@@ -402,9 +380,8 @@ fn read_all(
         .map(|s| vec![None; s.parts.parts.len()])
         .collect();
     for (r, &(s, _)) in results.into_iter().zip(&units) {
-        let unit = match r {
-            Some(r) => r?,
-            None => continue,
+        let Some(unit) = r.transpose()? else {
+            continue;
         };
         if let Some((part, digest)) = unit.digest {
             digests[s][part] = Some(digest);
@@ -547,13 +524,8 @@ fn check_pieces(plan: &Plan, pieces: &Cuts) -> Result<()> {
     }
     for k in 0..plan.sample_ids.len() {
         let (s, start) = (plan.sample_ids[k], plan.starts[k]);
-        let ok = match pieces.pieces_of(s) {
-            None => true,
-            Some(_) => pieces
-                .piece_at(s, start)
-                .is_some_and(|i| pieces.lengths[i] == plan.lengths[k]),
-        };
-        if !ok {
+        let length = pieces.piece_at(s, start).map(|i| pieces.lengths[i]);
+        if pieces.pieces_of(s).is_some() && length != Some(plan.lengths[k]) {
             return Err(mismatch(format!(
                 "sample {s} has a segment of {} tokens at {start}",
                 plan.lengths[k]
@@ -600,10 +572,10 @@ pub fn pack_files(config: &PackFilesConfig, progress: &Progress) -> Result<PackO
         config.pairs,
         &config.carry,
     )?;
-    let has_labels = columns.has_labels();
+    let has_labels = columns.pairs.is_some() || columns.labels.is_some();
     let spill = Spill::create(&config.spill_dir, rayon::current_num_threads(), has_labels)?;
     let ReadAll {
-        all: read,
+        all: mut read,
         rows: input_rows,
         fingerprints: input_fingerprints,
     } = read_all(
@@ -618,22 +590,14 @@ pub fn pack_files(config: &PackFilesConfig, progress: &Progress) -> Result<PackO
         return Err(no_samples(&config.paths));
     }
     progress.start(Phase::Planning, 1);
-    let locate_overlong = |e: CoreError, column: Option<&str>| match e {
-        CoreError::Overlong {
-            index,
-            length,
-            max_len,
-            ..
-        } => CoreError::Overlong {
-            at: Box::new(Location {
+    let locate_overlong = |mut e: CoreError, column: Option<&str>| {
+        if let CoreError::Overlong { at, index, .. } = &mut e {
+            **at = Location {
                 column: column.map(str::to_string),
-                ..locate(&sources, &input_rows, index)
-            }),
-            index,
-            length,
-            max_len,
-        },
-        other => other,
+                ..locate(&sources, &input_rows, *index)
+            };
+        }
+        e
     };
     let (plan, pairs) = match config.pairs {
         Some(layout) => {
@@ -653,7 +617,7 @@ pub fn pack_files(config: &PackFilesConfig, progress: &Progress) -> Result<PackO
     let carried = columns
         .carry
         .iter()
-        .zip(read.carried)
+        .zip(std::mem::take(&mut read.carried))
         .map(|((name, data_type), chunks)| {
             let pieces = config.piece_values.iter().find(|(n, _)| n == name);
             with_pieces(
@@ -674,10 +638,7 @@ pub fn pack_files(config: &PackFilesConfig, progress: &Progress) -> Result<PackO
         dir: &config.out_dir,
         plan: &plan,
         source: &Spilled {
-            locations: &read.locations,
-            rejected: &read.rejected,
-            lengths: &read.lengths,
-            pairs: &read.pairs,
+            read: &read,
             reader: &reader,
         },
         has_labels,

@@ -26,34 +26,32 @@ impl WriteBehind {
         #[cfg(target_os = "linux")]
         {
             use std::os::fd::AsRawFd;
-            let fd = file.as_raw_fd();
             let (start, len) = (self.started as i64, (written - self.started) as i64);
-            let (old, old_len) = (self.dropped as i64, (self.started - self.dropped) as i64);
-            // SAFETY: plain system calls on an open descriptor; a failure only loses the hint.
+            // SAFETY: a plain system call on an open descriptor; a failure only loses the hint.
             unsafe {
-                libc::sync_file_range(fd, start, len, libc::SYNC_FILE_RANGE_WRITE);
-                if old_len > 0 {
-                    libc::posix_fadvise(fd, old, old_len, libc::POSIX_FADV_DONTNEED);
-                }
-            }
+                libc::sync_file_range(file.as_raw_fd(), start, len, libc::SYNC_FILE_RANGE_WRITE)
+            };
         }
-        #[cfg(not(target_os = "linux"))]
-        let _ = file;
+        if self.started > self.dropped {
+            drop_read(file, self.dropped, self.started - self.dropped);
+        }
         self.dropped = self.started;
         self.started = written;
     }
 }
 
+/// `posix_fadvise`: a failure only loses the hint.
+#[cfg(target_os = "linux")]
+fn fadvise(file: &File, offset: u64, len: u64, advice: libc::c_int) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a plain system call on an open descriptor.
+    unsafe { libc::posix_fadvise(file.as_raw_fd(), offset as i64, len as i64, advice) };
+}
+
 /// Tells the kernel `file` will be read at random: no readahead.
 pub fn random_reads(file: &File) {
     #[cfg(target_os = "linux")]
-    {
-        use std::os::fd::AsRawFd;
-        // SAFETY: as above.
-        unsafe {
-            libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM);
-        }
-    }
+    fadvise(file, 0, 0, libc::POSIX_FADV_RANDOM);
     #[cfg(not(target_os = "linux"))]
     let _ = file;
 }
@@ -62,18 +60,7 @@ pub fn random_reads(file: &File) {
 /// again by this run.
 pub fn drop_read(file: &File, offset: u64, len: u64) {
     #[cfg(target_os = "linux")]
-    {
-        use std::os::fd::AsRawFd;
-        // SAFETY: as above.
-        unsafe {
-            libc::posix_fadvise(
-                file.as_raw_fd(),
-                offset as i64,
-                len as i64,
-                libc::POSIX_FADV_DONTNEED,
-            );
-        }
-    }
+    fadvise(file, offset, len, libc::POSIX_FADV_DONTNEED);
     #[cfg(not(target_os = "linux"))]
     let _ = (file, offset, len);
 }

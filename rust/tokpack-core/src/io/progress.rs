@@ -3,27 +3,16 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
-pub enum Phase {
-    Starting = 0,
-    Reading = 1,
-    Planning = 2,
-    Writing = 3,
-    Done = 4,
-}
-
-impl Phase {
-    pub fn name(self) -> &'static str {
-        match self {
-            Phase::Starting => "starting",
-            Phase::Reading => "reading",
-            Phase::Planning => "planning",
-            Phase::Writing => "writing",
-            Phase::Done => "done",
-        }
+crate::policy::named!(
+    /// The phases of a run, in order.
+    Phase, "phase", {
+        Starting = "starting",
+        Reading = "reading",
+        Planning = "planning",
+        Writing = "writing",
+        Done = "done",
     }
-}
+);
 
 #[derive(Default)]
 pub struct Progress {
@@ -56,15 +45,9 @@ impl Progress {
 
     /// `(phase, done, total, samples read so far)`.
     pub fn snapshot(&self) -> (Phase, u64, u64, u64) {
-        let phase = match self.phase.load(Ordering::Acquire) {
-            1 => Phase::Reading,
-            2 => Phase::Planning,
-            3 => Phase::Writing,
-            4 => Phase::Done,
-            _ => Phase::Starting,
-        };
+        let phase = Phase::ALL.get(usize::from(self.phase.load(Ordering::Acquire)));
         (
-            phase,
+            phase.copied().unwrap_or(Phase::Starting),
             self.done.load(Ordering::Relaxed),
             self.total.load(Ordering::Relaxed),
             self.samples.load(Ordering::Relaxed),

@@ -41,10 +41,7 @@ impl HeldSamples<'_> {
         let sorted = self.ids.windows(2).all(|w| w[0] < w[1]);
         let offsets_ok =
             self.offsets.first() == Some(&0) && self.offsets.windows(2).all(|w| w[0] <= w[1]);
-        let labels_ok = match self.labels {
-            Some(labels) => labels.len() == self.tokens.len(),
-            None => true,
-        };
+        let labels_ok = self.labels.iter().all(|l| l.len() == self.tokens.len());
         if self.offsets.len() != n + 1
             || !sorted
             || !offsets_ok

@@ -101,30 +101,17 @@ impl Source {
                         .iter()
                         .map(|f| f.name().as_str())
                         .collect();
-                    CoreError::Schema {
-                        at: Box::new(Location::file(&self.path)),
-                        what: format!("no column {name:?} (columns: {})", have.join(", ")),
-                    }
+                    let what = format!("no column {name:?} (columns: {})", have.join(", "));
+                    CoreError::schema(Location::file(&self.path), what)
                 })
             })
             .collect()
     }
 
-    /// Streams unit `unit` in batches of at most `batch_rows` rows holding only `columns`.
+    /// Streams unit `unit` in batches of at most `batch_rows` rows holding only `columns`;
+    /// with `hashed`, also hashes the row group's part of the file (Parquet): `(part index,
+    /// xxh3-128)`, read once for both when not too large.
     pub fn read_unit(
-        &self,
-        unit: usize,
-        columns: &[&str],
-        batch_rows: usize,
-        f: impl FnMut(RecordBatch) -> Result<()>,
-    ) -> Result<()> {
-        self.read_unit_hashed(unit, columns, batch_rows, false, f)
-            .map(|_| ())
-    }
-
-    /// [`Source::read_unit`] that, with `hashed`, also hashes the row group's part of the
-    /// file (Parquet): `(part index, xxh3-128)`, read once for both when not too large.
-    pub fn read_unit_hashed(
         &self,
         unit: usize,
         columns: &[&str],
@@ -174,16 +161,10 @@ impl Source {
                 let mut reader = FileReader::try_new_buffered(file, Some(indices))
                     .corrupt(&at, "cannot decode")?;
                 reader.set_index(unit).corrupt(&at, "cannot decode")?;
-                match reader.next() {
-                    Some(batch) => f(batch.corrupt(&at, "cannot decode")?)?,
-                    None => {
-                        return Err(CoreError::corrupt(
-                            at,
-                            "cannot decode (record batch missing)",
-                            None,
-                        ))
-                    }
-                }
+                let missing =
+                    || CoreError::corrupt(at.clone(), "cannot decode (record batch missing)", None);
+                let batch = reader.next().ok_or_else(missing)?;
+                f(batch.corrupt(&at, "cannot decode")?)?;
             }
         }
         Ok(digest)
@@ -200,8 +181,9 @@ impl Source {
     }
 }
 
-/// Decodes row group `unit` of a Parquet file from `data` (the file, or its bytes) in batches.
-fn decode<R: ChunkReader + 'static>(
+/// Decodes row group `unit` of a Parquet file from `data` (the file, or its bytes) in batches;
+/// returns the projected schema.
+pub(crate) fn decode<R: ChunkReader + 'static>(
     data: R,
     meta: &ArrowReaderMetadata,
     mask: ProjectionMask,
@@ -209,17 +191,18 @@ fn decode<R: ChunkReader + 'static>(
     batch_rows: usize,
     at: &Location,
     f: &mut impl FnMut(RecordBatch) -> Result<()>,
-) -> Result<()> {
+) -> Result<SchemaRef> {
     let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(data, meta.clone())
         .with_projection(mask)
         .with_row_groups(vec![unit])
         .with_batch_size(batch_rows.max(1))
         .build()
         .corrupt(at, "cannot decode")?;
+    let schema = arrow::array::RecordBatchReader::schema(&reader);
     for batch in reader {
         f(batch.corrupt(at, "cannot decode")?)?;
     }
-    Ok(())
+    Ok(schema)
 }
 
 /// One whole row group (Parquet) or record batch (IPC) of `path`, with only `columns`.
@@ -237,7 +220,7 @@ pub fn read_row_group(path: &Path, unit: usize, columns: &[&str]) -> Result<Reco
     indices.sort_unstable();
     indices.dedup();
     let mut batches = Vec::new();
-    source.read_unit(unit, columns, 1 << 20, |b| {
+    source.read_unit(unit, columns, 1 << 20, false, |b| {
         batches.push(b);
         Ok(())
     })?;
@@ -265,10 +248,7 @@ pub(crate) fn assemble_batch(
         .iter()
         .map(|c| batch.column_by_name(c).cloned())
         .collect::<Option<Vec<_>>>()
-        .ok_or_else(|| CoreError::Schema {
-            at: Box::new(at.clone()),
-            what: "column missing".into(),
-        })?;
+        .ok_or_else(|| CoreError::schema(at.clone(), "column missing"))?;
     let fields: Vec<_> = columns
         .iter()
         .filter_map(|c| schema.field_with_name(c).ok().cloned())

@@ -96,15 +96,12 @@ impl Labels {
     const ALL: [Labels; 4] = [Labels::None, Labels::Bits, Labels::Exceptions, Labels::Raw];
 }
 
-fn code<T: PartialEq>(all: &[T], value: &T) -> u64 {
-    all.iter().position(|v| v == value).expect("a listed value") as u64
-}
-
+/// The codes of `width` and `labels` are their discriminants: their index in `ALL`.
 fn location(file: usize, width: Width, labels: Labels, pos: u64) -> u64 {
     debug_assert!(pos <= POS_MASK);
     ((file as u64) << FILE_SHIFT)
-        | (code(&Width::ALL, &width) << WIDTH_SHIFT)
-        | (code(&Labels::ALL, &labels) << LABELS_SHIFT)
+        | ((width as u64) << WIDTH_SHIFT)
+        | ((labels as u64) << LABELS_SHIFT)
         | pos
 }
 

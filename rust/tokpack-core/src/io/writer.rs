@@ -210,14 +210,10 @@ pub struct ShardContext<'a> {
     pub progress: &'a Progress,
 }
 
-fn list(offsets: Vec<i32>, values: ArrayRef) -> ArrayRef {
+fn list(offsets: &[i32], values: ArrayRef) -> ArrayRef {
     let field = Arc::new(Field::new("item", values.data_type().clone(), true));
-    Arc::new(ListArray::new(
-        field,
-        OffsetBuffer::new(offsets.into()),
-        values,
-        None,
-    ))
+    let offsets = OffsetBuffer::new(offsets.to_vec().into());
+    Arc::new(ListArray::new(field, offsets, values, None))
 }
 
 /// Writes shard `shard` holding plan rows `rows`.
@@ -425,23 +421,17 @@ fn row_group(
     let of_rows = |column: &[i32]| Arc::new(Int32Array::from(column[first..].to_vec())) as ArrayRef;
     let seq_lengths: Vec<i32> = segments.iter().map(|(_, p)| p.len as i32).collect();
     let sample_ids: Vec<i64> = segments.iter().map(|&(s, _)| s).collect();
-    let mut columns: Vec<ArrayRef> = vec![list(
-        tok_offsets.clone(),
-        Arc::new(Int32Array::from(tokens)),
-    )];
+    let mut columns: Vec<ArrayRef> = vec![list(&tok_offsets, Arc::new(Int32Array::from(tokens)))];
     if ctx.has_labels {
-        columns.push(list(tok_offsets, Arc::new(Int32Array::from(labels))));
+        columns.push(list(&tok_offsets, Arc::new(Int32Array::from(labels))));
     }
     columns.extend([
-        list(seg_offsets.clone(), Arc::new(Int32Array::from(seq_lengths))),
-        list(
-            seg_offsets.clone(),
-            Arc::new(Int64Array::from(sample_ids.clone())),
-        ),
+        list(&seg_offsets, Arc::new(Int32Array::from(seq_lengths))),
+        list(&seg_offsets, Arc::new(Int64Array::from(sample_ids.clone()))),
         of_rows(&index.num_tokens),
         of_rows(&index.num_seqs),
         of_rows(&index.num_loss_tokens),
-        list(seg_offsets.clone(), Arc::new(Int32Array::from(seg_loss))),
+        list(&seg_offsets, Arc::new(Int32Array::from(seg_loss))),
     ]);
     if ctx.pairs.is_some() {
         let roles: Vec<i8> = segments.iter().map(|(_, p)| p.role).collect();
@@ -449,14 +439,14 @@ fn row_group(
             .map(|r| (plan.bin_offsets[r + 1] - plan.bin_offsets[r]) as i32)
             .collect();
         columns.extend([
-            list(seg_offsets.clone(), Arc::new(Int8Array::from(roles))),
+            list(&seg_offsets, Arc::new(Int8Array::from(roles))),
             Arc::new(Int32Array::from(num_pairs)) as ArrayRef,
         ]);
     }
     let starts: Vec<i64> = segments.iter().map(|(_, p)| p.start).collect();
     for carried in ctx.carried {
         let values = per_segment(carried, &sample_ids, &starts, ctx.dir)?;
-        columns.push(list(seg_offsets.clone(), values));
+        columns.push(list(&seg_offsets, values));
     }
     RecordBatch::try_new(schema.clone(), columns).output(ctx.dir)
 }

@@ -117,19 +117,24 @@ impl ChatTemplate {
         self.has_generation
     }
 
+    /// Renders with the variables transformers passes: `messages`, `tools`, `documents`,
+    /// `add_generation_prompt` and the special tokens.
     fn render_value(&self, messages: Value, add_generation_prompt: bool) -> Result<String, String> {
-        let context = Context {
-            messages,
-            tools: self.tools.clone(),
-            add_generation_prompt,
-            variables: &self.variables,
-        };
+        let mut context = IndexMap::with_capacity(self.variables.len() + 4);
+        for (k, v) in &self.variables {
+            context.insert(Value::from(k.as_str()), v.clone());
+        }
+        context.insert(Value::from("messages"), messages);
+        context.insert(Value::from("tools"), self.tools.clone());
+        context.insert(Value::from("documents"), Value::from(()));
+        let add = Value::from(add_generation_prompt);
+        context.insert(Value::from("add_generation_prompt"), add);
         let template = self
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| e.to_string())?;
         template
-            .render(context.into_value())
+            .render(Value::from(context))
             .map_err(|e| format!("chat template failed: {e}"))
     }
 
@@ -176,16 +181,9 @@ impl ChatTemplate {
         let mut targets = 0;
         let mut marked = Vec::new();
         for message in messages.try_iter().map_err(|e| e.to_string())? {
-            let is_target = message
-                .get_attr("role")
-                .ok()
-                .and_then(|r| r.as_str().map(|s| s == "assistant"))
-                == Some(true)
-                && message
-                    .get_attr("content")
-                    .ok()
-                    .and_then(|c| c.as_str().map(str::to_owned))
-                    .is_some();
+            let attr = |name| message.get_attr(name).ok();
+            let is_target = attr("role").is_some_and(|r| r.as_str() == Some("assistant"))
+                && attr("content").is_some_and(|c| c.as_str().is_some());
             if !is_target {
                 marked.push(message);
                 continue;
@@ -357,32 +355,6 @@ fn parse_tag(tag: &str) -> Option<(usize, &str, &str, &str)> {
     }
     let len = tag.len() - end.len() + 2;
     Some((len, left, name, right))
-}
-
-/// The template's variables: transformers' `messages`, `tools`, `documents`,
-/// `add_generation_prompt` and the special tokens.
-struct Context<'a> {
-    messages: Value,
-    tools: Value,
-    add_generation_prompt: bool,
-    variables: &'a [(String, Value)],
-}
-
-impl Context<'_> {
-    fn into_value(self) -> Value {
-        let mut map = IndexMap::with_capacity(self.variables.len() + 4);
-        for (k, v) in self.variables {
-            map.insert(Value::from(k.as_str()), v.clone());
-        }
-        map.insert(Value::from("messages"), self.messages);
-        map.insert(Value::from("tools"), self.tools);
-        map.insert(Value::from("documents"), Value::from(()));
-        map.insert(
-            Value::from("add_generation_prompt"),
-            Value::from(self.add_generation_prompt),
-        );
-        Value::from(map)
-    }
 }
 
 #[cfg(test)]

@@ -78,11 +78,14 @@ fn py_repr(value: &Value, out: &mut String) -> bool {
         ValueKind::Bool => out.push_str(if value.is_true() { "True" } else { "False" }),
         ValueKind::Number => number(value, out),
         ValueKind::String => str_repr(value.as_str().unwrap_or_default(), out),
-        ValueKind::Seq => {
-            out.push('[');
+        kind @ (ValueKind::Seq | ValueKind::Map)
+            if kind == ValueKind::Seq || is_plain_map(value) =>
+        {
+            let map = kind == ValueKind::Map;
             let Ok(items) = value.try_iter() else {
                 return false;
             };
+            out.push(if map { '{' } else { '[' });
             for (i, item) in items.enumerate() {
                 if i > 0 {
                     out.push_str(", ");
@@ -90,28 +93,14 @@ fn py_repr(value: &Value, out: &mut String) -> bool {
                 if !py_repr(&item, out) {
                     return false;
                 }
-            }
-            out.push(']');
-        }
-        ValueKind::Map if is_plain_map(value) => {
-            out.push('{');
-            let Ok(keys) = value.try_iter() else {
-                return false;
-            };
-            for (i, key) in keys.enumerate() {
-                if i > 0 {
-                    out.push_str(", ");
-                }
-                let item = value.get_item(&key).unwrap_or_default();
-                if !py_repr(&key, out) {
-                    return false;
-                }
-                out.push_str(": ");
-                if !py_repr(&item, out) {
-                    return false;
+                if map {
+                    out.push_str(": ");
+                    if !py_repr(&value.get_item(&item).unwrap_or_default(), out) {
+                        return false;
+                    }
                 }
             }
-            out.push('}');
+            out.push(if map { '}' } else { ']' });
         }
         _ => return false,
     }
@@ -226,48 +215,39 @@ fn write_json(
             }
         }
         ValueKind::String => json_str(value.as_str().unwrap_or_default(), style.ensure_ascii, out),
-        ValueKind::Seq => {
-            let items: Vec<Value> = value.try_iter()?.collect();
-            if items.is_empty() {
-                out.push_str("[]");
-                return Ok(());
-            }
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(&style.item_sep);
-                }
-                newline(style, depth + 1, out);
-                write_json(item, style, depth + 1, out)?;
-            }
-            newline(style, depth, out);
-            out.push(']');
-        }
-        ValueKind::Map if is_plain_map(value) => {
+        kind @ (ValueKind::Seq | ValueKind::Map)
+            if kind == ValueKind::Seq || is_plain_map(value) =>
+        {
+            let map = kind == ValueKind::Map;
+            // `(key, item)`: dict keys as JSON writes them; no key for list items.
             let mut pairs = Vec::new();
             for key in value.try_iter()? {
-                let item = value.get_item(&key)?;
-                pairs.push((json_key(&key)?, item));
+                pairs.push(if map {
+                    let item = value.get_item(&key)?;
+                    (Some(json_key(&key)?), item)
+                } else {
+                    (None, key)
+                });
             }
-            if pairs.is_empty() {
-                out.push_str("{}");
-                return Ok(());
-            }
-            if style.sort_keys {
+            if map && style.sort_keys {
                 pairs.sort_by(|a, b| a.0.cmp(&b.0));
             }
-            out.push('{');
+            out.push(if map { '{' } else { '[' });
             for (i, (key, item)) in pairs.iter().enumerate() {
                 if i > 0 {
                     out.push_str(&style.item_sep);
                 }
                 newline(style, depth + 1, out);
-                json_str(key, style.ensure_ascii, out);
-                out.push_str(&style.key_sep);
+                if let Some(key) = key {
+                    json_str(key, style.ensure_ascii, out);
+                    out.push_str(&style.key_sep);
+                }
                 write_json(item, style, depth + 1, out)?;
             }
-            newline(style, depth, out);
-            out.push('}');
+            if !pairs.is_empty() {
+                newline(style, depth, out);
+            }
+            out.push(if map { '}' } else { ']' });
         }
         _ => return Err(not_serializable(value)),
     }
