@@ -105,8 +105,8 @@ class _Counting:
 
 def _dispatch_once() -> None:
     """moto's dispatcher finds the backend of every request by listing its own package directory
-    and testing each entry with ``isdir`` (``list_of_moto_modules``): a third of the store's CPU
-    per request, on the cores the readers share with it, which weighed on a reader of many
+    and testing each entry with ``isdir`` (``list_of_moto_modules``): a sixth of the store's time
+    per request in py-spy, on the cores the readers share with it, which weighed on a reader of many
     row-group ranges (tokpack) more than on readers of whole objects. The listing is taken once
     here; the store answers every request as before."""
     from moto import backends
