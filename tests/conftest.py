@@ -78,6 +78,21 @@ def gcs_endpoint():
     """A local Google Cloud Storage endpoint (gcp-storage-emulator in a child process, in
     memory, with the bucket ``tokpack-test``): its ``host:port``."""
     pytest.importorskip("gcp_storage_emulator", reason="gcp-storage-emulator is not installed")
+    for _ in range(3):  # a free port taken by another process meanwhile: another port
+        proc, port = _start_gcs_emulator()
+        if proc is not None:
+            break
+    else:
+        raise RuntimeError("the GCS emulator did not start")
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def _start_gcs_emulator():
+    """(the emulator's process, its port), or (None, port) when it exited before serving."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -87,20 +102,16 @@ def gcs_endpoint():
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), 0.2).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the GCS emulator did not start") from None
-                time.sleep(0.1)
-        yield f"127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait()
+    deadline = time.monotonic() + 30
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return proc, port
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    proc.wait()
+    return None, port
 
 
 @pytest.fixture
