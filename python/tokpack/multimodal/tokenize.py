@@ -47,6 +47,7 @@ import pyarrow as pa
 
 from .. import _tokpack
 from .._contract import IGNORE_INDEX
+from .._io.arrays import list_array
 from .._io.inputs import RAW_SUFFIXES, resolve_inputs
 from ..errors import ConfigError, DataError, InputNotFoundError, InvalidRecordError, OverlongError
 from ..tokenize.formats import Record, read_records
@@ -588,13 +589,10 @@ def iter_samples(
 
 def _batch(samples: List[MultimodalSample], family: str) -> pa.RecordBatch:
     lengths = np.array([len(s.input_ids) for s in samples], dtype=np.int32)
-    offsets = np.zeros(len(samples) + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
 
     def flat(name: str) -> pa.Array:
-        values = [getattr(s, name) for s in samples]
-        data = np.concatenate(values).astype(np.int32) if values else np.zeros(0, np.int32)
-        return pa.ListArray.from_arrays(pa.array(offsets), pa.array(data))
+        return list_array(offsets, np.concatenate([getattr(s, name) for s in samples]), pa.int32())
 
     media = [json.dumps(s.media, separators=(",", ":")) for s in samples]
     return pa.RecordBatch.from_arrays(

@@ -67,9 +67,7 @@ class _Group:
         self.lengths, self.seg_offsets = cols["seq_lengths"]
         self.where = where
         self.tokens = np.asarray(ids)
-        self.labels = None
-        if with_labels:
-            self.labels = np.asarray(cols["labels"][0])
+        self.labels = np.asarray(cols["labels"][0]) if with_labels else None
         ends = np.zeros(self.lengths.size + 1, dtype=np.int64)
         np.cumsum(self.lengths, out=ends[1:])
         row_tokens = ends[self.seg_offsets[1:]] - ends[self.seg_offsets[:-1]]

@@ -320,21 +320,14 @@ class RecordEncoder:
         # tokpack's encoder has no post-processor, so such text goes to tokenizers.
         slow = self._fast.post_processor_adds_tokens
         items = [p for p in chunk if p.spans is not None or not slow]
-        counts = np.zeros(len(items) + 1, dtype=np.int64)
-        starts: List[int] = []
-        ends: List[int] = []
-        for i, p in enumerate(items):
-            spans = p.spans if p.spans is not None else [(0, len(p.text))]
-            counts[i + 1] = len(spans)
-            for a, b in spans:
-                starts.append(a)
-                ends.append(b)
+        spans = [p.spans if p.spans is not None else [(0, len(p.text))] for p in items]
+        bounds = np.array([s for part in spans for s in part], dtype=np.int64).reshape(-1, 2).T
         # One thread: tokpack's worker processes are the parallelism.
         ids, labels, offsets, fallback = self._fast.encode_batch(
             texts=[p.text for p in items],
-            span_offsets=np.cumsum(counts),
-            span_starts=np.array(starts, dtype=np.int64),
-            span_ends=np.array(ends, dtype=np.int64),
+            span_offsets=np.cumsum([0, *map(len, spans)], dtype=np.int64),
+            span_starts=np.ascontiguousarray(bounds[0]),
+            span_ends=np.ascontiguousarray(bounds[1]),
             threads=1,
         )
         flat = Tokens(offsets, ids, labels)

@@ -324,12 +324,9 @@ def parse_record(record: Record, fmt: str, columns: Mapping[str, str]) -> Sample
                 f"first record); tokenize {detected} data on its own or pass --format {detected}"
             )
         fmt = detected
-    if fmt == "messages":
-        return Sample(record, messages=_messages(record, value, columns))
-    if fmt == "sharegpt":
-        return Sample(record, messages=_sharegpt(record, value, columns))
-    if fmt == "alpaca":
-        return Sample(record, messages=_alpaca(record, value, columns))
+    chat = {"messages": _messages, "sharegpt": _sharegpt, "alpaca": _alpaca}.get(fmt)
+    if chat is not None:
+        return Sample(record, messages=chat(record, value, columns))
     if fmt == "text":
         text = _field(record, value, columns["text"])
         if not isinstance(text, str):

@@ -318,7 +318,6 @@ class ChatTemplate:
         self,
         conversations: Sequence[Tuple[List[Dict[str, Any]], Record]],
         train_on: str,
-        threads: Optional[int] = 1,
     ) -> List[Rendered]:
         """:meth:`trained_spans` of each ``(messages, record)``, in order; a conversation that
         fails is returned as its :class:`InvalidRecordError`. One call to the Rust renderer
@@ -329,7 +328,7 @@ class ChatTemplate:
             texts, offsets, starts, ends, _ = self.rust.render_batch(
                 conversations=[m for m, _ in conversations],
                 mode=train_on,
-                threads=threads,
+                threads=1,
             )
             bounds, starts, ends = offsets.tolist(), starts.tolist(), ends.tolist()
             for i, text in enumerate(texts):
@@ -342,7 +341,6 @@ class ChatTemplate:
         self,
         conversations: Sequence[Tuple[List[Dict[str, Any]], Record]],
         add_generation_prompt: bool = False,
-        threads: Optional[int] = 1,
     ) -> List[Union[str, InvalidRecordError]]:
         """:meth:`render` of each ``(messages, record)``, in order, as
         :meth:`trained_spans_many` renders them (Rust, then Python for what it leaves)."""
@@ -353,7 +351,7 @@ class ChatTemplate:
                     conversations=[m for m, _ in conversations],
                     mode="plain",
                     add_generation_prompt=add_generation_prompt,
-                    threads=threads,
+                    threads=1,
                 )[0]
             )
         return _in_python(out, conversations, lambda m, r: self.render(m, r, add_generation_prompt))

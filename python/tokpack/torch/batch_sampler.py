@@ -77,6 +77,7 @@ class PackedBatchSampler(torch.utils.data.Sampler):
             )
         self.batch_rows = non_negative_int("batch_rows", batch_rows, 1)
         self.grad_accum_steps = non_negative_int("grad_accum_steps", grad_accum_steps, 1)
+        self._step_rows = self.batch_rows * self.grad_accum_steps
         self.drop_last = bool(drop_last)
         self.rank, self.world_size = resolve_rank(rank, world_size)
         if sampler is None:
@@ -127,16 +128,23 @@ class PackedBatchSampler(torch.utils.data.Sampler):
     def __len__(self) -> int:
         return self._batches(len(self._rank_rows(self.rank)))
 
+    def _n_steps(self, per_rank: List[np.ndarray]) -> int:
+        return max((-(-len(rows) // self._step_rows) for rows in per_rank), default=0)
+
+    def _step_sums(self, per_row: np.ndarray, rows: np.ndarray, n_steps: int) -> np.ndarray:
+        """``per_row`` summed over each optimizer step's part of ``rows`` (a rank's rows, cut at
+        its step boundaries: a rank with fewer batches adds less)."""
+        ends = np.minimum(np.arange(n_steps + 1) * self._step_rows, len(rows))
+        return np.diff(np.concatenate([[0], np.cumsum(per_row[rows])])[ends])
+
     def _steps(self) -> List[np.ndarray]:
         """Every rank's rows in order, re-dealt per step with ``balance="compute"``."""
         per_rank = [self._rank_rows(r) for r in range(self.world_size)]
         if self.balance is None:
             return per_rank
-        step_rows = self.batch_rows * self.grad_accum_steps
         out: List[List[np.ndarray]] = [[] for _ in per_rank]
-        n_steps = max((-(-len(rows) // step_rows) for rows in per_rank), default=0)
-        for m in range(n_steps):
-            step = [rows[m * step_rows : (m + 1) * step_rows] for rows in per_rank]
+        for m in range(self._n_steps(per_rank)):
+            step = [rows[m * self._step_rows : (m + 1) * self._step_rows] for rows in per_rank]
             step = deal_step(step, self._compute, self.grad_accum_steps)
             for r, rows in enumerate(step):
                 out[r].append(rows)
@@ -145,28 +153,16 @@ class PackedBatchSampler(torch.utils.data.Sampler):
     def step_imbalance(self) -> np.ndarray:
         """Max over mean of the ranks' compute in each optimizer step of this epoch."""
         per_rank = self._steps()
-        step_rows = self.batch_rows * self.grad_accum_steps
-        n_steps = max((-(-len(rows) // step_rows) for rows in per_rank), default=0)
-        loads = np.zeros((n_steps, len(per_rank)))
-        for r, rows in enumerate(per_rank):
-            cum = np.concatenate([[0.0], np.cumsum(self._compute[rows])])
-            ends = np.minimum(np.arange(n_steps + 1) * step_rows, len(rows))
-            loads[:, r] = np.diff(cum[ends])
+        n_steps = self._n_steps(per_rank)
+        loads = np.stack([self._step_sums(self._compute, rows, n_steps) for rows in per_rank], 1)
         mean = loads.mean(axis=1)
         return np.where(mean > 0, loads.max(axis=1) / np.where(mean > 0, mean, 1), 1.0)
 
     def __iter__(self) -> Iterator[List[int]]:
         per_rank = self._steps()
-        step_rows = self.batch_rows * self.grad_accum_steps
-        n_steps = max((-(-len(rows) // step_rows) for rows in per_rank), default=0)
-        terms = np.zeros(n_steps, np.int64)
-        samples = np.zeros(n_steps, np.int64)
-        for rows in per_rank:
-            # Each rank's rows, cut at its step boundaries: a rank with fewer batches adds less.
-            ends = np.minimum(np.arange(1, n_steps + 1) * step_rows, len(rows))
-            for total, per_row in ((terms, self._terms), (samples, self._samples)):
-                cum = np.concatenate([[0], np.cumsum(per_row[rows])])
-                total += np.diff(cum[np.concatenate([[0], ends])])
+        n_steps = self._n_steps(per_rank)
+        terms = sum(self._step_sums(self._terms, rows, n_steps) for rows in per_rank)
+        samples = sum(self._step_sums(self._samples, rows, n_steps) for rows in per_rank)
         own = per_rank[self.rank]
         for k in range(self._batches(len(own))):
             m = k // self.grad_accum_steps

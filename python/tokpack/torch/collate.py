@@ -146,20 +146,16 @@ class PackedCollator:
             host = _host_rows(rows)
         if host is not None:
             batch = self._flat_host(*host)
-            _add_carried(batch, rows)
-            counts = getattr(rows, "step_counts", None)
-            if counts is not None:
-                batch["global_num_loss_tokens"], batch["global_num_samples"] = counts
-            return batch
-        ids, labels, seg_lens = self._rows(rows)
-        if self.cp_size > 1:
-            batch = self._context_parallel(ids, labels, seg_lens)
-        elif self.format in ("hf", "flash"):
-            batch = self._flat(ids, labels, seg_lens)
         else:
-            batch = self._padded(ids, labels, seg_lens)
-        if self.return_pairs:
-            add_pair_fields(batch, rows, labels, seg_lens, self.format)
+            ids, labels, seg_lens = self._rows(rows)
+            if self.cp_size > 1:
+                batch = self._context_parallel(ids, labels, seg_lens)
+            elif self.format in ("hf", "flash"):
+                batch = self._flat(ids, labels, seg_lens)
+            else:
+                batch = self._padded(ids, labels, seg_lens)
+            if self.return_pairs:
+                add_pair_fields(batch, rows, labels, seg_lens, self.format)
         _add_carried(batch, rows)
         # The optimizer step's global counts, from a PackedBatchSampler batch.
         counts = getattr(rows, "step_counts", None)
