@@ -30,14 +30,12 @@ pub struct PackedRows {
 
 /// Copies the planned segments into rows, in parallel over groups of segments.
 pub fn materialize(plan: &Plan, tokens: &FlatColumn, labels: Option<&FlatColumn>) -> PackedRows {
-    let mut seg_offsets = Vec::with_capacity(plan.lengths.len() + 1);
-    let mut acc = 0i64;
-    seg_offsets.push(0);
-    for &l in &plan.lengths {
-        acc += l;
-        seg_offsets.push(acc);
-    }
-    let total = acc as usize;
+    let ends = plan.lengths.iter().scan(0i64, |end, &l| {
+        *end += l;
+        Some(*end)
+    });
+    let seg_offsets: Vec<i64> = std::iter::once(0).chain(ends).collect();
+    let total = seg_offsets[seg_offsets.len() - 1] as usize;
     let row_offsets: Vec<i64> = plan
         .bin_offsets
         .iter()

@@ -147,10 +147,6 @@ impl<'de> Visitor<'de> for PlainVisitor {
         Ok(Plain(Data::Str(v.to_owned())))
     }
 
-    fn visit_string<E>(self, v: String) -> Result<Plain, E> {
-        Ok(Plain(Data::Str(v)))
-    }
-
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Plain, A::Error> {
         let mut items = Vec::new();
         while let Some(Plain(item)) = seq.next_element()? {

@@ -73,14 +73,6 @@ impl PackReport {
         }
     }
 
-    pub fn lower_bound(&self) -> u64 {
-        lower_bound(self.tokens, self.max_len)
-    }
-
-    pub fn efficiency(&self) -> f64 {
-        efficiency(self.tokens, self.rows, self.max_len)
-    }
-
     pub fn figures(&self) -> Figures {
         let count = |v: &Vec<i64>| v.len() as u64;
         let (dropped, truncated, split) = (
@@ -102,8 +94,8 @@ impl PackReport {
             loss_tokens: self.shards.iter().map(|s| s.loss_tokens).sum(),
             padding_tokens: self.rows * max_len - self.tokens,
             padding_tokens_unpacked: self.segments * max_len - self.tokens,
-            efficiency: self.efficiency(),
-            lower_bound: self.lower_bound(),
+            efficiency: efficiency(self.tokens, self.rows, self.max_len),
+            lower_bound: lower_bound(self.tokens, self.max_len),
         }
     }
 }

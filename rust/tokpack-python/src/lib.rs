@@ -12,79 +12,68 @@ mod plan;
 mod shards;
 mod template;
 
-use pyo3::prelude::*;
-use pyo3::types::{IntoPyDict, PyDict, PyTuple};
-use tokpack_core::bpe::{LLAMA3_REGEX, QWEN2_REGEX};
-use tokpack_core::format;
-use tokpack_core::policy::{
-    self, MicroBatchOrder, OverCap, Overlong, PairLayout, PartitionMethod, RowOrder, SampleKind,
-    Strategy,
-};
+#[pyo3::pymodule]
+mod _tokpack {
+    use pyo3::prelude::*;
+    use pyo3::types::{IntoPyDict, PyDict, PyTuple};
+    use tokpack_core::bpe::{LLAMA3_REGEX, QWEN2_REGEX};
+    use tokpack_core::format;
+    use tokpack_core::policy::{
+        self, MicroBatchOrder, OverCap, Overlong, PairLayout, PartitionMethod, RowOrder,
+        SampleKind, Strategy,
+    };
 
-#[pymodule]
-fn _tokpack(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    let names = |names: &[&str]| PyTuple::new(m.py(), names.to_vec());
-    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
-    m.add("MAX_THREADS", tokpack_core::pool::MAX_THREADS)?;
-    // The shared names and constants (re-exported to Python by `tokpack/_contract.py`).
-    m.add("IGNORE_INDEX", policy::IGNORE_INDEX)?;
-    // The packed-directory format (re-exported to Python by `tokpack/packed/format.py`).
-    m.add("FORMAT", format::FORMAT)?;
-    m.add("FORMAT_VERSION", format::FORMAT_VERSION)?;
-    m.add("SIDE_DIR", format::SIDE_DIR)?;
-    m.add("MANIFEST_NAME", format::MANIFEST_NAME)?;
-    m.add("DROPPED_NAME", format::DROPPED_NAME)?;
-    m.add("REJECTED_NAME", format::REJECTED_NAME)?;
-    m.add("SHARD_COLUMNS", names(&format::SHARD_COLUMNS)?)?;
-    m.add("INDEX_COLUMNS", names(&format::INDEX_COLUMNS)?)?;
-    m.add("KTO_LABEL", format::col::KTO_LABEL)?;
-    m.add("MAX_LEN", policy::MAX_LEN)?;
-    m.add("MAX_ROWS", policy::MAX_ROWS)?;
-    m.add("OVERLONG_HINT", policy::OVERLONG_HINT)?;
-    m.add("STRATEGIES", names(Strategy::NAMES)?)?;
-    m.add("OVERLONG_POLICIES", names(Overlong::NAMES)?)?;
-    m.add("PAIR_LAYOUTS", names(PairLayout::NAMES)?)?;
-    m.add("ROW_ORDERS", names(RowOrder::NAMES)?)?;
-    m.add("SAMPLE_KINDS", names(SampleKind::NAMES)?)?;
-    m.add("SEGMENT_ROLES", names(&policy::SEGMENT_ROLES)?)?;
-    let roles = PyDict::new(m.py());
-    for &layout in PairLayout::ALL {
-        roles.set_item(layout.name(), PyTuple::new(m.py(), layout.roles())?)?;
+    #[pymodule_export]
+    use crate::{
+        balance::{micro_batches, partition, MicroBatchParts},
+        bpe::BpeEncoder,
+        config::{check_int, index_name, pair_layout_for, shard_name, PyPackConfig, PyPackReport},
+        cuts::safe_pieces,
+        files::{bytes_checksum, file_checksum, file_fingerprint, input_columns, pack_files},
+        files::{read_lengths, read_row_group, Progress},
+        plan::{default_threads, flatten_samples, pack_tokens, plan, PackedRows, PlanParts},
+        shards::write_held_shard,
+        template::ChatRenderer,
+    };
+
+    #[pymodule_init]
+    fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
+        let names = |names: &[&str]| PyTuple::new(m.py(), names.to_vec());
+        m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+        m.add("MAX_THREADS", tokpack_core::pool::MAX_THREADS)?;
+        // The shared names and constants (re-exported to Python by `tokpack/_contract.py`).
+        m.add("IGNORE_INDEX", policy::IGNORE_INDEX)?;
+        // The packed-directory format (re-exported to Python by `tokpack/packed/format.py`).
+        m.add("FORMAT", format::FORMAT)?;
+        m.add("FORMAT_VERSION", format::FORMAT_VERSION)?;
+        m.add("SIDE_DIR", format::SIDE_DIR)?;
+        m.add("MANIFEST_NAME", format::MANIFEST_NAME)?;
+        m.add("DROPPED_NAME", format::DROPPED_NAME)?;
+        m.add("REJECTED_NAME", format::REJECTED_NAME)?;
+        m.add("SHARD_COLUMNS", names(&format::SHARD_COLUMNS)?)?;
+        m.add("INDEX_COLUMNS", names(&format::INDEX_COLUMNS)?)?;
+        m.add("KTO_LABEL", format::col::KTO_LABEL)?;
+        m.add("MAX_LEN", policy::MAX_LEN)?;
+        m.add("MAX_ROWS", policy::MAX_ROWS)?;
+        m.add("OVERLONG_HINT", policy::OVERLONG_HINT)?;
+        m.add("STRATEGIES", names(Strategy::NAMES)?)?;
+        m.add("OVERLONG_POLICIES", names(Overlong::NAMES)?)?;
+        m.add("PAIR_LAYOUTS", names(PairLayout::NAMES)?)?;
+        m.add("ROW_ORDERS", names(RowOrder::NAMES)?)?;
+        m.add("SAMPLE_KINDS", names(SampleKind::NAMES)?)?;
+        m.add("SEGMENT_ROLES", names(&policy::SEGMENT_ROLES)?)?;
+        let roles = PyDict::new(m.py());
+        for &layout in PairLayout::ALL {
+            roles.set_item(layout.name(), PyTuple::new(m.py(), layout.roles())?)?;
+        }
+        m.add("PAIR_SEGMENT_ROLES", roles)?;
+        let regexes = [("llama3", LLAMA3_REGEX), ("qwen2", QWEN2_REGEX)];
+        m.add("SPLIT_REGEXES", regexes.into_py_dict(m.py())?)?;
+        m.add("PARTITION_METHODS", names(PartitionMethod::NAMES)?)?;
+        m.add("MICRO_BATCH_ORDERS", names(MicroBatchOrder::NAMES)?)?;
+        m.add("OVER_CAP_POLICIES", names(OverCap::NAMES)?)?;
+        let attention = tokpack_core::balance::CostModel::ATTENTION;
+        m.add("ATTENTION_COST", (attention.a, attention.b))?;
+        Ok(())
     }
-    m.add("PAIR_SEGMENT_ROLES", roles)?;
-    let regexes = [("llama3", LLAMA3_REGEX), ("qwen2", QWEN2_REGEX)];
-    m.add("SPLIT_REGEXES", regexes.into_py_dict(m.py())?)?;
-    m.add_class::<config::PyPackConfig>()?;
-    m.add_class::<config::PyPackReport>()?;
-    m.add_function(wrap_pyfunction!(config::check_int, m)?)?;
-    m.add_function(wrap_pyfunction!(config::shard_name, m)?)?;
-    m.add_function(wrap_pyfunction!(config::index_name, m)?)?;
-    m.add_function(wrap_pyfunction!(config::pair_layout_for, m)?)?;
-    m.add_function(wrap_pyfunction!(plan::plan, m)?)?;
-    m.add_function(wrap_pyfunction!(cuts::safe_pieces, m)?)?;
-    m.add_function(wrap_pyfunction!(plan::pack_tokens, m)?)?;
-    m.add_function(wrap_pyfunction!(plan::flatten_samples, m)?)?;
-    m.add_class::<plan::PlanParts>()?;
-    m.add_class::<plan::PackedRows>()?;
-    m.add_function(wrap_pyfunction!(plan::default_threads, m)?)?;
-    m.add_class::<bpe::BpeEncoder>()?;
-    m.add_class::<template::ChatRenderer>()?;
-    m.add_class::<files::Progress>()?;
-    m.add_function(wrap_pyfunction!(files::pack_files, m)?)?;
-    m.add_function(wrap_pyfunction!(files::read_lengths, m)?)?;
-    m.add_function(wrap_pyfunction!(files::read_row_group, m)?)?;
-    m.add_function(wrap_pyfunction!(files::file_checksum, m)?)?;
-    m.add_function(wrap_pyfunction!(files::file_fingerprint, m)?)?;
-    m.add_function(wrap_pyfunction!(files::bytes_checksum, m)?)?;
-    m.add_function(wrap_pyfunction!(shards::write_held_shard, m)?)?;
-    m.add("PARTITION_METHODS", names(PartitionMethod::NAMES)?)?;
-    m.add("MICRO_BATCH_ORDERS", names(MicroBatchOrder::NAMES)?)?;
-    m.add("OVER_CAP_POLICIES", names(OverCap::NAMES)?)?;
-    let attention = tokpack_core::balance::CostModel::ATTENTION;
-    m.add("ATTENTION_COST", (attention.a, attention.b))?;
-    m.add_function(wrap_pyfunction!(balance::partition, m)?)?;
-    m.add_function(wrap_pyfunction!(balance::micro_batches, m)?)?;
-    m.add_class::<balance::MicroBatchParts>()?;
-    m.add_function(wrap_pyfunction!(files::input_columns, m)?)?;
-    Ok(())
 }

@@ -270,46 +270,22 @@ fn assemble(
 mod tests {
     use super::*;
 
-    fn config(max_tokens: u64, dp_size: usize) -> MicroBatchConfig {
-        MicroBatchConfig {
-            max_tokens,
-            dp_size,
+    #[test]
+    fn cap_holds_where_plain_balancing_breaks_it() {
+        // 3 micro-batches of 10: a token-balanced split wants 10/10/10 and has to get the cap
+        // right; any over-full micro-batch would be an OOM.
+        let config = MicroBatchConfig {
+            max_tokens: 10,
+            dp_size: 1,
             cost: CostModel::TOKENS,
             same_count: true,
             min_micro_batches: 1,
             divisible_by: 1,
             order: MicroBatchOrder::Descending,
             over_cap: OverCap::Error,
-        }
-    }
-
-    #[test]
-    fn cap_holds_where_plain_balancing_breaks_it() {
-        // 3 micro-batches of 10: a token-balanced split wants 10/10/10 and has to get the cap
-        // right; any over-full micro-batch would be an OOM.
-        let lengths = [6, 6, 6, 4, 4, 4];
-        let plan = micro_batches(&lengths, &config(10, 1)).unwrap();
+        };
+        let plan = micro_batches(&[6, 6, 6, 4, 4, 4], &config).unwrap();
         assert!(plan.mb_tokens.iter().all(|&t| t <= 10), "{plan:?}");
         assert_eq!(plan.mb_tokens.len(), 3);
-    }
-
-    #[test]
-    fn over_cap_alone_or_error() {
-        let mut cfg = config(10, 1);
-        let err = micro_batches(&[3, 12, 4], &cfg).unwrap_err();
-        assert!(matches!(err, CoreError::OverCap { index: 1, .. }), "{err}");
-        cfg.over_cap = OverCap::Alone;
-        let plan = micro_batches(&[3, 12, 4], &cfg).unwrap();
-        let twelve = plan.mb_tokens.iter().position(|&t| t == 12).unwrap();
-        assert_eq!(plan.mb_offsets[twelve + 1] - plan.mb_offsets[twelve], 1);
-    }
-
-    #[test]
-    fn pp_order_puts_light_micro_batches_at_both_ends() {
-        let mut cfg = config(10, 1);
-        cfg.order = MicroBatchOrder::Pp;
-        cfg.min_micro_batches = 5;
-        let plan = micro_batches(&[10, 8, 6, 4, 2], &cfg).unwrap();
-        assert_eq!(plan.mb_tokens, vec![2, 6, 10, 8, 4]);
     }
 }

@@ -214,37 +214,3 @@ pub(super) fn karmarkar_karp(
         })
         .collect()
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn kk_balances_a_classic_case() {
-        // {8, 7, 6, 5, 4} into 2: KK gives 16 / 14 (the optimum is 15 / 15); best finds 15.
-        let costs = [8.0, 7.0, 6.0, 5.0, 4.0];
-        let kk = karmarkar_karp(&costs, &by_cost_desc(&costs), 2, false);
-        assert_eq!(max_sum(&costs, &kk), 16.0);
-        let best = partition(&costs, 2, false, PartitionMethod::Best).unwrap();
-        assert_eq!(max_sum(&costs, &best), 15.0);
-    }
-
-    #[test]
-    fn equal_size_counts_differ_by_at_most_one() {
-        let costs: Vec<f64> = (0..23).map(|i| (i * 7 % 11) as f64).collect();
-        for method in PartitionMethod::ALL {
-            let parts = partition(&costs, 5, true, *method).unwrap();
-            let counts: Vec<usize> = parts.iter().map(Vec::len).collect();
-            assert!(
-                counts.iter().max().unwrap() - counts.iter().min().unwrap() <= 1,
-                "{counts:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn too_many_parts_is_a_config_error() {
-        let err = partition(&[1.0, 2.0], 3, false, PartitionMethod::Best).unwrap_err();
-        assert!(matches!(err, CoreError::Config(_)), "{err}");
-    }
-}

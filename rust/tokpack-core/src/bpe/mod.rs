@@ -52,10 +52,6 @@ fn is_null_or_false(v: Option<&Value>) -> bool {
     matches!(v, None | Some(Value::Null) | Some(Value::Bool(false)))
 }
 
-fn is_null(v: Option<&Value>) -> bool {
-    matches!(v, None | Some(Value::Null))
-}
-
 /// `Some(uses_regex)` for a ByteLevel pre-tokenizer without a prefix space.
 fn byte_level(pre: &Value) -> Result<bool, LoadError> {
     if pre.get("type").and_then(Value::as_str) != Some("ByteLevel") {
@@ -175,7 +171,9 @@ impl BpeTokenizer {
             return unsupported("a model other than BPE");
         }
         let affixes = ["dropout", "continuing_subword_prefix", "end_of_word_suffix"];
-        if !affixes.iter().all(|k| is_null(model.get(*k)))
+        if !affixes
+            .iter()
+            .all(|k| matches!(model.get(*k), None | Some(Value::Null)))
             || !is_null_or_false(model.get("byte_fallback"))
         {
             return unsupported("BPE with dropout, affixes or byte fallback");

@@ -333,17 +333,10 @@ fn read_unit(
     Ok(out)
 }
 
-/// What [`read_all`] read: the units concatenated, the rows and the fingerprint of each file.
-struct ReadAll {
-    all: UnitOut,
-    rows: Vec<u64>,
-    fingerprints: Vec<String>,
-}
-
 /// Reads all units in parallel; units are concatenated in file order, so sample `i` is the
 /// `i`-th row across the inputs. On failure, the error of the first failing unit is returned.
-/// With `hashed`, each file's fingerprint is taken from the bytes read (plus the parts no unit
-/// covers); else there are none.
+/// Returns the units read, the rows of each file and, with `hashed`, each file's fingerprint
+/// taken from the bytes read (plus the parts no unit covers; else there are none).
 fn read_all(
     sources: &[Source],
     columns: &Columns,
@@ -351,7 +344,7 @@ fn read_all(
     spill: Option<&Spill>,
     hashed: bool,
     progress: &Progress,
-) -> Result<ReadAll> {
+) -> Result<(UnitOut, Vec<u64>, Vec<String>)> {
     let units: Vec<(usize, usize)> = sources
         .iter()
         .enumerate()
@@ -402,11 +395,7 @@ fn read_all(
             })
             .collect::<Result<Vec<_>>>()?
     };
-    Ok(ReadAll {
-        all,
-        rows,
-        fingerprints,
-    })
+    Ok((all, rows, fingerprints))
 }
 
 /// The columns `pack_files` reads from token shards `paths` (plain sequences), by its rules and
@@ -464,9 +453,7 @@ pub fn read_lengths(
 ) -> Result<(Vec<i64>, Vec<u64>)> {
     let sources = open_all(paths)?;
     let columns = resolve_columns(&sources, tokens_column, &LabelSource::None, pairs, &[])?;
-    let ReadAll {
-        all: read, rows, ..
-    } = read_all(&sources, &columns, batch_rows, None, false, progress)?;
+    let (read, rows, _) = read_all(&sources, &columns, batch_rows, None, false, progress)?;
     if read.rows == 0 {
         return Err(no_samples(paths));
     }
@@ -574,11 +561,7 @@ pub fn pack_files(config: &PackFilesConfig, progress: &Progress) -> Result<PackO
     )?;
     let has_labels = columns.pairs.is_some() || columns.labels.is_some();
     let spill = Spill::create(&config.spill_dir, rayon::current_num_threads(), has_labels)?;
-    let ReadAll {
-        all: mut read,
-        rows: input_rows,
-        fingerprints: input_fingerprints,
-    } = read_all(
+    let (mut read, input_rows, input_fingerprints) = read_all(
         &sources,
         &columns,
         config.batch_rows,

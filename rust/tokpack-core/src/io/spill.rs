@@ -184,6 +184,15 @@ fn layout(n: usize, width: Width, labels: Labels) -> (usize, usize) {
     (ids, ids + labels)
 }
 
+/// Values of `W` little-endian bytes each (an int32's low bytes) from `bytes` into `out`.
+fn unpack<const W: usize>(bytes: &[u8], out: &mut [i32]) {
+    for (v, b) in out.iter_mut().zip(bytes.chunks_exact(W)) {
+        let mut word = [0u8; 4];
+        word[..W].copy_from_slice(b);
+        *v = i32::from_le_bytes(word);
+    }
+}
+
 /// Reads the values `start..start + tokens.len()` of a record of `n` values at `pos` of
 /// `file`, into `tokens` and (when given) `labels`. `scratch` holds the bytes read.
 #[allow(clippy::too_many_arguments)]
@@ -217,28 +226,15 @@ fn decode_span(
     scratch.resize(last - first, 0);
     read_at(scratch, pos + first as u64)?;
     let bytes = |at: usize| &scratch[at - first..];
-    let ids = bytes(first);
-    match width {
-        Width::U16 | Width::U17 => {
-            for (t, b) in tokens.iter_mut().zip(ids.chunks_exact(2)) {
-                *t = i32::from(u16::from_le_bytes([b[0], b[1]]));
-            }
-            if width == Width::U17 {
-                let plane = bytes(n * w);
-                for (i, t) in tokens.iter_mut().enumerate() {
-                    *t |= i32::from(plane_bit(plane, start + i)) << 16;
-                }
-            }
-        }
-        Width::U24 => {
-            for (t, b) in tokens.iter_mut().zip(ids.chunks_exact(3)) {
-                *t = i32::from_le_bytes([b[0], b[1], b[2], 0]);
-            }
-        }
-        Width::I32 => {
-            for (t, b) in tokens.iter_mut().zip(ids.chunks_exact(4)) {
-                *t = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-            }
+    match w {
+        2 => unpack::<2>(bytes(first), tokens),
+        3 => unpack::<3>(bytes(first), tokens),
+        _ => unpack::<4>(bytes(first), tokens),
+    }
+    if width == Width::U17 {
+        let plane = bytes(n * w);
+        for (i, t) in tokens.iter_mut().enumerate() {
+            *t |= i32::from(plane_bit(plane, start + i)) << 16;
         }
     }
     let Some(labels) = labels else {
@@ -246,14 +242,7 @@ fn decode_span(
     };
     match coding {
         Labels::None => labels.fill(IGNORE_INDEX),
-        Labels::Raw => {
-            for (l, b) in labels
-                .iter_mut()
-                .zip(bytes(ids_end + 4 * start).chunks_exact(4))
-            {
-                *l = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-            }
-        }
+        Labels::Raw => unpack::<4>(bytes(ids_end + 4 * start), labels),
         Labels::Bits | Labels::Exceptions => {
             let plane = bytes(ids_end);
             for (i, (l, &t)) in labels.iter_mut().zip(tokens.iter()).enumerate() {
