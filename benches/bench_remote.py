@@ -697,7 +697,7 @@ def main() -> int:
     parser.add_argument("--rows-per-shard", type=int, default=512)
     # The competitors' shards are sized like tokpack's (the raw bytes of a 512-row shard, 16 MB):
     # 4x below their defaults (64 MB). tokpack's row groups are 4x below its default (1,024 rows)
-    # too: 256 rows (~2.7 MB), the unit it fetches, where their unit is a whole shard.
+    # too: 256 rows (~3.4 MB), the unit it fetches, where their unit is a whole shard.
     parser.add_argument("--row-group-rows", type=int, default=256)
     parser.add_argument("--workers", default="0,2,4", help="num_workers values to time")
     parser.add_argument(
