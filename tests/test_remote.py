@@ -30,7 +30,7 @@ from .packed_corpus import (
     write_packed_dir,
 )
 
-PREFIX = "tokpack-test/packed"
+PREFIX = "tokpack-test/remote-packed"
 
 
 @pytest.fixture(scope="module")
@@ -334,6 +334,30 @@ def test_credentials_in_a_uri_stay_out_of_messages_and_reports(corpus, s3_server
     with pytest.raises(tokpack.OverlongError) as err:
         tokpack.pack_files(tokpack.synthetic.write_token_shards(tmp_path / "t", 20), out, 8)
     assert secret not in str(err.value)
+
+
+def test_azure_and_hf_uris_resolve_and_are_named_with_their_container():
+    """``abfs://`` resolves to pyarrow's Azure file system and ``hf://`` to fsspec's Hugging
+    Face one (no request is made). An Azure URI's user part names its container or account
+    (``abfs://container@account.dfs.core.windows.net/...``): messages keep it and drop only a
+    password (``account:KEY@...``), where an S3 URI's user part is its access key, dropped."""
+    from tokpack._io.uri import shown_uri, store_of
+
+    if hasattr(pafs, "AzureFileSystem"):  # (pyarrow built with Azure)
+        fs, prefix, shown = store_of("abfs://data@acct.dfs.core.windows.net/packed")
+        assert fs.type_name == "abfs" and prefix == "data/packed"
+        assert shown == "abfs://data@acct.dfs.core.windows.net/packed"
+    assert shown_uri("abfss://acct:S3CRET@data/packed?x=1") == "abfss://acct@data/packed"
+    assert shown_uri("s3://KEY:S3CRET@bucket/packed") == "s3://bucket/packed"
+    assert shown_uri("gs://anonymous@bucket/p?scheme=http") == "gs://bucket/p"
+    with pytest.raises(tokpack.ConfigError) as err:
+        store_of("nosuch://user:S3CRET@bucket/packed?token=T0KEN")
+    assert "nosuch://bucket/packed" in str(err.value)
+    assert "S3CRET" not in str(err.value) and "T0KEN" not in str(err.value)
+    pytest.importorskip("huggingface_hub")
+    fs, prefix, shown = store_of("hf://datasets/org/name/packed")
+    assert fs.type_name == "py::fsspec+hf" and prefix == "datasets/org/name/packed"
+    assert shown == "hf://datasets/org/name/packed"
 
 
 class _Flaky:

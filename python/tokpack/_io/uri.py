@@ -56,10 +56,13 @@ def _with_endpoint(uri: str) -> str:
 
 def _from_uri(uri: str) -> Tuple[pafs.FileSystem, str]:
     """``pyarrow.fs``'s file system of ``uri`` and the path on it, else fsspec's (wrapped)."""
+    given = _with_endpoint(uri)
     try:
-        return pafs.FileSystem.from_uri(_with_endpoint(uri))
+        return pafs.FileSystem.from_uri(given)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
-        arrow_error = exc
+        # (pyarrow's message repeats the URI, credentials included)
+        shown = shown_uri(uri)
+        arrow_error = str(exc).replace(given, shown).replace(uri, shown)
     try:
         import fsspec.core
     except ImportError:
@@ -69,12 +72,13 @@ def _from_uri(uri: str) -> Tuple[pafs.FileSystem, str]:
             fs, path = fsspec.core.url_to_fs(uri)
         except (ImportError, ValueError) as exc:
             raise ConfigError(
-                f"{uri.split('?', 1)[0]}: no file system for this URI (pyarrow: {arrow_error};"
-                f" fsspec: {exc}); install the package of its protocol or pass filesystem="
+                f"{shown}: no file system for this URI (pyarrow: {arrow_error};"
+                f" fsspec: {str(exc).replace(uri, shown)}); install the package of its protocol"
+                " or pass filesystem="
             ) from None
         return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), str(path)
     raise ConfigError(
-        f"{uri.split('?', 1)[0]}: no file system for this URI ({arrow_error}); pyarrow.fs knows"
+        f"{shown}: no file system for this URI ({arrow_error}); pyarrow.fs knows"
         " s3://, gs://, abfs:// and hdfs://, fsspec (pip install fsspec and the protocol's"
         " package) knows more; or pass filesystem="
     ) from None
@@ -105,12 +109,17 @@ def is_remote(path: Union[str, os.PathLike], filesystem: Any = None) -> bool:
 
 def shown_uri(uri: str) -> str:
     """How messages and reports name ``uri``: without its query and its user information
-    (``s3://KEY:SECRET@bucket/...`` and ``?secret_key=...`` carry credentials)."""
+    (``s3://KEY:SECRET@bucket/...`` and ``?secret_key=...`` carry credentials). An Azure URI's
+    user part names its container or account (``abfs://container@account.dfs.core.windows.net``):
+    only its password goes."""
     scheme, sep, rest = uri.split("?", 1)[0].partition("://")
     if not sep:
         return scheme
     authority, slash, path = rest.partition("/")
-    return f"{scheme}://{authority.rpartition('@')[2]}{slash}{path}"
+    user, at, host = authority.rpartition("@")
+    if at and scheme in ("abfs", "abfss"):
+        host = f"{user.partition(':')[0]}@{host}"
+    return f"{scheme}://{host}{slash}{path}"
 
 
 def store_of(
