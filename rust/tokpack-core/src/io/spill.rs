@@ -424,27 +424,6 @@ mod tests {
         }
     }
 
-    /// Workers 256 and up once wrapped around the location's top byte and read another
-    /// worker's file (wrong tokens, or "failed to fill whole buffer").
-    #[test]
-    fn any_worker_index_reads_back_its_own_values() {
-        let dir = TempDir::new("workers");
-        let spill = Spill::create(&dir.0, 300, false).unwrap();
-        let locs: Vec<(usize, u64)> = [0usize, 1, 63, 64, 255, 256, 257, 299]
-            .iter()
-            .map(|&w| {
-                let ids = [w as i32, 70_000 + w as i32];
-                (w, spill.append(w, &ids, &[0, 2], None).unwrap()[0])
-            })
-            .collect();
-        let reader = spill.into_reader();
-        for (w, loc) in locs {
-            let mut out = [0i32; 2];
-            reader.read(loc, 2, 0, &mut out, None).unwrap();
-            assert_eq!(out, [w as i32, 70_000 + w as i32], "worker {w}");
-        }
-    }
-
     #[test]
     fn sft_labels_take_a_bit_per_token() {
         let ids: Vec<i32> = (0..800).map(|i| i * 80).collect();
