@@ -148,22 +148,3 @@ impl PairLayout {
         }
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names_round_trip() {
-        for &s in Strategy::ALL {
-            assert_eq!(s.name().parse::<Strategy>().unwrap(), s);
-        }
-        for &o in Overlong::ALL {
-            assert_eq!(o.name().parse::<Overlong>().unwrap(), o);
-        }
-        assert_eq!(
-            "nope".parse::<Overlong>().unwrap_err().to_string(),
-            "unknown overlong policy \"nope\"; expected one of \"error\", \"truncate\", \"drop\", \"split\""
-        );
-    }
-}
