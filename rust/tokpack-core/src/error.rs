@@ -213,18 +213,3 @@ impl<T, E: Into<Cause>> Context<T> for std::result::Result<T, E> {
         self.map_err(|e| CoreError::corrupt(at.clone(), what, Some(e.into())))
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A file tokpack may not read is not reported as missing.
-    #[test]
-    fn unreadable_says_why() {
-        let path = Path::new("x.parquet");
-        let denied = CoreError::unreadable(path, ErrorKind::PermissionDenied.into());
-        assert_eq!(denied.to_string(), "x.parquet: permission denied");
-        let missing = CoreError::unreadable(path, ErrorKind::NotFound.into());
-        assert_eq!(missing.to_string(), "x.parquet: no such file");
-    }
-}
