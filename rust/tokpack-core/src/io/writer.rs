@@ -450,20 +450,3 @@ fn row_group(
     }
     RecordBatch::try_new(schema.clone(), columns).output(ctx.dir)
 }
-
-#[cfg(test)]
-mod tests {
-    use super::shard_schema;
-    use crate::format::is_reserved;
-
-    /// A carried column may never take the name of a column the writer writes.
-    #[test]
-    fn every_shard_column_is_reserved() {
-        for (labels, pairs) in [(true, true), (false, false)] {
-            for field in shard_schema(labels, pairs, &[]).fields() {
-                let name = field.name().as_str();
-                assert!(is_reserved(name), "{name} is written, not reserved");
-            }
-        }
-    }
-}
