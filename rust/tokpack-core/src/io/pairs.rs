@@ -296,20 +296,6 @@ mod tests {
         }
     }
 
-    /// The cap is the largest that fits, checked against every smaller and larger cap.
-    #[test]
-    fn water_level_is_the_largest_cap_that_fits() {
-        for c in 0..12i64 {
-            for r in 0..12i64 {
-                for budget in 0..(c + r) {
-                    let fits = |cap: i64| c.min(cap) + r.min(cap) <= budget;
-                    let cap = water_level(c, r, budget);
-                    assert!(fits(cap) && !fits(cap + 1), "c={c} r={r} budget={budget}");
-                }
-            }
-        }
-    }
-
     #[test]
     fn truncation_never_cuts_the_prompt_and_fills_the_row() {
         let p = lengths(10 + 30, 10 + 5, 10);
