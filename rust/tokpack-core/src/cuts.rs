@@ -284,21 +284,6 @@ mod tests {
     }
 
     #[test]
-    fn chosen_pieces_are_checked() {
-        let c = cuts();
-        assert_eq!(
-            c.chosen(2, 10, 6, true).unwrap(),
-            Some(vec![(0, 4), (4, 6)])
-        );
-        assert_eq!(c.chosen(5, 10, 6, true).unwrap(), Some(vec![]));
-        assert_eq!(c.chosen(1, 10, 6, true).unwrap(), None);
-        assert!(c.chosen(2, 11, 6, true).is_err()); // does not tile
-        assert!(c.chosen(2, 10, 6, false).is_err()); // two pieces under truncate
-        assert!(c.chosen(2, 10, 5, true).is_err()); // a piece over max_len
-        assert!(c.chosen(2, 6, 6, true).is_err()); // the sample fits
-    }
-
-    #[test]
     fn safe_cuts_never_fall_inside_a_block() {
         let blocks = [(2, 6), (6, 9)];
         assert_eq!(safe_cut(&blocks, 0, 4), 2);
