@@ -37,47 +37,16 @@ pub struct Blocks {
 }
 
 impl Blocks {
-    /// Checked shapes: `samples` ascending and unique, `offsets` non-decreasing from 0 to the
-    /// number of spans, each span non-empty and after the one before of its sample.
+    /// Checked shapes, as [`check_shape`] says.
     pub fn new(
         samples: Vec<i64>,
         offsets: Vec<usize>,
         starts: Vec<i64>,
         ends: Vec<i64>,
     ) -> Result<Self> {
-        let bad = |what: String| CoreError::Config(format!("blocks: {what}"));
-        if offsets.len() != samples.len() + 1
-            || offsets.first() != Some(&0)
-            || starts.len() != ends.len()
-            || offsets.last() != Some(&starts.len())
-        {
-            return Err(bad(format!(
-                "{} offsets, {} starts and {} ends for {} samples",
-                offsets.len(),
-                starts.len(),
-                ends.len(),
-                samples.len()
-            )));
-        }
-        if samples.windows(2).any(|w| w[0] >= w[1]) {
-            return Err(bad("samples must be ascending and unique".into()));
-        }
-        for (i, w) in offsets.windows(2).enumerate() {
-            if w[0] > w[1] {
-                return Err(bad("offsets must not decrease".into()));
-            }
-            let mut end = 0;
-            for k in w[0]..w[1] {
-                if starts[k] < end || ends[k] <= starts[k] {
-                    return Err(bad(format!(
-                        "span {}..{} of sample {} is empty or overlaps the one before",
-                        starts[k], ends[k], samples[i]
-                    )));
-                }
-                end = ends[k];
-            }
-        }
-        let spans = starts.into_iter().zip(ends).collect();
+        let spans: Vec<(i64, i64)> = starts.iter().copied().zip(ends.iter().copied()).collect();
+        let columns = [starts.len(), ends.len()];
+        check_shape("blocks", &samples, &offsets, &spans, columns)?;
         Ok(Self {
             samples,
             offsets,
@@ -134,56 +103,72 @@ pub fn safe_pieces(length: i64, cap: i64, whole: bool, blocks: &[(i64, i64)]) ->
     pieces
 }
 
-fn bad(what: String) -> CoreError {
-    CoreError::Config(format!("cuts: {what}"))
+/// The shape chosen pieces and blocks (`what`) share: `samples` ascending and unique, `offsets`
+/// non-decreasing from 0 to the number of spans, and the spans of each sample non-empty, each
+/// after the one before. `spans` are zipped from two columns as long as each other (`columns`:
+/// their lengths).
+fn check_shape(
+    what: &str,
+    samples: &[i64],
+    offsets: &[usize],
+    spans: &[(i64, i64)],
+    columns: [usize; 2],
+) -> Result<()> {
+    let bad = |m: String| Err(CoreError::Config(format!("{what}: {m}")));
+    if offsets.len() != samples.len() + 1
+        || offsets.first() != Some(&0)
+        || offsets.last() != Some(&spans.len())
+        || columns[0] != columns[1]
+    {
+        return bad(format!(
+            "{} offsets, {} starts and {} ends or lengths for {} samples (one offset more than \
+             samples, from 0 to the spans, expected)",
+            offsets.len(),
+            columns[0],
+            columns[1],
+            samples.len()
+        ));
+    }
+    if let Some(w) = samples.windows(2).find(|w| w[0] >= w[1]) {
+        return bad(format!(
+            "samples must be ascending and unique, got {} then {}",
+            w[0], w[1]
+        ));
+    }
+    if offsets.windows(2).any(|w| w[0] > w[1]) {
+        return bad("offsets must not decrease".into());
+    }
+    for (i, w) in offsets.windows(2).enumerate() {
+        let mut end = 0;
+        for &(a, b) in &spans[w[0]..w[1]] {
+            if a < end || b <= a {
+                return bad(format!(
+                    "span {a}..{b} of sample {} is empty or overlaps the one before",
+                    samples[i]
+                ));
+            }
+            end = b;
+        }
+    }
+    Ok(())
 }
 
 impl Cuts {
-    /// Checked shapes: `samples` ascending and unique, `offsets` non-decreasing from 0 to the
-    /// number of pieces, pieces of one sample ascending and non-empty.
+    /// Checked shapes, as [`check_shape`] says (piece `k` is the span `starts[k]..starts[k] +
+    /// lengths[k]`).
     pub fn new(
         samples: Vec<i64>,
         offsets: Vec<usize>,
         starts: Vec<i64>,
         lengths: Vec<i64>,
     ) -> Result<Self> {
-        if offsets.len() != samples.len() + 1 || offsets.first() != Some(&0) {
-            return Err(bad(format!(
-                "{} offsets for {} samples (one more, from 0, expected)",
-                offsets.len(),
-                samples.len()
-            )));
-        }
-        if starts.len() != lengths.len() || offsets.last() != Some(&starts.len()) {
-            return Err(bad(format!(
-                "{} starts and {} lengths for {} pieces",
-                starts.len(),
-                lengths.len(),
-                offsets.last().copied().unwrap_or(0)
-            )));
-        }
-        if let Some(w) = samples.windows(2).find(|w| w[0] >= w[1]) {
-            return Err(bad(format!(
-                "samples must be ascending and unique, got {} then {}",
-                w[0], w[1]
-            )));
-        }
-        for (i, w) in offsets.windows(2).enumerate() {
-            if w[0] > w[1] {
-                return Err(bad("offsets must not decrease".into()));
-            }
-            let mut end = 0;
-            for k in w[0]..w[1] {
-                if starts[k] < end || lengths[k] <= 0 {
-                    return Err(bad(format!(
-                        "piece {k} of sample {} (start {}, length {}) is empty or overlaps the \
-                         one before",
-                        samples[i], starts[k], lengths[k]
-                    )));
-                }
-                end = starts[k] + lengths[k];
-            }
-        }
+        let spans: Vec<(i64, i64)> = starts
+            .iter()
+            .zip(&lengths)
+            .map(|(&s, &l)| (s, s.saturating_add(l)))
+            .collect();
+        let columns = [starts.len(), lengths.len()];
+        check_shape("cuts", &samples, &offsets, &spans, columns)?;
         Ok(Self {
             samples,
             offsets,
