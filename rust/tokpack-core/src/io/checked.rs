@@ -3,6 +3,7 @@
 //! only then decoded, from memory. A damaged, truncated or replaced shard therefore fails
 //! instead of yielding other tokens, and the check covers exactly the bytes that are decoded.
 
+use super::fingerprint::hash_range;
 use super::source::{assemble_batch, decode, open_file};
 use super::writer::{xxh3_hex, ByteRange};
 use crate::error::{Context, CoreError, Location, Result};
@@ -13,7 +14,6 @@ use parquet::arrow::ProjectionMask;
 use parquet::errors::ParquetError;
 use parquet::file::reader::{ChunkReader, Length};
 use std::fs::File;
-use std::io::Read;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
@@ -75,7 +75,7 @@ fn read_checked(file: &File, at: &Location, part: &str, range: &ByteRange) -> Re
     let mut buf = vec![0u8; range.length as usize];
     file.read_exact_at(&mut buf, range.offset)
         .corrupt(at, &format!("{part}cannot read"))?;
-    let got = xxh3_hex(twox_hash::XxHash3_128::oneshot(&buf));
+    let got = bytes_checksum(&buf);
     if got != range.checksum {
         let what = format!(
             "{part}bytes {}..{} do not match their checksum (they hash to {got}, the manifest \
@@ -142,19 +142,8 @@ pub fn bytes_checksum(data: &[u8]) -> String {
 
 /// Size and `xxh3_128:<hex>` checksum of a whole file.
 pub fn file_checksum(path: &Path) -> Result<(u64, String)> {
-    let mut file = open_file(path)?;
-    let mut hasher = twox_hash::XxHash3_128::new();
-    let mut buf = vec![0u8; 1 << 22];
-    let mut size = 0u64;
-    loop {
-        let n = file
-            .read(&mut buf)
-            .corrupt(&Location::file(path), "cannot read")?;
-        if n == 0 {
-            break;
-        }
-        hasher.write(&buf[..n]);
-        size += n as u64;
-    }
-    Ok((size, xxh3_hex(hasher.finish_128())))
+    let at = Location::file(path);
+    let file = open_file(path)?;
+    let size = file.metadata().corrupt(&at, "cannot stat")?.len();
+    Ok((size, xxh3_hex(hash_range(&file, 0, size, &at)?)))
 }
