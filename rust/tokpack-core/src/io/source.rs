@@ -136,9 +136,6 @@ impl Source {
                     file.read_exact_at(&mut buf, offset)
                         .corrupt(&at, "cannot read")?;
                     digest = Some((p, twox_hash::XxHash3_128::oneshot(&buf)));
-                    if self.read_once {
-                        drop_read(&file, offset, length);
-                    }
                     let data = CheckedBytes {
                         size: self.parts.size,
                         ranges: vec![(offset, bytes::Bytes::from(buf))],
@@ -151,10 +148,11 @@ impl Source {
                         let (offset, length) = self.parts.parts[p];
                         let d = super::fingerprint::hash_range(&file, offset, length, &at)?;
                         digest = Some((p, d));
-                        if self.read_once {
-                            drop_read(&file, offset, length);
-                        }
                     }
+                }
+                if let Some((p, _)) = digest.filter(|_| self.read_once) {
+                    let (offset, length) = self.parts.parts[p];
+                    drop_read(&file, offset, length);
                 }
             }
             None => {
