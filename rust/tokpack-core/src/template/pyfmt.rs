@@ -224,7 +224,7 @@ fn write_json(
             for key in value.try_iter()? {
                 pairs.push(if map {
                     let item = value.get_item(&key)?;
-                    (Some(json_key(&key)?), item)
+                    (Some(json_key(&key, style)?), item)
                 } else {
                     (None, key)
                 });
@@ -255,26 +255,22 @@ fn write_json(
 }
 
 /// A dict key as `json.dumps` writes it (non-string keys become their JSON text).
-fn json_key(key: &Value) -> Result<String, Error> {
-    Ok(match key.kind() {
-        ValueKind::String => key.as_str().unwrap_or_default().to_owned(),
-        ValueKind::None => "null".into(),
-        ValueKind::Bool => (if key.is_true() { "true" } else { "false" }).into(),
-        ValueKind::Number => {
+fn json_key(key: &Value, style: &JsonStyle) -> Result<String, Error> {
+    match key.kind() {
+        ValueKind::String => Ok(key.as_str().unwrap_or_default().to_owned()),
+        ValueKind::None | ValueKind::Bool | ValueKind::Number => {
             let mut s = String::new();
-            number(key, &mut s);
-            s
+            write_json(key, style, 0, &mut s)?;
+            Ok(s)
         }
-        _ => {
-            return Err(Error::new(
-                ErrorKind::InvalidOperation,
-                format!(
-                    "keys must be str, int, float, bool or None, not {}",
-                    key.kind()
-                ),
-            ))
-        }
-    })
+        _ => Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!(
+                "keys must be str, int, float, bool or None, not {}",
+                key.kind()
+            ),
+        )),
+    }
 }
 
 fn json_str(s: &str, ensure_ascii: bool, out: &mut String) {
