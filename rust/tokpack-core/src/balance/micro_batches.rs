@@ -12,7 +12,7 @@
 
 use super::partition::{budget, by_cost_desc, partition, Partition};
 use super::refine::Layout;
-use super::{cmp_cost, Cost, CostModel};
+use super::{cmp_cost, cost_of, Cost, CostModel};
 use crate::error::{CoreError, Result};
 use crate::policy::{MicroBatchOrder, OverCap, PartitionMethod};
 use std::cmp::Reverse;
@@ -117,10 +117,7 @@ pub fn micro_batches(lengths: &[i64], cfg: &MicroBatchConfig) -> Result<MicroBat
     let bins = layout.bins();
 
     // Step 3: micro-batches to ranks.
-    let bin_cost: Vec<f64> = bins
-        .iter()
-        .map(|b| b.iter().map(|&i| cost[i as usize]).sum())
-        .collect();
+    let bin_cost: Vec<f64> = bins.iter().map(|b| cost_of(&cost, b)).collect();
     let ranks: Partition = partition(&bin_cost, dp, true, PartitionMethod::Best)?;
     let mut bin_rank = vec![0u32; total];
     for (r, part) in ranks.iter().enumerate() {
@@ -194,11 +191,12 @@ fn lpt_capped(
 /// `bins` (from best-fit decreasing, at most `m`) made exactly `m` non-empty bins: each empty
 /// one takes the costliest item of the costliest bin holding two or more.
 fn fill_empty(mut bins: Vec<Vec<u32>>, m: usize, cost: &[f64]) -> Vec<Vec<u32>> {
-    let sum = |b: &Vec<u32>| b.iter().map(|&i| cost[i as usize]).sum::<f64>();
     while bins.len() < m {
         let donor = (0..bins.len())
             .filter(|&b| bins[b].len() > 1)
-            .max_by(|&a, &b| cmp_cost(sum(&bins[a]), sum(&bins[b])).then(b.cmp(&a)))
+            .max_by(|&a, &b| {
+                cmp_cost(cost_of(cost, &bins[a]), cost_of(cost, &bins[b])).then(b.cmp(&a))
+            })
             .expect("fewer bins than items");
         let at = (0..bins[donor].len())
             .max_by(|&a, &b| {
@@ -227,12 +225,7 @@ fn assemble(
         mb_compute: Vec::with_capacity(bins.len()),
     };
     for part in ranks {
-        let compute = |b: u32| {
-            bins[b as usize]
-                .iter()
-                .map(|&i| cost[i as usize])
-                .sum::<f64>()
-        };
+        let compute = |b: u32| cost_of(cost, &bins[b as usize]);
         // Heaviest first (ties: smallest first sample); bins are ascending, so [0] is the first.
         let mut mine: Vec<u32> = part.clone();
         mine.sort_by(|&a, &b| {

@@ -67,6 +67,11 @@ impl PartialOrd for Cost {
     }
 }
 
+/// The summed cost of `items`, in their order.
+fn cost_of(costs: &[f64], items: &[u32]) -> f64 {
+    items.iter().map(|&i| costs[i as usize]).sum()
+}
+
 /// Costs checked once: finite and non-negative.
 fn checked_costs(costs: &[f64]) -> Result<()> {
     match costs.iter().position(|c| !(c.is_finite() && *c >= 0.0)) {

@@ -2,7 +2,7 @@
 //! better of both refined by local search.
 
 use super::refine::Layout;
-use super::{checked_costs, cmp_cost, Cost};
+use super::{checked_costs, cmp_cost, cost_of, Cost};
 use crate::error::{CoreError, Result};
 use crate::policy::PartitionMethod;
 use std::cmp::Reverse;
@@ -60,10 +60,7 @@ pub fn partition(
 }
 
 pub(super) fn max_sum(costs: &[f64], parts: &[Vec<u32>]) -> f64 {
-    parts
-        .iter()
-        .map(|p| p.iter().map(|&i| costs[i as usize]).sum::<f64>())
-        .fold(0.0, f64::max)
+    parts.iter().map(|p| cost_of(costs, p)).fold(0.0, f64::max)
 }
 
 /// Parts ascending inside, by decreasing sum (ties: smallest first item) outside.
@@ -71,10 +68,7 @@ fn sorted(costs: &[f64], mut parts: Partition) -> Partition {
     for p in &mut parts {
         p.sort_unstable();
     }
-    let sums: Vec<f64> = parts
-        .iter()
-        .map(|p| p.iter().map(|&i| costs[i as usize]).sum())
-        .collect();
+    let sums: Vec<f64> = parts.iter().map(|p| cost_of(costs, p)).collect();
     let mut order: Vec<usize> = (0..parts.len()).collect();
     order
         .sort_by(|&a, &b| cmp_cost(sums[b], sums[a]).then(parts[a].first().cmp(&parts[b].first())));
