@@ -4,7 +4,7 @@
 use crate::errors::to_py;
 use pyo3::prelude::*;
 use tokpack_core::cuts::{self, Blocks};
-use tokpack_core::policy::Overlong;
+use tokpack_core::policy::{check_range, Overlong, MAX_LEN};
 use tokpack_core::{CoreError, Cuts};
 
 /// `(samples, offsets, starts, lengths)` of chosen cuts, or `(samples, offsets, starts, ends)`
@@ -46,10 +46,6 @@ pub fn safe_pieces(
             ))))
         }
     };
-    if max_len <= 0 {
-        return Err(to_py(CoreError::Config(format!(
-            "safe_pieces: max_len must be positive, got {max_len}"
-        ))));
-    }
+    check_range("max_len", max_len.into(), 1, MAX_LEN).map_err(to_py)?;
     Ok(cuts::safe_pieces(length, max_len, whole, &blocks))
 }
