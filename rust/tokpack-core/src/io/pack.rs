@@ -497,16 +497,13 @@ fn check_pieces(plan: &Plan, pieces: &Cuts) -> Result<()> {
         ))
     };
     if cut != pieces.samples {
-        let n = cut.len().min(pieces.samples.len());
-        let first = cut
-            .iter()
-            .zip(&pieces.samples)
-            .find(|(a, b)| a != b)
-            .map(|(&a, &b)| a.min(b))
-            .or_else(|| cut.get(n).or(pieces.samples.get(n)).copied())
-            .unwrap_or_default();
+        // The first sample of one list not in the other (both ascend).
+        let has = |list: &[i64], s: &i64| list.binary_search(s).is_ok();
+        let only_one = |s: &&i64| has(&cut, s) != has(&pieces.samples, s);
+        let first = cut.iter().chain(&pieces.samples).filter(only_one).min();
         return Err(mismatch(format!(
-            "sample {first} is cut by one and not by the other"
+            "sample {} is cut by one and not by the other",
+            first.copied().unwrap_or_default()
         )));
     }
     for k in 0..plan.sample_ids.len() {
