@@ -258,27 +258,3 @@ fn assemble(
     }
     plan
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cap_holds_where_plain_balancing_breaks_it() {
-        // 3 micro-batches of 10: a token-balanced split wants 10/10/10 and has to get the cap
-        // right; any over-full micro-batch would be an OOM.
-        let config = MicroBatchConfig {
-            max_tokens: 10,
-            dp_size: 1,
-            cost: CostModel::TOKENS,
-            same_count: true,
-            min_micro_batches: 1,
-            divisible_by: 1,
-            order: MicroBatchOrder::Descending,
-            over_cap: OverCap::Error,
-        };
-        let plan = micro_batches(&[6, 6, 6, 4, 4, 4], &config).unwrap();
-        assert!(plan.mb_tokens.iter().all(|&t| t <= 10), "{plan:?}");
-        assert_eq!(plan.mb_tokens.len(), 3);
-    }
-}
