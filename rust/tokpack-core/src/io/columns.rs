@@ -129,6 +129,7 @@ pub fn flatten(array: &ArrayRef, column: &str, role: Role, loc: &BatchAt) -> Res
             return Err(loc.data(row_of(k), column, "holds a null value"));
         }
     }
+    let bad = |k: usize, v: &str| loc.data(row_of(k), column, out_of_range(role, v));
     let values = match child.data_type() {
         DataType::Boolean if role == Role::LossMask => {
             Ok(child.as_boolean().values().iter().map(i32::from).collect())
@@ -143,14 +144,8 @@ pub fn flatten(array: &ArrayRef, column: &str, role: Role, loc: &BatchAt) -> Res
         DataType::UInt64 => convert::<UInt64Type>(&child),
         other => return Err(wrong_type(loc.unit, column, "values of type", other, role)),
     }
-    .map_err(|(k, v)| loc.data(row_of(k), column, out_of_range(role, &v)))?;
-    check_values(&values, role).map_err(|k| {
-        loc.data(
-            row_of(k),
-            column,
-            out_of_range(role, &values[k].to_string()),
-        )
-    })?;
+    .map_err(|(k, v)| bad(k, &v))?;
+    check_values(&values, role).map_err(|k| bad(k, &values[k].to_string()))?;
     Ok(Flat { values, offsets })
 }
 
