@@ -374,11 +374,7 @@ fn row_group(
     let (segments, row_ends) = expand(ctx, rows.clone());
     let total: usize = segments.iter().map(|(_, p)| p.len as usize).sum();
     let mut tokens = vec![0i32; total];
-    let mut labels = if ctx.has_labels {
-        vec![0i32; total]
-    } else {
-        Vec::new()
-    };
+    let mut labels = vec![0i32; if ctx.has_labels { total } else { 0 }];
     let mut seg_loss = Vec::with_capacity(segments.len());
     let mut pos = 0usize;
     for &(sample, part) in &segments {
