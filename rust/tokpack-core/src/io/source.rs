@@ -56,37 +56,30 @@ impl Source {
             .take(6)
             .read_to_end(&mut magic)
             .map_err(|e| CoreError::unreadable(path, e))?;
-        if magic.starts_with(b"PAR1") {
+        let (unit_kind, schema, units, parts, parquet) = if magic.starts_with(b"PAR1") {
             let meta = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new())
                 .corrupt(&at, "not a valid Parquet file")?;
-            Ok(Self {
-                path: path.to_path_buf(),
-                unit_kind: "row group",
-                schema: meta.schema().clone(),
-                units: meta.metadata().num_row_groups(),
-                parts: Parts::parquet(meta.metadata(), size),
-                read_once: false,
-                parquet: Some(meta),
-            })
+            let (schema, units) = (meta.schema().clone(), meta.metadata().num_row_groups());
+            let parts = Parts::parquet(meta.metadata(), size);
+            ("row group", schema, units, parts, Some(meta))
         } else if magic == b"ARROW1" {
             let reader = FileReader::try_new_buffered(open_file(path)?, None)
                 .corrupt(&at, "not a valid Arrow IPC file")?;
-            Ok(Self {
-                path: path.to_path_buf(),
-                unit_kind: "record batch",
-                schema: reader.schema(),
-                units: reader.num_batches(),
-                parts: Parts::plain(size),
-                read_once: false,
-                parquet: None,
-            })
+            let (schema, units) = (reader.schema(), reader.num_batches());
+            ("record batch", schema, units, Parts::plain(size), None)
         } else {
-            Err(CoreError::corrupt(
-                at,
-                "not a Parquet or Arrow IPC (Feather v2) file",
-                None,
-            ))
-        }
+            let what = "not a Parquet or Arrow IPC (Feather v2) file";
+            return Err(CoreError::corrupt(at, what, None));
+        };
+        Ok(Self {
+            path: path.to_path_buf(),
+            unit_kind,
+            schema,
+            parquet,
+            units,
+            parts,
+            read_once: false,
+        })
     }
 
     /// Top-level column indices of `names`, or a schema error naming the missing one.
