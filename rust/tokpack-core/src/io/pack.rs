@@ -599,13 +599,9 @@ pub fn pack_files(config: &PackFilesConfig, progress: &Progress) -> Result<PackO
         .iter()
         .zip(std::mem::take(&mut read.carried))
         .map(|((name, data_type), chunks)| {
-            let pieces = config.piece_values.iter().find(|(n, _)| n == name);
-            with_pieces(
-                name,
-                concat(&chunks, data_type)?,
-                config.pieces.as_ref().or(config.cuts.as_ref()),
-                pieces.map(|(_, v)| v),
-            )
+            let values = config.piece_values.iter().find(|(n, _)| n == name);
+            let values = values.map(|(_, v)| v);
+            with_pieces(name, concat(&chunks, data_type)?, pieces, values)
         })
         .collect::<Result<Vec<_>>>()?;
     progress.advance(1);
