@@ -329,12 +329,12 @@ fn rewrite_generation(source: &str) -> (String, bool) {
 /// `{%[-+]? (end)?generation [-+]?%}` at the start of `tag`: its length, the whitespace
 /// controls and the name.
 fn parse_tag(tag: &str) -> Option<(usize, &str, &str, &str)> {
+    /// A whitespace control (`-` or `+`) at the start of `s`, or "".
+    fn control(s: &str) -> &str {
+        &s[..usize::from(s.starts_with(['-', '+']))]
+    }
     let inner = &tag[2..];
-    let left = if inner.starts_with(['-', '+']) {
-        &inner[..1]
-    } else {
-        ""
-    };
+    let left = control(inner);
     let after = inner[left.len()..].trim_start();
     let name = ["endgeneration", "generation"]
         .into_iter()
@@ -344,11 +344,7 @@ fn parse_tag(tag: &str) -> Option<(usize, &str, &str, &str)> {
     if tail.len() == after_name.len() && !tail.starts_with(['-', '+', '%']) {
         return None; // a longer name, `{% generations %}`
     }
-    let right = if tail.starts_with(['-', '+']) {
-        &tail[..1]
-    } else {
-        ""
-    };
+    let right = control(tail);
     let end = &tail[right.len()..];
     if !end.starts_with("%}") {
         return None;
