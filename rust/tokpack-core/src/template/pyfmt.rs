@@ -258,11 +258,7 @@ fn write_json(
 fn json_key(key: &Value, style: &JsonStyle) -> Result<String, Error> {
     match key.kind() {
         ValueKind::String => Ok(key.as_str().unwrap_or_default().to_owned()),
-        ValueKind::None | ValueKind::Bool | ValueKind::Number => {
-            let mut s = String::new();
-            write_json(key, style, 0, &mut s)?;
-            Ok(s)
-        }
+        ValueKind::None | ValueKind::Bool | ValueKind::Number => dumps(key, style),
         _ => Err(Error::new(
             ErrorKind::InvalidOperation,
             format!(
