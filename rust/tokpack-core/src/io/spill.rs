@@ -403,27 +403,6 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    struct TempDir(PathBuf);
-
-    impl TempDir {
-        fn new(name: &str) -> Self {
-            let dir = std::env::temp_dir().join(format!(
-                "tokpack-spill-{name}-{}-{:?}",
-                std::process::id(),
-                std::thread::current().id()
-            ));
-            let _ = std::fs::remove_dir_all(&dir);
-            std::fs::create_dir_all(&dir).unwrap();
-            Self(dir)
-        }
-    }
-
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-
     #[test]
     fn sft_labels_take_a_bit_per_token() {
         let ids: Vec<i32> = (0..800).map(|i| i * 80).collect();
@@ -496,8 +475,8 @@ mod tests {
             with_labels in any::<bool>(),
             cut in 0usize..70,
         ) {
-            let dir = TempDir::new("prop");
-            let spill = Spill::create(&dir.0, 3, with_labels).unwrap();
+            let dir = tempfile::tempdir().unwrap();
+            let spill = Spill::create(dir.path(), 3, with_labels).unwrap();
             let mut locs = Vec::new();
             for (k, chunk) in samples.chunks(3).enumerate() {
                 let mut ids = Vec::new();
