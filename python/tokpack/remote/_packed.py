@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 
 from .._io.uri import RUN_MARKER, cache_home, local_path, store_of
 from ..errors import ConfigError, CorruptOutputError, InputNotFoundError, TokpackError
+from ..pack.plan import check_int
 from ..packed.format import MANIFEST_NAME
 from ..packed.reader import Column, Identity, PackedDir, member_path, parse_manifest
 from ._cache import RangeCache, Want, checked, corrupt_range
@@ -77,8 +78,7 @@ class RemotePackedDir(PackedDir):
         if store is None:
             raise ConfigError(f"{path}: a local directory (open it with PackedDir)")
         limit = DEFAULT_CACHE_LIMIT if cache_limit is None else cache_limit
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise ConfigError(f"cache_limit must be a positive int (bytes), got {cache_limit!r}")
+        limit = check_int(limit, "cache_limit (bytes)", 1, 2**63 - 1)
         self.source = Source(*store)
         self.shown = self.source.shown
         text = self._read_manifest()

@@ -17,6 +17,7 @@ import torch
 
 from .._contract import IGNORE_INDEX
 from ..errors import ConfigError, DataError
+from ..pack.plan import MAX_LEN, check_int
 from ._transport import ship
 from .pairs import PAIR_FORMATS, add_pair_fields, row_tensor
 
@@ -93,12 +94,10 @@ class PackedCollator:
     ) -> None:
         if format not in FORMATS:
             raise ConfigError(f"format must be one of {FORMATS}, got {format!r}")
-        if pad_to is not None and (not isinstance(pad_to, int) or pad_to < 1):
-            raise ConfigError(f"pad_to must be a positive int or None, got {pad_to!r}")
-        if isinstance(cp_size, bool) or not isinstance(cp_size, int) or cp_size < 1:
-            raise ConfigError(f"cp_size must be a positive int, got {cp_size!r}")
-        if isinstance(cp_rank, bool) or not isinstance(cp_rank, int) or not 0 <= cp_rank < cp_size:
-            raise ConfigError(f"cp_rank must be an int in [0, cp_size={cp_size}), got {cp_rank!r}")
+        if pad_to is not None:
+            pad_to = check_int(pad_to, "pad_to", 1, MAX_LEN)
+        cp_size = check_int(cp_size, "cp_size", 1, MAX_LEN)
+        cp_rank = check_int(cp_rank, "cp_rank", 0, cp_size - 1)
         if cp_size > 1 and format not in CP_FORMATS:
             raise ConfigError(
                 f"context parallelism (cp_size={cp_size}) needs format {' or '.join(CP_FORMATS)},"

@@ -9,7 +9,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 import numpy as np
 import torch
 
-from ..errors import ConfigError
+from ..pack.plan import MAX_ROWS, check_int
 from ..remote import open_packed
 from ._rows import GroupCache
 from ._workers import worker_slot
@@ -88,8 +88,7 @@ class PackedDataset(torch.utils.data.Dataset):
         cache_dir: Optional[Union[str, os.PathLike]] = None,
         cache_limit: Optional[int] = None,
     ) -> None:
-        if cache_row_groups < 1:
-            raise ConfigError(f"cache_row_groups must be >= 1, got {cache_row_groups}")
+        cache_row_groups = check_int(cache_row_groups, "cache_row_groups", 1, MAX_ROWS)
         self.packed = open_packed(
             path, filesystem=filesystem, cache_dir=cache_dir, cache_limit=cache_limit
         )
