@@ -283,19 +283,11 @@ class RangeCache:
         found = []
         with os.scandir(self.meta / "have") as entries:
             for e in entries:
-                parts = e.name.split(".")
-                if len(parts) != 4:
-                    continue
+                # (a name of another shape, or a marker evicted meanwhile, is passed over)
                 with contextlib.suppress(FileNotFoundError, ValueError):
+                    shard, tag, offset, length = e.name.split(".")
                     found.append(
-                        (
-                            e.stat().st_mtime,
-                            int(parts[0]),
-                            parts[1],
-                            int(parts[2]),
-                            int(parts[3]),
-                            e.path,
-                        )
+                        (e.stat().st_mtime, int(shard), tag, int(offset), int(length), e.path)
                     )
         return sorted(found)
 
