@@ -35,6 +35,7 @@ from .._io.store import object_output_files
 from ..errors import ConfigError, CorruptOutputError, DataError
 from ..multimodal.pack import refuse_multimodal
 from ..remote import open_packed
+from .format import read_json
 from .reader import PackedDir
 
 __all__ = [
@@ -249,11 +250,7 @@ def _read_marker(marker: Any, fs: Any = None) -> Optional[Dict[str, Any]]:
     """The marker ``PREFIX.tokpack.json`` (a path, or a key of ``fs``), or None when it is
     missing or is not one."""
     try:
-        if fs is None:
-            data = json.loads(Path(marker).read_text(encoding="utf-8"))
-        else:
-            with fs.open_input_stream(marker) as f:
-                data = json.loads(f.read())
+        data = read_json(marker, fs)
     except (OSError, ValueError):
         return None
     if not isinstance(data, dict) or not isinstance(data.get("files"), dict):
