@@ -36,7 +36,7 @@ from ..errors import ConfigError, CorruptOutputError, DataError
 from ..multimodal.pack import refuse_multimodal
 from ..remote import open_packed
 from .format import read_json
-from .reader import PackedDir
+from .reader import PackedDir, segment_sums
 
 __all__ = [
     "export_megatron",
@@ -69,9 +69,7 @@ class _Group:
         self.where = where
         self.tokens = np.asarray(ids)
         self.labels = np.asarray(cols["labels"][0]) if with_labels else None
-        ends = np.zeros(self.lengths.size + 1, dtype=np.int64)
-        np.cumsum(self.lengths, out=ends[1:])
-        row_tokens = ends[self.seg_offsets[1:]] - ends[self.seg_offsets[:-1]]
+        row_tokens = segment_sums(self.lengths, self.seg_offsets)
         # tokpack never writes empty samples (they are dropped and listed as such).
         if (self.lengths <= 0).any() or not np.array_equal(row_tokens, np.diff(self.token_offsets)):
             raise CorruptOutputError(
