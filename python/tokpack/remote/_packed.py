@@ -26,7 +26,7 @@ from .._io.uri import RUN_MARKER, cache_home, local_path, store_of
 from ..errors import ConfigError, CorruptOutputError, InputNotFoundError, TokpackError
 from ..pack.plan import check_int
 from ..packed.format import MANIFEST_NAME
-from ..packed.reader import Column, Identity, PackedDir, member_path, parse_manifest
+from ..packed.reader import Column, Identity, PackedDir, byte_range, member_path, parse_manifest
 from ._cache import RangeCache, Want, checked, corrupt_range
 from ._fetch import Source
 
@@ -211,18 +211,8 @@ class RemotePackedDir(PackedDir):
     def _footer(self, k: int, path: Path, rows: int, groups: int) -> List[int]:
         """Rows per row group of shard ``k`` from its footer, fetched now (during open)."""
         shard = self.manifest["shards"][k]
-        f = shard["footer_bytes"]
-        want: Want = ("f", int(f["offset"]), int(f["length"]), str(f["checksum"]))
-        name = str(shard["file"])
-
-        def fetch(w: Want) -> bytes:
-            data = self.source.read_range(name, w[1], w[2])
-            got = checked(data, w[3])
-            if got is not None:
-                raise corrupt_range(self.source.uri(name), "footer", w[1], w[2], got, w[3])
-            return data
-
-        with self.cache.ranges(k, path, int(shard["size"]), [want], fetch):
+        want: Want = ("f", *byte_range(shard["footer_bytes"]))
+        with self.cache.ranges(k, path, int(shard["size"]), [want], self._fetcher(k)):
             return self._read_footer(k, path, rows, groups)
 
     def _read_footer(self, k: int, path: Path, rows: int, groups: int) -> List[int]:
