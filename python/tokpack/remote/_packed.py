@@ -152,10 +152,6 @@ class RemotePackedDir(PackedDir):
         # Not the layout `tokpack pack` writes: ask the shard's footer now.
         return None, self._footer(k, path, rows, groups)
 
-    def _shard_fields(self, k: int) -> Tuple[str, int, int, int]:
-        shard = self.manifest["shards"][k]
-        return str(shard["file"]), int(shard["rows"]), int(shard["row_groups"]), int(shard["size"])
-
     def _wants(self, shard: int, group: Optional[int] = None) -> List[Want]:
         f = self.shard_footers[shard]
         wants: List[Want] = [("f", f[0], f[1], f[2])]
