@@ -25,6 +25,7 @@ feeder thread only copies the tensors in.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import weakref
@@ -181,11 +182,8 @@ def _views(block: torch.Tensor, specs: List[Spec]) -> List[torch.Tensor]:
         base = typed.get(dtype)
         if base is None:
             base = typed[dtype] = block.view(dtype)
-        strides = [1] * len(shape)
-        for d in range(len(shape) - 2, -1, -1):
-            strides[d] = strides[d + 1] * shape[d + 1]
-        start = base.storage_offset() + offset // dtype.itemsize
-        out.append(base.as_strided(shape, strides, start))
+        start = offset // dtype.itemsize
+        out.append(base[start : start + math.prod(shape)].view(shape))
     return out
 
 
