@@ -43,8 +43,7 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
-from .. import _tokpack
-from ..errors import ConfigError, CorruptOutputError, StorageError
+from ..errors import ConfigError, StorageError
 from ._fetch import collecting, count
 
 __all__ = ["RangeCache", "Want", "cache_counters", "usage"]
@@ -356,17 +355,3 @@ def cache_counters(root: os.PathLike) -> Dict[str, int]:
             for key, value in json.loads(path.read_text()).items():
                 total[key] = total.get(key, 0) + int(value)
     return total
-
-
-def checked(data: bytes, checksum: str) -> Optional[str]:
-    """None when ``data`` hashes to ``checksum``, else what it hashes to."""
-    got = _tokpack.bytes_checksum(data)
-    return None if got == checksum else got
-
-
-def corrupt_range(uri: str, what: str, offset: int, length: int, got: str, want: str):
-    return CorruptOutputError(
-        f"{uri}: {what}: bytes {offset}..{offset + length} fetched from object storage do not"
-        f" match their checksum (they hash to {got}, the manifest says {want}): the object is"
-        " damaged, or was replaced since the directory was opened"
-    )

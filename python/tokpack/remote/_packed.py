@@ -23,11 +23,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .._io.uri import RUN_MARKER, cache_home, local_path, store_of
+from .._tokpack import bytes_checksum
 from ..errors import ConfigError, CorruptOutputError, InputNotFoundError, TokpackError
 from ..pack.plan import check_int
 from ..packed.format import MANIFEST_NAME
 from ..packed.reader import Column, Identity, PackedDir, byte_range, member_path, parse_manifest
-from ._cache import RangeCache, Want, checked, corrupt_range
+from ._cache import RangeCache, Want
 from ._fetch import Source
 
 __all__ = ["RemotePackedDir", "open_packed", "default_cache_dir", "DEFAULT_CACHE_LIMIT"]
@@ -174,15 +175,20 @@ class RemotePackedDir(PackedDir):
                     raise CorruptOutputError(
                         f"{self.source.uri(name)}: listed in the manifest but missing"
                     ) from None
-                got = checked(data, checksum)
-                if got is None:
+                got = bytes_checksum(data)
+                if got == checksum:
                     return data
             if self.changed(shard):
                 raise CorruptOutputError(
                     f"{self.shown}: changed since the dataset was opened ({name} was replaced,"
                     " e.g. by `tokpack pack --force`): open it again"
                 )
-            raise corrupt_range(self.source.uri(name), what, offset, length, got, checksum)
+            raise CorruptOutputError(
+                f"{self.source.uri(name)}: {what}: bytes {offset}..{offset + length} fetched from"
+                f" object storage do not match their checksum (they hash to {got}, the manifest"
+                f" says {checksum}): the object is damaged, or was replaced since the directory"
+                " was opened"
+            )
 
         return fetch
 
