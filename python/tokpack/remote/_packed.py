@@ -117,9 +117,6 @@ class RemotePackedDir(PackedDir):
 
     # -- messages name the objects, not the cache -----------------------------------------
 
-    def translate(self, text: str) -> str:
-        return text.replace(str(self.root), self.shown)
-
     @contextlib.contextmanager
     def naming(self) -> Iterator[None]:
         """Errors raised inside name the directory's URI instead of its cache."""
@@ -129,7 +126,7 @@ class RemotePackedDir(PackedDir):
             if str(self.root) not in str(exc) or len(exc.args) != 1:
                 raise
             try:
-                renamed = type(exc)(self.translate(str(exc)))
+                renamed = type(exc)(str(exc).replace(str(self.root), self.shown))
             except TypeError:  # an error class taking other arguments
                 raise exc from None
             raise renamed from None

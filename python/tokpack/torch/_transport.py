@@ -198,14 +198,6 @@ def _shared_bytes(n: int) -> torch.Tensor:
 _ALLOCATION_ERRORS = (RuntimeError, OSError)
 
 
-def _no_shared_memory(used: int, exc: BaseException) -> OutputError:
-    return OutputError(
-        f"cannot get {used:,} bytes of shared memory for a batch of this DataLoader worker"
-        f" ({exc}): give /dev/shm more room (docker: --shm-size), or hold fewer batches (fewer"
-        " workers, a lower prefetch_factor), or load in the main process (num_workers=0)"
-    )
-
-
 # -- worker side ---------------------------------------------------------------------------------
 
 
@@ -277,7 +269,12 @@ def _take_place(used: int) -> _Place:
     try:
         return _Place(None, 0, _shared_bytes(used))
     except _ALLOCATION_ERRORS as exc:
-        raise _no_shared_memory(used, exc) from None
+        raise OutputError(
+            f"cannot get {used:,} bytes of shared memory for a batch of this DataLoader worker"
+            f" ({exc}): give /dev/shm more room (docker: --shm-size), or hold fewer batches"
+            " (fewer workers, a lower prefetch_factor), or load in the main process"
+            " (num_workers=0)"
+        ) from None
 
 
 def _reduce_batch(batch: WorkerBatch):
