@@ -85,18 +85,12 @@ def _source_file(copy: Path) -> Path:
     return copy.with_name(f".{copy.name}{_SOURCE_SUFFIX}")
 
 
-def _filesystem(uri: str) -> Tuple[pafs.FileSystem, str]:
-    try:
-        store = store_of(uri)
-    except OSError as exc:  # credentials, endpoint
-        raise InputNotFoundError(f"{uri}: cannot reach the store ({exc})") from None
-    assert store is not None
-    return store[0], store[1]
-
-
 def _objects(uri: str, suffixes: Tuple[str, ...]) -> Tuple[pafs.FileSystem, List[pafs.FileInfo]]:
     """The objects a URI names (see the module docstring), sorted by key."""
-    fs, path = _filesystem(uri)
+    try:
+        fs, path, _ = store_of(uri)  # type: ignore[misc]  # (not None: an object URI)
+    except OSError as exc:  # credentials, endpoint
+        raise InputNotFoundError(f"{uri}: cannot reach the store ({exc})") from None
     scheme = uri.split("://", 1)[0]
     try:
         info = fs.get_file_info(path)

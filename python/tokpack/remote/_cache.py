@@ -316,9 +316,9 @@ class RangeCache:
     def _evict(self, shard: int, tag: str, offset: int, length: int, marker: str, markers) -> None:
         os.unlink(marker)
         count("evictions")
-        path = self._shard_path(shard)
-        if path is None:
+        if not 0 <= shard < len(self.shard_files):
             return
+        path = self.shard_files[shard]
         if tag == "f":
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
@@ -339,9 +339,6 @@ class RangeCache:
                         os.unlink(m[5])
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
-
-    def _shard_path(self, shard: int) -> Optional[Path]:
-        return self.shard_files[shard] if 0 <= shard < len(self.shard_files) else None
 
 
 def cache_counters(root: os.PathLike) -> Dict[str, int]:

@@ -53,10 +53,6 @@ _SUFFIX = ".group"
 _PREFIX = "tokpack-groups-"
 
 
-def _root() -> str:
-    return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-
-
 def _remove_orphans(root: str) -> None:
     """Removes this user's group directories whose creator is gone (killed: no finalizer ran)."""
     with contextlib.suppress(OSError), os.scandir(root) as entries:
@@ -121,7 +117,7 @@ class SharedGroups:
 
     def __init__(self, capacity: int) -> None:
         self.capacity = max(1, int(capacity))
-        root = _root()
+        root = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
         _remove_orphans(root)
         self.path = os.path.join(root, f"{_PREFIX}{os.getpid()}-{uuid.uuid4().hex}")
         weakref.finalize(self, _remove, self.path, os.getpid())
