@@ -274,16 +274,10 @@ def file_columns(paths: List[Any], config: PackConfig) -> Tuple[str, PackConfig,
     config = config.for_kind(kind, shown_path(paths[0]))
     labels = _tokpack.input_columns(paths=[str(p) for p in paths], config=config)
     schema = pq.read_schema(paths[0])
-    return (
-        kind,
-        config,
-        Columns(
-            config.tokens_column,
-            None if labels is None else labels[0],
-            mask=labels is not None and labels[1],
-            carry=pa.schema([schema.field(c) for c in config.carry]) if config.carry else None,
-        ),
-    )
+    carry = pa.schema([schema.field(c) for c in config.carry]) if config.carry else None
+    if labels is None:
+        return kind, config, Columns(config.tokens_column, None, carry=carry)
+    return kind, config, Columns(config.tokens_column, labels[0], mask=labels[1], carry=carry)
 
 
 def dataset_columns(refs: List[Any], config: PackConfig) -> Tuple[str, PackConfig, Columns]:
