@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Collection, Iterable, Iterator, List, Optional, Tuple, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -196,8 +196,11 @@ def block_error(exc: TokpackError, block: Any, j: int, base: int) -> TokpackErro
     return type(exc)(f"ray dataset block {j} (samples from {base}): {exc}")
 
 
+Tasks = TypeVar("Tasks", bound=Collection[Any])
+
+
 @contextlib.contextmanager
-def cancelling(tasks: List[Any]) -> Iterator[List[Any]]:
+def cancelling(tasks: Tasks) -> Iterator[Tasks]:
     """Cancels ``tasks`` (as they stand then) when the block fails or is interrupted."""
     try:
         yield tasks
