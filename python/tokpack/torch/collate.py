@@ -163,9 +163,8 @@ class PackedCollator:
         return batch
 
     def _rows(self, rows: Sequence[Mapping[str, Any]]):
-        ids: List[torch.Tensor] = []
-        labels: List[torch.Tensor] = []
-        seg_lens: List[torch.Tensor] = []
+        """[input_ids, labels, seq_lengths] of the rows, checked: three lists of tensors."""
+        checked = []
         for i, row in enumerate(rows):
             try:
                 x = _as_tensor(row["input_ids"], "input_ids", i)
@@ -182,10 +181,8 @@ class PackedCollator:
                 raise DataError(
                     f"row {i}: seq_lengths {s.tolist()} do not split the row's {x.shape[0]} tokens"
                 )
-            ids.append(x)
-            labels.append(y)
-            seg_lens.append(s)
-        return ids, labels, seg_lens
+            checked.append((x, y, s))
+        return [list(column) for column in zip(*checked)]
 
     def _flat(self, ids, labels, seg_lens) -> Dict[str, Any]:
         device = ids[0].device
@@ -432,9 +429,7 @@ def _host(value: Any) -> Optional[np.ndarray]:
 def _host_rows(rows: Sequence[Mapping[str, Any]]):
     """(input_ids, labels, seq_lengths) of every row as NumPy arrays, or None when one is not
     host integer data or a row is malformed (the torch path then names the problem)."""
-    ids: List[np.ndarray] = []
-    labels: List[np.ndarray] = []
-    seg_lens: List[np.ndarray] = []
+    host = []
     for row in rows:
         x = _host(row.get("input_ids"))
         s = _host(row.get("seq_lengths"))
@@ -442,10 +437,8 @@ def _host_rows(rows: Sequence[Mapping[str, Any]]):
         y = x if y is None else _host(y)
         if x is None or s is None or y is None or y.shape != x.shape:
             return None
-        ids.append(x)
-        labels.append(y)
-        seg_lens.append(s)
-    return ids, labels, seg_lens
+        host.append((x, y, s))
+    return [list(column) for column in zip(*host)]
 
 
 def _check_splits(
