@@ -58,11 +58,10 @@ class DeviceLoader:
         non_blocking: bool = True,
         prefetch: int = 2,
     ) -> None:
-        prefetch = check_int(prefetch, "prefetch", 1, MAX_ROWS)
+        self.prefetch = check_int(prefetch, "prefetch", 1, MAX_ROWS)
         self.loader = loader
         self.device = torch.device(device)
         self.non_blocking = bool(non_blocking)
-        self.prefetch = prefetch
 
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
