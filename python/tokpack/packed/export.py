@@ -149,9 +149,7 @@ def _write_idx(
     idx_tmp: Path, dtype: str, lengths: np.ndarray, document_indices: np.ndarray
 ) -> None:
     np_dtype, code = MEGATRON_DTYPES[dtype]
-    pointers = np.zeros(lengths.size, dtype=np.int64)
-    np.cumsum(lengths[:-1], dtype=np.int64, out=pointers[1:])
-    pointers *= np.dtype(np_dtype).itemsize
+    pointers = (np.cumsum(lengths, dtype=np.int64) - lengths) * np.dtype(np_dtype).itemsize
     with open(idx_tmp, "wb") as f:
         counts = struct.pack("<QBQQ", _INDEX_VERSION, code, lengths.size, document_indices.size)
         f.write(_INDEX_HEADER + counts)
@@ -211,8 +209,7 @@ def export_megatron(
             per_document = np.concatenate([np.zeros(0, np.int64), *row_counts])
         else:
             per_document = np.ones(lengths.size, np.int64)
-        document_indices = np.zeros(per_document.size + 1, dtype=np.int64)
-        np.cumsum(per_document, out=document_indices[1:])
+        document_indices = np.concatenate([[0], np.cumsum(per_document, dtype=np.int64)])
         _write_idx(idx_tmp, chosen, lengths, document_indices)
         names = [os.path.basename(name) for name in shown]
         _write_marker(marker_tmp, {names[1]: bin_tmp, names[2]: idx_tmp})
@@ -313,8 +310,7 @@ def _nemo_table(group: _Group) -> Tuple[pa.Table, int]:
     """The NeMo rows of one packed row group and their number of loss tokens."""
     n_rows = group.token_offsets.size - 1
     row_of_seg = np.repeat(np.arange(n_rows), np.diff(group.seg_offsets))
-    seg_token_starts = np.zeros(group.lengths.size, dtype=np.int64)
-    np.cumsum(group.lengths[:-1], dtype=np.int64, out=seg_token_starts[1:])
+    seg_token_starts = np.cumsum(group.lengths, dtype=np.int64) - group.lengths
     starts = seg_token_starts - group.token_offsets[row_of_seg]
     trained = (
         np.ones(group.tokens.size, dtype=bool)
