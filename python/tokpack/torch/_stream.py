@@ -215,18 +215,19 @@ class RowStream(torch.utils.data.IterableDataset):
             **self._consumed(split, min(n, split.num_batches)),
             **self._fingerprint(),
         }
-        _, num_workers = worker_slot()
-        if batches_consumed is None and num_workers > 1:
-            state["worker"] = {
-                "from_rows": self._start,
-                "skip": self._skip,
-                "next_batch": n,
-                "num_workers": num_workers,
-                "world_size": self.world_size,
-                "batch_rows": self.batch_rows,
-                "tail": self.tail,
-            }
+        if batches_consumed is None and worker_slot()[1] > 1:
+            own = {"from_rows": self._start, "skip": self._skip, "next_batch": n}
+            state["worker"] = {**own, **self._topology()}
         return state
+
+    def _topology(self) -> Dict[str, Any]:
+        """What a worker's own state must match to resume at that worker's next batch."""
+        return {
+            "num_workers": worker_slot()[1],
+            "world_size": self.world_size,
+            "batch_rows": self.batch_rows,
+            "tail": self.tail,
+        }
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Resume from :meth:`state_dict` or from a batch's ``position`` dict."""
@@ -243,16 +244,7 @@ class RowStream(torch.utils.data.IterableDataset):
             raise ConfigError(f"rows_consumed={rows} > the epoch's {total} rows")
         skip = self._mid_step(state.get("mid_step"))
         worker = state.get("worker")
-        same = worker is not None and all(
-            worker.get(k) == v
-            for k, v in (
-                ("world_size", self.world_size),
-                ("batch_rows", self.batch_rows),
-                ("tail", self.tail),
-                ("num_workers", worker_slot()[1]),
-            )
-        )
-        if same:
+        if worker is not None and all(worker.get(k) == v for k, v in self._topology().items()):
             # A worker's own state (StatefulDataLoader): resume at that worker's next batch.
             self.epoch, self._start = epoch, int(worker["from_rows"])
             self._skip = int(worker.get("skip", 0))
