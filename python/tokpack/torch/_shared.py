@@ -208,11 +208,9 @@ _queue_pid = -1
 def _readahead_loop(requests: "queue.SimpleQueue") -> None:
     while True:
         shared, group, decode = requests.get()
-        try:
+        # A damaged or rebuilt directory: the reader raises it when it reaches the group.
+        with contextlib.suppress(Exception):
             shared.prefetch(group, decode)
-        except Exception:
-            # A damaged or rebuilt directory: the reader raises it when it reaches the group.
-            pass
 
 
 def readahead(shared: SharedGroups, group: int, decode: Callable[[], Dict[str, Column]]) -> None:
