@@ -144,15 +144,10 @@ class PackedDataset(torch.utils.data.Dataset):
 
     def _load_flat(self) -> None:
         """Decode every row group once into flat device tensors and host row offsets."""
-        parts: Dict[str, list] = {name: [] for name in self.packed.columns}
-        lengths: Dict[str, list] = {name: [] for name in self.packed.columns}
-        for g in range(self.packed.num_groups):
-            for name, (values, offsets) in self.packed.decode(g).items():
-                parts[name].append(values)
-                lengths[name].append(np.diff(offsets))
+        groups = [self.packed.decode(g) for g in range(self.packed.num_groups)]
         for name in self.packed.columns:
-            values = np.concatenate(parts[name]) if parts[name] else np.zeros(0, np.int32)
-            lens = np.concatenate(lengths[name]) if lengths[name] else np.zeros(0, np.int64)
+            values = np.concatenate([g[name][0] for g in groups] or [np.zeros(0, np.int32)])
+            lens = np.concatenate([np.diff(g[name][1]) for g in groups] or [np.zeros(0, np.int64)])
             # Tokens and labels live on the device; the small boundary columns stay on the host
             # so collating needs no device-to-host synchronisation.
             device = self.device if name in ("input_ids", "labels") else "cpu"
