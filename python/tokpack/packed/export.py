@@ -19,7 +19,7 @@ import json
 import os
 import struct
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 import pyarrow as pa
@@ -106,6 +106,16 @@ def _packed_dir(packed_dir: PathLike, target: str) -> PackedDir:
     return packed
 
 
+def _outputs(shown: List[str], packed: PackedDir, force: bool, owned: Callable[..., bool]) -> Any:
+    """Temporary paths for the files ``shown``, each put in place whole when the block ends:
+    objects on object storage, else local files outside ``packed``. An existing one is replaced
+    only with ``force`` and when ``owned(path or key, fs)`` says tokpack wrote it."""
+    if is_object_uri(shown[0]):
+        return object_output_files(shown, force=force, owned=lambda fs, key: owned(key, fs))
+    finals = [output_file(name, [packed.root]) for name in shown]
+    return atomic_output_files(finals, shown, force=force, owned=lambda path: owned(str(path)))
+
+
 def _row_groups(packed: PackedDir, with_labels: bool) -> Iterator[_Group]:
     """Every row group, in order, through the checked reader (``PackedDir.decode``): a damaged
     shard raises :class:`CorruptOutputError` naming it instead of being exported."""
@@ -189,14 +199,7 @@ def export_megatron(
     packed = _packed_dir(packed_dir, "a Megatron indexed dataset")
     shown = [prefix + suffix for suffix in (MARKER_SUFFIX, ".bin", ".idx")]
     # The marker first and the index last: Megatron opens a prefix by its .idx.
-    if is_object_uri(prefix):
-        outputs = object_output_files(shown, force=force, owned=_marked_object)
-    else:
-        finals = [output_file(name, [packed.root]) for name in shown]
-        outputs = atomic_output_files(
-            finals, shown, force=force, owned=lambda p: _marked(finals[0], p)
-        )
-    with writing(prefix), outputs as (marker_tmp, bin_tmp, idx_tmp):
+    with writing(prefix), _outputs(shown, packed, force, _marked) as (marker_tmp, bin_tmp, idx_tmp):
         chosen = dtype or "uint16"
         written = _write_bin(bin_tmp, packed, chosen, auto=dtype is None)
         if written is None:
@@ -253,14 +256,9 @@ def _read_marker(marker: Any, fs: Any = None) -> Optional[Dict[str, Any]]:
     return data
 
 
-def _marked(marker: Path, path: Path) -> bool:
-    """Whether tokpack wrote ``path``: the marker itself, or a file it names."""
-    data = _read_marker(marker)
-    return data is not None and (path == marker or path.name in data["files"])
-
-
-def _marked_object(fs: Any, key: str) -> bool:
-    """:func:`_marked` for an object: the marker beside it names it (or it is the marker)."""
+def _marked(key: str, fs: Any = None) -> bool:
+    """Whether tokpack wrote the file ``key`` (a path, or a key of ``fs``): it is the marker, or
+    the marker beside it names it."""
     base = key[: -len(MARKER_SUFFIX)] if key.endswith(MARKER_SUFFIX) else key.rsplit(".", 1)[0]
     data = _read_marker(base + MARKER_SUFFIX, fs)
     return data is not None and (
@@ -351,16 +349,9 @@ def export_nemo_packed(
             "(Megatron-Bridge reads only those)"
         )
     packed = _packed_dir(packed_dir, "a NeMo packed-sequence file")
-    if is_object_uri(shown):
-        outputs = object_output_files(
-            [shown], force=force, owned=lambda fs, key: _nemo_written(key, fs)
-        )
-    else:
-        final = output_file(shown, [packed.root])
-        outputs = atomic_output_files([final], [shown], force=force, owned=_nemo_written)
     figures = {"file": shown, "rows": 0, "sequences": 0, "tokens": 0, "loss_tokens": 0}
     schema = _NEMO_SCHEMA.with_metadata({_NEMO_MARK: _tokpack.__version__})
-    with writing(shown), outputs as (tmp,):
+    with writing(shown), _outputs([shown], packed, force, _nemo_written) as (tmp,):
         with pq.ParquetWriter(tmp, schema, compression=compression) as writer:
             for group in _row_groups(packed, packed.has_labels):
                 table, n_loss = _nemo_table(group)
