@@ -151,12 +151,9 @@ class RemotePackedDir(PackedDir):
         return None, self._footer(k, path, rows, groups)
 
     def _wants(self, shard: int, group: Optional[int] = None) -> List[Want]:
-        f = self.shard_footers[shard]
-        wants: List[Want] = [("f", f[0], f[1], f[2])]
+        wants: List[Want] = [("f", *self.shard_footers[shard])]
         if group is not None:
-            g = int(self.group_index[group])
-            r = self.group_bytes[group]
-            wants.append((str(g), r[0], r[1], r[2]))
+            wants.append((str(int(self.group_index[group])), *self.group_bytes[group]))
         return wants
 
     def _fetcher(self, shard: int) -> Callable[[Want], bytes]:
