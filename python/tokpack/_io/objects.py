@@ -16,6 +16,7 @@ A URI names one object, a prefix (its objects with the command's suffixes, recur
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import glob
 import hashlib
@@ -139,12 +140,10 @@ def _mirror(fs: pafs.FileSystem, scheme: str, info: pafs.FileInfo) -> Path:
     mtime_ns = int(info.mtime_ns) if info.mtime_ns is not None else 0
     source: Dict[str, Any] = {"size": int(info.size), "mtime_ns": mtime_ns}
     shown = f"{scheme}://{info.path}"
-    try:
+    with contextlib.suppress(OSError, ValueError):  # (no copy yet, or no readable record)
         recorded = json.loads(_source_file(copy).read_text(encoding="utf-8"))
         if recorded == source and copy.stat().st_size == info.size:
             return copy
-    except (OSError, ValueError):
-        pass
     copy.parent.mkdir(parents=True, exist_ok=True)
     tmp = copy.with_name(f".{copy.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
     try:
