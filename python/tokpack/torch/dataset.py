@@ -97,8 +97,8 @@ class PackedDataset(torch.utils.data.Dataset):
         self.device = None if device is None else torch.device(device)
         self._cache = GroupCache(self.packed, cache_row_groups, 2 * cache_row_groups)
         self._last = -1  # the row read last in this process
-        self._flat: Dict[str, torch.Tensor] = {}
-        self._flat_offsets: Dict[str, np.ndarray] = {}
+        # Device mode: each column's flat values (a tensor) and host row offsets.
+        self._flat: Dict[str, Tuple[torch.Tensor, np.ndarray]] = {}
         if self.device is not None:
             self._load_flat()
 
@@ -115,10 +115,8 @@ class PackedDataset(torch.utils.data.Dataset):
         if self._flat:
             # Copies, as in the streaming path: the flat tensors must not be written through.
             return {
-                name: values[
-                    int(self._flat_offsets[name][i]) : int(self._flat_offsets[name][i + 1])
-                ].clone()
-                for name, values in self._flat.items()
+                name: values[int(offsets[i]) : int(offsets[i + 1])].clone()
+                for name, (values, offsets) in self._flat.items()
             }
         worker_slot()  # in a DataLoader worker: one decoding thread (set once per process)
         group, r = self.packed.locate(i)
@@ -151,5 +149,5 @@ class PackedDataset(torch.utils.data.Dataset):
             # Tokens and labels live on the device; the small boundary columns stay on the host
             # so collating needs no device-to-host synchronisation.
             device = self.device if name in ("input_ids", "labels") else "cpu"
-            self._flat[name] = torch.from_numpy(values).to(device)
-            self._flat_offsets[name] = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+            offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+            self._flat[name] = (torch.from_numpy(values).to(device), offsets)
