@@ -30,7 +30,7 @@ import os
 import threading
 import weakref
 from multiprocessing.reduction import ForkingPickler
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
@@ -104,16 +104,10 @@ def ship(batch: Any) -> Any:
     return batch
 
 
-class _Leaf:
+class _Leaf(NamedTuple):
     """Where tensor ``i`` of the batch goes back into its structure."""
 
-    __slots__ = ("i",)
-
-    def __init__(self, i: int) -> None:
-        self.i = i
-
-    def __reduce__(self):
-        return (_Leaf, (self.i,))
+    i: int
 
 
 def _movable(t: Any) -> bool:
