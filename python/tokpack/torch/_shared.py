@@ -120,14 +120,9 @@ class SharedGroups:
         root = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
         _remove_orphans(root)
         self.path = os.path.join(root, f"{_PREFIX}{os.getpid()}-{uuid.uuid4().hex}")
+        # A pickled copy (a spawned worker's) uses the directory; the creator alone removes it
+        # (unpickling runs no __init__, so a copy has no finalizer).
         weakref.finalize(self, _remove, self.path, os.getpid())
-
-    def __getstate__(self):
-        return {"path": self.path, "capacity": self.capacity}
-
-    def __setstate__(self, state) -> None:
-        # A copy (a spawned worker's) uses the directory; the creator alone removes it.
-        self.path, self.capacity = state["path"], state["capacity"]
 
     def get(self, group: int, decode: Callable[[], Dict[str, Column]]) -> Dict[str, Column]:
         """Group ``group``'s columns: mapped when another worker published them, else
