@@ -147,9 +147,5 @@ def concatenate_and_pack(
                     f"{what}[{i}] has {b.size} entries but input_sequences[{i}] has {a.size}"
                 )
     layout = _Layout(_lengths(inputs, max_length, "input_sequences"), max_length)
-    grids = (
-        layout.fill(inputs, pad_token_id),
-        layout.fill(labels, label_pad_id),
-        layout.fill(masks, 0),
-    )
-    return tuple(_to_output(grid, torch_in, device) for grid in grids)
+    padded = ((inputs, pad_token_id), (labels, label_pad_id), (masks, 0))
+    return tuple(_to_output(layout.fill(a, pad), torch_in, device) for a, pad in padded)
