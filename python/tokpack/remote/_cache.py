@@ -160,14 +160,9 @@ class RangeCache:
         until the block exits (the shard's lock is held shared)."""
         with open(self.meta / "locks" / str(shard), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_SH)
-            first = True
-            while True:
-                missing = [w for w in wants if not self._marker(shard, w).exists()]
-                if first:
-                    count("hits", len(wants) - len(missing))
-                    first = False
-                if not missing:
-                    break
+            missing = [w for w in wants if not self._marker(shard, w).exists()]
+            count("hits", len(wants) - len(missing))
+            while missing:
                 # Nothing of the shard is held while fetching: its other ranges stay readable
                 # (by this process's other threads too) while a range is on the wire.
                 fcntl.flock(lock, fcntl.LOCK_UN)
@@ -179,6 +174,7 @@ class RangeCache:
                         self._record(fetched)
                 # An evictor may have taken a range back meanwhile: the loop looks again.
                 fcntl.flock(lock, fcntl.LOCK_SH)
+                missing = [w for w in wants if not self._marker(shard, w).exists()]
             now = time.time()
             for want in wants:
                 with contextlib.suppress(FileNotFoundError):
