@@ -72,11 +72,9 @@ class RowStream(torch.utils.data.IterableDataset):
         self.tail = tail
         self.rank, self.world_size = resolve_rank(rank, world_size)
         self.collate_fn = collate_fn
-        self.grad_accum_steps = (
-            None
-            if grad_accum_steps is None
-            else check_int(grad_accum_steps, "grad_accum_steps", 1, MAX_STREAM_ROWS)
-        )
+        if grad_accum_steps is not None:
+            grad_accum_steps = check_int(grad_accum_steps, "grad_accum_steps", 1, MAX_STREAM_ROWS)
+        self.grad_accum_steps = grad_accum_steps
         self.balance = checked_balance(balance)
         self._cost = packed_cost(cost)
         self.epoch = 0
