@@ -55,9 +55,7 @@ def as_arrow_column(column: Any, name: str) -> Any:
     if hasattr(column, "__arrow_c_stream__") or hasattr(column, "__arrow_c_array__"):
         return column
     parts = [to_numpy_1d(seq, f"{name}[{i}]") for i, seq in enumerate(column)]
-    offsets = np.zeros(len(parts) + 1, dtype=np.int64)
-    if parts:
-        np.cumsum([p.size for p in parts], out=offsets[1:])
+    offsets = np.cumsum([0] + [p.size for p in parts], dtype=np.int64)
     # Empty rows are float64 (np.asarray([])): they must not decide the values' type.
     values = np.concatenate([p for p in parts if p.size] or [np.zeros(0, dtype=np.int64)])
     return list_array(offsets, values)

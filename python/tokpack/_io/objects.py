@@ -16,6 +16,7 @@ A URI names one object, a prefix (its objects with the command's suffixes, recur
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import glob
 import hashlib
@@ -85,18 +86,12 @@ def _source_file(copy: Path) -> Path:
     return copy.with_name(f".{copy.name}{_SOURCE_SUFFIX}")
 
 
-def _filesystem(uri: str) -> Tuple[pafs.FileSystem, str]:
-    try:
-        store = store_of(uri)
-    except OSError as exc:  # credentials, endpoint
-        raise InputNotFoundError(f"{uri}: cannot reach the store ({exc})") from None
-    assert store is not None
-    return store[0], store[1]
-
-
 def _objects(uri: str, suffixes: Tuple[str, ...]) -> Tuple[pafs.FileSystem, List[pafs.FileInfo]]:
     """The objects a URI names (see the module docstring), sorted by key."""
-    fs, path = _filesystem(uri)
+    try:
+        fs, path, _ = store_of(uri)  # type: ignore[misc]  # (not None: an object URI)
+    except OSError as exc:  # credentials, endpoint
+        raise InputNotFoundError(f"{uri}: cannot reach the store ({exc})") from None
     scheme = uri.split("://", 1)[0]
     try:
         info = fs.get_file_info(path)
@@ -145,12 +140,10 @@ def _mirror(fs: pafs.FileSystem, scheme: str, info: pafs.FileInfo) -> Path:
     mtime_ns = int(info.mtime_ns) if info.mtime_ns is not None else 0
     source: Dict[str, Any] = {"size": int(info.size), "mtime_ns": mtime_ns}
     shown = f"{scheme}://{info.path}"
-    try:
+    with contextlib.suppress(OSError, ValueError):  # (no copy yet, or no readable record)
         recorded = json.loads(_source_file(copy).read_text(encoding="utf-8"))
         if recorded == source and copy.stat().st_size == info.size:
             return copy
-    except (OSError, ValueError):
-        pass
     copy.parent.mkdir(parents=True, exist_ok=True)
     tmp = copy.with_name(f".{copy.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
     try:

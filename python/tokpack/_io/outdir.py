@@ -22,6 +22,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -137,20 +138,17 @@ def _clean_stale(out_dir: Path) -> None:
     if not parent.is_dir():
         return
     prefix = f".{out_dir.name}"
+    # ``.NAME.tmp-PID-TAG`` / ``.NAME.old-PID-TAG``: a run's temporaries, by its pid.
+    tags = "|".join(re.escape(tag) for tag in (_TMP_TAG, _OLD_TAG))
+    temporary = re.compile(rf"{re.escape(prefix)}(?:{tags})(\d+)(?:-.*)?", re.DOTALL)
     for entry in parent.iterdir():
-        name = entry.name
-        if not name.startswith(prefix):
-            continue
-        rest = name[len(prefix) :]
-        for tag in (_TMP_TAG, _OLD_TAG):
-            if rest.startswith(tag):
-                pid_text = rest[len(tag) :].split("-", 1)[0]
-                if pid_text.isdigit() and not pid_alive(int(pid_text)):
-                    if entry.is_dir() and not entry.is_symlink():
-                        shutil.rmtree(entry, ignore_errors=True)
-                    else:
-                        with contextlib.suppress(OSError):
-                            entry.unlink()
+        found = temporary.fullmatch(entry.name)
+        if found is not None and not pid_alive(int(found[1])):
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    entry.unlink()
     _remove_stale_lock(parent / f"{prefix}{_LOCK_SUFFIX}")
 
 

@@ -5,6 +5,7 @@ OUT_DIR is never left half-written)."""
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import sys
 import threading
@@ -155,10 +156,8 @@ class _Flag:
 
     def wait(self, timeout: float) -> bool:
         if not self._set:
-            try:
+            with contextlib.suppress(queue.Empty):
                 self._wake.get(timeout=timeout)
-            except queue.Empty:
-                pass
         return self._set
 
 

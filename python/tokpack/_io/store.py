@@ -184,9 +184,8 @@ class StoreOut(Out):
     def _manifest(self) -> Any:
         """The manifest under the prefix, parsed, or None (missing or unreadable)."""
         try:
-            with self.fs.open_input_stream(self.key(MANIFEST_NAME)) as f:
-                return json.loads(f.read())
-        except (OSError, ValueError):
+            return read_manifest(self.prefix, self.fs)
+        except CorruptOutputError:
             return None
 
     def claim(self) -> bool:
@@ -461,14 +460,7 @@ def read_manifest_at(output_dir: Union[str, os.PathLike], filesystem: Any = None
     store = store_of(output_dir, filesystem)
     assert store is not None
     fs, prefix, _ = store
-    try:
-        with fs.open_input_stream(f"{prefix.rstrip('/')}/{MANIFEST_NAME}") as f:
-            manifest: Dict[str, Any] = json.loads(f.read())
-    except FileNotFoundError:
-        return None, fs, prefix.rstrip("/")
-    except (OSError, ValueError) as exc:
-        raise CorruptOutputError(f"{output_dir}: unreadable manifest ({exc})") from None
-    return manifest, fs, prefix.rstrip("/")
+    return read_manifest(prefix.rstrip("/"), fs), fs, prefix.rstrip("/")
 
 
 @contextlib.contextmanager

@@ -87,19 +87,16 @@ def _from_uri(uri: str) -> Tuple[pafs.FileSystem, str]:
 def local_path(output_dir: Union[str, os.PathLike], filesystem: Any = None) -> Optional[str]:
     """The local path of a directory on this machine's file system (a path, a ``file://`` URI,
     or a path on a local ``filesystem=``), else None (object storage)."""
-    text = os.fspath(output_dir)
+    text = str(os.fspath(output_dir))
     if filesystem is None:
-        if "://" not in str(text):
-            return str(text)
-        if str(text).startswith(("file://", "local://")):
-            fs, path = pafs.FileSystem.from_uri(str(text))
+        if "://" not in text:
+            return text
+        if text.startswith(("file://", "local://")):
+            fs, path = pafs.FileSystem.from_uri(text)
             return path if isinstance(fs, pafs.LocalFileSystem) else None
         return None
-    if isinstance(filesystem, pafs.LocalFileSystem):
-        return str(text)
-    if not isinstance(filesystem, pafs.FileSystem) and "file" in _protocols(filesystem):
-        return str(text)  # fsspec's LocalFileSystem
-    return None
+    fsspec_local = not isinstance(filesystem, pafs.FileSystem) and "file" in _protocols(filesystem)
+    return text if isinstance(filesystem, pafs.LocalFileSystem) or fsspec_local else None
 
 
 def is_remote(path: Union[str, os.PathLike], filesystem: Any = None) -> bool:

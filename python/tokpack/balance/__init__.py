@@ -26,6 +26,7 @@ import numpy as np
 from .. import _tokpack
 from .._contract import ATTENTION_COST
 from ..errors import ConfigError, DataError
+from ..pack.plan import check_int
 
 __all__ = [
     "ATTENTION_COST",
@@ -40,6 +41,8 @@ __all__ = [
 #: for ``a·L + b·L²``; the packed readers' balance also takes ``(a, b, c)``: plus ``c`` per
 #: vision-encoder patch of a multimodal row (``tokpack.balance.packed.packed_cost``).
 Cost = Union[str, Tuple[float, float], Tuple[float, float, float]]
+# The counts' upper bound: the Rust side takes them as u64 / usize.
+_MAX_INT = 2**63 - 1
 
 
 def cost_coefficients(cost: Cost) -> Tuple[float, float]:
@@ -61,12 +64,6 @@ def cost_coefficients(cost: Cost) -> Tuple[float, float]:
             f'cost must be "tokens", "attention" or a pair of numbers (a, b), got {cost!r}'
         ) from None
     return a, b
-
-
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
-    return int(value)
 
 
 def _vector(name: str, values: Any, dtype: type) -> np.ndarray:
@@ -102,7 +99,7 @@ def partition(
     part). ``threads`` is accepted for symmetry with tokpack's other calls and changes nothing:
     the work runs on the calling thread (a pool's wake-ups cost more than it on a busy host).
     """
-    k = _positive_int("k", k)
+    k = check_int(k, "k", 1, _MAX_INT)
     values = _vector("costs", costs, np.float64)
     indices, offsets = _tokpack.partition(
         costs=values, k=k, equal_size=bool(equal_size), method=method, threads=threads
@@ -201,12 +198,12 @@ def micro_batches(
     sample longer than ``max_tokens`` raises :class:`~tokpack.OverlongError` (``"error"``) or
     gets a micro-batch of its own (``"alone"``).
     """
-    max_tokens = _positive_int("max_tokens", max_tokens)
-    dp_size = _positive_int("dp_size", dp_size)
-    min_mb = (
-        1 if min_micro_batches is None else _positive_int("min_micro_batches", min_micro_batches)
+    max_tokens = check_int(max_tokens, "max_tokens", 1, _MAX_INT)
+    dp_size = check_int(dp_size, "dp_size", 1, _MAX_INT)
+    min_mb = check_int(
+        1 if min_micro_batches is None else min_micro_batches, "min_micro_batches", 1, _MAX_INT
     )
-    divisible = 1 if divisible_by is None else _positive_int("divisible_by", divisible_by)
+    divisible = 1 if divisible_by is None else check_int(divisible_by, "divisible_by", 1, _MAX_INT)
     a, b = cost_coefficients(cost)
     values = _vector("lengths", lengths, np.int64)
     parts = _tokpack.micro_batches(

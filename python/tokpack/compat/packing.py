@@ -32,18 +32,13 @@ class _Layout:
         self.sample_ids = parts.sample_ids
         self.max_length = max_length
         self.n_rows = len(bin_offsets) - 1
-        row_of_seg = np.repeat(np.arange(self.n_rows), np.diff(bin_offsets))
-        seg_ends = np.cumsum(seg_lengths)
-        seg_starts = seg_ends - seg_lengths
-        row_start_tok = seg_starts[bin_offsets[:-1]] if self.n_rows else seg_starts[:0]
-        self.col_start = seg_starts - np.repeat(row_start_tok, np.diff(bin_offsets))
+        self.row_of_seg = np.repeat(np.arange(self.n_rows), np.diff(bin_offsets))
+        seg_starts = np.cumsum(seg_lengths) - seg_lengths
+        self.col_start = seg_starts - seg_starts[bin_offsets[:-1]][self.row_of_seg]
         self.col_end = self.col_start + seg_lengths
-        self.row_of_seg = row_of_seg
         # Flat destination of every token, segment after segment.
-        dest_start = row_of_seg * max_length + self.col_start
-        within = np.arange(int(seg_ends[-1]) if len(seg_ends) else 0) - np.repeat(
-            seg_starts, seg_lengths
-        )
+        dest_start = self.row_of_seg * max_length + self.col_start
+        within = np.arange(int(seg_lengths.sum())) - np.repeat(seg_starts, seg_lengths)
         self.dest = np.repeat(dest_start, seg_lengths) + within
 
     def fill(self, parts: List[np.ndarray], pad: Any) -> np.ndarray:
@@ -152,9 +147,5 @@ def concatenate_and_pack(
                     f"{what}[{i}] has {b.size} entries but input_sequences[{i}] has {a.size}"
                 )
     layout = _Layout(_lengths(inputs, max_length, "input_sequences"), max_length)
-    grids = (
-        layout.fill(inputs, pad_token_id),
-        layout.fill(labels, label_pad_id),
-        layout.fill(masks, 0),
-    )
-    return tuple(_to_output(grid, torch_in, device) for grid in grids)
+    padded = ((inputs, pad_token_id), (labels, label_pad_id), (masks, 0))
+    return tuple(_to_output(layout.fill(a, pad), torch_in, device) for a, pad in padded)

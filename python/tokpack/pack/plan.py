@@ -10,6 +10,7 @@ import numpy as np
 from .. import _tokpack
 from .._contract import OVERLONG_POLICIES, STRATEGIES
 from .._io.arrays import as_lengths
+from ..packed.reader import segment_sums
 from .config import PackConfig, pack_config
 
 __all__ = ["Plan", "plan", "STRATEGIES", "OVERLONG_POLICIES"]
@@ -71,13 +72,7 @@ class Plan:
 
     def row_tokens(self) -> np.ndarray:
         """Tokens in every row (int64, one per row)."""
-        if self.n_segments == 0:
-            return np.zeros(self.n_bins, dtype=np.int64)
-        return (
-            np.add.reduceat(self.lengths, self.bin_offsets[:-1])
-            if self.n_bins
-            else self.lengths[:0]
-        )
+        return segment_sums(self.lengths, self.bin_offsets)
 
     def row(self, r: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(sample_ids, starts, lengths)`` of the segments of row ``r``."""

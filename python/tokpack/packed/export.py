@@ -19,7 +19,7 @@ import json
 import os
 import struct
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 import pyarrow as pa
@@ -35,7 +35,8 @@ from .._io.store import object_output_files
 from ..errors import ConfigError, CorruptOutputError, DataError
 from ..multimodal.pack import refuse_multimodal
 from ..remote import open_packed
-from .reader import PackedDir
+from .format import read_json
+from .reader import PackedDir, segment_sums
 
 __all__ = [
     "export_megatron",
@@ -68,9 +69,7 @@ class _Group:
         self.where = where
         self.tokens = np.asarray(ids)
         self.labels = np.asarray(cols["labels"][0]) if with_labels else None
-        ends = np.zeros(self.lengths.size + 1, dtype=np.int64)
-        np.cumsum(self.lengths, out=ends[1:])
-        row_tokens = ends[self.seg_offsets[1:]] - ends[self.seg_offsets[:-1]]
+        row_tokens = segment_sums(self.lengths, self.seg_offsets)
         # tokpack never writes empty samples (they are dropped and listed as such).
         if (self.lengths <= 0).any() or not np.array_equal(row_tokens, np.diff(self.token_offsets)):
             raise CorruptOutputError(
@@ -105,6 +104,16 @@ def _packed_dir(packed_dir: PathLike, target: str) -> PackedDir:
         where=shown_path(packed_dir),
     )
     return packed
+
+
+def _outputs(shown: List[str], packed: PackedDir, force: bool, owned: Callable[..., bool]) -> Any:
+    """Temporary paths for the files ``shown``, each put in place whole when the block ends:
+    objects on object storage, else local files outside ``packed``. An existing one is replaced
+    only with ``force`` and when ``owned(path or key, fs)`` says tokpack wrote it."""
+    if is_object_uri(shown[0]):
+        return object_output_files(shown, force=force, owned=lambda fs, key: owned(key, fs))
+    finals = [output_file(name, [packed.root]) for name in shown]
+    return atomic_output_files(finals, shown, force=force, owned=lambda path: owned(str(path)))
 
 
 def _row_groups(packed: PackedDir, with_labels: bool) -> Iterator[_Group]:
@@ -150,9 +159,7 @@ def _write_idx(
     idx_tmp: Path, dtype: str, lengths: np.ndarray, document_indices: np.ndarray
 ) -> None:
     np_dtype, code = MEGATRON_DTYPES[dtype]
-    pointers = np.zeros(lengths.size, dtype=np.int64)
-    np.cumsum(lengths[:-1], dtype=np.int64, out=pointers[1:])
-    pointers *= np.dtype(np_dtype).itemsize
+    pointers = (np.cumsum(lengths, dtype=np.int64) - lengths) * np.dtype(np_dtype).itemsize
     with open(idx_tmp, "wb") as f:
         counts = struct.pack("<QBQQ", _INDEX_VERSION, code, lengths.size, document_indices.size)
         f.write(_INDEX_HEADER + counts)
@@ -192,14 +199,7 @@ def export_megatron(
     packed = _packed_dir(packed_dir, "a Megatron indexed dataset")
     shown = [prefix + suffix for suffix in (MARKER_SUFFIX, ".bin", ".idx")]
     # The marker first and the index last: Megatron opens a prefix by its .idx.
-    if is_object_uri(prefix):
-        outputs = object_output_files(shown, force=force, owned=_marked_object)
-    else:
-        finals = [output_file(name, [packed.root]) for name in shown]
-        outputs = atomic_output_files(
-            finals, shown, force=force, owned=lambda p: _marked(finals[0], p)
-        )
-    with writing(prefix), outputs as (marker_tmp, bin_tmp, idx_tmp):
+    with writing(prefix), _outputs(shown, packed, force, _marked) as (marker_tmp, bin_tmp, idx_tmp):
         chosen = dtype or "uint16"
         written = _write_bin(bin_tmp, packed, chosen, auto=dtype is None)
         if written is None:
@@ -212,8 +212,7 @@ def export_megatron(
             per_document = np.concatenate([np.zeros(0, np.int64), *row_counts])
         else:
             per_document = np.ones(lengths.size, np.int64)
-        document_indices = np.zeros(per_document.size + 1, dtype=np.int64)
-        np.cumsum(per_document, out=document_indices[1:])
+        document_indices = np.concatenate([[0], np.cumsum(per_document, dtype=np.int64)])
         _write_idx(idx_tmp, chosen, lengths, document_indices)
         names = [os.path.basename(name) for name in shown]
         _write_marker(marker_tmp, {names[1]: bin_tmp, names[2]: idx_tmp})
@@ -249,11 +248,7 @@ def _read_marker(marker: Any, fs: Any = None) -> Optional[Dict[str, Any]]:
     """The marker ``PREFIX.tokpack.json`` (a path, or a key of ``fs``), or None when it is
     missing or is not one."""
     try:
-        if fs is None:
-            data = json.loads(Path(marker).read_text(encoding="utf-8"))
-        else:
-            with fs.open_input_stream(marker) as f:
-                data = json.loads(f.read())
+        data = read_json(marker, fs)
     except (OSError, ValueError):
         return None
     if not isinstance(data, dict) or not isinstance(data.get("files"), dict):
@@ -261,14 +256,9 @@ def _read_marker(marker: Any, fs: Any = None) -> Optional[Dict[str, Any]]:
     return data
 
 
-def _marked(marker: Path, path: Path) -> bool:
-    """Whether tokpack wrote ``path``: the marker itself, or a file it names."""
-    data = _read_marker(marker)
-    return data is not None and (path == marker or path.name in data["files"])
-
-
-def _marked_object(fs: Any, key: str) -> bool:
-    """:func:`_marked` for an object: the marker beside it names it (or it is the marker)."""
+def _marked(key: str, fs: Any = None) -> bool:
+    """Whether tokpack wrote the file ``key`` (a path, or a key of ``fs``): it is the marker, or
+    the marker beside it names it."""
     base = key[: -len(MARKER_SUFFIX)] if key.endswith(MARKER_SUFFIX) else key.rsplit(".", 1)[0]
     data = _read_marker(base + MARKER_SUFFIX, fs)
     return data is not None and (
@@ -318,8 +308,7 @@ def _nemo_table(group: _Group) -> Tuple[pa.Table, int]:
     """The NeMo rows of one packed row group and their number of loss tokens."""
     n_rows = group.token_offsets.size - 1
     row_of_seg = np.repeat(np.arange(n_rows), np.diff(group.seg_offsets))
-    seg_token_starts = np.zeros(group.lengths.size, dtype=np.int64)
-    np.cumsum(group.lengths[:-1], dtype=np.int64, out=seg_token_starts[1:])
+    seg_token_starts = np.cumsum(group.lengths, dtype=np.int64) - group.lengths
     starts = seg_token_starts - group.token_offsets[row_of_seg]
     trained = (
         np.ones(group.tokens.size, dtype=bool)
@@ -360,16 +349,9 @@ def export_nemo_packed(
             "(Megatron-Bridge reads only those)"
         )
     packed = _packed_dir(packed_dir, "a NeMo packed-sequence file")
-    if is_object_uri(shown):
-        outputs = object_output_files(
-            [shown], force=force, owned=lambda fs, key: _nemo_written(key, fs)
-        )
-    else:
-        final = output_file(shown, [packed.root])
-        outputs = atomic_output_files([final], [shown], force=force, owned=_nemo_written)
     figures = {"file": shown, "rows": 0, "sequences": 0, "tokens": 0, "loss_tokens": 0}
     schema = _NEMO_SCHEMA.with_metadata({_NEMO_MARK: _tokpack.__version__})
-    with writing(shown), outputs as (tmp,):
+    with writing(shown), _outputs([shown], packed, force, _nemo_written) as (tmp,):
         with pq.ParquetWriter(tmp, schema, compression=compression) as writer:
             for group in _row_groups(packed, packed.has_labels):
                 table, n_loss = _nemo_table(group)

@@ -41,6 +41,7 @@ __all__ = [
     "SIDE_DIR",
     "manifest_schema",
     "packed_manifest",
+    "read_json",
     "read_manifest",
     "read_packed_manifest",
     "write_dropped",
@@ -56,12 +57,21 @@ def manifest_schema() -> Dict[str, Any]:
     return json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
 
 
-def read_manifest(out_dir: Union[str, os.PathLike]) -> Optional[Dict[str, Any]]:
-    """The manifest of a complete output directory, or None when there is none."""
-    path = Path(out_dir) / MANIFEST_NAME
+def read_json(path: Union[str, os.PathLike], fs: Any = None) -> Any:
+    """The JSON in the file ``path``, or in the object ``path`` of the ``pyarrow.fs`` file system
+    ``fs`` (FileNotFoundError when it is missing; OSError or ValueError when unreadable)."""
+    if fs is None:
+        return json.loads(Path(path).read_bytes())
+    with fs.open_input_stream(str(path)) as f:
+        return json.loads(f.read())
+
+
+def read_manifest(out_dir: Union[str, os.PathLike], fs: Any = None) -> Optional[Dict[str, Any]]:
+    """The manifest of a complete output directory (or prefix of the ``pyarrow.fs`` file system
+    ``fs``), or None when there is none."""
+    path = Path(out_dir) / MANIFEST_NAME if fs is None else f"{out_dir}/{MANIFEST_NAME}"
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        return read_json(path, fs)
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:

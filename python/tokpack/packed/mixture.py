@@ -109,13 +109,8 @@ class Schedule:
     def counts(self, n: int) -> np.ndarray:
         """Rows of each source among the first ``n`` rows of the stream."""
         full, rest = divmod(int(n), self.period)
-        return np.array(
-            [
-                full * int(w) + int(np.searchsorted(p, rest))
-                for w, p in zip(self.weights, self.positions)
-            ],
-            dtype=np.int64,
-        )
+        in_part = np.array([np.searchsorted(p, rest) for p in self.positions], dtype=np.int64)
+        return full * self.weights + in_part
 
     def position(self, s: int, j: int) -> int:
         """Stream row of source ``s``'s ``j``-th row (from 0)."""

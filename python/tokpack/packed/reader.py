@@ -181,22 +181,17 @@ class PackedDir:
         needed = [c for c in ROW_COLUMNS if c != "labels" or self.has_labels]
         needed += list(PAIR_COLUMNS if self.pair_layout is not None else ()) + self.carried
         self.needed_columns = needed
-        paths: List[str] = []
-        sizes: List[int] = []
-        footers: List[Range] = []
-        identities: List[Optional[Identity]] = []
+        self.shard_paths: List[str] = []
+        self.shard_sizes: List[int] = []
+        self.shard_footers: List[Range] = []
+        self.shard_identities: List[Optional[Identity]] = []
+        self.group_bytes: List[Range] = []
         g_shard: List[int] = []
         g_rows: List[int] = []
         g_index: List[int] = []
-        g_bytes: List[Range] = []
         for k, shard in enumerate(shards):
             try:
-                name, rows, groups, size = (
-                    str(shard["file"]),
-                    int(shard["rows"]),
-                    int(shard["row_groups"]),
-                    int(shard["size"]),
-                )
+                name, rows, groups, size = self._shard_fields(k)
                 footer = byte_range(shard["footer_bytes"])
                 ranges = [byte_range(r) for r in shard["row_group_bytes"]]
             except (KeyError, TypeError, ValueError) as exc:
@@ -209,21 +204,16 @@ class PackedDir:
                     root, f"shard {k}: {len(ranges)} byte ranges for {groups} row groups"
                 )
             ident, group_rows = self._open_shard(k, path, rows, groups, size)
-            paths.append(str(path.resolve()))
-            sizes.append(size)
-            footers.append(footer)
-            identities.append(ident)
-            g_bytes.extend(ranges)
+            self.shard_paths.append(str(path.resolve()))
+            self.shard_sizes.append(size)
+            self.shard_footers.append(footer)
+            self.shard_identities.append(ident)
+            self.group_bytes.extend(ranges)
             g_shard += [k] * groups
             g_index += range(groups)
             g_rows += group_rows
         if sum(g_rows) != total:
             raise _corrupt(root, f"figures.rows is {total} but the shards hold {sum(g_rows)} rows")
-        self.shard_paths = paths
-        self.shard_sizes = sizes
-        self.shard_footers = footers
-        self.shard_identities = identities
-        self.group_bytes = g_bytes
         self.group_shard = np.asarray(g_shard, dtype=np.int64)
         self.group_index = np.asarray(g_index, dtype=np.int64)
         self.group_rows = np.asarray(g_rows, dtype=np.int64)
@@ -231,6 +221,11 @@ class PackedDir:
         # What a row is made of: tokens and boundaries, then each segment's role (preference
         # outputs) and the carried per-sample columns (per segment).
         self.columns = tuple(c for c in needed if c != "num_pairs")
+
+    def _shard_fields(self, k: int) -> Tuple[str, int, int, int]:
+        """Shard ``k``'s file name, rows, row groups and size in bytes, from the manifest."""
+        shard = self.manifest["shards"][k]
+        return str(shard["file"]), int(shard["rows"]), int(shard["row_groups"]), int(shard["size"])
 
     def _open_shard(
         self, k: int, path: Path, rows: int, groups: int, size: int

@@ -18,7 +18,7 @@ import numpy as np
 
 from .._contract import IGNORE_INDEX
 from .integrity import _read_index
-from .reader import PackedDir
+from .reader import PackedDir, segment_sums
 
 __all__ = ["RowCounts", "row_counts"]
 
@@ -51,7 +51,6 @@ def row_counts(packed: PackedDir) -> RowCounts:
         # Samples are contiguous in the group's flat labels: each starts where the previous ends.
         lengths = lengths.astype(np.int64)
         first = np.cumsum(lengths) - lengths
-        hits = np.concatenate([[0], np.cumsum(labels[first] != IGNORE_INDEX)])
         rows = slice(int(starts[g]), int(starts[g + 1]))
-        first_trained[rows] = hits[seq_offsets[1:]] - hits[seq_offsets[:-1]]
+        first_trained[rows] = segment_sums(labels[first] != IGNORE_INDEX, seq_offsets)
     return RowCounts(tokens, samples, trained - first_trained)

@@ -23,8 +23,9 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..pack.plan import check_int
 from .integrity import _read_index
+from .mixture import MAX_STREAM_ROWS
 from .order import EpochOrder
 from .reader import PackedDir
 
@@ -127,9 +128,8 @@ def shuffle_quality(
     ``PackedIterableDataset(batch_rows=batch_rows, shuffle_window=shuffle_window, seed=seed)``
     (epoch 0, one rank; each of ``windows`` too when given) and for a full random permutation
     of the rows (the reference, seeded by ``seed``)."""
-    for name, value in (("batch_rows", batch_rows), ("shuffle_window", shuffle_window)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
+    batch_rows = check_int(batch_rows, "batch_rows", 1, MAX_STREAM_ROWS)
+    shuffle_window = check_int(shuffle_window, "shuffle_window", 1, MAX_STREAM_ROWS)
     packed = path if isinstance(path, PackedDir) else PackedDir(path)
     parts = [_read_index(packed, k) for k in range(len(packed.shard_paths))]
     tokens = np.concatenate([p["num_tokens"] for p in parts]).astype(np.int64)

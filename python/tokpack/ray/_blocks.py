@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Collection, Iterable, Iterator, List, Optional, Tuple, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -196,8 +196,11 @@ def block_error(exc: TokpackError, block: Any, j: int, base: int) -> TokpackErro
     return type(exc)(f"ray dataset block {j} (samples from {base}): {exc}")
 
 
+Tasks = TypeVar("Tasks", bound=Collection[Any])
+
+
 @contextlib.contextmanager
-def cancelling(tasks: List[Any]) -> Iterator[List[Any]]:
+def cancelling(tasks: Tasks) -> Iterator[Tasks]:
     """Cancels ``tasks`` (as they stand then) when the block fails or is interrupted."""
     try:
         yield tasks
@@ -274,16 +277,10 @@ def file_columns(paths: List[Any], config: PackConfig) -> Tuple[str, PackConfig,
     config = config.for_kind(kind, shown_path(paths[0]))
     labels = _tokpack.input_columns(paths=[str(p) for p in paths], config=config)
     schema = pq.read_schema(paths[0])
-    return (
-        kind,
-        config,
-        Columns(
-            config.tokens_column,
-            None if labels is None else labels[0],
-            mask=labels is not None and labels[1],
-            carry=pa.schema([schema.field(c) for c in config.carry]) if config.carry else None,
-        ),
-    )
+    carry = pa.schema([schema.field(c) for c in config.carry]) if config.carry else None
+    if labels is None:
+        return kind, config, Columns(config.tokens_column, None, carry=carry)
+    return kind, config, Columns(config.tokens_column, labels[0], mask=labels[1], carry=carry)
 
 
 def dataset_columns(refs: List[Any], config: PackConfig) -> Tuple[str, PackConfig, Columns]:

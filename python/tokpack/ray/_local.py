@@ -121,8 +121,7 @@ def pack_local(
     if sum(sizes) == 0:
         raise DataError("the inputs hold no samples")
     groups = groups_of(sizes, min_block_samples)
-    bases = np.zeros(len(sizes) + 1, dtype=np.int64)
-    np.cumsum(sizes, out=bases[1:])
+    bases = np.cumsum([0, *sizes], dtype=np.int64)
     with cancelling([]) as tasks:
         tasks += [
             _pack_group.remote(out, g, int(bases[a]), columns, config, *refs[a:b])

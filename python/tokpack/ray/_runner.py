@@ -20,9 +20,10 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 import ray
 
-from ..errors import ConfigError
+from ..pack.plan import MAX_ROWS, check_int
 from ..tokenize.options import TokenizeOptions
 from ..tokenize.pipeline import RecordEncoder, run_packed
+from ._blocks import cancelling
 
 # This worker process's encoder, with the (tokenizer path, options) it was loaded for.
 _ENCODER: List[Tuple[str, TokenizeOptions, RecordEncoder]] = []
@@ -44,9 +45,7 @@ class RayRunner:
     def __init__(
         self, ahead: Optional[int] = None, ray_remote_args: Optional[Dict[str, Any]] = None
     ) -> None:
-        if ahead is not None and (isinstance(ahead, bool) or not int(ahead) >= 1):
-            raise ConfigError(f"ahead must be >= 1, got {ahead!r}")
-        self.ahead = ahead
+        self.ahead = None if ahead is None else check_int(ahead, "ahead", 1, MAX_ROWS)
         self.ray_remote_args = dict(ray_remote_args or {})
 
     @contextlib.contextmanager
@@ -68,9 +67,5 @@ class RayRunner:
 
             return result
 
-        try:
+        with cancelling(pending):  # on failure or Ctrl-C: no task keeps encoding for nobody
             yield submit, ahead
-        except BaseException:
-            for ref in pending:  # on failure or Ctrl-C: no task keeps encoding for nobody
-                ray.cancel(ref, force=True)
-            raise

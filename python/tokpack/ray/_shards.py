@@ -53,8 +53,7 @@ def take(
     """The samples at ``rows`` (ascending) of flat columns, as new flat columns."""
     rows = np.asarray(rows, dtype=np.int64)
     sizes = offsets[rows + 1] - offsets[rows]
-    out_offsets = np.zeros(len(rows) + 1, dtype=np.int64)
-    np.cumsum(sizes, out=out_offsets[1:])
+    out_offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
     # One slice copy per run of consecutive rows: an index per token (a fancy-indexed gather)
     # costs ten times more than copying the runs whole.
     first = np.ones(len(rows), dtype=bool)
@@ -82,8 +81,7 @@ def concat(pieces: Sequence[Held], has_labels: bool, carry: Optional[pa.Schema])
     pieces = list(pieces) or [empty]
     ids = np.concatenate([p[0] for p in pieces])
     sizes = np.concatenate([np.diff(p[1]) for p in pieces])
-    offsets = np.zeros(len(ids) + 1, dtype=np.int64)
-    np.cumsum(sizes, out=offsets[1:])
+    offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
     tokens = np.concatenate([p[2] for p in pieces])
     labels = np.concatenate([p[3] for p in pieces]) if has_labels else None
     carried = None if carry is None else pa.concat_tables([p[4] for p in pieces])

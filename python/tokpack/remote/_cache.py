@@ -43,8 +43,7 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
-from .. import _tokpack
-from ..errors import ConfigError, CorruptOutputError, StorageError
+from ..errors import ConfigError, StorageError
 from ._fetch import collecting, count
 
 __all__ = ["RangeCache", "Want", "cache_counters", "usage"]
@@ -161,14 +160,9 @@ class RangeCache:
         until the block exits (the shard's lock is held shared)."""
         with open(self.meta / "locks" / str(shard), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_SH)
-            first = True
-            while True:
-                missing = [w for w in wants if not self._marker(shard, w).exists()]
-                if first:
-                    count("hits", len(wants) - len(missing))
-                    first = False
-                if not missing:
-                    break
+            missing = [w for w in wants if not self._marker(shard, w).exists()]
+            count("hits", len(wants) - len(missing))
+            while missing:
                 # Nothing of the shard is held while fetching: its other ranges stay readable
                 # (by this process's other threads too) while a range is on the wire.
                 fcntl.flock(lock, fcntl.LOCK_UN)
@@ -180,6 +174,7 @@ class RangeCache:
                         self._record(fetched)
                 # An evictor may have taken a range back meanwhile: the loop looks again.
                 fcntl.flock(lock, fcntl.LOCK_SH)
+                missing = [w for w in wants if not self._marker(shard, w).exists()]
             now = time.time()
             for want in wants:
                 with contextlib.suppress(FileNotFoundError):
@@ -283,19 +278,11 @@ class RangeCache:
         found = []
         with os.scandir(self.meta / "have") as entries:
             for e in entries:
-                parts = e.name.split(".")
-                if len(parts) != 4:
-                    continue
+                # (a name of another shape, or a marker evicted meanwhile, is passed over)
                 with contextlib.suppress(FileNotFoundError, ValueError):
+                    shard, tag, offset, length = e.name.split(".")
                     found.append(
-                        (
-                            e.stat().st_mtime,
-                            int(parts[0]),
-                            parts[1],
-                            int(parts[2]),
-                            int(parts[3]),
-                            e.path,
-                        )
+                        (e.stat().st_mtime, int(shard), tag, int(offset), int(length), e.path)
                     )
         return sorted(found)
 
@@ -325,9 +312,9 @@ class RangeCache:
     def _evict(self, shard: int, tag: str, offset: int, length: int, marker: str, markers) -> None:
         os.unlink(marker)
         count("evictions")
-        path = self._shard_path(shard)
-        if path is None:
+        if not 0 <= shard < len(self.shard_files):
             return
+        path = self.shard_files[shard]
         if tag == "f":
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
@@ -349,9 +336,6 @@ class RangeCache:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
 
-    def _shard_path(self, shard: int) -> Optional[Path]:
-        return self.shard_files[shard] if 0 <= shard < len(self.shard_files) else None
-
 
 def cache_counters(root: os.PathLike) -> Dict[str, int]:
     """What every process that read through the cache at ``root`` (a reader's
@@ -364,17 +348,3 @@ def cache_counters(root: os.PathLike) -> Dict[str, int]:
             for key, value in json.loads(path.read_text()).items():
                 total[key] = total.get(key, 0) + int(value)
     return total
-
-
-def checked(data: bytes, checksum: str) -> Optional[str]:
-    """None when ``data`` hashes to ``checksum``, else what it hashes to."""
-    got = _tokpack.bytes_checksum(data)
-    return None if got == checksum else got
-
-
-def corrupt_range(uri: str, what: str, offset: int, length: int, got: str, want: str):
-    return CorruptOutputError(
-        f"{uri}: {what}: bytes {offset}..{offset + length} fetched from object storage do not"
-        f" match their checksum (they hash to {got}, the manifest says {want}): the object is"
-        " damaged, or was replaced since the directory was opened"
-    )

@@ -23,10 +23,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .._io.uri import RUN_MARKER, cache_home, local_path, store_of
+from .._tokpack import bytes_checksum
 from ..errors import ConfigError, CorruptOutputError, InputNotFoundError, TokpackError
+from ..pack.plan import check_int
 from ..packed.format import MANIFEST_NAME
-from ..packed.reader import Column, Identity, PackedDir, member_path, parse_manifest
-from ._cache import RangeCache, Want, checked, corrupt_range
+from ..packed.reader import Column, Identity, PackedDir, byte_range, member_path, parse_manifest
+from ._cache import RangeCache, Want
 from ._fetch import Source
 
 __all__ = ["RemotePackedDir", "open_packed", "default_cache_dir", "DEFAULT_CACHE_LIMIT"]
@@ -77,8 +79,7 @@ class RemotePackedDir(PackedDir):
         if store is None:
             raise ConfigError(f"{path}: a local directory (open it with PackedDir)")
         limit = DEFAULT_CACHE_LIMIT if cache_limit is None else cache_limit
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise ConfigError(f"cache_limit must be a positive int (bytes), got {cache_limit!r}")
+        limit = check_int(limit, "cache_limit (bytes)", 1, 2**63 - 1)
         self.source = Source(*store)
         self.shown = self.source.shown
         text = self._read_manifest()
@@ -116,9 +117,6 @@ class RemotePackedDir(PackedDir):
 
     # -- messages name the objects, not the cache -----------------------------------------
 
-    def translate(self, text: str) -> str:
-        return text.replace(str(self.root), self.shown)
-
     @contextlib.contextmanager
     def naming(self) -> Iterator[None]:
         """Errors raised inside name the directory's URI instead of its cache."""
@@ -128,7 +126,7 @@ class RemotePackedDir(PackedDir):
             if str(self.root) not in str(exc) or len(exc.args) != 1:
                 raise
             try:
-                renamed = type(exc)(self.translate(str(exc)))
+                renamed = type(exc)(str(exc).replace(str(self.root), self.shown))
             except TypeError:  # an error class taking other arguments
                 raise exc from None
             raise renamed from None
@@ -152,17 +150,10 @@ class RemotePackedDir(PackedDir):
         # Not the layout `tokpack pack` writes: ask the shard's footer now.
         return None, self._footer(k, path, rows, groups)
 
-    def _shard_fields(self, k: int) -> Tuple[str, int, int, int]:
-        shard = self.manifest["shards"][k]
-        return str(shard["file"]), int(shard["rows"]), int(shard["row_groups"]), int(shard["size"])
-
     def _wants(self, shard: int, group: Optional[int] = None) -> List[Want]:
-        f = self.shard_footers[shard]
-        wants: List[Want] = [("f", f[0], f[1], f[2])]
+        wants: List[Want] = [("f", *self.shard_footers[shard])]
         if group is not None:
-            g = int(self.group_index[group])
-            r = self.group_bytes[group]
-            wants.append((str(g), r[0], r[1], r[2]))
+            wants.append((str(int(self.group_index[group])), *self.group_bytes[group]))
         return wants
 
     def _fetcher(self, shard: int) -> Callable[[Want], bytes]:
@@ -178,15 +169,20 @@ class RemotePackedDir(PackedDir):
                     raise CorruptOutputError(
                         f"{self.source.uri(name)}: listed in the manifest but missing"
                     ) from None
-                got = checked(data, checksum)
-                if got is None:
+                got = bytes_checksum(data)
+                if got == checksum:
                     return data
             if self.changed(shard):
                 raise CorruptOutputError(
                     f"{self.shown}: changed since the dataset was opened ({name} was replaced,"
                     " e.g. by `tokpack pack --force`): open it again"
                 )
-            raise corrupt_range(self.source.uri(name), what, offset, length, got, checksum)
+            raise CorruptOutputError(
+                f"{self.source.uri(name)}: {what}: bytes {offset}..{offset + length} fetched from"
+                f" object storage do not match their checksum (they hash to {got}, the manifest"
+                f" says {checksum}): the object is damaged, or was replaced since the directory"
+                " was opened"
+            )
 
         return fetch
 
@@ -211,18 +207,8 @@ class RemotePackedDir(PackedDir):
     def _footer(self, k: int, path: Path, rows: int, groups: int) -> List[int]:
         """Rows per row group of shard ``k`` from its footer, fetched now (during open)."""
         shard = self.manifest["shards"][k]
-        f = shard["footer_bytes"]
-        want: Want = ("f", int(f["offset"]), int(f["length"]), str(f["checksum"]))
-        name = str(shard["file"])
-
-        def fetch(w: Want) -> bytes:
-            data = self.source.read_range(name, w[1], w[2])
-            got = checked(data, w[3])
-            if got is not None:
-                raise corrupt_range(self.source.uri(name), "footer", w[1], w[2], got, w[3])
-            return data
-
-        with self.cache.ranges(k, path, int(shard["size"]), [want], fetch):
+        want: Want = ("f", *byte_range(shard["footer_bytes"]))
+        with self.cache.ranges(k, path, int(shard["size"]), [want], self._fetcher(k)):
             return self._read_footer(k, path, rows, groups)
 
     def _read_footer(self, k: int, path: Path, rows: int, groups: int) -> List[int]:

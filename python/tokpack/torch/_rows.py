@@ -165,18 +165,10 @@ class GroupCache:
 
     def __getstate__(self):
         # Decoded data never travels by pickle: workers share groups through `shared` only.
-        return {
-            "packed": self.packed,
-            "capacity": self.capacity,
-            "shared": self.shared,
-            "columns": self.columns,
-        }
+        return {k: self.__dict__[k] for k in ("packed", "capacity", "shared", "columns")}
 
     def __setstate__(self, state) -> None:
-        self.packed = state["packed"]
-        self.capacity = state["capacity"]
-        self.shared = state["shared"]
-        self.columns = state["columns"]
+        self.__dict__.update(state)
         self._groups = OrderedDict()
         self._ahead = OrderedDict()
         self._init_decoding()

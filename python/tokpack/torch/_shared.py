@@ -53,10 +53,6 @@ _SUFFIX = ".group"
 _PREFIX = "tokpack-groups-"
 
 
-def _root() -> str:
-    return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-
-
 def _remove_orphans(root: str) -> None:
     """Removes this user's group directories whose creator is gone (killed: no finalizer ran)."""
     with contextlib.suppress(OSError), os.scandir(root) as entries:
@@ -121,17 +117,12 @@ class SharedGroups:
 
     def __init__(self, capacity: int) -> None:
         self.capacity = max(1, int(capacity))
-        root = _root()
+        root = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
         _remove_orphans(root)
         self.path = os.path.join(root, f"{_PREFIX}{os.getpid()}-{uuid.uuid4().hex}")
+        # A pickled copy (a spawned worker's) uses the directory; the creator alone removes it
+        # (unpickling runs no __init__, so a copy has no finalizer).
         weakref.finalize(self, _remove, self.path, os.getpid())
-
-    def __getstate__(self):
-        return {"path": self.path, "capacity": self.capacity}
-
-    def __setstate__(self, state) -> None:
-        # A copy (a spawned worker's) uses the directory; the creator alone removes it.
-        self.path, self.capacity = state["path"], state["capacity"]
 
     def get(self, group: int, decode: Callable[[], Dict[str, Column]]) -> Dict[str, Column]:
         """Group ``group``'s columns: mapped when another worker published them, else
@@ -212,11 +203,9 @@ _queue_pid = -1
 def _readahead_loop(requests: "queue.SimpleQueue") -> None:
     while True:
         shared, group, decode = requests.get()
-        try:
+        # A damaged or rebuilt directory: the reader raises it when it reaches the group.
+        with contextlib.suppress(Exception):
             shared.prefetch(group, decode)
-        except Exception:
-            # A damaged or rebuilt directory: the reader raises it when it reaches the group.
-            pass
 
 
 def readahead(shared: SharedGroups, group: int, decode: Callable[[], Dict[str, Column]]) -> None:

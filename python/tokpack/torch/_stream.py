@@ -21,6 +21,8 @@ from ..balance import Cost
 from ..balance.packed import checked_balance, deal_step, packed_cost, row_compute
 from ..errors import ConfigError
 from ..multimodal.tokenize import MEDIA_COLUMNS
+from ..pack.plan import MAX_SEED, check_int
+from ..packed.mixture import MAX_STREAM_ROWS
 from ..packed.order import TAILS, RankSplit
 from ..packed.reader import ROW_COLUMNS, PackedDir
 from ..packed.row_counts import RowCounts
@@ -28,7 +30,7 @@ from ._rows import GroupCache
 from ._transport import ship
 from ._workers import resolve_rank, worker_slot
 
-__all__ = ["RowStream", "non_negative_int"]
+__all__ = ["RowStream"]
 
 # Stream rows of an epoch that never ends (the split's arithmetic stays in Python ints).
 ENDLESS = 1 << 62
@@ -37,12 +39,6 @@ ENDLESS = 1 << 62
 _PREFETCH_EVERY = 4
 
 Collate = Callable[[List[Dict[str, torch.Tensor]]], Dict[str, Any]]
-
-
-def non_negative_int(name: str, value: Any, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ConfigError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return int(value)
 
 
 class RowStream(torch.utils.data.IterableDataset):
@@ -68,19 +64,17 @@ class RowStream(torch.utils.data.IterableDataset):
         balance: Optional[str] = None,
         cost: Cost = "attention",
     ) -> None:
-        self.batch_rows = non_negative_int("batch_rows", batch_rows, 1)
-        self.seed = non_negative_int("seed", seed)
-        self.shuffle_window = non_negative_int("shuffle_window", shuffle_window, 1)
+        self.batch_rows = check_int(batch_rows, "batch_rows", 1, MAX_STREAM_ROWS)
+        self.seed = check_int(seed, "seed", 0, MAX_SEED)
+        self.shuffle_window = check_int(shuffle_window, "shuffle_window", 1, MAX_STREAM_ROWS)
         if tail not in TAILS:
             raise ConfigError(f"tail must be one of {TAILS}, got {tail!r}")
         self.tail = tail
         self.rank, self.world_size = resolve_rank(rank, world_size)
         self.collate_fn = collate_fn
-        self.grad_accum_steps = (
-            None
-            if grad_accum_steps is None
-            else non_negative_int("grad_accum_steps", grad_accum_steps, 1)
-        )
+        if grad_accum_steps is not None:
+            grad_accum_steps = check_int(grad_accum_steps, "grad_accum_steps", 1, MAX_STREAM_ROWS)
+        self.grad_accum_steps = grad_accum_steps
         self.balance = checked_balance(balance)
         self._cost = packed_cost(cost)
         self.epoch = 0
@@ -165,7 +159,7 @@ class RowStream(torch.utils.data.IterableDataset):
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch's order; a new epoch starts from its first row."""
-        epoch = non_negative_int("epoch", epoch)
+        epoch = check_int(epoch, "epoch", 0, MAX_STREAM_ROWS)
         if epoch != self.epoch:
             self.epoch, self._start, self._skip, self._next_batch = epoch, 0, 0, 0
 
@@ -208,7 +202,7 @@ class RowStream(torch.utils.data.IterableDataset):
         if batches_consumed is None:
             n = self._next_batch
         else:
-            n = non_negative_int("batches_consumed", batches_consumed)
+            n = check_int(batches_consumed, "batches_consumed", 0, MAX_STREAM_ROWS)
             if n > split.num_batches - self._skip:
                 raise ConfigError(
                     f"batches_consumed={n} but this epoch has {split.num_batches - self._skip}"
@@ -219,24 +213,25 @@ class RowStream(torch.utils.data.IterableDataset):
             **self._consumed(split, min(n, split.num_batches)),
             **self._fingerprint(),
         }
-        _, num_workers = worker_slot()
-        if batches_consumed is None and num_workers > 1:
-            state["worker"] = {
-                "from_rows": self._start,
-                "skip": self._skip,
-                "next_batch": n,
-                "num_workers": num_workers,
-                "world_size": self.world_size,
-                "batch_rows": self.batch_rows,
-                "tail": self.tail,
-            }
+        if batches_consumed is None and worker_slot()[1] > 1:
+            own = {"from_rows": self._start, "skip": self._skip, "next_batch": n}
+            state["worker"] = {**own, **self._topology()}
         return state
+
+    def _topology(self) -> Dict[str, Any]:
+        """What a worker's own state must match to resume at that worker's next batch."""
+        return {
+            "num_workers": worker_slot()[1],
+            "world_size": self.world_size,
+            "batch_rows": self.batch_rows,
+            "tail": self.tail,
+        }
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Resume from :meth:`state_dict` or from a batch's ``position`` dict."""
         try:
-            epoch = non_negative_int("epoch", state["epoch"])
-            rows = non_negative_int("rows_consumed", state["rows_consumed"])
+            epoch = check_int(state["epoch"], "epoch", 0, MAX_STREAM_ROWS)
+            rows = check_int(state["rows_consumed"], "rows_consumed", 0, MAX_STREAM_ROWS)
         except (KeyError, TypeError) as exc:
             raise ConfigError(f"state needs 'epoch' and 'rows_consumed': {exc}") from None
         for key, mine in self._fingerprint().items():
@@ -247,16 +242,7 @@ class RowStream(torch.utils.data.IterableDataset):
             raise ConfigError(f"rows_consumed={rows} > the epoch's {total} rows")
         skip = self._mid_step(state.get("mid_step"))
         worker = state.get("worker")
-        same = worker is not None and all(
-            worker.get(k) == v
-            for k, v in (
-                ("world_size", self.world_size),
-                ("batch_rows", self.batch_rows),
-                ("tail", self.tail),
-                ("num_workers", worker_slot()[1]),
-            )
-        )
-        if same:
+        if worker is not None and all(worker.get(k) == v for k, v in self._topology().items()):
             # A worker's own state (StatefulDataLoader): resume at that worker's next batch.
             self.epoch, self._start = epoch, int(worker["from_rows"])
             self._skip = int(worker.get("skip", 0))
@@ -284,7 +270,7 @@ class RowStream(torch.utils.data.IterableDataset):
                 f" with {saved}, this stream has {here}; resuming inside a step needs the same"
                 " deal (resume from a state saved at a step boundary to change them)"
             )
-        batches = non_negative_int("mid_step batches", mid.get("batches"))
+        batches = check_int(mid.get("batches"), "mid_step batches", 0, MAX_STREAM_ROWS)
         if batches >= mine["grad_accum_steps"]:
             raise ConfigError(
                 f"mid_step batches={batches} but a step has {mine['grad_accum_steps']} batches"

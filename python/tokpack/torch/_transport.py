@@ -25,11 +25,12 @@ feeder thread only copies the tensors in.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import weakref
 from multiprocessing.reduction import ForkingPickler
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
@@ -103,16 +104,10 @@ def ship(batch: Any) -> Any:
     return batch
 
 
-class _Leaf:
+class _Leaf(NamedTuple):
     """Where tensor ``i`` of the batch goes back into its structure."""
 
-    __slots__ = ("i",)
-
-    def __init__(self, i: int) -> None:
-        self.i = i
-
-    def __reduce__(self):
-        return (_Leaf, (self.i,))
+    i: int
 
 
 def _movable(t: Any) -> bool:
@@ -181,11 +176,8 @@ def _views(block: torch.Tensor, specs: List[Spec]) -> List[torch.Tensor]:
         base = typed.get(dtype)
         if base is None:
             base = typed[dtype] = block.view(dtype)
-        strides = [1] * len(shape)
-        for d in range(len(shape) - 2, -1, -1):
-            strides[d] = strides[d + 1] * shape[d + 1]
-        start = base.storage_offset() + offset // dtype.itemsize
-        out.append(base.as_strided(shape, strides, start))
+        start = offset // dtype.itemsize
+        out.append(base[start : start + math.prod(shape)].view(shape))
     return out
 
 
@@ -198,14 +190,6 @@ def _shared_bytes(n: int) -> torch.Tensor:
 # What torch raises when shared memory cannot be had ("unable to allocate shared memory(shm)
 # ...: No space left on device (28)", too many open files, ...).
 _ALLOCATION_ERRORS = (RuntimeError, OSError)
-
-
-def _no_shared_memory(used: int, exc: BaseException) -> OutputError:
-    return OutputError(
-        f"cannot get {used:,} bytes of shared memory for a batch of this DataLoader worker"
-        f" ({exc}): give /dev/shm more room (docker: --shm-size), or hold fewer batches (fewer"
-        " workers, a lower prefetch_factor), or load in the main process (num_workers=0)"
-    )
 
 
 # -- worker side ---------------------------------------------------------------------------------
@@ -279,7 +263,12 @@ def _take_place(used: int) -> _Place:
     try:
         return _Place(None, 0, _shared_bytes(used))
     except _ALLOCATION_ERRORS as exc:
-        raise _no_shared_memory(used, exc) from None
+        raise OutputError(
+            f"cannot get {used:,} bytes of shared memory for a batch of this DataLoader worker"
+            f" ({exc}): give /dev/shm more room (docker: --shm-size), or hold fewer batches"
+            " (fewer workers, a lower prefetch_factor), or load in the main process"
+            " (num_workers=0)"
+        ) from None
 
 
 def _reduce_batch(batch: WorkerBatch):

@@ -23,7 +23,7 @@ from typing import Optional, Tuple
 import pyarrow as pa
 import torch
 
-from ..errors import ConfigError
+from ..pack.plan import MAX_ROWS, check_int
 
 __all__ = ["worker_slot", "resolve_rank"]
 
@@ -74,6 +74,5 @@ def resolve_rank(rank: Optional[int], world_size: Optional[int]) -> Tuple[int, i
         world_size = dist.get_world_size() if live else int(os.environ.get("WORLD_SIZE", "1"))
     if rank is None:
         rank = dist.get_rank() if live else int(os.environ.get("RANK", "0"))
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ConfigError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
-    return int(rank), int(world_size)
+    world_size = check_int(world_size, "world_size", 1, MAX_ROWS)
+    return check_int(rank, "rank", 0, world_size - 1), world_size

@@ -20,8 +20,9 @@ import torch
 from ..balance import Cost
 from ..balance.packed import checked_balance, deal_step, packed_cost, row_compute
 from ..errors import ConfigError
+from ..pack.plan import MAX_SEED, check_int
+from ..packed.mixture import MAX_STREAM_ROWS
 from ..packed.row_counts import row_counts
-from ._stream import non_negative_int
 from ._workers import resolve_rank
 from .dataset import PackedDataset, StepBatch
 
@@ -75,13 +76,13 @@ class PackedBatchSampler(torch.utils.data.Sampler):
             raise ConfigError(
                 f"PackedBatchSampler needs a tokpack PackedDataset, got {type(dataset).__name__}"
             )
-        self.batch_rows = non_negative_int("batch_rows", batch_rows, 1)
-        self.grad_accum_steps = non_negative_int("grad_accum_steps", grad_accum_steps, 1)
+        self.batch_rows = check_int(batch_rows, "batch_rows", 1, MAX_STREAM_ROWS)
+        self.grad_accum_steps = check_int(grad_accum_steps, "grad_accum_steps", 1, MAX_STREAM_ROWS)
         self._step_rows = self.batch_rows * self.grad_accum_steps
         self.drop_last = bool(drop_last)
         self.rank, self.world_size = resolve_rank(rank, world_size)
         if sampler is None:
-            seed = non_negative_int("seed", seed)
+            seed = check_int(seed, "seed", 0, MAX_SEED)
 
             def sampler(r: int) -> Iterable[int]:
                 return torch.utils.data.DistributedSampler(

@@ -17,6 +17,7 @@ import torch
 
 from .._contract import IGNORE_INDEX
 from ..errors import ConfigError, DataError
+from ..pack.plan import MAX_LEN, check_int
 from ._transport import ship
 from .pairs import PAIR_FORMATS, add_pair_fields, row_tensor
 
@@ -93,12 +94,10 @@ class PackedCollator:
     ) -> None:
         if format not in FORMATS:
             raise ConfigError(f"format must be one of {FORMATS}, got {format!r}")
-        if pad_to is not None and (not isinstance(pad_to, int) or pad_to < 1):
-            raise ConfigError(f"pad_to must be a positive int or None, got {pad_to!r}")
-        if isinstance(cp_size, bool) or not isinstance(cp_size, int) or cp_size < 1:
-            raise ConfigError(f"cp_size must be a positive int, got {cp_size!r}")
-        if isinstance(cp_rank, bool) or not isinstance(cp_rank, int) or not 0 <= cp_rank < cp_size:
-            raise ConfigError(f"cp_rank must be an int in [0, cp_size={cp_size}), got {cp_rank!r}")
+        if pad_to is not None:
+            pad_to = check_int(pad_to, "pad_to", 1, MAX_LEN)
+        cp_size = check_int(cp_size, "cp_size", 1, MAX_LEN)
+        cp_rank = check_int(cp_rank, "cp_rank", 0, cp_size - 1)
         if cp_size > 1 and format not in CP_FORMATS:
             raise ConfigError(
                 f"context parallelism (cp_size={cp_size}) needs format {' or '.join(CP_FORMATS)},"
@@ -164,9 +163,8 @@ class PackedCollator:
         return batch
 
     def _rows(self, rows: Sequence[Mapping[str, Any]]):
-        ids: List[torch.Tensor] = []
-        labels: List[torch.Tensor] = []
-        seg_lens: List[torch.Tensor] = []
+        """[input_ids, labels, seq_lengths] of the rows, checked: three lists of tensors."""
+        checked = []
         for i, row in enumerate(rows):
             try:
                 x = _as_tensor(row["input_ids"], "input_ids", i)
@@ -183,10 +181,8 @@ class PackedCollator:
                 raise DataError(
                     f"row {i}: seq_lengths {s.tolist()} do not split the row's {x.shape[0]} tokens"
                 )
-            ids.append(x)
-            labels.append(y)
-            seg_lens.append(s)
-        return ids, labels, seg_lens
+            checked.append((x, y, s))
+        return [list(column) for column in zip(*checked)]
 
     def _flat(self, ids, labels, seg_lens) -> Dict[str, Any]:
         device = ids[0].device
@@ -433,9 +429,7 @@ def _host(value: Any) -> Optional[np.ndarray]:
 def _host_rows(rows: Sequence[Mapping[str, Any]]):
     """(input_ids, labels, seq_lengths) of every row as NumPy arrays, or None when one is not
     host integer data or a row is malformed (the torch path then names the problem)."""
-    ids: List[np.ndarray] = []
-    labels: List[np.ndarray] = []
-    seg_lens: List[np.ndarray] = []
+    host = []
     for row in rows:
         x = _host(row.get("input_ids"))
         s = _host(row.get("seq_lengths"))
@@ -443,10 +437,8 @@ def _host_rows(rows: Sequence[Mapping[str, Any]]):
         y = x if y is None else _host(y)
         if x is None or s is None or y is None or y.shape != x.shape:
             return None
-        ids.append(x)
-        labels.append(y)
-        seg_lens.append(s)
-    return ids, labels, seg_lens
+        host.append((x, y, s))
+    return [list(column) for column in zip(*host)]
 
 
 def _check_splits(

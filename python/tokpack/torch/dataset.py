@@ -9,7 +9,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 import numpy as np
 import torch
 
-from ..errors import ConfigError
+from ..pack.plan import MAX_ROWS, check_int
 from ..remote import open_packed
 from ._rows import GroupCache
 from ._workers import worker_slot
@@ -88,8 +88,7 @@ class PackedDataset(torch.utils.data.Dataset):
         cache_dir: Optional[Union[str, os.PathLike]] = None,
         cache_limit: Optional[int] = None,
     ) -> None:
-        if cache_row_groups < 1:
-            raise ConfigError(f"cache_row_groups must be >= 1, got {cache_row_groups}")
+        cache_row_groups = check_int(cache_row_groups, "cache_row_groups", 1, MAX_ROWS)
         self.packed = open_packed(
             path, filesystem=filesystem, cache_dir=cache_dir, cache_limit=cache_limit
         )
@@ -98,8 +97,8 @@ class PackedDataset(torch.utils.data.Dataset):
         self.device = None if device is None else torch.device(device)
         self._cache = GroupCache(self.packed, cache_row_groups, 2 * cache_row_groups)
         self._last = -1  # the row read last in this process
-        self._flat: Dict[str, torch.Tensor] = {}
-        self._flat_offsets: Dict[str, np.ndarray] = {}
+        # Device mode: each column's flat values (a tensor) and host row offsets.
+        self._flat: Dict[str, Tuple[torch.Tensor, np.ndarray]] = {}
         if self.device is not None:
             self._load_flat()
 
@@ -116,10 +115,8 @@ class PackedDataset(torch.utils.data.Dataset):
         if self._flat:
             # Copies, as in the streaming path: the flat tensors must not be written through.
             return {
-                name: values[
-                    int(self._flat_offsets[name][i]) : int(self._flat_offsets[name][i + 1])
-                ].clone()
-                for name, values in self._flat.items()
+                name: values[int(offsets[i]) : int(offsets[i + 1])].clone()
+                for name, (values, offsets) in self._flat.items()
             }
         worker_slot()  # in a DataLoader worker: one decoding thread (set once per process)
         group, r = self.packed.locate(i)
@@ -145,17 +142,12 @@ class PackedDataset(torch.utils.data.Dataset):
 
     def _load_flat(self) -> None:
         """Decode every row group once into flat device tensors and host row offsets."""
-        parts: Dict[str, list] = {name: [] for name in self.packed.columns}
-        lengths: Dict[str, list] = {name: [] for name in self.packed.columns}
-        for g in range(self.packed.num_groups):
-            for name, (values, offsets) in self.packed.decode(g).items():
-                parts[name].append(values)
-                lengths[name].append(np.diff(offsets))
+        groups = [self.packed.decode(g) for g in range(self.packed.num_groups)]
         for name in self.packed.columns:
-            values = np.concatenate(parts[name]) if parts[name] else np.zeros(0, np.int32)
-            lens = np.concatenate(lengths[name]) if lengths[name] else np.zeros(0, np.int64)
+            values = np.concatenate([g[name][0] for g in groups] or [np.zeros(0, np.int32)])
+            lens = np.concatenate([np.diff(g[name][1]) for g in groups] or [np.zeros(0, np.int64)])
             # Tokens and labels live on the device; the small boundary columns stay on the host
             # so collating needs no device-to-host synchronisation.
             device = self.device if name in ("input_ids", "labels") else "cpu"
-            self._flat[name] = torch.from_numpy(values).to(device)
-            self._flat_offsets[name] = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+            offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+            self._flat[name] = (torch.from_numpy(values).to(device), offsets)

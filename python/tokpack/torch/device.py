@@ -12,7 +12,7 @@ from typing import Any, Deque, Iterable, Iterator, Optional, Tuple, Union
 
 import torch
 
-from ..errors import ConfigError
+from ..pack.plan import MAX_ROWS, check_int
 
 __all__ = ["DeviceLoader", "to_device"]
 
@@ -58,12 +58,10 @@ class DeviceLoader:
         non_blocking: bool = True,
         prefetch: int = 2,
     ) -> None:
-        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
-            raise ConfigError(f"prefetch must be an int >= 1, got {prefetch!r}")
+        self.prefetch = check_int(prefetch, "prefetch", 1, MAX_ROWS)
         self.loader = loader
         self.device = torch.device(device)
         self.non_blocking = bool(non_blocking)
-        self.prefetch = prefetch
 
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
