@@ -37,68 +37,47 @@ _EXIF_ORIENTATION = 0x0112
 
 
 def smart_resize(
-    height: int, width: int, factor: int, min_pixels: int, max_pixels: int
-) -> Tuple[int, int]:
-    """``(height, width)`` after the Qwen2-VL resize: multiples of ``factor``, pixel count in
-    ``[min_pixels, max_pixels]``, aspect ratio kept as closely as possible (transformers'
-    ``smart_resize``, including Python's round-half-to-even)."""
-    if height < 1 or width < 1:
-        raise DataError(f"image of {width}x{height} pixels has no area")
-    if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
-        raise DataError(
-            f"image of {width}x{height} pixels: the aspect ratio must be smaller than"
-            f" {MAX_ASPECT_RATIO} (got {max(height, width) / min(height, width):.1f})"
-        )
-    h_bar = round(height / factor) * factor
-    w_bar = round(width / factor) * factor
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt((height * width) / max_pixels)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
-
-
-def qwen3_video_resize(
-    frames: int,
     height: int,
     width: int,
-    temporal_factor: int,
     factor: int,
     min_pixels: int,
     max_pixels: int,
+    frames: Optional[int] = None,
+    temporal_factor: int = 1,
 ) -> Tuple[int, int]:
-    """``(height, width)`` of a video's frames after Qwen3-VL's video resize (transformers'
+    """``(height, width)`` after the Qwen2-VL resize: multiples of ``factor``, pixel count in
+    ``[min_pixels, max_pixels]``, aspect ratio kept as closely as possible (transformers'
+    ``smart_resize``, including Python's round-half-to-even). With ``frames``, of a video's
+    frames after Qwen3-VL's video resize (transformers'
     ``qwen3_vl.video_processing_qwen3_vl.smart_resize``): sides under ``factor`` scaled up
     first, then the pixel bounds applied to the whole clip (``frames`` rounded to a multiple
     of ``temporal_factor`` times the frame's pixels)."""
-    if frames < temporal_factor:
+    what = "image" if frames is None else "video frames"
+    if frames is not None and frames < temporal_factor:
         raise DataError(
             f"a video of {frames} frame(s): Qwen3-VL's video processor needs at least"
             f" {temporal_factor} (temporal_patch_size)"
         )
     if height < 1 or width < 1:
-        raise DataError(f"video frames of {width}x{height} pixels have no area")
-    if height < factor or width < factor:
+        raise DataError(f"{what} of {width}x{height} pixels: no area")
+    if frames is not None and (height < factor or width < factor):
         scale = max(factor / height, factor / width)
         height, width = int(height * scale), int(width * scale)
     if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
         raise DataError(
-            f"video frames of {width}x{height} pixels: the aspect ratio must be smaller than"
+            f"{what} of {width}x{height} pixels: the aspect ratio must be smaller than"
             f" {MAX_ASPECT_RATIO} (got {max(height, width) / min(height, width):.1f})"
         )
+    clip = 1 if frames is None else frames
     h_bar = round(height / factor) * factor
     w_bar = round(width / factor) * factor
-    t_bar = round(frames / temporal_factor) * temporal_factor
+    t_bar = 1 if frames is None else round(frames / temporal_factor) * temporal_factor
     if t_bar * h_bar * w_bar > max_pixels:
-        beta = math.sqrt((frames * height * width) / max_pixels)
+        beta = math.sqrt((clip * height * width) / max_pixels)
         h_bar = max(factor, math.floor(height / beta / factor) * factor)
         w_bar = max(factor, math.floor(width / beta / factor) * factor)
     elif t_bar * h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (frames * height * width))
+        beta = math.sqrt(min_pixels / (clip * height * width))
         h_bar = math.ceil(height * beta / factor) * factor
         w_bar = math.ceil(width * beta / factor) * factor
     return h_bar, w_bar
@@ -144,18 +123,15 @@ class VisionRules:
         needs ``temporal_patch_size`` frames at least)."""
         if frames < 1:
             raise DataError("a video needs at least one frame")
-        if clip_pixels:
-            h, w = qwen3_video_resize(
-                frames,
-                height,
-                width,
-                self.temporal_patch_size,
-                self.factor,
-                self.min_pixels,
-                self.max_pixels,
-            )
-        else:
-            h, w = smart_resize(height, width, self.factor, self.min_pixels, self.max_pixels)
+        h, w = smart_resize(
+            height,
+            width,
+            self.factor,
+            self.min_pixels,
+            self.max_pixels,
+            frames if clip_pixels else None,
+            self.temporal_patch_size,
+        )
         t = -(-frames // self.temporal_patch_size)
         return t, h // self.patch_size, w // self.patch_size
 
