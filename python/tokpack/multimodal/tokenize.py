@@ -53,7 +53,7 @@ from ..errors import ConfigError, DataError, InputNotFoundError, InvalidRecordEr
 from ..tokenize.formats import Record, read_records
 from ..tokenize.masks import labels_from_spans
 from ..tokenize.template import TRAIN_ON, ChatTemplate, resolve_template
-from ..tokenize.tokenizer import LoadedTokenizer, load_tokenizer
+from ..tokenize.tokenizer import LoadedTokenizer, load_tokenizer, read_json_object
 from .family import detect_family
 from .media import describe_ref, media_hash, resolve_image
 from .vision import VisionRules, image_size, read_preprocessor_config
@@ -507,15 +507,7 @@ def _json_beside(vision: Union[str, os.PathLike], name: str) -> Optional[Dict[st
     dict; None when there is no such file."""
     base = Path(vision)
     file = (base if base.is_dir() else base.parent) / name
-    if not file.is_file():
-        return None
-    try:
-        found = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{file}: cannot read it ({exc})") from None
-    if not isinstance(found, dict):
-        raise ConfigError(f"{file}: not a JSON object")
-    return found
+    return read_json_object(file) if file.is_file() else None
 
 
 def image_blocks(media: Sequence[Dict[str, Any]]) -> List[Tuple[int, int]]:

@@ -12,7 +12,6 @@ pixel count lies in ``[min_pixels, max_pixels]``; a still image is one temporal 
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import asdict, dataclass
@@ -203,18 +202,10 @@ class VisionRules:
 
 def read_preprocessor_config(path: Union[str, os.PathLike]) -> Dict[str, Any]:
     """The dict of ``path/preprocessor_config.json`` (or of that file given directly)."""
+    from ..tokenize.tokenizer import read_json_object
+
     file = Path(path)
-    if file.is_dir():
-        file = file / "preprocessor_config.json"
-    try:
-        config = json.loads(file.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputNotFoundError(f"{file}: no such preprocessor config") from None
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{file}: cannot read the preprocessor config ({exc})") from None
-    if not isinstance(config, dict):
-        raise ConfigError(f"{file}: the preprocessor config is not a JSON object")
-    return config
+    return read_json_object(file / "preprocessor_config.json" if file.is_dir() else file)
 
 
 def _orientation(im: Any) -> Any:

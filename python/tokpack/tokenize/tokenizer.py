@@ -65,17 +65,17 @@ def _token_text(value: Any) -> Optional[str]:
     return None
 
 
-def _read_config(path: Path) -> Dict[str, Any]:
+def read_json_object(path: Path) -> Dict[str, Any]:
+    """The object a JSON file holds (a model's config files)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            config = json.load(f)
+        found = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as exc:
         raise ConfigError(f"{path}: invalid JSON ({exc})") from None
     except OSError as exc:
         raise InputNotFoundError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    if not isinstance(config, dict):
+    if not isinstance(found, dict):
         raise ConfigError(f"{path}: expected a JSON object")
-    return config
+    return found
 
 
 def _chat_template(config: Dict[str, Any], path: Path) -> Optional[Union[str, Dict[str, str]]]:
@@ -124,7 +124,7 @@ def load_tokenizer(path: Union[str, os.PathLike]) -> LoadedTokenizer:
 
     fast, fast_unsupported = _load_fast(file)
     config_path = file.parent / "tokenizer_config.json"
-    config = _read_config(config_path) if config_path.is_file() else {}
+    config = read_json_object(config_path) if config_path.is_file() else {}
     texts = {key: _token_text(config.get(key)) for key in SPECIAL_TOKEN_KEYS}
     specials = {key: text for key, text in texts.items() if text is not None}
     added = tokenizer.get_added_tokens_decoder().values()
