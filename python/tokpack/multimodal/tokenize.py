@@ -35,7 +35,9 @@ longer than ``max_len``, or an image at the very start) is dropped and counted.
 
 from __future__ import annotations
 
+import contextlib
 import io
+import itertools
 import json
 import os
 from dataclasses import asdict, dataclass, field
@@ -579,6 +581,15 @@ def iter_samples(
                 yield sample
 
 
+def _chunks(samples: Iterator[MultimodalSample], n: int) -> Iterator[List[MultimodalSample]]:
+    """``samples`` ``n`` at a time (the last chunk may be shorter)."""
+    while True:
+        chunk = list(itertools.islice(samples, n))
+        if not chunk:
+            return
+        yield chunk
+
+
 def _batch(samples: List[MultimodalSample], family: str) -> pa.RecordBatch:
     lengths = np.array([len(s.input_ids) for s in samples], dtype=np.int32)
     offsets = np.concatenate([[0], np.cumsum(lengths)])
@@ -633,7 +644,7 @@ def tokenize_files(
     dropped_overlong, images, videos, tokens, vision_tokens and trained_tokens.
     """
     from .._io.store import cached_run, destination
-    from ..tokenize.writer import REJECTED_NAME, _RejectedFile, _ShardWriter
+    from ..tokenize.writer import REJECTED_NAME, _RejectedFile, write_shards
 
     dest = destination(output_dir, filesystem)
     files = resolve_inputs(inputs, RAW_SUFFIXES, output_dir=dest.local)
@@ -642,24 +653,11 @@ def tokenize_files(
 
     def build(tmp: Path, described: List[Dict[str, Any]]) -> Dict[str, Any]:
         counts = _Counts()
-        shards = _ShardWriter(tmp, shard_rows, token_schema(encoder.family.name))
-        rejected = _RejectedFile(tmp) if skip_invalid else None
-        try:
-            pending: List[MultimodalSample] = []
-            for sample in iter_samples(files, encoder, counts, rejected):
-                pending.append(sample)
-                if len(pending) == batch_rows:
-                    shards.write(_batch(pending, encoder.family.name))
-                    pending = []
-            if pending:
-                shards.write(_batch(pending, encoder.family.name))
-            shards.finish()
-        except BaseException:
-            shards.abort()
-            raise
-        finally:
-            if rejected is not None:
-                rejected.close()
+        family = encoder.family.name
+        with contextlib.closing(_RejectedFile(tmp)) as rejected:
+            samples = iter_samples(files, encoder, counts, rejected if skip_invalid else None)
+            batches = (_batch(chunk, family) for chunk in _chunks(samples, batch_rows))
+            shards = write_shards(tmp, shard_rows, token_schema(family), batches)
         return {
             "kind": "tokenize",
             "sample_kind": "sft",
@@ -669,7 +667,7 @@ def tokenize_files(
             "template": encoder.template_info,
             "config": config,
             "counts": asdict(counts),
-            "shards": shards.shards,
+            "shards": shards,
             "rejected_file": REJECTED_NAME if counts.rejected else None,
         }
 

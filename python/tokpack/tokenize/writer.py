@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections import deque
+from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, TextIO, Union
@@ -152,6 +153,22 @@ class _RejectedFile:
                 self._file.close()
 
 
+def write_shards(
+    directory: Path, shard_rows: int, schema: pa.Schema, batches: Iterable[pa.RecordBatch]
+) -> List[Dict[str, Any]]:
+    """``batches`` as the token shards of ``directory`` (:class:`_ShardWriter`; with no batch,
+    one empty shard of ``schema``): their manifest entries."""
+    shards = _ShardWriter(directory, shard_rows, schema)
+    try:
+        for batch in batches:
+            shards.write(batch)
+        shards.finish()
+    except BaseException:
+        shards.abort()
+        raise
+    return shards.shards
+
+
 @contextlib.contextmanager
 def stream_into(
     out_tmp: Path,
@@ -222,17 +239,10 @@ def tokenize_files(
     config = {**encoding.config(), "shard_rows": shard_rows}
 
     def build(tmp: Path, described: List[Dict[str, Any]]) -> Dict[str, Any]:
-        shards = _ShardWriter(tmp, shard_rows, encoding.schema())  # the schema of no samples
         with stream_into(
             tmp, inputs, described, encoding, progress, threads=threads, runner=runner
         ) as stream:
-            try:
-                for batch in stream:
-                    shards.write(batch)
-                shards.finish()
-            except BaseException:
-                shards.abort()
-                raise
+            shards = write_shards(tmp, shard_rows, encoding.schema(), stream)
         return {
             "kind": "tokenize",
             "sample_kind": encoding.kind,
@@ -243,7 +253,7 @@ def tokenize_files(
             "renderer": stream.renderer_info,
             "config": config,
             "counts": stream.stats.as_dict(),
-            "shards": shards.shards,
+            "shards": shards,
             "rejected_file": REJECTED_NAME if stream.stats.rejected else None,
             "columns": describe(stream.schema),
         }
