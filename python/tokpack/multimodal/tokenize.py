@@ -48,13 +48,15 @@ import numpy as np
 import pyarrow as pa
 
 from .. import _tokpack
-from .._contract import IGNORE_INDEX
+from .._contract import IGNORE_INDEX, OVERLONG_HINT, OVERLONG_POLICIES
 from .._io.arrays import list_array
 from .._io.inputs import RAW_SUFFIXES, resolve_inputs
-from ..errors import ConfigError, DataError, InputNotFoundError, InvalidRecordError, OverlongError
+from ..errors import ConfigError, DataError, InputNotFoundError, InvalidRecordError
+from ..tokenize.encoder import overlong_error
 from ..tokenize.formats import Record, read_records
 from ..tokenize.masks import labels_from_spans
-from ..tokenize.template import TRAIN_ON, ChatTemplate, resolve_template
+from ..tokenize.options import TokenizeOptions
+from ..tokenize.template import ChatTemplate, resolve_template
 from ..tokenize.tokenizer import LoadedTokenizer, load_tokenizer, read_json_object
 from .family import detect_family
 from .media import describe_ref, media_hash, resolve_image
@@ -72,7 +74,7 @@ __all__ = [
     "iter_samples",
 ]
 
-OVERLONG = ("error", "truncate", "drop", "split")
+OVERLONG = OVERLONG_POLICIES
 # The per-sample columns a packed directory carries for the multimodal readers.
 MEDIA_COLUMNS = ("media", "vision_tokens", "vision_patches")
 MULTIMODAL_KEY = b"tokpack.multimodal"
@@ -169,14 +171,8 @@ class MultimodalEncoder:
         video_fps: Optional[float] = None,
         tokens_per_second: Optional[int] = None,
     ) -> None:
-        if train_on not in TRAIN_ON:
-            raise ConfigError(f"train_on must be one of {TRAIN_ON}, got {train_on!r}")
-        if overlong not in OVERLONG:
-            raise ConfigError(f"overlong must be one of {OVERLONG}, got {overlong!r}")
-        if max_len is not None and (
-            isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1
-        ):
-            raise ConfigError(f"max_len must be a positive int or None, got {max_len!r}")
+        # Checked by their owner.
+        checked = TokenizeOptions(train_on=train_on, max_len=max_len, overlong=overlong)
         processor_config = {} if isinstance(vision, VisionRules) else vision
         if not isinstance(processor_config, dict):
             processor_config = read_preprocessor_config(processor_config)
@@ -200,7 +196,7 @@ class MultimodalEncoder:
         )
         self.template_info = {**info, "hash": self.template.hash}
         self.train_on = train_on
-        self.max_len = max_len
+        self.max_len = checked.max_len
         self.overlong = overlong
         self.messages_column = messages_column
         self.images_column = images_column
@@ -457,11 +453,7 @@ class MultimodalEncoder:
         if self.max_len is None or n <= self.max_len:
             return [sample]
         if self.overlong == "error":
-            where = f"{record.path}:{'row ' if record.is_row else ''}{record.line}"
-            raise OverlongError(
-                f"{where}: sample of {n} tokens is longer than max_len {self.max_len}"
-                " (overlong='truncate', 'split' or 'drop' handles it)"
-            )
+            raise overlong_error(record, n, self.max_len, OVERLONG_HINT)
         if self.overlong == "drop":
             counts.dropped_overlong += 1
             return []

@@ -459,7 +459,7 @@ class RecordEncoder:
         stats.overlong += 1
         overlong = self.options.overlong
         if overlong == "error":
-            raise _overlong_error(record, longest, max_len, 'pass overlong="truncate" or "drop"')
+            raise overlong_error(record, longest, max_len, 'pass overlong="truncate" or "drop"')
         if overlong == "truncate" and prompt_length < max_len:
             stats.truncated += 1
             return [ids[:max_len] for ids in full]
@@ -476,7 +476,7 @@ class RecordEncoder:
         stats.overlong += 1
         overlong = self.options.overlong
         if overlong == "error":
-            raise _overlong_error(record, n, max_len, OVERLONG_HINT)
+            raise overlong_error(record, n, max_len, OVERLONG_HINT)
         if overlong == "truncate":
             stats.truncated += 1
             return [(ids[:max_len], labels[:max_len])]
@@ -505,7 +505,7 @@ def _carried_value(record: Record, name: str) -> Any:
     return value
 
 
-def _overlong_error(record: Record, n: int, max_len: int, hint: str) -> OverlongError:
+def overlong_error(record: Record, n: int, max_len: int, hint: str) -> OverlongError:
     where = f"{record.path}:{'row ' if record.is_row else ''}{record.line}"
     return OverlongError(f"{where}: sample of {n} tokens, more than max_len={max_len}; {hint}")
 
