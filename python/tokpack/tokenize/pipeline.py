@@ -191,9 +191,7 @@ class TokenStream:
         self._used = True
         if self.runner is not None:
             return self._iter_runner(self.runner)
-        if self._jsonl_in_rust:
-            return self._iter_jsonl_in_rust()
-        if self.threads > 1:
+        if self.threads > 1 and not self._jsonl_in_rust:
             return self._iter_processes()
         return self._iter_in_process()
 
@@ -204,38 +202,29 @@ class TokenStream:
             yield from self._in_order(chunks, lambda records: submit(_pack_records(records)), ahead)
 
     def _iter_in_process(self) -> Iterator[pa.RecordBatch]:
-        """One process: parse and render here, encode on a worker thread meanwhile."""
-        encoding = self.encoding
+        """One process: parse and render here, encode on a worker thread meanwhile. JSONL chat
+        records in Rust (``_jsonl_in_rust``) are parsed, rendered and encoded there on
+        ``threads`` threads (one call a chunk, from the worker thread, the GIL released) while
+        this thread reads the next chunk and finishes the previous one (records Rust leaves go
+        through the Python stages here)."""
+        encoding, rust = self.encoding, self._jsonl_in_rust
         with _sequential_tokenizers(), ThreadPoolExecutor(1) as pool:
 
             def start(records: List[Record]) -> Callable[[], ChunkResult]:
                 stats, rejected = TokenizeStats(), []
+                if rust:
+                    jsonl = pool.submit(encoding.encode_jsonl, records, self.threads)
+                    return lambda: (
+                        encoding.finish_jsonl(records, jsonl.result(), stats, rejected.append),
+                        stats,
+                        rejected,
+                    )
                 prepared = encoding.prepare(records, stats, rejected.append)
                 # Encoding of this chunk runs while the previous one is finished.
                 encoded = pool.submit(encoding.encode, prepared)
                 return lambda: (encoding.finish(prepared, encoded.result(), stats), stats, rejected)
 
-            yield from self._in_order(self._record_chunks(decode=True), start, ahead=1)
-
-    def _iter_jsonl_in_rust(self) -> Iterator[pa.RecordBatch]:
-        """JSONL chat records parsed, rendered and encoded in Rust on ``threads`` threads (one
-        call a chunk, from a worker thread, the GIL released) while this thread reads the next
-        chunk and finishes the previous one (records Rust leaves go through the Python stages
-        here)."""
-        encoding = self.encoding
-        with _sequential_tokenizers(), ThreadPoolExecutor(1) as pool:
-
-            def start(records: List[Record]) -> Callable[[], ChunkResult]:
-                encoded = pool.submit(encoding.encode_jsonl, records, self.threads)
-
-                def result() -> ChunkResult:
-                    stats, rejected = TokenizeStats(), []
-                    done = encoding.finish_jsonl(records, encoded.result(), stats, rejected.append)
-                    return done, stats, rejected
-
-                return result
-
-            yield from self._in_order(self._record_chunks(decode=False), start, ahead=1)
+            yield from self._in_order(self._record_chunks(decode=not rust), start, ahead=1)
 
     def _iter_processes(self) -> Iterator[pa.RecordBatch]:
         """``threads`` worker processes decode, render and encode chunks of records (rendering
