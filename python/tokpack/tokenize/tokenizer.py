@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple, Union
 
+from .. import _tokpack
 from .._io.outdir import fingerprint_file
 from ..errors import ConfigError, InputNotFoundError
 
@@ -122,7 +123,10 @@ def load_tokenizer(path: Union[str, os.PathLike]) -> LoadedTokenizer:
     except Exception as exc:  # tokenizers raises a bare Exception for a malformed file
         raise ConfigError(f"{file}: not a valid tokenizer.json ({exc})") from None
 
-    fast, fast_unsupported = _load_fast(file)
+    try:
+        fast, fast_unsupported = _tokpack.BpeEncoder.load(file.read_text(encoding="utf-8"))
+    except ConfigError as exc:  # valid for tokenizers (it loaded) but not for us
+        fast, fast_unsupported = None, str(exc)
     config_path = file.parent / "tokenizer_config.json"
     config = read_json_object(config_path) if config_path.is_file() else {}
     texts = {key: _token_text(config.get(key)) for key in SPECIAL_TOKEN_KEYS}
@@ -143,12 +147,3 @@ def load_tokenizer(path: Union[str, os.PathLike]) -> LoadedTokenizer:
         fast=fast,
         fast_unsupported=fast_unsupported,
     )
-
-
-def _load_fast(file: Path) -> Tuple[Any, Optional[str]]:
-    from .. import _tokpack
-
-    try:
-        return _tokpack.BpeEncoder.load(file.read_text(encoding="utf-8"))
-    except ConfigError as exc:  # valid for tokenizers (it loaded) but not for us
-        return None, str(exc)
