@@ -517,10 +517,6 @@ def _common_prefix(ids: np.ndarray, other: np.ndarray) -> int:
     return int(differ[0]) if len(differ) else n
 
 
-def _ids(encoding: Any) -> np.ndarray:
-    return np.array(encoding.ids, dtype=np.int32)
-
-
 def _encode_part(tokenizer: Any, part: List[Prepared]) -> List[Tuple[np.ndarray, np.ndarray]]:
     """``tokenizers`` route: ids, and labels from the encoding's offsets."""
     chat = [p.text for p in part if p.spans is not None]
@@ -529,11 +525,7 @@ def _encode_part(tokenizer: Any, part: List[Prepared]) -> List[Tuple[np.ndarray,
     plain_encs = iter(tokenizer.encode_batch(plain, add_special_tokens=True) if plain else [])
     out = []
     for p in part:
-        if p.spans is None:
-            ids = _ids(next(plain_encs))
-            out.append((ids, ids.copy()))
-        else:
-            enc = next(chat_encs)
-            ids = _ids(enc)
-            out.append((ids, labels_from_spans(enc, ids, p.spans)))
+        enc = next(plain_encs if p.spans is None else chat_encs)
+        ids = np.array(enc.ids, dtype=np.int32)
+        out.append((ids, ids.copy() if p.spans is None else labels_from_spans(enc, ids, p.spans)))
     return out
