@@ -318,28 +318,22 @@ class MultimodalEncoder:
         # "<t seconds><|vision_start|>pads<|vision_end|>" block per temporal patch.
         out_ids: List[np.ndarray] = []
         out_labels: List[np.ndarray] = []
-        at = length = 0
-        media = []
+        at = 0
         for pad, m in placed:
             out_ids.append(ids[at:pad])
             out_labels.append(labels[at:pad])
-            length += pad - at
             tokens = self._tokens_of(m)
+            m["span"] = [sum(map(len, out_ids)), len(tokens)]
             out_ids.append(tokens)
             out_labels.append(np.full(len(tokens), IGNORE_INDEX, dtype=labels.dtype))
-            m["span"] = [length, len(tokens)]
-            length += len(tokens)
             at = pad + 1
-            media.append(m)
         out_ids.append(ids[at:])
         out_labels.append(labels[at:])
         ids = np.concatenate(out_ids).astype(np.int32)
         labels = np.concatenate(out_labels).astype(labels.dtype)
-        vision = (ids == self.pad_id) | (ids == self.start_id) | (ids == self.end_id)
-        if self.video_pad_id is not None:
-            vision |= ids == self.video_pad_id
-        labels[vision] = IGNORE_INDEX
-        return MultimodalSample(ids, labels, media)
+        vision = [self.pad_id, self.start_id, self.end_id, self.video_pad_id]
+        labels[np.isin(ids, [v for v in vision if v is not None])] = IGNORE_INDEX
+        return MultimodalSample(ids, labels, [m for _, m in placed])
 
     def _tokens_of(self, m: Dict[str, Any]) -> np.ndarray:
         """The tokens a medium's placeholder pad becomes. A Qwen3-VL video also gets ``groups``:
