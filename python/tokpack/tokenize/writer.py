@@ -45,7 +45,6 @@ class _ShardWriter:
         self.shard_rows = shard_rows
         self.shards: List[Dict[str, Any]] = []
         self._is_open = False
-        self._rows = 0
         # Used on the background thread only.
         self._file: Optional[pq.ParquetWriter] = None
         self._sink: Optional[pa.NativeFile] = None
@@ -79,7 +78,6 @@ class _ShardWriter:
                 if sink is not None:
                     sink.close()
         # Size and checksum let cache hits and `tokpack verify` vouch for the shard.
-        assert self._path is not None
         size, checksum = _tokpack.file_checksum(self._path)
         shard = next(s for s in self.shards if s["file"] == self._path.name)
         shard["size"], shard["checksum"] = size, checksum
@@ -87,7 +85,6 @@ class _ShardWriter:
     def _open(self) -> None:
         name = f"part-{len(self.shards):05d}.parquet"
         self.shards.append({"file": name, "rows": 0, "tokens": 0})
-        self._rows = 0
         self._is_open = True
         self._submit(self._open_file, self.directory / name)
 
@@ -95,13 +92,12 @@ class _ShardWriter:
         # The stream's schema, with each carried field's type (known from its first batch).
         self.schema = batch.schema
         while batch.num_rows:
-            if not self._is_open or self._rows == self.shard_rows:
+            if not self._is_open or self.shards[-1]["rows"] == self.shard_rows:
                 self._close_shard()
                 self._open()
-            take = min(batch.num_rows, self.shard_rows - self._rows)
+            take = min(batch.num_rows, self.shard_rows - self.shards[-1]["rows"])
             part = batch.slice(0, take)
             self._submit(self._write_part, part)
-            self._rows += take
             self.shards[-1]["rows"] += take
             self.shards[-1]["tokens"] += pc.sum(part.column("length")).as_py() or 0
             batch = batch.slice(take)
