@@ -343,27 +343,17 @@ class MultimodalEncoder:
         n = self.video_rules.tokens(tuple(m["grid"]))
         if self.family.video_time != "timestamps":
             return np.full(n, self.video_pad_id, dtype=np.int32)
-        t = int(m["grid"][0])
-        per_group = n // t
-        pieces, groups, offset = [], [], 0
+        per_group = n // int(m["grid"][0])
+        ids: List[int] = []
+        m["groups"] = []
         for seconds in _timestamps(m["frame_count"], self.video_fps, self.video_rules):
-            text = self.tokenizer.tokenizer.encode(
+            ids += self.tokenizer.tokenizer.encode(
                 f"<{seconds:.1f} seconds>", add_special_tokens=False
-            )
-            piece = np.concatenate(
-                [
-                    np.asarray(text.ids, dtype=np.int32),
-                    np.asarray([self.start_id], dtype=np.int32),
-                    np.full(per_group, self.video_pad_id, dtype=np.int32),
-                    np.asarray([self.end_id], dtype=np.int32),
-                ]
-            )
-            groups.append([offset + len(text.ids) + 1, per_group])
-            offset += len(piece)
-            pieces.append(piece)
-        m["groups"] = groups
+            ).ids
+            m["groups"].append([len(ids) + 1, per_group])
+            ids += [self.start_id, *[self.video_pad_id] * per_group, self.end_id]
         m["tokens"] = n
-        return np.concatenate(pieces)
+        return np.asarray(ids, dtype=np.int32)
 
     def _column(
         self, record: Record, value: Dict[str, Any], column: str, parts: int, kind: str
