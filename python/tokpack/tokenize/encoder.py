@@ -148,18 +148,13 @@ class RecordEncoder:
         rejected one is counted and sent to ``reject`` (without ``skip_invalid``, the first
         one in input order raises)."""
         parsed: List[Union[List[Prepared], Chat, PairChat, InvalidRecordError]] = []
-        chats: List[Chat] = []
-        pairs: List[PairChat] = []
         for record in records:
             try:
-                item = self._prepare(record)
+                parsed.append(self._prepare(record))
             except InvalidRecordError as exc:
-                item = exc
-            if isinstance(item, Chat):
-                chats.append(item)
-            elif isinstance(item, PairChat):
-                pairs.append(item)
-            parsed.append(item)
+                parsed.append(exc)
+        chats = [item for item in parsed if isinstance(item, Chat)]
+        pairs = [item for item in parsed if isinstance(item, PairChat)]
         train_on = self.options.train_on
         rendered = iter(
             self.template.trained_spans_many([(c.messages, c.record) for c in chats], train_on)
@@ -300,10 +295,9 @@ class RecordEncoder:
         trained_all = self.options.train_on == "all"
         chunk: List[Prepared] = []
         pairs: List[Tuple[np.ndarray, np.ndarray]] = []
-        is_left = np.zeros(len(records), dtype=bool)
-        is_left[left] = True
+        is_left = set(left)
         for i, record in enumerate(records):
-            if not is_left[i]:
+            if i not in is_left:
                 chunk.append(Prepared(record, "", [], trained_all or bool(last[i])))
                 pairs.append(rust_pairs[i])
             elif id(record) in by_record:  # else rejected
