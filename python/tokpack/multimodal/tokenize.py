@@ -417,8 +417,7 @@ class MultimodalEncoder:
             )
         except DataError as exc:
             raise record.fail(f"video {i}: {exc}") from None
-        entry: Dict[str, Any] = {"type": "video", "frames": frames, "size": list(size)}
-        entry["grid"] = list(grid)
+        entry = {"type": "video", "frames": frames, "size": list(size), "grid": list(grid)}
         if self.family.video_time == "timestamps":
             entry["frame_count"] = len(frames)
             entry["fps"] = self.video_fps
