@@ -377,14 +377,10 @@ class RecordEncoder:
         records: List[Record] = []
         eos_id = self._eos_id
         for item, (ids, labels) in zip(chunk, encoded):
-            add_eos = self.options.add_eos
-            if add_eos is None:
-                add_eos = item.spans is None
+            add_eos = item.spans is None if self.options.add_eos is None else self.options.add_eos
             if add_eos and eos_id is not None and (not len(ids) or ids[-1] != eos_id):
-                eos = np.array([eos_id], dtype=np.int32)
-                ids = np.concatenate([ids, eos])
-                eos_label = eos if item.eos_trained else np.array([IGNORE_INDEX], dtype=np.int32)
-                labels = np.concatenate([labels, eos_label])
+                ids = np.append(ids, np.int32(eos_id))
+                labels = np.append(labels, np.int32(eos_id if item.eos_trained else IGNORE_INDEX))
             stats.samples_in += 1
             kept = self._apply_max_len(item.record, ids, labels, stats)
             pieces.extend(kept)
