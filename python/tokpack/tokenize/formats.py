@@ -442,11 +442,9 @@ def _alpaca(record: Record, value: Dict[str, Any], columns: Mapping[str, str]) -
     for key in ("instruction", "input", "output"):
         col = columns[key]
         item = value.get(col)
-        if item is None:
-            if key == "input":
-                item = ""
-            else:
-                raise record.fail(f"missing field {col!r}")
+        if item is None and key != "input":
+            raise record.fail(f"missing field {col!r}")
+        item = "" if item is None else item
         if not isinstance(item, str):
             raise record.fail(f"{col!r} must be a string")
         parts[key] = item
