@@ -160,19 +160,13 @@ class VisionRules:
         family's video processor defaults)."""
         from .family import detect_family
 
-        defaults = cls(**detect_family(config, family).rule_defaults(video))
+        defaults = detect_family(config, family).rule_defaults(video)
         size = config.get("size") or {}
         if not isinstance(size, Mapping):
             raise ConfigError(f"preprocessor config 'size' must be a mapping, got {size!r}")
-        min_pixels = config.get("min_pixels", size.get("shortest_edge", defaults.min_pixels))
-        max_pixels = config.get("max_pixels", size.get("longest_edge", defaults.max_pixels))
-        return cls(
-            patch_size=config.get("patch_size", defaults.patch_size),
-            merge_size=config.get("merge_size", defaults.merge_size),
-            temporal_patch_size=config.get("temporal_patch_size", defaults.temporal_patch_size),
-            min_pixels=min_pixels,
-            max_pixels=max_pixels,
-        )
+        for key, edge in (("min_pixels", "shortest_edge"), ("max_pixels", "longest_edge")):
+            defaults[key] = size.get(edge, defaults[key])
+        return cls(**{key: config.get(key, default) for key, default in defaults.items()})
 
     @classmethod
     def from_pretrained(
