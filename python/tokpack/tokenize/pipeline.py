@@ -148,7 +148,7 @@ class TokenStream:
         every later value must have (else an InvalidRecordError naming both records)."""
         out = []
         for name, values in zip(self.encoding.options.carry, tokens.carried or ()):
-            types = [_carried_type(v) for v in values]
+            types = [next(t for kind, t in _CARRIED_TYPES if isinstance(v, kind)) for v in values]
             if name not in self._carried:
                 path, line, row = self._source(tokens, 0)
                 self._carried[name] = (types[0], f"{path}:{'row ' * row}{line}")
@@ -374,10 +374,6 @@ def _unpack_records(packed: Any) -> List[Record]:
 
 # The Arrow type of a carried value, by its Python type (bool before int: a bool is an int).
 _CARRIED_TYPES = ((bool, pa.bool_()), (int, pa.int64()), (float, pa.float64()), (str, pa.string()))
-
-
-def _carried_type(value: Any) -> pa.DataType:
-    return next(t for kind, t in _CARRIED_TYPES if isinstance(value, kind))
 
 
 def tokenize_to_batches(
