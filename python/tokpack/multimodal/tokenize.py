@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import itertools
 import json
 import os
 from dataclasses import asdict, dataclass, field
@@ -56,6 +55,7 @@ from ..tokenize.encoder import overlong_error
 from ..tokenize.formats import Record, read_records
 from ..tokenize.masks import labels_from_spans
 from ..tokenize.options import TokenizeOptions
+from ..tokenize.pipeline import chunked
 from ..tokenize.template import ChatTemplate, resolve_template
 from ..tokenize.tokenizer import LoadedTokenizer, load_tokenizer, read_json_object
 from .family import detect_family
@@ -556,15 +556,6 @@ def iter_samples(
                 yield sample
 
 
-def _chunks(samples: Iterator[MultimodalSample], n: int) -> Iterator[List[MultimodalSample]]:
-    """``samples`` ``n`` at a time (the last chunk may be shorter)."""
-    while True:
-        chunk = list(itertools.islice(samples, n))
-        if not chunk:
-            return
-        yield chunk
-
-
 def _batch(samples: List[MultimodalSample], family: str) -> pa.RecordBatch:
     lengths = np.array([len(s.input_ids) for s in samples], dtype=np.int32)
     offsets = np.concatenate([[0], np.cumsum(lengths)])
@@ -631,7 +622,7 @@ def tokenize_files(
         family = encoder.family.name
         with contextlib.closing(_RejectedFile(tmp)) as rejected:
             samples = iter_samples(files, encoder, counts, rejected if skip_invalid else None)
-            batches = (_batch(chunk, family) for chunk in _chunks(samples, batch_rows))
+            batches = (_batch(chunk, family) for chunk in chunked(samples, batch_rows))
             shards = write_shards(tmp, shard_rows, token_schema(family), batches)
         return {
             "kind": "tokenize",

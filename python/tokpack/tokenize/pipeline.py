@@ -13,6 +13,7 @@ the chunks and puts the results together.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import signal
 import sys
@@ -172,18 +173,15 @@ class TokenStream:
 
     def _record_chunks(self, decode: bool) -> Iterator[List[Record]]:
         """``batch_size`` records at a time: batch boundaries depend on the input only."""
+        return chunked(self._records(decode), self.encoding.options.batch_size)
+
+    def _records(self, decode: bool) -> Iterator[Record]:
         on_bytes = self.progress.advance if self.progress is not None else None
-        chunk: List[Record] = []
         for index, path in enumerate(self.inputs):
             for record in read_records(path, on_bytes, decode=decode):
                 record.file_index = index
                 self.stats.records += 1
-                chunk.append(record)
-                if len(chunk) == self.encoding.options.batch_size:
-                    yield chunk
-                    chunk = []
-        if chunk:
-            yield chunk
+                yield record
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         if self._used:
@@ -280,6 +278,15 @@ class TokenStream:
             self.progress.add_samples(n_records)
         if tokens is not None:
             yield tokens.to_batch(self.sources, self._carried_types(tokens))
+
+
+def chunked(items: Iterator[Any], n: int) -> Iterator[List[Any]]:
+    """``items`` ``n`` at a time (the last chunk may be shorter)."""
+    while True:
+        chunk = list(itertools.islice(items, n))
+        if not chunk:
+            return
+        yield chunk
 
 
 class ChunkRunner(Protocol):
