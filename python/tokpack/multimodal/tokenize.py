@@ -369,12 +369,12 @@ class MultimodalEncoder:
             )
         return items
 
-    def _where(self, record: Record, column: str, index: int) -> Dict[str, Any]:
+    def _where(self, record: Record, column: str, index: int, **frame: int) -> Dict[str, Any]:
         # Bytes are referenced by their Parquet row (a JSONL line cannot hold bytes).
         if not record.is_row:
             return {}
         file = str(Path(os.path.abspath(record.path)))
-        return {"file": file, "row": record.line, "column": column, "index": index}
+        return {"file": file, "row": record.line, "column": column, "index": index, **frame}
 
     def _image(self, record: Record, image: Any, i: int, root: Path) -> Dict[str, Any]:
         where = self._where(record, self.images_column, i)
@@ -393,9 +393,7 @@ class MultimodalEncoder:
             raise record.fail(f"video {i}: a video must be a non-empty list of frames")
         frames, size = [], None
         for j, frame in enumerate(video):
-            where = self._where(record, self.videos_column, i)
-            if where:
-                where["frame"] = j
+            where = self._where(record, self.videos_column, i, frame=j)
             try:
                 ref, data = resolve_image(frame, root, where)
                 frame_size = image_size(io.BytesIO(data), name=ref.get("path", ""))
