@@ -120,11 +120,9 @@ class TokenStream:
         self.encoder_info = self.encoding.encoder_info
         self._jsonl_in_rust = runner is None and self.encoding.jsonl_in_rust(self.inputs)
         # Which renderer runs, and where JSONL records are parsed when it is Rust's (manifest).
-        self.renderer_info = (
-            {**self.encoding.renderer_info, "records": "rust"}
-            if self._jsonl_in_rust
-            else self.encoding.renderer_info
-        )
+        self.renderer_info = dict(self.encoding.renderer_info)
+        if self._jsonl_in_rust:
+            self.renderer_info["records"] = "rust"
         self.progress = progress
         self.sources = sources
         self.stats = TokenizeStats()
