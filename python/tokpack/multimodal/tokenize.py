@@ -608,7 +608,7 @@ def tokenize_files(
     dropped_overlong, images, videos, tokens, vision_tokens and trained_tokens.
     """
     from .._io.store import cached_run, destination
-    from ..tokenize.writer import REJECTED_NAME, _RejectedFile, write_shards
+    from ..tokenize.writer import REJECTED_NAME, _RejectedFile, _ShardWriter
 
     dest = destination(output_dir, filesystem)
     files = resolve_inputs(inputs, RAW_SUFFIXES, output_dir=dest.local)
@@ -621,7 +621,7 @@ def tokenize_files(
         with contextlib.closing(_RejectedFile(tmp)) as rejected:
             samples = iter_samples(files, encoder, counts, rejected if skip_invalid else None)
             batches = (_batch(chunk, family) for chunk in chunked(samples, batch_rows))
-            shards = write_shards(tmp, shard_rows, token_schema(family), batches)
+            shards = _ShardWriter(tmp, shard_rows, token_schema(family)).write_all(batches)
         return {
             "kind": "tokenize",
             "sample_kind": "sft",

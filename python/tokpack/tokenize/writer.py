@@ -107,16 +107,24 @@ class _ShardWriter:
             self._is_open = False
             self._submit(self._close_file)
 
-    def finish(self) -> None:
-        """Writes the last shard; every file is complete when this returns (raises the first
-        error of the background writes; then call :meth:`abort`)."""
-        if not self.shards:  # an empty result still has one (empty) shard with the schema
-            self._open()
-        self._close_shard()
-        while self._pending:
-            self._pending[0].result()
-            self._pending.popleft()
-        self._io.shutdown(wait=True)
+    def write_all(self, batches: Iterable[pa.RecordBatch]) -> List[Dict[str, Any]]:
+        """Writes ``batches`` and closes the last shard: every file is complete when this
+        returns the shards' manifest entries; or, after a failure, :meth:`abort` has run and the
+        first error (of the background writes too) is raised."""
+        try:
+            for batch in batches:
+                self.write(batch)
+            if not self.shards:  # an empty result still has one (empty) shard with the schema
+                self._open()
+            self._close_shard()
+            while self._pending:
+                self._pending[0].result()
+                self._pending.popleft()
+            self._io.shutdown(wait=True)
+        except BaseException:
+            self.abort()
+            raise
+        return self.shards
 
     def abort(self) -> None:
         """Stops after a failure without raising: queued writes are cancelled and the errors of
@@ -147,22 +155,6 @@ class _RejectedFile:
         if self._file is not None:
             with writing(self.path):
                 self._file.close()
-
-
-def write_shards(
-    directory: Path, shard_rows: int, schema: pa.Schema, batches: Iterable[pa.RecordBatch]
-) -> List[Dict[str, Any]]:
-    """``batches`` as the token shards of ``directory`` (:class:`_ShardWriter`; with no batch,
-    one empty shard of ``schema``): their manifest entries."""
-    shards = _ShardWriter(directory, shard_rows, schema)
-    try:
-        for batch in batches:
-            shards.write(batch)
-        shards.finish()
-    except BaseException:
-        shards.abort()
-        raise
-    return shards.shards
 
 
 @contextlib.contextmanager
@@ -238,7 +230,7 @@ def tokenize_files(
         with stream_into(
             tmp, inputs, described, encoding, progress, threads=threads, runner=runner
         ) as stream:
-            shards = write_shards(tmp, shard_rows, encoding.schema(), stream)
+            shards = _ShardWriter(tmp, shard_rows, encoding.schema()).write_all(stream)
         return {
             "kind": "tokenize",
             "sample_kind": encoding.kind,
