@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 __all__ = [
     "TokpackError",
     "ConfigError",
@@ -108,8 +110,4 @@ class InvalidRecordError(DataError):
 
     def __reduce__(self):  # type: ignore[no-untyped-def]
         # Pickled when raised in a worker process (the default would call __init__(message)).
-        return (_invalid_record, (self.path, self.line, self.reason, self.row))
-
-
-def _invalid_record(path: str, line: int, reason: str, row: bool) -> InvalidRecordError:
-    return InvalidRecordError(path, line, reason, row=row)
+        return (partial(InvalidRecordError, row=self.row), (self.path, self.line, self.reason))

@@ -22,19 +22,13 @@ from ..packed.reader import PackedDir
 from ..packed.shuffle_quality import DEFAULT_BATCH_ROWS, DEFAULT_SHUFFLE_WINDOW, shuffle_quality
 from ..remote import open_packed
 from ..stats.estimate import check_options
+from .stats import add_step_arguments
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("output", metavar="OUT_DIR")
     parser.add_argument("--rows", type=int, default=3, help="rows to show (default 3)")
-    parser.add_argument(
-        "--world-size",
-        type=int,
-        default=None,
-        help="data-parallel ranks (with --batch-size, rows per optimizer step): show the "
-        'per-step compute imbalance with and without PackedBatchSampler(balance="compute")',
-    )
-    parser.add_argument("--batch-size", type=int, default=None)
+    add_step_arguments(parser)
     parser.add_argument(
         "--batch-rows",
         type=int,

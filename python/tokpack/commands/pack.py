@@ -21,13 +21,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_inputs_and_output(parser, "files, directories or globs", "OUT_DIR")
     pack_config.add_arguments(parser)
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--force", action="store_true", help="rebuild even when up to date")
     parser.add_argument(
         "--verify-cache",
         action="store_true",
         help="before a cache hit, check the shards' checksums (sizes are always checked)",
     )
-    parser.add_argument("--quiet", action="store_true", help="no progress bars or summary")
     parser.add_argument(
         "--spill-dir",
         default=None,

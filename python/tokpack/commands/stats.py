@@ -40,16 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="|".join(STATS_OVERLONG),
         help=f"how rows count over-long samples (default {_DEFAULT_OVERLONG})",
     )
-    parser.add_argument(
-        "--batch-size", type=int, default=None, help="rows per optimizer step: also show steps"
-    )
-    parser.add_argument(
-        "--world-size",
-        type=int,
-        default=None,
-        help="data-parallel ranks (with --batch-size): also show each step's compute imbalance "
-        'with and without PackedBatchSampler(balance="compute")',
-    )
+    add_step_arguments(parser)
     parser.add_argument("--tokens-column", default="input_ids")
     parser.add_argument(
         "--pair-layout",
@@ -67,6 +58,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def add_step_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--batch-size`` and ``--world-size`` of ``stats`` and ``inspect``."""
+    parser.add_argument("--batch-size", type=int, default=None, help="rows per optimizer step")
+    parser.add_argument(
+        "--world-size",
+        type=int,
+        default=None,
+        help="data-parallel ranks (with --batch-size): also show each step's compute imbalance "
+        'with and without PackedBatchSampler(balance="compute")',
+    )
 
 
 def parse_max_lens(text: Optional[str]) -> Optional[List[int]]:

@@ -43,8 +43,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="worker processes (default: TOKPACK_NUM_THREADS or all cores); 1: one process. "
         "The output is the same for every N",
     )
-    parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     add_ray_argument(parser, "render and encode on a Ray cluster (the same output)")
     parser.add_argument(
         "--vision",
@@ -89,7 +87,7 @@ def add_ray_argument(parser: argparse.ArgumentParser, what: str) -> None:
 
 
 def add_inputs_and_output(parser: argparse.ArgumentParser, inputs: str, output: str) -> None:
-    """The inputs and ``-o`` of a command that writes a directory (``tokenize``, ``pack``)."""
+    """The inputs, ``-o``, ``--force`` and ``--quiet`` of the commands that write a directory."""
     parser.add_argument("inputs", nargs="+", metavar="INPUT", help=inputs)
     parser.add_argument(
         "-o",
@@ -98,6 +96,8 @@ def add_inputs_and_output(parser: argparse.ArgumentParser, inputs: str, output: 
         metavar=output,
         help="new, empty, or a previous tokpack output (replaced as a whole); not inside an input",
     )
+    parser.add_argument("--force", action="store_true", help="rebuild even when up to date")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars or summary")
 
 
 def add_tokenizer_arguments(parser: argparse.ArgumentParser, required: bool) -> None:
@@ -268,9 +268,7 @@ def _run_multimodal(args: argparse.Namespace) -> int:
         train_on=args.train_on,
         max_len=args.max_len,
         overlong=args.overlong,
-        messages_column=columns.get("messages", "messages"),
-        images_column=columns.get("images", "images"),
-        videos_column=columns.get("videos", "videos"),
+        **{f"{field}_column": name for field, name in columns.items()},
         video_fps=args.video_fps,
         image_root=args.image_root,
         family=args.family,

@@ -124,9 +124,8 @@ class MultimodalCollator:
         if images:
             pil = [self.reader.image(m["ref"], m.get("hash")) for m in images]
             out = self.image_processor(images=pil, return_tensors="pt")
-            grids = _checked_grids(out["image_grid_thw"], images, "image")
             batch["pixel_values"] = out["pixel_values"]
-            batch["image_grid_thw"] = grids
+            batch["image_grid_thw"] = _checked_grids(out["image_grid_thw"], images, "image")
         if videos:
             if self.video_processor is None:
                 raise ConfigError(

@@ -34,13 +34,10 @@ def describe_ref(ref: Dict[str, Any]) -> str:
     """A reference as a file name for messages."""
     if "path" in ref:
         return str(ref["path"])
-    column = ref.get("column", "images")
+    where = f"{ref['file']}:row {ref['row']}, column {ref.get('column', 'images')!r}"
     if "frame" in ref:
-        return (
-            f"{ref['file']}:row {ref['row']}, column {column!r}, video {ref['index']},"
-            f" frame {ref['frame']}"
-        )
-    return f"{ref['file']}:row {ref['row']}, column {column!r}, image {ref['index']}"
+        return f"{where}, video {ref['index']}, frame {ref['frame']}"
+    return f"{where}, image {ref['index']}"
 
 
 def resolve_image(value: Any, root: Path, where: Dict[str, Any]) -> Tuple[Dict[str, Any], bytes]:

@@ -75,12 +75,10 @@ class MediaCuts:
     types: Dict[str, pa.DataType] = field(default_factory=dict)
     no_safe_cut: List[int] = field(default_factory=list)
 
-    def _cuts(self) -> Tuple[List[int], List[int], List[int], List[int]]:
-        return (self.samples, self.offsets, self.starts, self.lengths)
-
     def plan_args(self) -> Dict[str, Any]:
         """The keyword arguments of ``_tokpack.plan`` (the cuts and blocks)."""
-        return {"cuts": self._cuts() if self.samples else None, "blocks": self.blocks}
+        cuts = (self.samples, self.offsets, self.starts, self.lengths) if self.samples else None
+        return {"cuts": cuts, "blocks": self.blocks}
 
     def core_args(self) -> Dict[str, Any]:
         """The keyword arguments of ``_tokpack.pack_files`` (none without cuts or blocks)."""

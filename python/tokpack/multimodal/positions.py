@@ -13,7 +13,7 @@ at 0 for every segment and concatenates.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, Sequence
 
 import numpy as np
 
@@ -71,14 +71,8 @@ def packed_positions(
     """``[4, T]`` int64 for a packed row of segments ``seq_lengths``: row 0 the text positions
     (0, 1, ... restarting per segment: what transformers reads segment boundaries from), rows
     1-3 the mRoPE ``t, h, w`` positions of each segment, each restarting at 0."""
-    parts: List[np.ndarray] = []
-    for n, segment_media in zip(seq_lengths, media):
-        n = int(n)
-        parts.append(
-            np.vstack(
-                [np.arange(n, dtype=np.int64)[None], sample_positions(n, segment_media, merge_size)]
-            )
-        )
-    if not parts:
-        return np.zeros((4, 0), dtype=np.int64)
-    return np.concatenate(parts, axis=1)
+    parts = [
+        np.vstack([np.arange(int(n), dtype=np.int64), sample_positions(int(n), m, merge_size)])
+        for n, m in zip(seq_lengths, media)
+    ]
+    return np.concatenate(parts, axis=1) if parts else np.zeros((4, 0), dtype=np.int64)

@@ -35,6 +35,7 @@ longer than ``max_len``, or an image at the very start) is dropped and counted.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -46,14 +47,17 @@ import numpy as np
 import pyarrow as pa
 
 from .. import _tokpack
-from .._contract import IGNORE_INDEX
+from .._contract import IGNORE_INDEX, OVERLONG_HINT, OVERLONG_POLICIES
 from .._io.arrays import list_array
 from .._io.inputs import RAW_SUFFIXES, resolve_inputs
-from ..errors import ConfigError, DataError, InputNotFoundError, InvalidRecordError, OverlongError
+from ..errors import ConfigError, DataError, InputNotFoundError, InvalidRecordError
+from ..tokenize.encoder import overlong_error
 from ..tokenize.formats import Record, read_records
 from ..tokenize.masks import labels_from_spans
-from ..tokenize.template import TRAIN_ON, ChatTemplate, resolve_template
-from ..tokenize.tokenizer import LoadedTokenizer, load_tokenizer
+from ..tokenize.options import TokenizeOptions
+from ..tokenize.pipeline import chunked
+from ..tokenize.template import ChatTemplate, resolve_template
+from ..tokenize.tokenizer import LoadedTokenizer, load_tokenizer, read_json_object
 from .family import detect_family
 from .media import describe_ref, media_hash, resolve_image
 from .vision import VisionRules, image_size, read_preprocessor_config
@@ -70,7 +74,7 @@ __all__ = [
     "iter_samples",
 ]
 
-OVERLONG = ("error", "truncate", "drop", "split")
+OVERLONG = OVERLONG_POLICIES
 # The per-sample columns a packed directory carries for the multimodal readers.
 MEDIA_COLUMNS = ("media", "vision_tokens", "vision_patches")
 MULTIMODAL_KEY = b"tokpack.multimodal"
@@ -167,14 +171,8 @@ class MultimodalEncoder:
         video_fps: Optional[float] = None,
         tokens_per_second: Optional[int] = None,
     ) -> None:
-        if train_on not in TRAIN_ON:
-            raise ConfigError(f"train_on must be one of {TRAIN_ON}, got {train_on!r}")
-        if overlong not in OVERLONG:
-            raise ConfigError(f"overlong must be one of {OVERLONG}, got {overlong!r}")
-        if max_len is not None and (
-            isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1
-        ):
-            raise ConfigError(f"max_len must be a positive int or None, got {max_len!r}")
+        # Checked by their owner.
+        checked = TokenizeOptions(train_on=train_on, max_len=max_len, overlong=overlong)
         processor_config = {} if isinstance(vision, VisionRules) else vision
         if not isinstance(processor_config, dict):
             processor_config = read_preprocessor_config(processor_config)
@@ -198,7 +196,7 @@ class MultimodalEncoder:
         )
         self.template_info = {**info, "hash": self.template.hash}
         self.train_on = train_on
-        self.max_len = max_len
+        self.max_len = checked.max_len
         self.overlong = overlong
         self.messages_column = messages_column
         self.images_column = images_column
@@ -320,28 +318,22 @@ class MultimodalEncoder:
         # "<t seconds><|vision_start|>pads<|vision_end|>" block per temporal patch.
         out_ids: List[np.ndarray] = []
         out_labels: List[np.ndarray] = []
-        at = length = 0
-        media = []
+        at = 0
         for pad, m in placed:
             out_ids.append(ids[at:pad])
             out_labels.append(labels[at:pad])
-            length += pad - at
             tokens = self._tokens_of(m)
+            m["span"] = [sum(map(len, out_ids)), len(tokens)]
             out_ids.append(tokens)
             out_labels.append(np.full(len(tokens), IGNORE_INDEX, dtype=labels.dtype))
-            m["span"] = [length, len(tokens)]
-            length += len(tokens)
             at = pad + 1
-            media.append(m)
         out_ids.append(ids[at:])
         out_labels.append(labels[at:])
         ids = np.concatenate(out_ids).astype(np.int32)
         labels = np.concatenate(out_labels).astype(labels.dtype)
-        vision = (ids == self.pad_id) | (ids == self.start_id) | (ids == self.end_id)
-        if self.video_pad_id is not None:
-            vision |= ids == self.video_pad_id
-        labels[vision] = IGNORE_INDEX
-        return MultimodalSample(ids, labels, media)
+        vision = [self.pad_id, self.start_id, self.end_id, self.video_pad_id]
+        labels[np.isin(ids, [v for v in vision if v is not None])] = IGNORE_INDEX
+        return MultimodalSample(ids, labels, [m for _, m in placed])
 
     def _tokens_of(self, m: Dict[str, Any]) -> np.ndarray:
         """The tokens a medium's placeholder pad becomes. A Qwen3-VL video also gets ``groups``:
@@ -351,27 +343,17 @@ class MultimodalEncoder:
         n = self.video_rules.tokens(tuple(m["grid"]))
         if self.family.video_time != "timestamps":
             return np.full(n, self.video_pad_id, dtype=np.int32)
-        t = int(m["grid"][0])
-        per_group = n // t
-        pieces, groups, offset = [], [], 0
+        per_group = n // int(m["grid"][0])
+        ids: List[int] = []
+        m["groups"] = []
         for seconds in _timestamps(m["frame_count"], self.video_fps, self.video_rules):
-            text = self.tokenizer.tokenizer.encode(
+            ids += self.tokenizer.tokenizer.encode(
                 f"<{seconds:.1f} seconds>", add_special_tokens=False
-            )
-            piece = np.concatenate(
-                [
-                    np.asarray(text.ids, dtype=np.int32),
-                    np.asarray([self.start_id], dtype=np.int32),
-                    np.full(per_group, self.video_pad_id, dtype=np.int32),
-                    np.asarray([self.end_id], dtype=np.int32),
-                ]
-            )
-            groups.append([offset + len(text.ids) + 1, per_group])
-            offset += len(piece)
-            pieces.append(piece)
-        m["groups"] = groups
+            ).ids
+            m["groups"].append([len(ids) + 1, per_group])
+            ids += [self.start_id, *[self.video_pad_id] * per_group, self.end_id]
         m["tokens"] = n
-        return np.concatenate(pieces)
+        return np.asarray(ids, dtype=np.int32)
 
     def _column(
         self, record: Record, value: Dict[str, Any], column: str, parts: int, kind: str
@@ -387,12 +369,12 @@ class MultimodalEncoder:
             )
         return items
 
-    def _where(self, record: Record, column: str, index: int) -> Dict[str, Any]:
+    def _where(self, record: Record, column: str, index: int, **frame: int) -> Dict[str, Any]:
         # Bytes are referenced by their Parquet row (a JSONL line cannot hold bytes).
         if not record.is_row:
             return {}
         file = str(Path(os.path.abspath(record.path)))
-        return {"file": file, "row": record.line, "column": column, "index": index}
+        return {"file": file, "row": record.line, "column": column, "index": index, **frame}
 
     def _image(self, record: Record, image: Any, i: int, root: Path) -> Dict[str, Any]:
         where = self._where(record, self.images_column, i)
@@ -411,9 +393,7 @@ class MultimodalEncoder:
             raise record.fail(f"video {i}: a video must be a non-empty list of frames")
         frames, size = [], None
         for j, frame in enumerate(video):
-            where = self._where(record, self.videos_column, i)
-            if where:
-                where["frame"] = j
+            where = self._where(record, self.videos_column, i, frame=j)
             try:
                 ref, data = resolve_image(frame, root, where)
                 frame_size = image_size(io.BytesIO(data), name=ref.get("path", ""))
@@ -435,8 +415,7 @@ class MultimodalEncoder:
             )
         except DataError as exc:
             raise record.fail(f"video {i}: {exc}") from None
-        entry: Dict[str, Any] = {"type": "video", "frames": frames, "size": list(size)}
-        entry["grid"] = list(grid)
+        entry = {"type": "video", "frames": frames, "size": list(size), "grid": list(grid)}
         if self.family.video_time == "timestamps":
             entry["frame_count"] = len(frames)
             entry["fps"] = self.video_fps
@@ -455,11 +434,7 @@ class MultimodalEncoder:
         if self.max_len is None or n <= self.max_len:
             return [sample]
         if self.overlong == "error":
-            where = f"{record.path}:{'row ' if record.is_row else ''}{record.line}"
-            raise OverlongError(
-                f"{where}: sample of {n} tokens is longer than max_len {self.max_len}"
-                " (overlong='truncate', 'split' or 'drop' handles it)"
-            )
+            raise overlong_error(record, n, self.max_len, OVERLONG_HINT)
         if self.overlong == "drop":
             counts.dropped_overlong += 1
             return []
@@ -507,15 +482,7 @@ def _json_beside(vision: Union[str, os.PathLike], name: str) -> Optional[Dict[st
     dict; None when there is no such file."""
     base = Path(vision)
     file = (base if base.is_dir() else base.parent) / name
-    if not file.is_file():
-        return None
-    try:
-        found = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{file}: cannot read it ({exc})") from None
-    if not isinstance(found, dict):
-        raise ConfigError(f"{file}: not a JSON object")
-    return found
+    return read_json_object(file) if file.is_file() else None
 
 
 def image_blocks(media: Sequence[Dict[str, Any]]) -> List[Tuple[int, int]]:
@@ -650,24 +617,11 @@ def tokenize_files(
 
     def build(tmp: Path, described: List[Dict[str, Any]]) -> Dict[str, Any]:
         counts = _Counts()
-        shards = _ShardWriter(tmp, shard_rows, token_schema(encoder.family.name))
-        rejected = _RejectedFile(tmp) if skip_invalid else None
-        try:
-            pending: List[MultimodalSample] = []
-            for sample in iter_samples(files, encoder, counts, rejected):
-                pending.append(sample)
-                if len(pending) == batch_rows:
-                    shards.write(_batch(pending, encoder.family.name))
-                    pending = []
-            if pending:
-                shards.write(_batch(pending, encoder.family.name))
-            shards.finish()
-        except BaseException:
-            shards.abort()
-            raise
-        finally:
-            if rejected is not None:
-                rejected.close()
+        family = encoder.family.name
+        with contextlib.closing(_RejectedFile(tmp)) as rejected:
+            samples = iter_samples(files, encoder, counts, rejected if skip_invalid else None)
+            batches = (_batch(chunk, family) for chunk in chunked(samples, batch_rows))
+            shards = _ShardWriter(tmp, shard_rows, token_schema(family)).write_all(batches)
         return {
             "kind": "tokenize",
             "sample_kind": "sft",
@@ -677,7 +631,7 @@ def tokenize_files(
             "template": encoder.template_info,
             "config": config,
             "counts": asdict(counts),
-            "shards": shards.shards,
+            "shards": shards,
             "rejected_file": REJECTED_NAME if counts.rejected else None,
         }
 

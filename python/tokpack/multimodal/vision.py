@@ -12,7 +12,6 @@ pixel count lies in ``[min_pixels, max_pixels]``; a still image is one temporal 
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import asdict, dataclass
@@ -37,68 +36,47 @@ _EXIF_ORIENTATION = 0x0112
 
 
 def smart_resize(
-    height: int, width: int, factor: int, min_pixels: int, max_pixels: int
-) -> Tuple[int, int]:
-    """``(height, width)`` after the Qwen2-VL resize: multiples of ``factor``, pixel count in
-    ``[min_pixels, max_pixels]``, aspect ratio kept as closely as possible (transformers'
-    ``smart_resize``, including Python's round-half-to-even)."""
-    if height < 1 or width < 1:
-        raise DataError(f"image of {width}x{height} pixels has no area")
-    if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
-        raise DataError(
-            f"image of {width}x{height} pixels: the aspect ratio must be smaller than"
-            f" {MAX_ASPECT_RATIO} (got {max(height, width) / min(height, width):.1f})"
-        )
-    h_bar = round(height / factor) * factor
-    w_bar = round(width / factor) * factor
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt((height * width) / max_pixels)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
-
-
-def qwen3_video_resize(
-    frames: int,
     height: int,
     width: int,
-    temporal_factor: int,
     factor: int,
     min_pixels: int,
     max_pixels: int,
+    frames: Optional[int] = None,
+    temporal_factor: int = 1,
 ) -> Tuple[int, int]:
-    """``(height, width)`` of a video's frames after Qwen3-VL's video resize (transformers'
+    """``(height, width)`` after the Qwen2-VL resize: multiples of ``factor``, pixel count in
+    ``[min_pixels, max_pixels]``, aspect ratio kept as closely as possible (transformers'
+    ``smart_resize``, including Python's round-half-to-even). With ``frames``, of a video's
+    frames after Qwen3-VL's video resize (transformers'
     ``qwen3_vl.video_processing_qwen3_vl.smart_resize``): sides under ``factor`` scaled up
     first, then the pixel bounds applied to the whole clip (``frames`` rounded to a multiple
     of ``temporal_factor`` times the frame's pixels)."""
-    if frames < temporal_factor:
+    what = "image" if frames is None else "video frames"
+    if frames is not None and frames < temporal_factor:
         raise DataError(
             f"a video of {frames} frame(s): Qwen3-VL's video processor needs at least"
             f" {temporal_factor} (temporal_patch_size)"
         )
     if height < 1 or width < 1:
-        raise DataError(f"video frames of {width}x{height} pixels have no area")
-    if height < factor or width < factor:
+        raise DataError(f"{what} of {width}x{height} pixels: no area")
+    if frames is not None and (height < factor or width < factor):
         scale = max(factor / height, factor / width)
         height, width = int(height * scale), int(width * scale)
     if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
         raise DataError(
-            f"video frames of {width}x{height} pixels: the aspect ratio must be smaller than"
+            f"{what} of {width}x{height} pixels: the aspect ratio must be smaller than"
             f" {MAX_ASPECT_RATIO} (got {max(height, width) / min(height, width):.1f})"
         )
+    clip = 1 if frames is None else frames
     h_bar = round(height / factor) * factor
     w_bar = round(width / factor) * factor
-    t_bar = round(frames / temporal_factor) * temporal_factor
+    t_bar = 1 if frames is None else round(frames / temporal_factor) * temporal_factor
     if t_bar * h_bar * w_bar > max_pixels:
-        beta = math.sqrt((frames * height * width) / max_pixels)
+        beta = math.sqrt((clip * height * width) / max_pixels)
         h_bar = max(factor, math.floor(height / beta / factor) * factor)
         w_bar = max(factor, math.floor(width / beta / factor) * factor)
     elif t_bar * h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (frames * height * width))
+        beta = math.sqrt(min_pixels / (clip * height * width))
         h_bar = math.ceil(height * beta / factor) * factor
         w_bar = math.ceil(width * beta / factor) * factor
     return h_bar, w_bar
@@ -144,18 +122,15 @@ class VisionRules:
         needs ``temporal_patch_size`` frames at least)."""
         if frames < 1:
             raise DataError("a video needs at least one frame")
-        if clip_pixels:
-            h, w = qwen3_video_resize(
-                frames,
-                height,
-                width,
-                self.temporal_patch_size,
-                self.factor,
-                self.min_pixels,
-                self.max_pixels,
-            )
-        else:
-            h, w = smart_resize(height, width, self.factor, self.min_pixels, self.max_pixels)
+        h, w = smart_resize(
+            height,
+            width,
+            self.factor,
+            self.min_pixels,
+            self.max_pixels,
+            frames if clip_pixels else None,
+            self.temporal_patch_size,
+        )
         t = -(-frames // self.temporal_patch_size)
         return t, h // self.patch_size, w // self.patch_size
 
@@ -185,19 +160,13 @@ class VisionRules:
         family's video processor defaults)."""
         from .family import detect_family
 
-        defaults = cls(**detect_family(config, family).rule_defaults(video))
+        defaults = detect_family(config, family).rule_defaults(video)
         size = config.get("size") or {}
         if not isinstance(size, Mapping):
             raise ConfigError(f"preprocessor config 'size' must be a mapping, got {size!r}")
-        min_pixels = config.get("min_pixels", size.get("shortest_edge", defaults.min_pixels))
-        max_pixels = config.get("max_pixels", size.get("longest_edge", defaults.max_pixels))
-        return cls(
-            patch_size=config.get("patch_size", defaults.patch_size),
-            merge_size=config.get("merge_size", defaults.merge_size),
-            temporal_patch_size=config.get("temporal_patch_size", defaults.temporal_patch_size),
-            min_pixels=min_pixels,
-            max_pixels=max_pixels,
-        )
+        for key, edge in (("min_pixels", "shortest_edge"), ("max_pixels", "longest_edge")):
+            defaults[key] = size.get(edge, defaults[key])
+        return cls(**{key: config.get(key, default) for key, default in defaults.items()})
 
     @classmethod
     def from_pretrained(
@@ -227,18 +196,10 @@ class VisionRules:
 
 def read_preprocessor_config(path: Union[str, os.PathLike]) -> Dict[str, Any]:
     """The dict of ``path/preprocessor_config.json`` (or of that file given directly)."""
+    from ..tokenize.tokenizer import read_json_object
+
     file = Path(path)
-    if file.is_dir():
-        file = file / "preprocessor_config.json"
-    try:
-        config = json.loads(file.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputNotFoundError(f"{file}: no such preprocessor config") from None
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{file}: cannot read the preprocessor config ({exc})") from None
-    if not isinstance(config, dict):
-        raise ConfigError(f"{file}: the preprocessor config is not a JSON object")
-    return config
+    return read_json_object(file / "preprocessor_config.json" if file.is_dir() else file)
 
 
 def _orientation(im: Any) -> Any:

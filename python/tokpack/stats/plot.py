@@ -46,23 +46,15 @@ def check_plot_path(path: str) -> str:
     return fmt
 
 
-def _thousands(x: float, _pos: Any = None) -> str:
-    return f"{x:,.0f}"
-
-
-def _percent(x: float, _pos: Any = None) -> str:
-    return f"{x:.0%}"
-
-
 def stats_figure(stats: PackingStats, lengths: Any) -> Any:
     """A matplotlib Figure of ``stats`` (computed from ``lengths``)."""
     plt = _pyplot()
     from matplotlib.ticker import (
         FixedLocator,
-        FuncFormatter,
         LogLocator,
         NullFormatter,
         NullLocator,
+        StrMethodFormatter,
     )
 
     ordered = np.sort(np.asarray(lengths, dtype=np.int64))
@@ -99,17 +91,17 @@ def stats_figure(stats: PackingStats, lengths: Any) -> Any:
     ax_rows.set_yscale("log")
     ax_rows.set_ylim(max(low, 1) / 2.5, high * 2.5)
     ax_rows.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
-    ax_rows.yaxis.set_major_formatter(FuncFormatter(_thousands))
+    ax_rows.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
     ax_rows.yaxis.set_minor_formatter(NullFormatter())
     ax_eff.set_title("Efficiency (tokens / row capacity)")
     ax_eff.set_ylabel("efficiency")
     ax_eff.set_ylim(0, 1.05)
-    ax_eff.yaxis.set_major_formatter(FuncFormatter(_percent))
+    ax_eff.yaxis.set_major_formatter(StrMethodFormatter("{x:.0%}"))
     for ax in (ax_rows, ax_eff):
         ax.set_xscale("log", base=2)
         ax.xaxis.set_major_locator(FixedLocator(cands))
         ax.xaxis.set_minor_locator(NullLocator())
-        ax.xaxis.set_major_formatter(FuncFormatter(_thousands))
+        ax.xaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
         ax.set_xlabel("max_len (tokens)")
         ax.grid(alpha=0.3)
         ax.legend(title="strategy", loc="best")
@@ -118,7 +110,7 @@ def stats_figure(stats: PackingStats, lengths: Any) -> Any:
 
 def _distribution(ax: Any, stats: PackingStats, ordered: np.ndarray) -> None:
     """Log-binned histogram, cumulative shares of samples and tokens, candidates marked."""
-    from matplotlib.ticker import FuncFormatter
+    from matplotlib.ticker import StrMethodFormatter
 
     positive = ordered[ordered > 0]
     top = max(int(ordered[-1]), max(c.max_len for c in stats.candidates))
@@ -130,8 +122,8 @@ def _distribution(ax: Any, stats: PackingStats, ordered: np.ndarray) -> None:
     ax.set_xlim(1, top * 1.15)
     ax.set_xlabel("sample length (tokens, log scale)")
     ax.set_ylabel("samples per bin (log-spaced bins)")
-    ax.yaxis.set_major_formatter(FuncFormatter(_thousands))
-    ax.xaxis.set_major_formatter(FuncFormatter(_thousands))
+    ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
+    ax.xaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
     empty = f"; {stats.empty:,} empty samples not shown" if stats.empty else ""
     ax.set_title(
         "Length distribution; dashed: max_len candidates, with the share of tokens in samples "
@@ -151,7 +143,7 @@ def _distribution(ax: Any, stats: PackingStats, ordered: np.ndarray) -> None:
         share.step(xs, ys, where="post", color=color, lw=2, label=f"cumulative share of {what}")
     share.set_ylim(0, 1.02)
     share.set_ylabel("cumulative share (length at most x)")
-    share.yaxis.set_major_formatter(FuncFormatter(_percent))
+    share.yaxis.set_major_formatter(StrMethodFormatter("{x:.0%}"))
     for c in stats.candidates:
         ax.axvline(c.max_len, color=_MARK_COLOR, ls="--", lw=1)
         # The token curve at max_len is 1 - the share of tokens in longer samples.

@@ -148,18 +148,13 @@ class RecordEncoder:
         rejected one is counted and sent to ``reject`` (without ``skip_invalid``, the first
         one in input order raises)."""
         parsed: List[Union[List[Prepared], Chat, PairChat, InvalidRecordError]] = []
-        chats: List[Chat] = []
-        pairs: List[PairChat] = []
         for record in records:
             try:
-                item = self._prepare(record)
+                parsed.append(self._prepare(record))
             except InvalidRecordError as exc:
-                item = exc
-            if isinstance(item, Chat):
-                chats.append(item)
-            elif isinstance(item, PairChat):
-                pairs.append(item)
-            parsed.append(item)
+                parsed.append(exc)
+        chats = [item for item in parsed if isinstance(item, Chat)]
+        pairs = [item for item in parsed if isinstance(item, PairChat)]
         train_on = self.options.train_on
         rendered = iter(
             self.template.trained_spans_many([(c.messages, c.record) for c in chats], train_on)
@@ -300,10 +295,9 @@ class RecordEncoder:
         trained_all = self.options.train_on == "all"
         chunk: List[Prepared] = []
         pairs: List[Tuple[np.ndarray, np.ndarray]] = []
-        is_left = np.zeros(len(records), dtype=bool)
-        is_left[left] = True
+        is_left = set(left)
         for i, record in enumerate(records):
-            if not is_left[i]:
+            if i not in is_left:
                 chunk.append(Prepared(record, "", [], trained_all or bool(last[i])))
                 pairs.append(rust_pairs[i])
             elif id(record) in by_record:  # else rejected
@@ -383,14 +377,10 @@ class RecordEncoder:
         records: List[Record] = []
         eos_id = self._eos_id
         for item, (ids, labels) in zip(chunk, encoded):
-            add_eos = self.options.add_eos
-            if add_eos is None:
-                add_eos = item.spans is None
+            add_eos = item.spans is None if self.options.add_eos is None else self.options.add_eos
             if add_eos and eos_id is not None and (not len(ids) or ids[-1] != eos_id):
-                eos = np.array([eos_id], dtype=np.int32)
-                ids = np.concatenate([ids, eos])
-                eos_label = eos if item.eos_trained else np.array([IGNORE_INDEX], dtype=np.int32)
-                labels = np.concatenate([labels, eos_label])
+                ids = np.append(ids, np.int32(eos_id))
+                labels = np.append(labels, np.int32(eos_id if item.eos_trained else IGNORE_INDEX))
             stats.samples_in += 1
             kept = self._apply_max_len(item.record, ids, labels, stats)
             pieces.extend(kept)
@@ -459,7 +449,7 @@ class RecordEncoder:
         stats.overlong += 1
         overlong = self.options.overlong
         if overlong == "error":
-            raise _overlong_error(record, longest, max_len, 'pass overlong="truncate" or "drop"')
+            raise overlong_error(record, longest, max_len, 'pass overlong="truncate" or "drop"')
         if overlong == "truncate" and prompt_length < max_len:
             stats.truncated += 1
             return [ids[:max_len] for ids in full]
@@ -476,7 +466,7 @@ class RecordEncoder:
         stats.overlong += 1
         overlong = self.options.overlong
         if overlong == "error":
-            raise _overlong_error(record, n, max_len, OVERLONG_HINT)
+            raise overlong_error(record, n, max_len, OVERLONG_HINT)
         if overlong == "truncate":
             stats.truncated += 1
             return [(ids[:max_len], labels[:max_len])]
@@ -505,7 +495,7 @@ def _carried_value(record: Record, name: str) -> Any:
     return value
 
 
-def _overlong_error(record: Record, n: int, max_len: int, hint: str) -> OverlongError:
+def overlong_error(record: Record, n: int, max_len: int, hint: str) -> OverlongError:
     where = f"{record.path}:{'row ' if record.is_row else ''}{record.line}"
     return OverlongError(f"{where}: sample of {n} tokens, more than max_len={max_len}; {hint}")
 
@@ -517,10 +507,6 @@ def _common_prefix(ids: np.ndarray, other: np.ndarray) -> int:
     return int(differ[0]) if len(differ) else n
 
 
-def _ids(encoding: Any) -> np.ndarray:
-    return np.array(encoding.ids, dtype=np.int32)
-
-
 def _encode_part(tokenizer: Any, part: List[Prepared]) -> List[Tuple[np.ndarray, np.ndarray]]:
     """``tokenizers`` route: ids, and labels from the encoding's offsets."""
     chat = [p.text for p in part if p.spans is not None]
@@ -529,11 +515,7 @@ def _encode_part(tokenizer: Any, part: List[Prepared]) -> List[Tuple[np.ndarray,
     plain_encs = iter(tokenizer.encode_batch(plain, add_special_tokens=True) if plain else [])
     out = []
     for p in part:
-        if p.spans is None:
-            ids = _ids(next(plain_encs))
-            out.append((ids, ids.copy()))
-        else:
-            enc = next(chat_encs)
-            ids = _ids(enc)
-            out.append((ids, labels_from_spans(enc, ids, p.spans)))
+        enc = next(plain_encs if p.spans is None else chat_encs)
+        ids = np.array(enc.ids, dtype=np.int32)
+        out.append((ids, ids.copy() if p.spans is None else labels_from_spans(enc, ids, p.spans)))
     return out

@@ -356,19 +356,6 @@ def _system(record: Record, value: Dict[str, Any], columns: Mapping[str, str]) -
     return [{"role": "system", "content": system}]
 
 
-def _turns(
-    record: Record, value: Dict[str, Any], columns: Mapping[str, str], field: str
-) -> Tuple[str, List[Dict], List[Dict]]:
-    """The column name of the conversation ``field``, the system message that goes first, and
-    the turns (a non-empty list of objects)."""
-    name = columns[field]
-    return (
-        name,
-        _system(record, value, columns),
-        _turn_list(record, name, _field(record, value, name)),
-    )
-
-
 def _turn_list(record: Record, name: str, turns: Any) -> List[Dict]:
     """``turns`` (field ``name``), which must be a non-empty list of objects."""
     if not isinstance(turns, list):
@@ -400,8 +387,9 @@ def _one_of(
 
 
 def _messages(record: Record, value: Dict[str, Any], columns: Mapping[str, str]) -> List[Dict]:
-    name, out, turns = _turns(record, value, columns, "messages")
-    return out + _chat_messages(record, name, turns)
+    name = columns["messages"]
+    out = _system(record, value, columns)
+    return out + _chat_messages(record, name, _turn_list(record, name, _field(record, value, name)))
 
 
 def _chat_messages(record: Record, name: str, turns: List[Dict]) -> List[Dict]:
@@ -423,8 +411,9 @@ def _chat_messages(record: Record, name: str, turns: List[Dict]) -> List[Dict]:
 
 
 def _sharegpt(record: Record, value: Dict[str, Any], columns: Mapping[str, str]) -> List[Dict]:
-    name, out, turns = _turns(record, value, columns, "conversations")
-    for i, turn in enumerate(turns):
+    name = columns["conversations"]
+    out = _system(record, value, columns)
+    for i, turn in enumerate(_turn_list(record, name, _field(record, value, name))):
         speaker = _one_of(record, turn, f"{name}[{i}]", "from", SHAREGPT_ROLES, "speaker")
         role = SHAREGPT_ROLES[speaker]
         content = turn.get("value")
@@ -442,11 +431,9 @@ def _alpaca(record: Record, value: Dict[str, Any], columns: Mapping[str, str]) -
     for key in ("instruction", "input", "output"):
         col = columns[key]
         item = value.get(col)
-        if item is None:
-            if key == "input":
-                item = ""
-            else:
-                raise record.fail(f"missing field {col!r}")
+        if item is None and key != "input":
+            raise record.fail(f"missing field {col!r}")
+        item = "" if item is None else item
         if not isinstance(item, str):
             raise record.fail(f"{col!r} must be a string")
         parts[key] = item

@@ -13,6 +13,7 @@ the chunks and puts the results together.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import signal
 import sys
@@ -119,11 +120,9 @@ class TokenStream:
         self.encoder_info = self.encoding.encoder_info
         self._jsonl_in_rust = runner is None and self.encoding.jsonl_in_rust(self.inputs)
         # Which renderer runs, and where JSONL records are parsed when it is Rust's (manifest).
-        self.renderer_info = (
-            {**self.encoding.renderer_info, "records": "rust"}
-            if self._jsonl_in_rust
-            else self.encoding.renderer_info
-        )
+        self.renderer_info = dict(self.encoding.renderer_info)
+        if self._jsonl_in_rust:
+            self.renderer_info["records"] = "rust"
         self.progress = progress
         self.sources = sources
         self.stats = TokenizeStats()
@@ -148,7 +147,7 @@ class TokenStream:
         every later value must have (else an InvalidRecordError naming both records)."""
         out = []
         for name, values in zip(self.encoding.options.carry, tokens.carried or ()):
-            types = [_carried_type(v) for v in values]
+            types = [next(t for kind, t in _CARRIED_TYPES if isinstance(v, kind)) for v in values]
             if name not in self._carried:
                 path, line, row = self._source(tokens, 0)
                 self._carried[name] = (types[0], f"{path}:{'row ' * row}{line}")
@@ -172,18 +171,15 @@ class TokenStream:
 
     def _record_chunks(self, decode: bool) -> Iterator[List[Record]]:
         """``batch_size`` records at a time: batch boundaries depend on the input only."""
+        return chunked(self._records(decode), self.encoding.options.batch_size)
+
+    def _records(self, decode: bool) -> Iterator[Record]:
         on_bytes = self.progress.advance if self.progress is not None else None
-        chunk: List[Record] = []
         for index, path in enumerate(self.inputs):
             for record in read_records(path, on_bytes, decode=decode):
                 record.file_index = index
                 self.stats.records += 1
-                chunk.append(record)
-                if len(chunk) == self.encoding.options.batch_size:
-                    yield chunk
-                    chunk = []
-        if chunk:
-            yield chunk
+                yield record
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         if self._used:
@@ -191,9 +187,7 @@ class TokenStream:
         self._used = True
         if self.runner is not None:
             return self._iter_runner(self.runner)
-        if self._jsonl_in_rust:
-            return self._iter_jsonl_in_rust()
-        if self.threads > 1:
+        if self.threads > 1 and not self._jsonl_in_rust:
             return self._iter_processes()
         return self._iter_in_process()
 
@@ -204,38 +198,29 @@ class TokenStream:
             yield from self._in_order(chunks, lambda records: submit(_pack_records(records)), ahead)
 
     def _iter_in_process(self) -> Iterator[pa.RecordBatch]:
-        """One process: parse and render here, encode on a worker thread meanwhile."""
-        encoding = self.encoding
+        """One process: parse and render here, encode on a worker thread meanwhile. JSONL chat
+        records in Rust (``_jsonl_in_rust``) are parsed, rendered and encoded there on
+        ``threads`` threads (one call a chunk, from the worker thread, the GIL released) while
+        this thread reads the next chunk and finishes the previous one (records Rust leaves go
+        through the Python stages here)."""
+        encoding, rust = self.encoding, self._jsonl_in_rust
         with _sequential_tokenizers(), ThreadPoolExecutor(1) as pool:
 
             def start(records: List[Record]) -> Callable[[], ChunkResult]:
                 stats, rejected = TokenizeStats(), []
+                if rust:
+                    jsonl = pool.submit(encoding.encode_jsonl, records, self.threads)
+                    return lambda: (
+                        encoding.finish_jsonl(records, jsonl.result(), stats, rejected.append),
+                        stats,
+                        rejected,
+                    )
                 prepared = encoding.prepare(records, stats, rejected.append)
                 # Encoding of this chunk runs while the previous one is finished.
                 encoded = pool.submit(encoding.encode, prepared)
                 return lambda: (encoding.finish(prepared, encoded.result(), stats), stats, rejected)
 
-            yield from self._in_order(self._record_chunks(decode=True), start, ahead=1)
-
-    def _iter_jsonl_in_rust(self) -> Iterator[pa.RecordBatch]:
-        """JSONL chat records parsed, rendered and encoded in Rust on ``threads`` threads (one
-        call a chunk, from a worker thread, the GIL released) while this thread reads the next
-        chunk and finishes the previous one (records Rust leaves go through the Python stages
-        here)."""
-        encoding = self.encoding
-        with _sequential_tokenizers(), ThreadPoolExecutor(1) as pool:
-
-            def start(records: List[Record]) -> Callable[[], ChunkResult]:
-                encoded = pool.submit(encoding.encode_jsonl, records, self.threads)
-
-                def result() -> ChunkResult:
-                    stats, rejected = TokenizeStats(), []
-                    done = encoding.finish_jsonl(records, encoded.result(), stats, rejected.append)
-                    return done, stats, rejected
-
-                return result
-
-            yield from self._in_order(self._record_chunks(decode=False), start, ahead=1)
+            yield from self._in_order(self._record_chunks(decode=not rust), start, ahead=1)
 
     def _iter_processes(self) -> Iterator[pa.RecordBatch]:
         """``threads`` worker processes decode, render and encode chunks of records (rendering
@@ -291,6 +276,15 @@ class TokenStream:
             self.progress.add_samples(n_records)
         if tokens is not None:
             yield tokens.to_batch(self.sources, self._carried_types(tokens))
+
+
+def chunked(items: Iterator[Any], n: int) -> Iterator[List[Any]]:
+    """``items`` ``n`` at a time (the last chunk may be shorter)."""
+    while True:
+        chunk = list(itertools.islice(items, n))
+        if not chunk:
+            return
+        yield chunk
 
 
 class ChunkRunner(Protocol):
@@ -385,10 +379,6 @@ def _unpack_records(packed: Any) -> List[Record]:
 
 # The Arrow type of a carried value, by its Python type (bool before int: a bool is an int).
 _CARRIED_TYPES = ((bool, pa.bool_()), (int, pa.int64()), (float, pa.float64()), (str, pa.string()))
-
-
-def _carried_type(value: Any) -> pa.DataType:
-    return next(t for kind, t in _CARRIED_TYPES if isinstance(value, kind))
 
 
 def tokenize_to_batches(

@@ -325,16 +325,7 @@ class ChatTemplate:
         reasoning as :func:`_alias_reasoning` does); what it leaves is rendered here."""
         out: List[Optional[Rendered]] = [None] * len(conversations)
         if self.rust is not None and conversations:
-            texts, offsets, starts, ends, _ = self.rust.render_batch(
-                conversations=[m for m, _ in conversations],
-                mode=train_on,
-                threads=1,
-            )
-            bounds, starts, ends = offsets.tolist(), starts.tolist(), ends.tolist()
-            for i, text in enumerate(texts):
-                if text is not None:
-                    a, b = bounds[i], bounds[i + 1]
-                    out[i] = (text, list(zip(starts[a:b], ends[a:b])))
+            out = _rust_rendered(self.rust, [m for m, _ in conversations], train_on)[0]
         return _in_python(out, conversations, lambda m, r: self.trained_spans(m, train_on, r))
 
     def render_many(
@@ -346,14 +337,10 @@ class ChatTemplate:
         :meth:`trained_spans_many` renders them (Rust, then Python for what it leaves)."""
         out: List[Union[None, str, InvalidRecordError]] = [None] * len(conversations)
         if self.rust is not None and conversations:
-            out = list(
-                self.rust.render_batch(
-                    conversations=[m for m, _ in conversations],
-                    mode="plain",
-                    add_generation_prompt=add_generation_prompt,
-                    threads=1,
-                )[0]
+            rendered, _ = _rust_rendered(
+                self.rust, [m for m, _ in conversations], "plain", add_generation_prompt
             )
+            out = [None if r is None else r[0] for r in rendered]
         return _in_python(out, conversations, lambda m, r: self.render(m, r, add_generation_prompt))
 
     def _rust_renderer(self, train_on: str) -> Tuple[Any, Dict[str, Any]]:
@@ -375,19 +362,12 @@ class ChatTemplate:
         rendered_any = False
         first_error = None
         for mode, prompt in ((train_on, False), ("plain", False), ("plain", True)):
-            texts, offsets, starts, ends, errors = rust.render_batch(
-                conversations=list(PROBE_CONVERSATIONS),
-                mode=mode,
-                add_generation_prompt=prompt,
-                threads=1,
-            )
+            rendered, errors = _rust_rendered(rust, PROBE_CONVERSATIONS, mode, prompt)
             first_error = first_error or next((e for e in errors if e), None)
-            for i, messages in enumerate(PROBE_CONVERSATIONS):
-                if texts[i] is None:
+            for i, (messages, got) in enumerate(zip(PROBE_CONVERSATIONS, rendered)):
+                if got is None:
                     continue  # rendered by Python at run time too
                 record = Record("<parity probe>", i + 1, False, None, None)
-                a, b = int(offsets[i]), int(offsets[i + 1])
-                got: Any = (texts[i], list(zip(starts[a:b].tolist(), ends[a:b].tolist())))
                 try:
                     if mode == "plain":
                         got, want = got[0], self.render(messages, record, prompt)
@@ -470,6 +450,19 @@ def _alias_reasoning(messages: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
                 out[i] = {"thinking": value, **message, "reasoning_content": value}
                 break
     return out
+
+
+def _rust_rendered(
+    rust: Any, conversations: Sequence[List[Dict[str, Any]]], mode: str, prompt: bool = False
+) -> Tuple[List[Optional[Tuple[str, Spans]]], List[Optional[str]]]:
+    """The Rust renderer's text and spans (``mode``; ``prompt``: the generation prompt) of each
+    conversation, None where it leaves one to Python; and its errors."""
+    texts, offsets, starts, ends, errors = rust.render_batch(
+        conversations=list(conversations), mode=mode, add_generation_prompt=prompt, threads=1
+    )
+    bounds, starts, ends = offsets.tolist(), starts.tolist(), ends.tolist()
+    spans = [list(zip(starts[a:b], ends[a:b])) for a, b in zip(bounds, bounds[1:])]
+    return [None if t is None else (t, s) for t, s in zip(texts, spans)], errors
 
 
 def _in_python(out: List[Any], conversations: Sequence[Tuple[Any, Record]], render: Any) -> Any:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple, Union
 
+from .. import _tokpack
 from .._io.outdir import fingerprint_file
 from ..errors import ConfigError, InputNotFoundError
 
@@ -65,17 +66,17 @@ def _token_text(value: Any) -> Optional[str]:
     return None
 
 
-def _read_config(path: Path) -> Dict[str, Any]:
+def read_json_object(path: Path) -> Dict[str, Any]:
+    """The object a JSON file holds (a model's config files)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            config = json.load(f)
+        found = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as exc:
         raise ConfigError(f"{path}: invalid JSON ({exc})") from None
     except OSError as exc:
         raise InputNotFoundError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    if not isinstance(config, dict):
+    if not isinstance(found, dict):
         raise ConfigError(f"{path}: expected a JSON object")
-    return config
+    return found
 
 
 def _chat_template(config: Dict[str, Any], path: Path) -> Optional[Union[str, Dict[str, str]]]:
@@ -122,9 +123,12 @@ def load_tokenizer(path: Union[str, os.PathLike]) -> LoadedTokenizer:
     except Exception as exc:  # tokenizers raises a bare Exception for a malformed file
         raise ConfigError(f"{file}: not a valid tokenizer.json ({exc})") from None
 
-    fast, fast_unsupported = _load_fast(file)
+    try:
+        fast, fast_unsupported = _tokpack.BpeEncoder.load(file.read_text(encoding="utf-8"))
+    except ConfigError as exc:  # valid for tokenizers (it loaded) but not for us
+        fast, fast_unsupported = None, str(exc)
     config_path = file.parent / "tokenizer_config.json"
-    config = _read_config(config_path) if config_path.is_file() else {}
+    config = read_json_object(config_path) if config_path.is_file() else {}
     texts = {key: _token_text(config.get(key)) for key in SPECIAL_TOKEN_KEYS}
     specials = {key: text for key, text in texts.items() if text is not None}
     added = tokenizer.get_added_tokens_decoder().values()
@@ -143,12 +147,3 @@ def load_tokenizer(path: Union[str, os.PathLike]) -> LoadedTokenizer:
         fast=fast,
         fast_unsupported=fast_unsupported,
     )
-
-
-def _load_fast(file: Path) -> Tuple[Any, Optional[str]]:
-    from .. import _tokpack
-
-    try:
-        return _tokpack.BpeEncoder.load(file.read_text(encoding="utf-8"))
-    except ConfigError as exc:  # valid for tokenizers (it loaded) but not for us
-        return None, str(exc)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections import deque
+from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, TextIO, Union
@@ -44,7 +45,6 @@ class _ShardWriter:
         self.shard_rows = shard_rows
         self.shards: List[Dict[str, Any]] = []
         self._is_open = False
-        self._rows = 0
         # Used on the background thread only.
         self._file: Optional[pq.ParquetWriter] = None
         self._sink: Optional[pa.NativeFile] = None
@@ -78,7 +78,6 @@ class _ShardWriter:
                 if sink is not None:
                     sink.close()
         # Size and checksum let cache hits and `tokpack verify` vouch for the shard.
-        assert self._path is not None
         size, checksum = _tokpack.file_checksum(self._path)
         shard = next(s for s in self.shards if s["file"] == self._path.name)
         shard["size"], shard["checksum"] = size, checksum
@@ -86,7 +85,6 @@ class _ShardWriter:
     def _open(self) -> None:
         name = f"part-{len(self.shards):05d}.parquet"
         self.shards.append({"file": name, "rows": 0, "tokens": 0})
-        self._rows = 0
         self._is_open = True
         self._submit(self._open_file, self.directory / name)
 
@@ -94,13 +92,12 @@ class _ShardWriter:
         # The stream's schema, with each carried field's type (known from its first batch).
         self.schema = batch.schema
         while batch.num_rows:
-            if not self._is_open or self._rows == self.shard_rows:
+            if not self._is_open or self.shards[-1]["rows"] == self.shard_rows:
                 self._close_shard()
                 self._open()
-            take = min(batch.num_rows, self.shard_rows - self._rows)
+            take = min(batch.num_rows, self.shard_rows - self.shards[-1]["rows"])
             part = batch.slice(0, take)
             self._submit(self._write_part, part)
-            self._rows += take
             self.shards[-1]["rows"] += take
             self.shards[-1]["tokens"] += pc.sum(part.column("length")).as_py() or 0
             batch = batch.slice(take)
@@ -110,16 +107,24 @@ class _ShardWriter:
             self._is_open = False
             self._submit(self._close_file)
 
-    def finish(self) -> None:
-        """Writes the last shard; every file is complete when this returns (raises the first
-        error of the background writes; then call :meth:`abort`)."""
-        if not self.shards:  # an empty result still has one (empty) shard with the schema
-            self._open()
-        self._close_shard()
-        while self._pending:
-            self._pending[0].result()
-            self._pending.popleft()
-        self._io.shutdown(wait=True)
+    def write_all(self, batches: Iterable[pa.RecordBatch]) -> List[Dict[str, Any]]:
+        """Writes ``batches`` and closes the last shard: every file is complete when this
+        returns the shards' manifest entries; or, after a failure, :meth:`abort` has run and the
+        first error (of the background writes too) is raised."""
+        try:
+            for batch in batches:
+                self.write(batch)
+            if not self.shards:  # an empty result still has one (empty) shard with the schema
+                self._open()
+            self._close_shard()
+            while self._pending:
+                self._pending[0].result()
+                self._pending.popleft()
+            self._io.shutdown(wait=True)
+        except BaseException:
+            self.abort()
+            raise
+        return self.shards
 
     def abort(self) -> None:
         """Stops after a failure without raising: queued writes are cancelled and the errors of
@@ -222,17 +227,10 @@ def tokenize_files(
     config = {**encoding.config(), "shard_rows": shard_rows}
 
     def build(tmp: Path, described: List[Dict[str, Any]]) -> Dict[str, Any]:
-        shards = _ShardWriter(tmp, shard_rows, encoding.schema())  # the schema of no samples
         with stream_into(
             tmp, inputs, described, encoding, progress, threads=threads, runner=runner
         ) as stream:
-            try:
-                for batch in stream:
-                    shards.write(batch)
-                shards.finish()
-            except BaseException:
-                shards.abort()
-                raise
+            shards = _ShardWriter(tmp, shard_rows, encoding.schema()).write_all(stream)
         return {
             "kind": "tokenize",
             "sample_kind": encoding.kind,
@@ -243,7 +241,7 @@ def tokenize_files(
             "renderer": stream.renderer_info,
             "config": config,
             "counts": stream.stats.as_dict(),
-            "shards": shards.shards,
+            "shards": shards,
             "rejected_file": REJECTED_NAME if stream.stats.rejected else None,
             "columns": describe(stream.schema),
         }
