@@ -236,5 +236,5 @@ def test_stats_report_compute_and_step_imbalance():
         plain, balanced = c.step_imbalance
         assert 1.0 <= balanced <= plain
     assert stats.as_dict()["candidates"][0]["step_imbalance"]["balanced"] == low.step_imbalance[1]
-    with pytest.raises(tokpack.ConfigError, match="world_size must be a positive integer"):
+    with pytest.raises(tokpack.ConfigError, match="world_size must divide batch_size"):
         packing_stats([10, 20], [64], batch_size=6, world_size=4)

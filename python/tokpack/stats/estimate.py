@@ -13,7 +13,7 @@ from .._contract import STRATEGIES
 from .._io.arrays import as_lengths
 from ..errors import ConfigError, DataError
 from ..pack.config import PackConfig
-from ..pack.plan import plan
+from ..pack.plan import MAX_ROWS, check_int, plan
 
 __all__ = [
     "packing_stats",
@@ -157,17 +157,13 @@ def check_options(
 ) -> None:
     if overlong not in STATS_OVERLONG:
         raise ConfigError(f"overlong must be one of {', '.join(STATS_OVERLONG)}, got {overlong!r}")
-    if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
-        raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
+    if batch_size is not None:
+        check_int(batch_size, "batch_size", 1, MAX_ROWS)
     if world_size is not None and (
-        batch_size is None
-        or not isinstance(world_size, int)
-        or world_size < 1
-        or batch_size % world_size
+        batch_size is None or batch_size % check_int(world_size, "world_size", 1, batch_size)
     ):
         raise ConfigError(
-            f"world_size must be a positive integer dividing batch_size, got {world_size!r}"
-            f" (batch_size {batch_size!r})"
+            f"world_size must divide batch_size, got {world_size!r} (batch_size {batch_size!r})"
         )
 
 
@@ -294,8 +290,7 @@ def _compute_figures(
 
     per_row = segment_compute(p.lengths, p.bin_offsets, COMPUTE_COST)
     a, b = cost_coefficients(COMPUTE_COST)
-    cum = np.concatenate([[0], np.cumsum(p.lengths, dtype=np.int64)])
-    tokens = (cum[p.bin_offsets[1:]] - cum[p.bin_offsets[:-1]]).astype(np.float64)
+    tokens = p.row_tokens().astype(np.float64)
     full_rows = float((a * tokens + b * tokens * tokens).sum())
     imbalance = (
         step_imbalance(per_row, batch_size, world_size) if batch_size and world_size else None
