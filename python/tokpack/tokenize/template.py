@@ -428,13 +428,11 @@ class ChatTemplate:
                 "repeats their content); add {% generation %} markers to the template or train "
                 "on 'all'"
             )
-        return [(a, b + self._special_at(text, b)) for a, b in spans]
-
-    def _special_at(self, text: str, pos: int) -> int:
-        for token in self._specials:
-            if text.startswith(token, pos):
-                return len(token)
-        return 0
+        # Each span with the special token right after it (the specials are longest first).
+        return [
+            (a, b + next((len(t) for t in self._specials if text.startswith(t, b)), 0))
+            for a, b in spans
+        ]
 
 
 def _alias_reasoning(messages: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
