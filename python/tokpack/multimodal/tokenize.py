@@ -51,6 +51,8 @@ from .._contract import IGNORE_INDEX, OVERLONG_HINT, OVERLONG_POLICIES
 from .._io.arrays import list_array
 from .._io.inputs import RAW_SUFFIXES, resolve_inputs
 from ..errors import ConfigError, DataError, InputNotFoundError, InvalidRecordError
+from ..pack.plan import MAX_LEN, check_int
+from ..packed.mixture import _positive as positive_number
 from ..tokenize.encoder import overlong_error
 from ..tokenize.formats import Record, read_records
 from ..tokenize.masks import labels_from_spans
@@ -228,20 +230,14 @@ class MultimodalEncoder:
                 )
                 model_config = _json_beside(vision, "config.json") or {}
             self.video_rules = VisionRules.from_dict(video_config, self.family.name, video=True)
-        if video_fps is not None and (
-            isinstance(video_fps, bool)
-            or not isinstance(video_fps, (int, float))
-            or not video_fps > 0
-        ):
-            raise ConfigError(f"video_fps must be a positive number, got {video_fps!r}")
+        if video_fps is not None:
+            positive_number("video_fps", video_fps)
         # transformers' rate for a frame list given without its metadata.
         self.video_fps = float(video_fps) if video_fps is not None else 24.0
         if tokens_per_second is None:
             vision_config = model_config.get("vision_config") or {}
             tokens_per_second = vision_config.get("tokens_per_second", 2)
-        if isinstance(tokens_per_second, bool) or not isinstance(tokens_per_second, int):
-            raise ConfigError(f"tokens_per_second must be an int, got {tokens_per_second!r}")
-        self.tokens_per_second = tokens_per_second
+        self.tokens_per_second = check_int(tokens_per_second, "tokens_per_second", 1, MAX_LEN)
 
     def config(self) -> Dict[str, Any]:
         """What besides the input bytes decides the output (for the cache key)."""
