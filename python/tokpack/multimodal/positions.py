@@ -40,9 +40,7 @@ def sample_positions(length: int, media: Sequence[Dict[str, Any]], merge_size: i
         if "second_per_grid_t" in m:
             step = np.float32(m["tokens_per_second"]) * np.float32(m["second_per_grid_t"])
             tt = (tt.astype(np.float32) * step).astype(np.int64)
-        out[0, start : start + n] = pos + tt
-        out[1, start : start + n] = pos + hh
-        out[2, start : start + n] = pos + ww
+        out[:, start : start + n] = pos + np.stack([tt, hh, ww])
         pos += max(h, w)
         at = start + n
     out[:, at:] = pos + np.arange(length - at)
