@@ -186,10 +186,7 @@ class VisionRules:
                 "patch_size": image_processor.patch_size,
                 "merge_size": image_processor.merge_size,
                 "temporal_patch_size": image_processor.temporal_patch_size,
-                "size": {
-                    "shortest_edge": get("shortest_edge"),
-                    "longest_edge": get("longest_edge"),
-                },
+                "size": {edge: get(edge) for edge in ("shortest_edge", "longest_edge")},
             }
         )
 
