@@ -58,6 +58,7 @@ from ..tokenize.formats import Record, read_records
 from ..tokenize.masks import labels_from_spans
 from ..tokenize.options import TokenizeOptions
 from ..tokenize.pipeline import chunked
+from ..tokenize.schema import TOKEN_SCHEMA
 from ..tokenize.template import ChatTemplate, resolve_template
 from ..tokenize.tokenizer import LoadedTokenizer, load_tokenizer, read_json_object
 from .family import detect_family
@@ -81,22 +82,12 @@ OVERLONG = OVERLONG_POLICIES
 MEDIA_COLUMNS = ("media", "vision_tokens", "vision_patches")
 MULTIMODAL_KEY = b"tokpack.multimodal"
 
-_IDS = pa.list_(pa.int32())
-
 
 def token_schema(family: str = "qwen2-vl") -> pa.Schema:
-    """The token shards' schema; its metadata names the model family."""
-    return pa.schema(
-        [
-            ("input_ids", _IDS),
-            ("labels", _IDS),
-            ("length", pa.int32()),
-            ("media", pa.string()),
-            ("vision_tokens", pa.int32()),
-            ("vision_patches", pa.int32()),
-        ],
-        metadata={MULTIMODAL_KEY: family.encode()},
-    )
+    """The token shards' schema: the SFT columns, then ``MEDIA_COLUMNS``; its metadata names
+    the model family."""
+    media = [("media", pa.string()), ("vision_tokens", pa.int32()), ("vision_patches", pa.int32())]
+    return pa.schema(list(TOKEN_SCHEMA) + media, metadata={MULTIMODAL_KEY: family.encode()})
 
 
 @dataclass(frozen=True)
