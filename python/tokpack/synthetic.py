@@ -66,8 +66,7 @@ def write_token_shards(
             for a in range(bounds[f], bounds[f + 1], row_group_rows):
                 b = min(a + row_group_rows, bounds[f + 1])
                 lens = lengths[a:b].astype(np.int64)
-                offsets = np.zeros(len(lens) + 1, dtype=np.int32)
-                np.cumsum(lens, out=offsets[1:])
+                offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
                 tokens = rng.integers(0, vocab_size, size=int(offsets[-1]), dtype=np.int32)
                 cols = {"input_ids": pa.ListArray.from_arrays(offsets, tokens)}
                 if labels:

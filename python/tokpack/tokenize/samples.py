@@ -124,8 +124,7 @@ class Tokens:
     @classmethod
     def from_pairs(cls, pairs: Sequence[Tuple[np.ndarray, np.ndarray]]) -> "Tokens":
         lengths = np.fromiter((len(ids) for ids, _ in pairs), dtype=np.int64, count=len(pairs))
-        offsets = np.zeros(len(pairs) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
         none = [np.zeros(0, dtype=np.int32)]
         ids = np.concatenate([ids for ids, _ in pairs] or none)
         return cls(offsets, ids, np.concatenate([labels for _, labels in pairs] or none))
