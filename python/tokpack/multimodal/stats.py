@@ -122,7 +122,6 @@ def packed_vision_figures(shards: Sequence[Union[str, os.PathLike]]) -> Dict[str
     for path in shards:
         column = pq.read_table(path, columns=[PATCHES]).column(PATCHES).combine_chunks()
         per_row = segment_sums(column.values.to_numpy(), column.offsets.to_numpy())
-        if len(per_row):
-            total += int(per_row.sum())
-            top = max(top, int(per_row.max()))
+        total += int(per_row.sum())
+        top = max(top, int(per_row.max(initial=0)))
     return {"vision_patches": total, "vision_patches_max_row": top}
