@@ -151,6 +151,8 @@ def test_bad_values_raise_config_errors():
     for lengths in ([], [0, 0], [3, -1]):
         with pytest.raises(DataError):
             packing_stats(lengths, [8])
+    with pytest.raises(DataError, match="sample 1 has a negative length"):
+        packing_stats([3, -1])
 
 
 # --- the command ----------------------------------------------------------------------------

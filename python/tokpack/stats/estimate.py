@@ -222,8 +222,6 @@ def packing_stats(
     arr = as_lengths(lengths)
     if arr.size == 0:
         raise DataError("lengths: no samples")
-    if int(arr.min()) < 0:
-        raise DataError(f"lengths: row {int(np.argmax(arr < 0))} is negative")
     if not arr.any():
         raise DataError(f"lengths: all {len(arr):,} samples are empty, nothing to pack")
     candidates = checked_max_lens(default_max_lens(arr) if max_lens is None else max_lens)
