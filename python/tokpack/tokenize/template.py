@@ -323,9 +323,7 @@ class ChatTemplate:
         fails is returned as its :class:`InvalidRecordError`. One call to the Rust renderer
         renders the batch (GIL released; it reads the messages as plain data and aliases
         reasoning as :func:`_alias_reasoning` does); what it leaves is rendered here."""
-        out: List[Optional[Rendered]] = [None] * len(conversations)
-        if self.rust is not None and conversations:
-            out = _rust_rendered(self.rust, [m for m, _ in conversations], train_on)[0]
+        out = _rust_rendered(self.rust, [m for m, _ in conversations], train_on)[0]
         return _in_python(out, conversations, lambda m, r: self.trained_spans(m, train_on, r))
 
     def render_many(
@@ -335,12 +333,10 @@ class ChatTemplate:
     ) -> List[Union[str, InvalidRecordError]]:
         """:meth:`render` of each ``(messages, record)``, in order, as
         :meth:`trained_spans_many` renders them (Rust, then Python for what it leaves)."""
-        out: List[Union[None, str, InvalidRecordError]] = [None] * len(conversations)
-        if self.rust is not None and conversations:
-            rendered, _ = _rust_rendered(
-                self.rust, [m for m, _ in conversations], "plain", add_generation_prompt
-            )
-            out = [None if r is None else r[0] for r in rendered]
+        rendered, _ = _rust_rendered(
+            self.rust, [m for m, _ in conversations], "plain", add_generation_prompt
+        )
+        out = [None if r is None else r[0] for r in rendered]
         return _in_python(out, conversations, lambda m, r: self.render(m, r, add_generation_prompt))
 
     def _rust_renderer(self, train_on: str) -> Tuple[Any, Dict[str, Any]]:
@@ -454,7 +450,9 @@ def _rust_rendered(
     rust: Any, conversations: Sequence[List[Dict[str, Any]]], mode: str, prompt: bool = False
 ) -> Tuple[List[Optional[Tuple[str, Spans]]], List[Optional[str]]]:
     """The Rust renderer's text and spans (``mode``; ``prompt``: the generation prompt) of each
-    conversation, None where it leaves one to Python; and its errors."""
+    conversation, None where it leaves one to Python (each one without ``rust``); and errors."""
+    if rust is None or not conversations:
+        return [None] * len(conversations), []
     texts, offsets, starts, ends, errors = rust.render_batch(
         conversations=list(conversations), mode=mode, add_generation_prompt=prompt, threads=1
     )
