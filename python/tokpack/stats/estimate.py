@@ -226,13 +226,11 @@ def packing_stats(
         raise DataError(f"lengths: all {len(arr):,} samples are empty, nothing to pack")
     candidates = checked_max_lens(default_max_lens(arr) if max_lens is None else max_lens)
     ordered = np.sort(arr).astype(np.int64)
-    cumulative = np.concatenate([[0], np.cumsum(ordered)])
-    total = int(cumulative[-1])
+    total = int(ordered.sum())
     figures = []
     for m in candidates:
-        fit = int(np.searchsorted(ordered, m, side="right"))
-        over = ordered[fit:]
-        over_tokens = total - int(cumulative[fit])
+        over = ordered[np.searchsorted(ordered, m, side="right") :]
+        over_tokens = int(over.sum())
         rows, efficiency = {}, {}
         for s in STRATEGIES:
             p = plan(arr, m, strategy=s, overlong=overlong, threads=threads)
