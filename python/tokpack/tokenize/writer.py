@@ -117,9 +117,8 @@ class _ShardWriter:
             if not self.shards:  # an empty result still has one (empty) shard with the schema
                 self._open()
             self._close_shard()
-            while self._pending:
-                self._pending[0].result()
-                self._pending.popleft()
+            for future in self._pending:
+                future.result()
             self._io.shutdown(wait=True)
         except BaseException:
             self.abort()
