@@ -110,31 +110,24 @@ def render(stats: PackingStats, overlong_default: bool) -> str:
         "",
         "Samples longer than max_len: drop loses their tokens, truncate the tokens past max_len, "
         "split cuts them into pieces.",
-        table(
-            ["max_len", "over-long samples", "their tokens", "tokens past max_len", "split pieces"],
-            [
-                [
-                    f"{c.max_len:,}",
-                    _count(c.over_samples, stats.samples),
-                    _count(c.over_tokens, stats.tokens),
-                    _count(c.beyond_tokens, stats.tokens),
-                    f"{c.split_pieces:,}",
-                ]
-                for c in stats.candidates
+        _per_candidate(
+            stats,
+            ["over-long samples", "their tokens", "tokens past max_len", "split pieces"],
+            lambda c: [
+                _count(c.over_samples, stats.samples),
+                _count(c.over_tokens, stats.tokens),
+                _count(c.beyond_tokens, stats.tokens),
+                f"{c.split_pieces:,}",
             ],
         ),
         "",
         f"Rows per strategy, over-long samples {stats.overlong}"
         + (" (the default; --overlong truncate|drop to change)" if overlong_default else "")
         + "; padding = one sample per row, random = shuffle, concatenate and cut (splits samples).",
-        table(
-            ["max_len", *STRATEGIES, "bfd vs padding"],
-            [
-                [f"{c.max_len:,}"]
-                + [f"{c.rows[s]:,}" for s in STRATEGIES]
-                + [f"{c.saving():.0%} fewer rows"]
-                for c in stats.candidates
-            ],
+        _per_candidate(
+            stats,
+            [*STRATEGIES, "bfd vs padding"],
+            lambda c: [*(f"{c.rows[s]:,}" for s in STRATEGIES), f"{c.saving():.0%} fewer rows"],
         ),
         "",
         "Efficiency (tokens / row capacity):",
@@ -151,12 +144,12 @@ def render(stats: PackingStats, overlong_default: bool) -> str:
         "",
         "bfd rows' compute per epoch (24576·L + L², relative to the first max_len's per-segment "
         "figure): attention per segment (document masking) and over whole rows (plain causal).",
-        table(
-            ["max_len", "per segment", "whole rows"]
+        _per_candidate(
+            stats,
+            ["per segment", "whole rows"]
             + (["step imbalance", 'balance="compute"'] if stats.world_size else []),
-            [
+            lambda c: (
                 [
-                    f"{c.max_len:,}",
                     f"{c.compute / first.compute:.3f}x" if first.compute else "-",
                     f"{c.full_row_compute / first.compute:.3f}x" if first.compute else "-",
                 ]
@@ -165,8 +158,7 @@ def render(stats: PackingStats, overlong_default: bool) -> str:
                     if c.step_imbalance
                     else ["-", "-"] * bool(stats.world_size)
                 )
-                for c in stats.candidates
-            ],
+            ),
         ),
     ]
     if stats.world_size:
@@ -178,10 +170,16 @@ def render(stats: PackingStats, overlong_default: bool) -> str:
     return "\n".join(out)
 
 
+def _per_candidate(
+    stats: PackingStats, headers: List[str], cells: Callable[[MaxLenFigures], List[str]]
+) -> str:
+    """A table of a row per candidate: its max_len, then its ``cells`` under ``headers``."""
+    return table(["max_len", *headers], [[f"{c.max_len:,}", *cells(c)] for c in stats.candidates])
+
+
 def _per_strategy(stats: PackingStats, cell: Callable[[MaxLenFigures, str], str]) -> str:
     """A table of one figure per candidate (rows) and strategy (columns)."""
-    rows = [[f"{c.max_len:,}"] + [cell(c, s) for s in STRATEGIES] for c in stats.candidates]
-    return table(["max_len", *STRATEGIES], rows)
+    return _per_candidate(stats, list(STRATEGIES), lambda c: [cell(c, s) for s in STRATEGIES])
 
 
 def run(args: argparse.Namespace) -> int:
