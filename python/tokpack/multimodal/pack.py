@@ -53,7 +53,6 @@ __all__ = [
     "NO_SAFE_CUT",
 ]
 
-# The dropped list's reason for a sample with no safe cut.
 NO_SAFE_CUT = "no_safe_cut"
 
 

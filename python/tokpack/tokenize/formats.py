@@ -70,7 +70,6 @@ DEFAULT_COLUMNS: Dict[str, str] = {
 
 CHAT_ROLES = frozenset({"system", "user", "assistant", "tool"})
 
-# ShareGPT speaker names -> chat roles.
 SHAREGPT_ROLES = {
     "system": "system",
     "human": "user",
