@@ -438,9 +438,7 @@ def _alpaca(record: Record, value: Dict[str, Any], columns: Mapping[str, str]) -
         parts[key] = item
     if not parts["instruction"] and not parts["input"]:
         raise record.fail(f"empty conversation ({columns['instruction']!r} is empty)")
-    prompt = parts["instruction"]
-    if parts["input"]:
-        prompt = f"{prompt}\n\n{parts['input']}" if prompt else parts["input"]
+    prompt = "\n\n".join(p for p in (parts["instruction"], parts["input"]) if p)
     return _system(record, value, columns) + [
         {"role": "user", "content": prompt},
         {"role": "assistant", "content": parts["output"]},
