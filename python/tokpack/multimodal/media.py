@@ -79,7 +79,7 @@ class MediaReader:
 
     def __init__(self, cached_groups: int = 2) -> None:
         self.cached_groups = cached_groups
-        self._groups: "OrderedDict[Tuple[str, str, int], Tuple[int, list]]" = OrderedDict()
+        self._groups: "OrderedDict[Tuple[str, str, int], list]" = OrderedDict()
         self._files: Dict[str, Any] = {}
 
     def __getstate__(self) -> Dict[str, Any]:
@@ -133,19 +133,18 @@ class MediaReader:
         if group == meta.num_row_groups:
             raise DataError(f"{describe_ref(ref)}: the file has only {start} rows")
         key = (file, column, group)
-        cached = self._groups.get(key)
-        if cached is None:
+        values = self._groups.get(key)
+        if values is None:
             try:
                 values = pf.read_row_group(group, columns=[column]).column(0).to_pylist()
             except Exception as exc:
                 raise DataError(f"{file}: cannot read row group {group} ({exc})") from None
-            cached = (start, values)
-            self._groups[key] = cached
+            self._groups[key] = values
             while len(self._groups) > self.cached_groups:
                 self._groups.popitem(last=False)
         else:
             self._groups.move_to_end(key)
-        images = cached[1][row - cached[0]]
+        images = values[row - start]
         index = int(ref["index"])
         if not isinstance(images, list) or index >= len(images):
             raise DataError(f"{describe_ref(ref)}: the row has no such image")
