@@ -117,8 +117,7 @@ class TokenizeOptions:
         """The options as manifests record them (the template by its hash, elsewhere; the
         renderer not at all: it does not change the output)."""
         data = asdict(self)
-        del data["chat_template"]
-        del data["renderer"]
+        del data["chat_template"], data["renderer"]
         if self.carry:
             data["carry"] = list(self.carry)
         else:  # only where it applies: the cache keys of other outputs stay what they were
