@@ -85,16 +85,14 @@ def _chat_template(config: Dict[str, Any], path: Path) -> Optional[Union[str, Di
         return template
     # Named templates are stored as a list of {"name", "template"} objects.
     if isinstance(template, list):
-        named = {}
-        for item in template:
-            if not (
-                isinstance(item, dict)
-                and isinstance(item.get("name"), str)
-                and isinstance(item.get("template"), str)
-            ):
-                raise ConfigError(f"{path}: 'chat_template' list items need 'name' and 'template'")
-            named[item["name"]] = item["template"]
-        return named
+        if not all(
+            isinstance(item, dict)
+            and isinstance(item.get("name"), str)
+            and isinstance(item.get("template"), str)
+            for item in template
+        ):
+            raise ConfigError(f"{path}: 'chat_template' list items need 'name' and 'template'")
+        return {item["name"]: item["template"] for item in template}
     if isinstance(template, dict) and all(isinstance(v, str) for v in template.values()):
         return dict(template)
     raise ConfigError(f"{path}: 'chat_template' must be a string or a list of named templates")
