@@ -22,6 +22,7 @@ import json
 import os
 import re
 import time
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
@@ -132,15 +133,13 @@ def resolve_template(
     return CHATML_TEMPLATE, {"source": "builtin-chatml"}
 
 
+@dataclass
 class _Tracker:
     """Where the render currently is, so generation blocks can record their character span."""
 
-    __slots__ = ("active", "pos", "spans")
-
-    def __init__(self) -> None:
-        self.active = False
-        self.pos = 0
-        self.spans: List[Tuple[int, int]] = []
+    active: bool = False
+    pos: int = 0
+    spans: List[Tuple[int, int]] = field(default_factory=list)
 
 
 def _compile(source: str, tracker: _Tracker):
