@@ -207,14 +207,12 @@ def run(args: argparse.Namespace) -> int:
             runner=runner,
         )
     c = manifest["counts"]
-    extra = []
-    if c["rejected"]:
-        extra.append(f"{c['rejected']:,} rejected (see {manifest['rejected_file']})")
-    for key in ("truncated", "dropped", "split"):
-        if c[key]:
-            extra.append(f"{c[key]:,} over-long {key}")
-    if c["untrained_samples"]:
-        extra.append(f"{c['untrained_samples']:,} samples without trained tokens")
+    notes = [
+        (c["rejected"], f"rejected (see {manifest['rejected_file']})"),
+        *((c[key], f"over-long {key}") for key in ("truncated", "dropped", "split")),
+        (c["untrained_samples"], "samples without trained tokens"),
+    ]
+    extra = [f"{n:,} {what}" for n, what in notes if n]
     body = (
         f"{c['samples_out']:,} samples in {len(manifest['shards'])} shard(s), "
         f"{c['tokens']:,} tokens, {c['trained_share']:.1%} trained; template "
