@@ -279,12 +279,8 @@ class TokenStream:
 
 
 def chunked(items: Iterator[Any], n: int) -> Iterator[List[Any]]:
-    """``items`` ``n`` at a time (the last chunk may be shorter)."""
-    while True:
-        chunk = list(itertools.islice(items, n))
-        if not chunk:
-            return
-        yield chunk
+    """``items`` ``n`` at a time (the last chunk may be shorter): chunks until an empty one."""
+    return iter(lambda: list(itertools.islice(items, n)), [])
 
 
 class ChunkRunner(Protocol):
