@@ -38,11 +38,10 @@ def vision_stats(inputs: Union[str, Sequence[str]]) -> Optional[Dict[str, Any]]:
     out.update({"vision_tokens": 0, "vision_patches": 0, "max_vision_tokens": 0})
     found = False
     for path in files:
-        names = pq.read_schema(path).names
-        if not {"vision_tokens", "vision_patches", "media", "length"} <= set(names):
+        if not {"length", *MEDIA_COLUMNS} <= set(pq.read_schema(path).names):
             continue
         found = True
-        t = pq.read_table(path, columns=["length", "media", "vision_tokens", "vision_patches"])
+        t = pq.read_table(path, columns=["length", *MEDIA_COLUMNS])
         vision = t.column("vision_tokens")
         out["samples"] += t.num_rows
         out["samples_with_images"] += pc.sum(pc.greater(vision, 0)).as_py() or 0
