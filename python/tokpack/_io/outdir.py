@@ -426,12 +426,8 @@ def _signals_deferred() -> Iterator[None]:
         yield
         return
     pending: List[int] = []
-
-    def record(signum: int, frame: Any) -> None:
-        pending.append(signum)
-
     wanted = (signal.SIGINT, signal.SIGTERM)
-    previous = {s: signal.signal(s, record) for s in wanted}
+    previous = {s: signal.signal(s, lambda signum, _: pending.append(signum)) for s in wanted}
     try:
         yield
     finally:

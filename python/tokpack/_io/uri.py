@@ -66,22 +66,20 @@ def _from_uri(uri: str) -> Tuple[pafs.FileSystem, str]:
     try:
         import fsspec.core
     except ImportError:
-        fsspec = None
-    if fsspec is not None:
-        try:
-            fs, path = fsspec.core.url_to_fs(uri)
-        except (ImportError, ValueError) as exc:
-            raise ConfigError(
-                f"{shown}: no file system for this URI (pyarrow: {arrow_error};"
-                f" fsspec: {str(exc).replace(uri, shown)}); install the package of its protocol"
-                " or pass filesystem="
-            ) from None
-        return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), str(path)
-    raise ConfigError(
-        f"{shown}: no file system for this URI ({arrow_error}); pyarrow.fs knows"
-        " s3://, gs://, abfs:// and hdfs://, fsspec (pip install fsspec and the protocol's"
-        " package) knows more; or pass filesystem="
-    ) from None
+        raise ConfigError(
+            f"{shown}: no file system for this URI ({arrow_error}); pyarrow.fs knows"
+            " s3://, gs://, abfs:// and hdfs://, fsspec (pip install fsspec and the protocol's"
+            " package) knows more; or pass filesystem="
+        ) from None
+    try:
+        fs, path = fsspec.core.url_to_fs(uri)
+    except (ImportError, ValueError) as exc:
+        raise ConfigError(
+            f"{shown}: no file system for this URI (pyarrow: {arrow_error};"
+            f" fsspec: {str(exc).replace(uri, shown)}); install the package of its protocol"
+            " or pass filesystem="
+        ) from None
+    return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), str(path)
 
 
 def local_path(output_dir: Union[str, os.PathLike], filesystem: Any = None) -> Optional[str]:

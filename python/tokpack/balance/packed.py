@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..packed.reader import PackedDir
-from . import Cost, cost_coefficients, partition
+from . import Cost, _max_over_mean, cost_coefficients, partition
 
 __all__ = [
     "checked_balance",
@@ -124,6 +124,5 @@ def step_imbalance(
         step = order[m * batch_size : (m + 1) * batch_size]
         dealt = [step[r::world_size] for r in range(world_size)]
         for out, ranks in ((plain, dealt), (balanced, deal_step(dealt, compute))):
-            loads = np.array([compute[r].sum() for r in ranks])
-            out.append(loads.max() / loads.mean() if loads.mean() > 0 else 1.0)
+            out.append(_max_over_mean(np.array([compute[r].sum() for r in ranks])))
     return float(np.mean(plain)), float(np.mean(balanced))

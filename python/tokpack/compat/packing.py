@@ -32,6 +32,7 @@ class _Layout:
         self.sample_ids = parts.sample_ids
         self.max_length = max_length
         self.n_rows = len(bin_offsets) - 1
+        self.row_cuts = bin_offsets.tolist()
         self.row_of_seg = np.repeat(np.arange(self.n_rows), np.diff(bin_offsets))
         seg_starts = np.cumsum(seg_lengths) - seg_lengths
         self.col_start = seg_starts - seg_starts[bin_offsets[:-1]][self.row_of_seg]
@@ -51,12 +52,8 @@ class _Layout:
         return out
 
     def boundaries(self) -> List[List[Tuple[int, int]]]:
-        rows: List[List[Tuple[int, int]]] = [[] for _ in range(self.n_rows)]
-        for r, a, b in zip(
-            self.row_of_seg.tolist(), self.col_start.tolist(), self.col_end.tolist()
-        ):
-            rows[r].append((a, b))
-        return rows
+        spans = list(zip(self.col_start.tolist(), self.col_end.tolist()))
+        return [spans[a:b] for a, b in zip(self.row_cuts, self.row_cuts[1:])]
 
 
 def _as_arrays(sequences: Sequence[Any], what: str) -> Tuple[List[np.ndarray], bool, Any]:

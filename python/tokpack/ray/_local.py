@@ -59,22 +59,19 @@ def _pack_group(
     table = pa.concat_tables([read_block(t, columns) for t in tables])
     try:
         tokens, offsets, labels, carried = sample_arrays(table, columns)
-    except TokpackError as exc:
-        return exc
-    paths = table.column(PATH_COLUMN).to_pylist() if PATH_COLUMN in table.column_names else []
-    lengths = np.diff(offsets)
-    too_long = np.flatnonzero(lengths > config.max_len) if config.overlong == "error" else []
-    if len(too_long):
-        k = int(too_long[0])
-        # The planner would name the sample by its index in the group, not in the dataset.
-        return OverlongError(
-            f"sample {base + k} has {int(lengths[k])} tokens, more than "
-            f"max_len={config.max_len}; {OVERLONG_HINT}"
-        )
-    try:
+        lengths = np.diff(offsets)
+        too_long = np.flatnonzero(lengths > config.max_len) if config.overlong == "error" else []
+        if len(too_long):
+            k = int(too_long[0])
+            # The planner would name the sample by its index in the group, not in the dataset.
+            raise OverlongError(
+                f"sample {base + k} has {int(lengths[k])} tokens, more than "
+                f"max_len={config.max_len}; {OVERLONG_HINT}"
+            )
         plan = make_plan(lengths, config=config)
     except TokpackError as exc:
         return exc
+    paths = table.column(PATH_COLUMN).to_pylist() if PATH_COLUMN in table.column_names else []
     # Each file is published whole: a retried or duplicated group puts the same bytes in place.
     ids = np.arange(len(offsets) - 1, dtype=np.int64) + base
     held = (ids, offsets, tokens, labels, carried)

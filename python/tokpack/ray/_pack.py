@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+import ray.data
+
 from .. import _tokpack
 from .._io.inputs import TOKEN_SUFFIXES, is_parquet, resolve_inputs
 from .._io.objects import is_object_uri
@@ -105,7 +107,7 @@ def pack(
     if mode not in MODES:
         raise ConfigError(f"unknown mode {mode!r}; expected one of {MODES}")
     min_block_samples = check_int(min_block_samples, "min_block_samples", 1, 2**62)
-    paths = None if _is_dataset(ds) else _input_files(ds, output_dir, filesystem)
+    paths = None if isinstance(ds, ray.data.Dataset) else _input_files(ds, output_dir, filesystem)
     refs: List[Any] = []
     files: Optional[Tuple[List[str], List[int]]] = None  # the input files and their rows
     if paths is not None:  # (checked before the output is touched)
@@ -157,12 +159,6 @@ def pack(
         manifest["ray"] = {"mode": mode, "blocks": n_blocks, "stage_s": clock.stages}
         _format.write_manifest(local, manifest)  # looked up at the call (the suite checks it)
     return manifest
-
-
-def _is_dataset(ds: Any) -> bool:
-    import ray.data
-
-    return isinstance(ds, ray.data.Dataset)
 
 
 def _input_files(inputs: Any, output_dir: Any, filesystem: Any) -> List[Path]:

@@ -103,19 +103,18 @@ class Source:
         self._fs: Optional[pafs.FileSystem] = fs
         self._pid = os.getpid()
         self._files: Dict[str, Any] = {}
-        self._files_pid = os.getpid()
 
     def __getstate__(self) -> Dict[str, Any]:
         state = dict(self.__dict__)
         state["_fs"], state["_pid"] = None, -1
-        state["_files"], state["_files_pid"] = {}, -1
+        state["_files"] = {}
         return state
 
     @property
     def fs(self) -> pafs.FileSystem:
         if self._fs is None or self._pid != os.getpid():
-            # A forked or spawned worker: a client of its own.
-            self._fs, self._pid = pickle.loads(self._pickled), os.getpid()
+            # A forked or spawned worker: a client (and open files) of its own.
+            self._fs, self._pid, self._files = pickle.loads(self._pickled), os.getpid(), {}
         return self._fs
 
     def uri(self, name: str) -> str:
@@ -187,9 +186,8 @@ class Source:
     def _file(self, name: str) -> Any:
         """An open random-access file of object ``name``, kept per process (opening one asks
         the object's size: a request saved for every later range of it)."""
-        fs = self.fs
-        files = self._files if self._files_pid == os.getpid() else {}
-        self._files, self._files_pid = files, os.getpid()
+        fs = self.fs  # (first: a forked worker starts without its parent's files)
+        files = self._files
         f = files.get(name)
         if f is None:
             f = files[name] = fs.open_input_file(self.key(name))

@@ -147,8 +147,10 @@ class RemotePackedDir(PackedDir):
             if groups:
                 layout[-1] = rows - per_group * (groups - 1)
             return None, layout
-        # Not the layout `tokpack pack` writes: ask the shard's footer now.
-        return None, self._footer(k, path, rows, groups)
+        # Not the layout `tokpack pack` writes: fetch the shard's footer now (during open).
+        want: Want = ("f", *byte_range(self.manifest["shards"][k]["footer_bytes"]))
+        with self.cache.ranges(k, path, size, [want], self._fetcher(k)):
+            return None, self._read_footer(k, path, rows, groups)
 
     def _wants(self, shard: int, group: Optional[int] = None) -> List[Want]:
         wants: List[Want] = [("f", *self.shard_footers[shard])]
@@ -203,13 +205,6 @@ class RemotePackedDir(PackedDir):
                         f" {layout}"
                     )
             yield path
-
-    def _footer(self, k: int, path: Path, rows: int, groups: int) -> List[int]:
-        """Rows per row group of shard ``k`` from its footer, fetched now (during open)."""
-        shard = self.manifest["shards"][k]
-        want: Want = ("f", *byte_range(shard["footer_bytes"]))
-        with self.cache.ranges(k, path, int(shard["size"]), [want], self._fetcher(k)):
-            return self._read_footer(k, path, rows, groups)
 
     def _read_footer(self, k: int, path: Path, rows: int, groups: int) -> List[int]:
         try:

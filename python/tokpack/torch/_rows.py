@@ -73,13 +73,13 @@ class GroupCache:
         self.columns = None if columns is None else tuple(columns)
         self.capacity = max(1, int(capacity))
         self.shared = SharedGroups(shared_capacity)
-        self._groups: "OrderedDict[int, TensorGroup]" = OrderedDict()
-        # Groups handed to the readahead thread lately (not asked for again).
-        self._ahead: "OrderedDict[int, None]" = OrderedDict()
-        self._init_decoding()
+        self._init_local()
 
-    def _init_decoding(self) -> None:
-        # This reader's decodes on the process's background thread (`decode_ahead`).
+    def _init_local(self) -> None:
+        # Never pickled (see __getstate__): the decoded groups, those handed to the readahead
+        # thread lately (not asked for again) and this reader's background decodes.
+        self._groups: "OrderedDict[int, TensorGroup]" = OrderedDict()
+        self._ahead: "OrderedDict[int, None]" = OrderedDict()
         self._pid = os.getpid()
         self._decoding: "Dict[int, Future]" = {}
 
@@ -169,6 +169,4 @@ class GroupCache:
 
     def __setstate__(self, state) -> None:
         self.__dict__.update(state)
-        self._groups = OrderedDict()
-        self._ahead = OrderedDict()
-        self._init_decoding()
+        self._init_local()

@@ -128,9 +128,7 @@ class SharedGroups:
         """Group ``group``'s columns: mapped when another worker published them, else
         ``decode()`` (then published)."""
         data = os.path.join(self.path, f"{group}{_SUFFIX}")
-        cols = _load(data)
-        if cols is None:
-            cols = self._decode_locked(group, data, decode, wait=True)
+        cols = _load(data) or self._decode_locked(group, data, decode, wait=True)
         assert cols is not None
         return cols
 

@@ -71,6 +71,12 @@ class RowStream(torch.utils.data.IterableDataset):
             raise ConfigError(f"tail must be one of {TAILS}, got {tail!r}")
         self.tail = tail
         self.rank, self.world_size = resolve_rank(rank, world_size)
+        rows = self._stream_rows()
+        if rows is not None and rows < self.world_size:
+            shown = ", ".join(p.shown for p in self.sources)
+            raise ConfigError(
+                f"one epoch of {shown} has {rows} rows, fewer than world_size={self.world_size}"
+            )
         self.collate_fn = collate_fn
         if grad_accum_steps is not None:
             grad_accum_steps = check_int(grad_accum_steps, "grad_accum_steps", 1, MAX_STREAM_ROWS)

@@ -12,6 +12,7 @@ dealt out again so that every rank's compute is even, see :class:`PackedBatchSam
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Callable, Iterable, Iterator, List, Optional
 
 import numpy as np
@@ -92,18 +93,15 @@ class PackedBatchSampler(torch.utils.data.Sampler):
         self.balance = checked_balance(balance)
         self._samplers = [sampler(r) for r in range(self.world_size)]
         self._cost = packed_cost(cost)
-        self._row_compute: Optional[np.ndarray] = None
         counts = row_counts(dataset.packed)
         self._terms, self._samples = counts.loss_terms, counts.samples
         self._num_rows = len(dataset)
         self._packed = dataset.packed
 
-    @property
+    @cached_property
     def _compute(self) -> np.ndarray:
         """Each row's compute (its ``seq_lengths`` read on first use)."""
-        if self._row_compute is None:
-            self._row_compute = row_compute(self._packed, self._cost)
-        return self._row_compute
+        return row_compute(self._packed, self._cost)
 
     def set_epoch(self, epoch: int) -> None:
         """Passed on to every rank's sampler that has ``set_epoch``."""

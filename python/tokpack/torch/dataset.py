@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import os
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
@@ -34,14 +35,10 @@ def _row_index(index: object) -> int:
     is_bool = isinstance(index, (bool, np.bool_)) or (
         isinstance(index, torch.Tensor) and index.dtype == torch.bool
     )
-    try:
-        if is_bool:
-            raise TypeError
-        return operator.index(index)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError(
-            f"row indices must be integers, got {type(index).__name__} {index!r}"
-        ) from None
+    if not is_bool:
+        with contextlib.suppress(TypeError):
+            return operator.index(index)  # type: ignore[arg-type]
+    raise TypeError(f"row indices must be integers, got {type(index).__name__} {index!r}")
 
 
 class PackedDataset(torch.utils.data.Dataset):

@@ -8,7 +8,6 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import numpy as np
 
 from ..balance import Cost
-from ..errors import ConfigError
 from ..packed.order import EpochOrder
 from ..packed.row_counts import RowCounts, row_counts
 from ..remote import open_packed
@@ -101,11 +100,6 @@ class PackedIterableDataset(RowStream):
             balance=balance,
             cost=cost,
         )
-        if self.packed.num_rows < self.world_size:
-            raise ConfigError(
-                f"{self.packed.shown} has {self.packed.num_rows} rows, fewer than world_size="
-                f"{self.world_size}"
-            )
 
     def _stream_rows(self) -> int:
         return self.packed.num_rows

@@ -9,7 +9,6 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 import numpy as np
 
 from ..balance import Cost
-from ..errors import ConfigError
 from ..packed.mixture import Mixture, Number
 from ..packed.row_counts import RowCounts
 from ..remote import open_packed
@@ -89,11 +88,6 @@ class PackedMixture(RowStream):
             balance=balance,
             cost=cost,
         )
-        rows = self.mixture.num_rows
-        if rows is not None and rows < self.world_size:
-            raise ConfigError(
-                f"one epoch of the mixture has {rows} rows, fewer than world_size={self.world_size}"
-            )
 
     @property
     def shares(self) -> Dict[str, float]:
