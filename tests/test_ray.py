@@ -793,7 +793,10 @@ def test_sigterm_to_pack_ray_is_terminated_143_and_leaves_nothing(
     finally:
         driver.kill()
     assert driver.returncode == 143, err
-    assert err.splitlines()[-1] == "tokpack pack: terminated", err
+    # Ray's own threads may still log a line after tokpack's (seen under load: "Failed to push
+    # error to driver"): tokpack's line is among them, Ray's C++ stack dump (absl's) is not.
+    assert "tokpack pack: terminated" in err.splitlines(), err
+    assert "*** SIGTERM received" not in err, err
     assert os.listdir(tmp_path) == []
 
 
