@@ -20,6 +20,7 @@ __all__ = [
     "InvalidRecordError",
     "ClusterError",
     "StorageError",
+    "PackingError",
 ]
 
 
@@ -87,6 +88,13 @@ class StorageError(TokpackError, OSError):
     """Object storage could not be read: a request still failed after its retries (network,
     throttling), the credentials were refused, or the local cache of a remote directory
     cannot hold what a reader needs. The message names the object (its URI)."""
+
+
+class PackingError(TokpackError, RuntimeError):
+    """A model would train on mixed samples with the packed batch it is given: its layers read
+    boundaries the batch does not carry, or the installed transformers has no exact path for
+    them on this machine. The message names the model family, the layer kind that mixes, and
+    what would make it exact (a kernel package to install, another collator format)."""
 
 
 class InvalidRecordError(DataError):
