@@ -26,6 +26,7 @@ from ..errors import ConfigError, PackingError
 from ..pack.plan import MAX_LEN, check_int
 from .attention import document_ids
 from .collate import PackedCollator
+from .device import to_device
 
 __all__ = ["check_packing", "PackingReport", "TOLERANCES"]
 
@@ -417,14 +418,22 @@ def _logits(output: Any) -> Optional[torch.Tensor]:
 
 
 def _tokens_first(t: torch.Tensor, n_tokens: int, shape: torch.Size) -> Optional[torch.Tensor]:
-    """``t`` as ``[tokens, ...]`` when its leading dims are the batch's token dims, else None."""
+    """``t`` as ``[tokens, ...]`` when its leading dims are the batch's token dims, else None.
+    A padding-free batch (``[1, T]`` or ``[T]``) may come out either way: a flat-batch model
+    that runs an HF stack returns ``[1, T, ...]``."""
     if tuple(t.shape[: len(shape)]) == tuple(shape):
         return t.reshape(n_tokens, *t.shape[len(shape) :])
+    if t.dim() > 0 and max(shape, default=1) == n_tokens:
+        lead = 0
+        while lead < t.dim() - 1 and t.shape[lead] == 1:
+            lead += 1
+        if t.shape[lead] == n_tokens:
+            return t.reshape(n_tokens, *t.shape[lead + 1 :])
     return None
 
 
 def _on(batch: Mapping[str, Any], device: torch.device) -> Dict[str, Any]:
-    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    return to_device(dict(batch), device, pin=False, non_blocking=False)
 
 
 def _compare(
