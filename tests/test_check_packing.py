@@ -202,6 +202,26 @@ def test_flags_recurrent_state_carried_across_samples():
         check_packing(tiny_mamba2(), PackedCollator("hf", return_seq_idx=True))
 
 
+def test_names_the_mamba_layer_of_a_hybrid():
+    """Jamba: an attention layer (exact with hf batches), then a Mamba one (its torch path
+    carries the state across samples): the report tells them apart by config.layer_types."""
+    torch.manual_seed(0)
+    config = transformers.JambaConfig(
+        **{**SMALL, "num_hidden_layers": 2},
+        attn_layer_period=2,
+        attn_layer_offset=0,
+        expert_layer_period=100,
+        expert_layer_offset=50,
+        num_experts=1,
+        mamba_d_state=8,
+        mamba_dt_rank=4,
+    )
+    model = transformers.JambaForCausalLM._from_config(config, attn_implementation="sdpa")
+    report = check_packing(model.to(torch.float64), raise_on_failure=False)
+    assert report.layer_kinds == ("full_attention", "linear_attention")
+    assert report.mixes == "layer 1 (linear_attention)" and report.errors["full_attention"] < 1e-12
+
+
 def test_flags_a_pipeline_stage_that_loses_the_boundaries():
     """Layers 2.. run as a later pipeline stage that gets the hidden states only and rebuilds
     plain causal attention and positions: layers 0-1 exact, layer 2 is the first that mixes."""
