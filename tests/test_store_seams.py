@@ -374,6 +374,29 @@ def test_a_killed_object_store_runs_staging_is_removed_by_the_next_run(
     assert _named(place, STAGED_PREFIX) == []
 
 
+def test_a_dead_runs_download_of_an_object_is_removed_by_the_next_run(s3_env, tmp_path):
+    """The copies of input objects are downloaded to ``.NAME.tmp-PID-TAG`` beside them: one a
+    killed run left (its pid gone) is removed by the next download there, a live run's stays."""
+    files = write_token_shards(tmp_path / "c", 50, n_files=1, max_length=100)
+    key = f"{BUCKET}/download/{Path(files[0]).name}"
+    put(s3_env, key, Path(files[0]).read_bytes())
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    folder = cache_root() / "s3" / Path(key).parent
+    folder.mkdir(parents=True)
+    name = Path(key).name
+    left = folder / f".{name}.tmp-{dead.stdout.strip()}-0123abcd"
+    live = folder / f".{name}.tmp-{os.getpid()}-0123abcd"
+    for path in (left, live):
+        path.write_bytes(b"half a download")
+    tokpack.pack_files(f"s3://{key}", tmp_path / "out", 128)
+    assert not left.exists() and live.exists()
+
+
 # --- 8: the remote readers' cache heals --------------------------------------------------------
 
 

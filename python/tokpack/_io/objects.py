@@ -27,6 +27,7 @@ import glob
 import hashlib
 import json
 import os
+import re
 import secrets
 import shutil
 from pathlib import Path
@@ -100,7 +101,16 @@ def object_fingerprint(path: os.PathLike) -> Optional[Tuple[str, int, str]]:
 # What identifies an object's content in the metadata stores give (lower case): S3's ETag and
 # version id (and its additional checksums), GCS's generation, MD5 and CRC32C, Azure's ETag
 # and MD5. The modification time is not among them: S3 gives it to the second.
-_IDENTITY_FIELDS = ("etag", "versionid", "version_id", "generation", "md5hash", "crc32c")
+_IDENTITY_FIELDS = (
+    "etag",
+    "versionid",
+    "version_id",
+    "generation",
+    "md5hash",
+    "crc32c",
+    "blob_id",  # (the Hugging Face Hub's, with its LFS sha256)
+    "sha256",
+)
 
 
 def store_identity(metadata: Dict[str, Any]) -> Optional[str]:
@@ -198,6 +208,7 @@ def _mirror(fs: pafs.FileSystem, scheme: str, info: pafs.FileInfo) -> Path:
             ):
                 return copy
     copy.parent.mkdir(parents=True, exist_ok=True)
+    _remove_dead_downloads(copy)
     tag = f"{os.getpid()}-{secrets.token_hex(4)}"
     tmp = copy.with_name(f".{copy.name}.tmp-{tag}")
     try:
@@ -227,3 +238,19 @@ def _mirror(fs: pafs.FileSystem, scheme: str, info: pafs.FileInfo) -> Path:
     finally:
         tmp.unlink(missing_ok=True)
     return copy
+
+
+def _remove_dead_downloads(copy: Path) -> None:
+    """Removes the temporaries of downloads of ``copy`` (and of its record) left by runs that
+    died (``.NAME.tmp-PID-TAG``: their pid is gone), as ``outdir`` does for OUT_DIR's."""
+    from .outdir import pid_alive  # (outdir uses this module)
+
+    names = rf"\.{re.escape(copy.name)}(?:{re.escape(_SOURCE_SUFFIX)})?\.tmp-(\d+)-[0-9a-f]{{8}}"
+    pattern = re.compile(names)
+    with contextlib.suppress(OSError), os.scandir(copy.parent) as entries:
+        for entry in list(entries):
+            found = pattern.fullmatch(entry.name)
+            if found is not None and entry.is_file(follow_symlinks=False):
+                if not pid_alive(int(found[1])):
+                    with contextlib.suppress(OSError):
+                        os.unlink(entry.path)

@@ -145,9 +145,12 @@ def pack_files(
             its fields); rejected records go to ``__tokpack__/_rejected.jsonl``. The columns
             are then refused (the tokenizer writes them); ``carry`` names record fields.
         spill_dir: an existing directory (another disk, say) for the spill files, about 2.1
-            bytes per token (default: the run's temporary next to ``output_dir``). tokpack
-            works in a subdirectory it creates there and removes it, whatever happens. A run
-            the disks cannot hold is refused before any work (DiskSpaceError).
+            bytes per token (default: the run's temporary next to ``output_dir``), checked
+            before any work (ConfigError / OutputError). tokpack works in a subdirectory it
+            creates there (``.tokpack-spill-*``, locked for the run's life) and removes it,
+            whatever happens; one a killed run left is removed by the next run using
+            ``spill_dir``. A run the disks cannot hold is refused before any work
+            (DiskSpaceError).
 
     Returns:
         The manifest (``format``, ``config``, ``inputs``, ``shards``, ``figures``, ...) plus
