@@ -131,10 +131,7 @@ def resolve_inputs(
     if not found:
         raise InputNotFoundError("no input files given")
     if folders is not None:
-        for place in listed:
-            name = os.sep + os.sep.join(place.parts) if not place.store else place.uri
-            if name not in folders:
-                folders.append(name)
+        folders.extend(dict.fromkeys(p.name for p in listed if p.name not in folders))
     return found
 
 

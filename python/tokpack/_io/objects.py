@@ -36,7 +36,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import pyarrow.fs as pafs
 
 from .. import _tokpack
-from ..errors import InputNotFoundError
+from ..errors import InputNotFoundError, TokpackError
 from .uri import cache_home, is_remote, store_of
 
 __all__ = [
@@ -99,8 +99,9 @@ def object_fingerprint(path: os.PathLike) -> Optional[Tuple[str, int, str]]:
 
 
 # What identifies an object's content in the metadata stores give (lower case): S3's ETag and
-# version id (and its additional checksums), GCS's generation, MD5 and CRC32C, Azure's ETag
-# and MD5. The modification time is not among them: S3 gives it to the second.
+# version id (and its additional checksums), GCS's generation, MD5 and CRC32C, Azure's ETag,
+# the Hub's blob id and sha256. The modification time is not among them: S3 gives it to the
+# second.
 _IDENTITY_FIELDS = (
     "etag",
     "versionid",
@@ -198,7 +199,7 @@ def _mirror(fs: pafs.FileSystem, scheme: str, info: pafs.FileInfo) -> Path:
     except OSError as exc:
         raise InputNotFoundError(f"{shown}: cannot read its metadata ({exc})") from None
     if identity is not None:
-        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError, TokpackError):
             recorded = json.loads(_source_file(copy).read_text(encoding="utf-8"))
             if (
                 recorded["identity"] == identity
@@ -226,7 +227,7 @@ def _mirror(fs: pafs.FileSystem, scheme: str, info: pafs.FileInfo) -> Path:
         source: Dict[str, Any] = {"size": size, "identity": identity, "checksum": checksum}
         record = copy.with_name(f"{_source_file(copy).name}.tmp-{tag}")
         try:
-            # The record goes first: a copy renamed without its new record is not trusted.
+            # The old record goes first: a copy renamed without its new record is not trusted.
             _source_file(copy).unlink(missing_ok=True)
             os.replace(tmp, copy)
             record.write_text(json.dumps(source), encoding="utf-8")

@@ -16,10 +16,12 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Tuple
 
 from ..errors import ConfigError
+from .uri import shown_uri
 
 __all__ = ["Place", "local_place", "store_place", "uri_place", "check_apart"]
 
-# Schemes that name one store (pyarrow's type names on the left of fsspec's / the URIs').
+# One name per store, whichever spelling names it (a URI's scheme, fsspec's protocol, pyarrow's
+# file system type): ``gs://`` and pyarrow's ``GcsFileSystem`` are the same store.
 _STORES = {"gs": "gcs", "gcs": "gcs", "s3": "s3", "s3a": "s3", "abfss": "abfs", "az": "abfs"}
 
 
@@ -33,8 +35,10 @@ class Place:
     shown: str
 
     @property
-    def uri(self) -> str:
-        """A place on a store as a URI (``s3://bucket/key``)."""
+    def name(self) -> str:
+        """The place as a path (local) or a URI (``s3://bucket/key``)."""
+        if not self.store:
+            return os.sep + os.sep.join(self.parts)
         return f"{'gs' if self.store == 'gcs' else self.store}://{'/'.join(self.parts)}"
 
     def within(self, other: "Place") -> bool:
@@ -80,8 +84,6 @@ def store_place(fs: Any, key: str, shown: str) -> Place:
 
 def uri_place(uri: str, shown: Optional[str] = None) -> Place:
     """An object-storage URI (``s3://bucket/key``), without its user information and query."""
-    from .uri import shown_uri
-
     clean = shown_uri(uri)
     scheme, _, rest = clean.partition("://")
     return Place(_store_name(scheme), _key_parts(rest), shown or clean)

@@ -22,7 +22,19 @@ import os
 import queue
 import threading
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, TypeVar, Union
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterator,
+    List,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+    TypeVar,
+    Union,
+)
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -104,6 +116,8 @@ class RemotePackedDir(PackedDir):
         if not manifest_copy.exists():
             self.cache.put(manifest_copy, text)
         self._footers_checked: Dict[int, List[int]] = {}
+        # Side files whose cached copy matched the manifest (checked once per process).
+        self._sides_checked: Set[str] = set()
         with contextlib.suppress(Exception):  # (a malformed manifest is reported just below)
             self.cache.shard_files = [
                 member_path(self.root, s["file"]) for s in json.loads(text)["shards"]
@@ -203,7 +217,8 @@ class RemotePackedDir(PackedDir):
         path = Path(self.shard_paths[shard])
         size = self.shard_sizes[shard]
         wants = self._wants(shard, group)
-        for attempt in range(2):
+        failure: Optional[CorruptOutputError] = None
+        for _ in range(2):
             # (a failure to fetch is raised from here as is: the store's bytes failed)
             with self.cache.ranges(shard, path, size, wants, self._fetcher(shard)):
                 try:
@@ -212,11 +227,11 @@ class RemotePackedDir(PackedDir):
                 except CorruptOutputError as exc:
                     if self.changed(shard):
                         raise
-                    if attempt:
-                        raise self._damaged_cache(shard, group, path, exc) from None
+                    failure = exc
             self.cache.drop(shard, wants)
             self._footers_checked.pop(shard, None)
-        raise AssertionError("unreachable")
+        # Failed again right after a fetch whose bytes matched their checksums.
+        raise self._damaged_cache(shard, group, path, failure) from None
 
     def _check_layout(self, shard: int, path: Path) -> None:
         if shard in self._footers_checked:
@@ -232,7 +247,7 @@ class RemotePackedDir(PackedDir):
         self._footers_checked[shard] = found
 
     def _damaged_cache(
-        self, shard: int, group: Optional[int], path: Path, exc: Exception
+        self, shard: int, group: Optional[int], path: Path, exc: Optional[Exception]
     ) -> CorruptOutputError:
         """The error of a range that fails its check again right after a checked fetch: the
         local cache is damaged (its disk), not the object."""
@@ -290,8 +305,9 @@ class RemotePackedDir(PackedDir):
     def side_path(self, name: Any, what: str = "file") -> Path:
         path = member_path(self.root, name, what)
         recorded = self._side_files().get(str(name))
-        if path.exists() and recorded is not None and not self._side_intact(path, *recorded):
-            path.unlink(missing_ok=True)  # damaged in the cache: fetched again
+        if path.exists() and recorded is not None and str(name) not in self._sides_checked:
+            if not self._side_intact(path, *recorded):
+                path.unlink(missing_ok=True)  # damaged in the cache: fetched again
         if not path.exists():
             try:
                 data = self.source.read(str(name))
@@ -307,6 +323,7 @@ class RemotePackedDir(PackedDir):
                         f" damaged, or was replaced since the directory was opened"
                     )
             self.cache.put(path, data)
+        self._sides_checked.add(str(name))
         return path
 
     def _side_files(self) -> Dict[str, Tuple[Any, Any]]:
@@ -338,7 +355,7 @@ class RemotePackedDir(PackedDir):
 
     def __getstate__(self) -> Dict[str, Any]:
         state = dict(self.__dict__)
-        state["_footers_checked"] = {}
+        state["_footers_checked"], state["_sides_checked"] = {}, set()
         return state
 
 
