@@ -136,5 +136,5 @@ def test_cli_spill_dir(tmp_path, capsys):
     args = ["pack", str(corpus[0]), "-o", str(tmp_path / "o2"), "--spill-dir", str(missing)]
     assert main(args) == 2
     assert "spill_dir" in capsys.readouterr().err
-    with pytest.raises(ConfigError, match="not an existing directory"):
+    with pytest.raises(ConfigError, match="must be an existing directory: .* does not exist"):
         tokpack.pack_files(corpus, tmp_path / "o3", 512, spill_dir=missing)

@@ -12,8 +12,9 @@
 - A file given twice (named twice, or found by two items) is listed, and read, twice: every
   command and ``--ray`` take its samples once per listing, as the order given says.
 
-With an output directory, inputs and output must not overlap: an output inside an input
-directory would be read back as input by the next run, and replacing an output that holds the
+With an output directory (local or on object storage), inputs and output must not overlap
+(``overlap``, the one rule of every destination): an output inside an input directory or
+prefix would be read back as input by the next run, and replacing an output that holds the
 inputs would delete them.
 """
 
@@ -28,6 +29,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 from ..errors import ConfigError, InputNotFoundError, InputPermissionError, TokpackError
 from .objects import is_object_uri, mirror_objects, uri_of
+from .overlap import Place, check_apart, local_place, uri_place
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 # Token shards: Parquet and Arrow IPC (the Rust reader recognises the format by its magic bytes).
@@ -86,50 +88,96 @@ def resolve_inputs(
     inputs: PathsLike,
     suffixes: Tuple[str, ...],
     *,
-    output_dir: Optional[Path] = None,
+    output_dir: Optional[Union[Path, Place]] = None,
+    folders: Optional[List[str]] = None,
 ) -> List[Path]:
     """The input files, in the order given (each directory's and glob's files sorted).
 
-    ``suffixes`` (lower case) select the files of directories; ``output_dir`` (a real path, as
-    ``_outdir.output_target`` returns) is checked not to overlap any input."""
+    ``suffixes`` (lower case) select the files of directories; ``output_dir`` (the place of
+    the output directory, or its real path as ``_outdir.output_target`` returns) is checked
+    not to overlap any input (``overlap.check_apart``). ``folders``, when given, gets the
+    folders the inputs list (directories, a glob's folder before its first wildcard, object
+    prefixes; real paths or URIs, each once): a packed directory records them, since an
+    export into one would be read by the next run of the same pack."""
     items = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
-    out: List[Path] = []
+    out = local_place(output_dir) if isinstance(output_dir, Path) else output_dir
+    found: List[Path] = []
+    listed: List[Place] = []
     for item in items:
         text = os.fspath(item)
         if not text:
             raise ConfigError("an input path is empty")
         if is_object_uri(str(text)):
-            out.extend(mirror_objects(str(text), suffixes))
+            copies = mirror_objects(str(text), suffixes)
+            places = _object_places(str(text), copies)
+            if out is not None:
+                check_apart(out, places)
+            listed.extend(place for place, folder in places if folder)
+            found.extend(copies)
             continue
-        path = Path(text)
-        try:
-            mode: Optional[int] = os.stat(path).st_mode
-        except OSError as exc:
-            if not (isinstance(exc, FileNotFoundError) and glob.has_magic(text)):
-                raise input_error(path, exc) from None
-            mode = None
-        if mode is None:
-            found = sorted(Path(p) for p in glob.glob(text, recursive=True) if os.path.isfile(p))
-            if not found:
-                raise InputNotFoundError(f"{text}: no file matches")
-            for f in found:
-                require_file(f)
-        elif stat.S_ISDIR(mode):
-            if output_dir is not None:
-                _check_directory_overlap(path, output_dir)
-            found = sorted(_walk(path, suffixes))
-            if not found:
-                raise InputNotFoundError(f"{path}: no {' / '.join(suffixes)} files inside")
-        else:
-            require_file(path)
-            found = [path]
-        if output_dir is not None:
-            for f in found:
-                _check_file_overlap(f, output_dir)
-        out.extend(found)
-    if not out:
+        files = _local_files(Path(text), suffixes, out)
+        if os.path.isdir(text):
+            listed.append(local_place(text))
+        elif glob.has_magic(text) and not os.path.exists(text):
+            base = text[: min(text.index(c) for c in "*?[" if c in text)]
+            listed.append(local_place(os.path.dirname(base) or "."))
+        if out is not None:
+            # The file itself and the link to it (if it is one) both must lie outside.
+            check_apart(
+                out,
+                [(p, False) for f in files for p in (local_place(f), local_place(f, link=True))],
+            )
+        found.extend(files)
+    if not found:
         raise InputNotFoundError("no input files given")
-    return out
+    if folders is not None:
+        folders.extend(dict.fromkeys(p.name for p in listed if p.name not in folders))
+    return found
+
+
+def _local_files(path: Path, suffixes: Tuple[str, ...], out: Optional[Place]) -> List[Path]:
+    """The files one local item names (a file, a directory, a glob)."""
+    text = os.fspath(path)
+    try:
+        mode: Optional[int] = os.stat(path).st_mode
+    except OSError as exc:
+        if not (isinstance(exc, FileNotFoundError) and glob.has_magic(text)):
+            raise input_error(path, exc) from None
+        mode = None
+    if mode is None:
+        found = sorted(Path(p) for p in glob.glob(text, recursive=True) if os.path.isfile(p))
+        if not found:
+            raise InputNotFoundError(f"{text}: no file matches")
+        for f in found:
+            require_file(f)
+        return found
+    if stat.S_ISDIR(mode):
+        if out is not None:  # (before the walk: an output inside it is refused first)
+            check_apart(out, [(local_place(path, str(path)), True)])
+        found = sorted(_walk(path, suffixes))
+        if not found:
+            raise InputNotFoundError(f"{path}: no {' / '.join(suffixes)} files inside")
+        return found
+    require_file(path)
+    return [path]
+
+
+def _before_magic(place: Place) -> Place:
+    """The folder of a glob's place: its components before the first with a wildcard."""
+    first = next(i for i, p in enumerate(place.parts) if glob.has_magic(p))
+    return Place(place.store, place.parts[:first], place.shown)
+
+
+def _object_places(uri: str, copies: List[Path]) -> List[Tuple[Place, bool]]:
+    """What an object-storage input reads: its objects, and the prefix it lists (a prefix, or
+    a glob's folder before its first wildcard) unless it names one object."""
+    objects = [uri_place(str(uri_of(c))) for c in copies]
+    given = uri_place(uri)
+    if glob.has_magic(uri):
+        given = _before_magic(given)
+    elif len(objects) == 1 and objects[0].parts == given.parts:
+        return [(objects[0], False)]
+    return [(given, True)] + [(o, False) for o in objects]
 
 
 def _walk(root: Path, suffixes: Tuple[str, ...]) -> List[Path]:
@@ -152,37 +200,3 @@ def _walk(root: Path, suffixes: Tuple[str, ...]) -> List[Path]:
             require_file(path)
             found.append(path)
     return found
-
-
-def _within(path: Path, root: Path) -> bool:
-    return path == root or root in path.parents
-
-
-def _check_directory_overlap(directory: Path, output_dir: Path) -> None:
-    real = Path(os.path.realpath(directory))
-    if real == output_dir:
-        raise ConfigError(
-            f"the output directory is the input directory {directory}: writing it would "
-            "delete the inputs; choose another output directory"
-        )
-    if _within(output_dir, real):
-        raise ConfigError(
-            f"the output directory {output_dir} is inside the input directory {directory}: "
-            "the next run would read its own output back as input; choose an output "
-            "directory outside the inputs"
-        )
-    if _within(real, output_dir):
-        raise ConfigError(
-            f"the input directory {directory} is inside the output directory {output_dir}, "
-            "which a run replaces as a whole; choose another output directory"
-        )
-
-
-def _check_file_overlap(path: Path, output_dir: Path) -> None:
-    # The file itself and the link to it (if it is one) both must lie outside the output.
-    for real in (Path(os.path.realpath(path)), Path(os.path.realpath(path.parent)) / path.name):
-        if _within(real, output_dir):
-            raise ConfigError(
-                f"the input {path} is inside the output directory {output_dir}, which a run "
-                "replaces as a whole; choose another output directory"
-            )

@@ -343,24 +343,17 @@ def atomic_output_dir(out_dir: os.PathLike) -> Iterator[Path]:
             raise
 
 
-def output_file(path: os.PathLike, inputs: Sequence[os.PathLike]) -> Path:
+def output_file(path: os.PathLike) -> Path:
     """The real path of a file a run will write (``export``'s files), checked before any work:
-    a file name, not a directory, and not inside (or equal to) any of ``inputs``: the packed
-    directory an export reads is never written into. Symlinks are resolved, so a symlinked
-    file is written through, as a symlinked OUT_DIR."""
+    a file name, not a directory (that it lies outside what the export reads is
+    ``overlap.check_apart``'s). Symlinks are resolved, so a symlinked file is written through,
+    as a symlinked OUT_DIR."""
     text = os.fspath(path)
     if not text or not os.path.basename(text):
         raise ConfigError(f"{shown_path(text)}: the output needs a file name")
     real = Path(os.path.realpath(text))
     if real.is_dir():
         raise OutputExistsError(f"{shown_path(text)}: is a directory")
-    for source in inputs:
-        source_real = Path(os.path.realpath(source))
-        if real == source_real or source_real in real.parents:
-            raise ConfigError(
-                f"{shown_path(text)}: inside the input {shown_path(source)}; tokpack never "
-                "writes into what it reads: choose an output outside it"
-            )
     return real
 
 

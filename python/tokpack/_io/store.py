@@ -31,7 +31,6 @@ import os
 import re
 import secrets
 import shutil
-import tempfile
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +66,8 @@ from .outdir import (
     read_manifest,
     writing,
 )
+from .overlap import Place, check_apart, local_place, store_place
+from .scratch import STAGED_PREFIX, scratch_dir
 from .uri import RUN_MARKER, local_path, store_of
 
 ATTEMPT_PREFIX = ".attempt-"
@@ -139,7 +140,7 @@ class StoreOut(Out):
 
     @contextlib.contextmanager
     def scratch(self) -> Iterator[Path]:
-        with tempfile.TemporaryDirectory(prefix="tokpack-ray-shard-") as d:
+        with scratch_dir("tokpack-ray-shard-") as d:
             (Path(d) / SIDE_DIR).mkdir()
             yield Path(d)
 
@@ -213,7 +214,7 @@ class StoreOut(Out):
                     f"{self.shown}: holds {foreign[0]!r}, which tokpack did not write; choose "
                     "another output or remove it yourself"
                 )
-        with tempfile.TemporaryDirectory(prefix="tokpack-ray-claim-") as d:
+        with scratch_dir("tokpack-ray-claim-") as d:
             marker = Path(d, "writing")
             marker.write_text(f"{os.getpid()}\n")
             self.upload(marker, RUN_MARKER)
@@ -258,7 +259,7 @@ class StoreOut(Out):
             if size is not None and info.size != size:
                 return f"{self.shown}/{name} has {info.size} bytes, the manifest says {size}"
             if full and checksum is not None:
-                with tempfile.TemporaryDirectory(prefix="tokpack-check-") as d:
+                with scratch_dir("tokpack-check-") as d:
                     copy = Path(d, "object")
                     with self.fs.open_input_stream(self.key(name)) as src, open(copy, "wb") as dst:
                         shutil.copyfileobj(src, dst, 1 << 22)
@@ -268,25 +269,18 @@ class StoreOut(Out):
 
 
 def check_no_overlap(target: str, inputs: Sequence[str], shown: str, local: bool) -> None:
-    """Refuses an output that is one of the dataset's inputs, holds one (replacing it would
-    delete the run's own inputs) or lies inside an input folder (each rerun would read the
-    previous output). Local paths are compared by real path, object keys as the file system
-    names them (without a ``scheme://``)."""
+    """``overlap.check_apart`` for a Ray run: refuses an output that is one of the dataset's
+    inputs (files or folders), holds one (replacing it would delete the run's own inputs) or
+    lies inside one (each rerun would read the previous output). Local paths are compared by
+    real path, object keys as the file system names them (a ``scheme://`` dropped: the
+    dataset names its inputs on the output's file system)."""
 
-    def norm(path: str) -> str:
+    def place(path: str, name: str) -> Place:
         if local:
-            return os.path.realpath(local_path(path) or path)
-        return path.split("://", 1)[-1].rstrip("/")
+            return local_place(local_path(path) or path, name)
+        return Place("store", tuple(p for p in path.split("://", 1)[-1].split("/") if p), name)
 
-    base = norm(target)
-    for name in inputs:
-        path = norm(str(name))
-        if path == base or path.startswith(base + "/") or base.startswith(path + "/"):
-            raise ConfigError(
-                f"{shown}: overlaps the dataset's input {name} (replacing the output would "
-                "delete the run's own inputs, or a rerun would read its output): choose an "
-                "output outside them"
-            )
+    check_apart(place(target, shown), [(place(str(name), str(name)), True) for name in inputs])
 
 
 @contextlib.contextmanager
@@ -323,7 +317,7 @@ def _committed(out: "StoreOut", staging: Any = None, build_first: bool = False) 
     fails then leaves the previous output as it was. On failure this run's objects go."""
     dead_run = out.claim()
     cleared = False
-    with tempfile.TemporaryDirectory(prefix="tokpack-staged-", dir=staging) as local:
+    with scratch_dir(STAGED_PREFIX, staging) as local:
         try:
             if not build_first:
                 out.clear()
@@ -349,11 +343,20 @@ def _committed(out: "StoreOut", staging: Any = None, build_first: bool = False) 
 @dataclass(frozen=True)
 class Destination:
     """An output directory: ``local`` (its real path, as ``outdir.output_target`` gives it) or
-    ``store`` (``(fs, prefix, shown)`` on object storage); ``shown`` as the user wrote it."""
+    ``store`` (``(fs, prefix, shown)`` on object storage); ``shown`` as the user wrote it.
+    ``place`` is where it is for the overlap rule (``resolve_inputs(output_dir=...)``)."""
 
     shown: str
     local: Optional[Path] = None
     store: Optional[Tuple[pafs.FileSystem, str, str]] = None
+
+    @property
+    def place(self) -> Place:
+        if self.local is not None:
+            return local_place(self.local, self.shown)
+        assert self.store is not None
+        fs, prefix, _ = self.store
+        return store_place(fs, prefix, self.shown)
 
 
 def destination(output_dir: Union[str, os.PathLike], filesystem: Any = None) -> Destination:
@@ -494,7 +497,7 @@ def object_output_files(
                 )
 
     check()
-    with tempfile.TemporaryDirectory(prefix="tokpack-export-") as d:
+    with scratch_dir("tokpack-export-") as d:
         tmps = [Path(d, f"{i}-{key.rsplit('/', 1)[-1]}") for i, (_, key, _) in enumerate(stores)]
         yield tmps
         check()  # objects written meanwhile by another program are not lost

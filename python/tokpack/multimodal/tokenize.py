@@ -598,7 +598,7 @@ def tokenize_files(
     from ..tokenize.writer import REJECTED_NAME, _RejectedFile, _ShardWriter
 
     dest = destination(output_dir, filesystem)
-    files = resolve_inputs(inputs, RAW_SUFFIXES, output_dir=dest.local)
+    files = resolve_inputs(inputs, RAW_SUFFIXES, output_dir=dest.place)
     encoder = MultimodalEncoder(tokenizer, vision, **options)
     config = {**encoder.config(), "skip_invalid": bool(skip_invalid), "shard_rows": shard_rows}
 

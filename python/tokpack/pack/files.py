@@ -12,13 +12,13 @@ the dropped-samples list.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
-import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 import pyarrow as pa
@@ -36,9 +36,10 @@ from .._io.inputs import (
 )
 from .._io.outdir import add_fingerprints, open_for_writing, writing
 from .._io.progress import run_with_progress
+from .._io.scratch import SPILL_PREFIX, check_work_dir, remove_dead, scratch_dir
 from .._io.store import cached_run, destination
 from .._tokpack import pair_layout_for
-from ..errors import ConfigError, OverlongError
+from ..errors import OverlongError
 from ..multimodal.pack import dropped_reasons, media_config, media_cuts
 from ..multimodal.stats import packed_vision_figures
 from ..multimodal.tokenize import MEDIA_COLUMNS
@@ -144,9 +145,12 @@ def pack_files(
             its fields); rejected records go to ``__tokpack__/_rejected.jsonl``. The columns
             are then refused (the tokenizer writes them); ``carry`` names record fields.
         spill_dir: an existing directory (another disk, say) for the spill files, about 2.1
-            bytes per token (default: the run's temporary next to ``output_dir``). tokpack
-            works in a subdirectory it creates there and removes it, whatever happens. A run
-            the disks cannot hold is refused before any work (DiskSpaceError).
+            bytes per token (default: the run's temporary next to ``output_dir``), checked
+            before any work (ConfigError / OutputError). tokpack works in a subdirectory it
+            creates there (``.tokpack-spill-*``, locked for the run's life) and removes it,
+            whatever happens; one a killed run left is removed by the next run using
+            ``spill_dir``. A run the disks cannot hold is refused before any work
+            (DiskSpaceError).
 
     Returns:
         The manifest (``format``, ``config``, ``inputs``, ``shards``, ``figures``, ...) plus
@@ -156,12 +160,16 @@ def pack_files(
     started = time.perf_counter()
     config = pack_config(max_len, config, fields)
     threads = checked_threads(threads)
+    if spill_dir is not None:  # before any work, whatever the output
+        spill_dir = check_work_dir(spill_dir, "spill_dir (--spill-dir)")
+        remove_dead(spill_dir)  # (a cache hit too: what killed runs left there goes)
     dest = destination(output_dir, filesystem)
     out = dest.local  # None on object storage
     encoding = None
+    folders: List[str] = []  # (recorded: an export into one is refused)
     if tokenizer is not None:
         refuse_unsupported(config, "a one-step pack (tokenizer=)", ONE_STEP_REFUSED)
-        paths = resolve_inputs(inputs, RAW_SUFFIXES, output_dir=out)
+        paths = resolve_inputs(inputs, RAW_SUFFIXES, output_dir=dest.place, folders=folders)
         options = TokenizeOptions.of(tokenize).for_inputs(paths)
         if config.overlong == "error" and options.max_len is None:
             # Checked while tokenizing, where the sample's raw file and line are known.
@@ -173,7 +181,7 @@ def pack_files(
         options = replace(options, carry=(*options.carry, *fields))
         encoding = RecordEncoder(tokenizer, options)
     else:
-        paths = resolve_inputs(inputs, TOKEN_SUFFIXES, output_dir=out)
+        paths = resolve_inputs(inputs, TOKEN_SUFFIXES, output_dir=dest.place, folders=folders)
         kind = kind_of_files(paths)
         config = media_config(paths, config.for_kind(kind, shown_path(paths[0])))
     recorded = config.to_dict()
@@ -181,10 +189,7 @@ def pack_files(
         recorded["tokenize"] = encoding.config()
 
     def build(tmp: Path, described: List[Dict[str, Any]]) -> Dict[str, Any]:
-        # By default inside the run's temporary: an interrupt while it is removed leaves
-        # nothing behind.
-        spill = _spill_in(tmp, spill_dir)
-        try:
+        with _spill_in(tmp, spill_dir) as spill:
             if encoding is None:
                 preflight(tmp, spill)
             sources, staged, tokenized = paths, None, None
@@ -229,14 +234,14 @@ def pack_files(
                 dropped = write_dropped(
                     tmp / DROPPED_NAME, report, paths, staged, reasons=dropped_reasons(cuts)
                 )
-        finally:
-            shutil.rmtree(spill, ignore_errors=True)
         wall = time.perf_counter() - started
         manifest = packed_manifest(recorded, described, report, wall, dropped)
         if set(MEDIA_COLUMNS) <= set(config.carry):  # the vision-encoder cost of the rows
             shards = [tmp / shard["file"] for shard in report.shards]
             manifest["figures"].update(packed_vision_figures(shards))
         manifest["sample_kind"] = kind
+        if folders:
+            manifest["input_folders"] = folders
         if tokenized is not None:
             manifest["inputs"] = described
             manifest["tokenize"] = tokenized
@@ -266,15 +271,22 @@ def pack_files(
     return {**manifest, "cache_hit": hit, "rebuilt_because": rebuilt_because}
 
 
-def _spill_in(tmp: Path, spill_dir: Optional[Union[str, os.PathLike]]) -> Path:
-    """A new directory for the spill files: in the run's temporary, or in ``spill_dir``."""
-    if spill_dir is None:
-        spill = tmp / ".spill"
-        spill.mkdir()
-        return spill
-    if not Path(spill_dir).is_dir():
-        raise ConfigError(f"spill_dir {str(spill_dir)!r} is not an existing directory")
-    return Path(tempfile.mkdtemp(prefix=".tokpack-spill-", dir=spill_dir))
+@contextlib.contextmanager
+def _spill_in(tmp: Path, spill_dir: Optional[Path]) -> Iterator[Path]:
+    """A new directory for the spill files, removed when the block ends: in the run's
+    temporary (an interrupt while it is removed leaves nothing behind), or a scratch directory
+    of ``spill_dir`` owned by this run (``_io.scratch``: a killed run's is removed by the next
+    run that works there)."""
+    if spill_dir is not None:
+        with scratch_dir(SPILL_PREFIX, spill_dir) as spill:
+            yield spill
+        return
+    spill = tmp / ".spill"
+    spill.mkdir()
+    try:
+        yield spill
+    finally:
+        shutil.rmtree(spill, ignore_errors=True)
 
 
 def _read_columns(config: PackConfig) -> Tuple[List[str], List[str]]:

@@ -28,9 +28,10 @@ import pyarrow.parquet as pq
 from .. import _tokpack
 from .._contract import IGNORE_INDEX
 from .._io.arrays import list_array
-from .._io.inputs import shown_path
+from .._io.inputs import TOKEN_SUFFIXES, shown_path
 from .._io.objects import is_object_uri
 from .._io.outdir import atomic_output_files, output_file, writing
+from .._io.overlap import Place, check_apart, local_place, uri_place
 from .._io.store import object_output_files
 from ..errors import ConfigError, CorruptOutputError, DataError
 from ..multimodal.pack import refuse_multimodal
@@ -108,12 +109,29 @@ def _packed_dir(packed_dir: PathLike, target: str) -> PackedDir:
 
 def _outputs(shown: List[str], packed: PackedDir, force: bool, owned: Callable[..., bool]) -> Any:
     """Temporary paths for the files ``shown``, each put in place whole when the block ends:
-    objects on object storage, else local files outside ``packed``. An existing one is replaced
-    only with ``force`` and when ``owned(path or key, fs)`` says tokpack wrote it."""
+    objects on object storage, else local files. An existing one is replaced only with
+    ``force`` and when ``owned(path or key, fs)`` says tokpack wrote it. Refused first when
+    one overlaps what :func:`_read_places` says the export reads."""
+    places = [uri_place(name) if is_object_uri(name) else local_place(name) for name in shown]
+    for place, name in zip(places, shown):
+        check_apart(place, _read_places(packed, name), writes="file")
     if is_object_uri(shown[0]):
         return object_output_files(shown, force=force, owned=lambda fs, key: owned(key, fs))
-    finals = [output_file(name, [packed.root]) for name in shown]
+    finals = [output_file(name) for name in shown]
     return atomic_output_files(finals, shown, force=force, owned=lambda path: owned(str(path)))
+
+
+def _read_places(packed: PackedDir, name: str) -> List[Tuple[Place, bool]]:
+    """What an export to ``name`` must stay out of: the packed directory it reads, and, for a
+    file `tokpack pack` would read (NeMo's ``.parquet``), the folders the pack listed its
+    inputs from (the manifest's ``input_folders``: the next run of that pack would read it)."""
+    root = uri_place(packed.shown) if packed.remote else local_place(packed.root)
+    places = [(root, True)]
+    if name.lower().endswith(TOKEN_SUFFIXES):
+        for folder in packed.manifest.get("input_folders") or []:
+            place = uri_place(folder) if is_object_uri(folder) else local_place(folder)
+            places.append((place, True))
+    return places
 
 
 def _row_groups(packed: PackedDir, with_labels: bool) -> Iterator[_Group]:

@@ -26,6 +26,10 @@ Locks (``flock``, released when a process dies):
   blocks of a sparse file, a partial block left by a punched neighbour) is evicted after the
   write, before the lock is released. :func:`usage` reads the figure under this lock.
 
+A range whose cached bytes fail their check when read (a damaged or truncated file under the
+cache) is dropped and fetched again once by its reader (:meth:`RangeCache.drop`); the bytes
+fetched are checked before they are cached, so only the store's own bytes can fail twice.
+
 Eviction frees the least recently used row groups first (punching holes into the sparse file,
 so the space is returned without rewriting it); a shard's footer goes with its last row group.
 Where the file system cannot punch holes, the whole shard file is removed instead.
@@ -128,6 +132,15 @@ class RangeCache:
     def _marker(self, shard: int, want: Want) -> Path:
         tag, offset, length, _ = want
         return self.meta / "have" / f"{shard}.{tag}.{offset}.{length}"
+
+    def drop(self, shard: int, wants: Sequence[Want]) -> None:
+        """Forgets ranges of shard ``shard`` whose cached bytes failed their check, so that the
+        next read fetches them again (under the shard's lock: no reader is decoding it)."""
+        with open(self.meta / "locks" / str(shard), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            for want in wants:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self._marker(shard, want))
 
     def has(self, shard: int, want: Want) -> bool:
         """Whether range ``want`` of shard ``shard`` is cached now (it may be evicted later)."""

@@ -6,6 +6,11 @@ last, as ``tokpack pack`` writes them), and each shard's footer is fetched and c
 it when the shard is first read. A row group is fetched by byte range (with the footer, the
 first time), checked against the manifest's checksums before it is cached, and decoded by the
 same Rust reader as a local shard, from the cache's sparse copy of the shard.
+
+The cache heals: a cached range (or side file) that fails its check when read is dropped and
+fetched again once. The bytes fetched are checked against the manifest before they are cached,
+so a range whose fetched bytes fail is the store's damage (the message names the object), and
+one that fails again after a checked fetch is this machine's (the message names the cache file).
 """
 
 from __future__ import annotations
@@ -17,13 +22,25 @@ import os
 import queue
 import threading
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterator,
+    List,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+    TypeVar,
+    Union,
+)
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .._io.uri import RUN_MARKER, cache_home, local_path, store_of
-from .._tokpack import bytes_checksum
+from .._tokpack import bytes_checksum, file_checksum
 from ..errors import ConfigError, CorruptOutputError, InputNotFoundError, TokpackError
 from ..pack.plan import check_int
 from ..packed.format import MANIFEST_NAME
@@ -34,6 +51,7 @@ from ._fetch import Source
 __all__ = ["RemotePackedDir", "open_packed", "default_cache_dir", "DEFAULT_CACHE_LIMIT"]
 
 DEFAULT_CACHE_LIMIT = 8 << 30
+T = TypeVar("T")
 # Fetches of a range whose bytes do not match their checksum before it is reported damaged.
 _CHECKSUM_ATTEMPTS = 2
 
@@ -98,6 +116,8 @@ class RemotePackedDir(PackedDir):
         if not manifest_copy.exists():
             self.cache.put(manifest_copy, text)
         self._footers_checked: Dict[int, List[int]] = {}
+        # Side files whose cached copy matched the manifest (checked once per process).
+        self._sides_checked: Set[str] = set()
         with contextlib.suppress(Exception):  # (a malformed manifest is reported just below)
             self.cache.shard_files = [
                 member_path(self.root, s["file"]) for s in json.loads(text)["shards"]
@@ -123,7 +143,8 @@ class RemotePackedDir(PackedDir):
         try:
             yield
         except TokpackError as exc:
-            if str(self.root) not in str(exc) or len(exc.args) != 1:
+            local = getattr(exc, "names_the_cache", False)  # the cache's damage, not the store's
+            if local or str(self.root) not in str(exc) or len(exc.args) != 1:
                 raise
             try:
                 renamed = type(exc)(str(exc).replace(str(self.root), self.shown))
@@ -188,23 +209,57 @@ class RemotePackedDir(PackedDir):
 
         return fetch
 
-    @contextlib.contextmanager
-    def _local(self, shard: int, group: Optional[int] = None) -> Iterator[Path]:
-        """Shard ``shard``'s local file holding its footer (and row group ``group``)."""
+    def _read_cached(self, shard: int, group: Optional[int], read: Callable[[Path], T]) -> T:
+        """``read(local file)`` of shard ``shard`` holding its footer (and row group
+        ``group``), the footer checked against the manifest's layout the first time. A cached
+        range that fails its check is dropped and fetched again once (see the module
+        docstring)."""
         path = Path(self.shard_paths[shard])
         size = self.shard_sizes[shard]
-        with self.cache.ranges(shard, path, size, self._wants(shard, group), self._fetcher(shard)):
-            if shard not in self._footers_checked:
-                _, rows, groups, _ = self._shard_fields(shard)
-                self._footers_checked[shard] = self._read_footer(shard, path, rows, groups)
-                layout = self.group_rows[self.group_shard == shard].tolist()
-                if self._footers_checked[shard] != layout:
-                    raise CorruptOutputError(
-                        f"{self.source.uri(self._shard_fields(shard)[0])}: row groups of"
-                        f" {self._footers_checked[shard]} rows, the manifest's layout says"
-                        f" {layout}"
-                    )
-            yield path
+        wants = self._wants(shard, group)
+        failure: Optional[CorruptOutputError] = None
+        for _ in range(2):
+            # (a failure to fetch is raised from here as is: the store's bytes failed)
+            with self.cache.ranges(shard, path, size, wants, self._fetcher(shard)):
+                try:
+                    self._check_layout(shard, path)
+                    return read(path)
+                except CorruptOutputError as exc:
+                    if self.changed(shard):
+                        raise
+                    failure = exc
+            self.cache.drop(shard, wants)
+            self._footers_checked.pop(shard, None)
+        # Failed again right after a fetch whose bytes matched their checksums.
+        raise self._damaged_cache(shard, group, path, failure) from None
+
+    def _check_layout(self, shard: int, path: Path) -> None:
+        if shard in self._footers_checked:
+            return
+        _, rows, groups, _ = self._shard_fields(shard)
+        found = self._read_footer(shard, path, rows, groups)
+        layout = self.group_rows[self.group_shard == shard].tolist()
+        if found != layout:
+            raise CorruptOutputError(
+                f"{self.source.uri(self._shard_fields(shard)[0])}: row groups of {found} rows,"
+                f" the manifest's layout says {layout}"
+            )
+        self._footers_checked[shard] = found
+
+    def _damaged_cache(
+        self, shard: int, group: Optional[int], path: Path, exc: Optional[Exception]
+    ) -> CorruptOutputError:
+        """The error of a range that fails its check again right after a checked fetch: the
+        local cache is damaged (its disk), not the object."""
+        what = "footer" if group is None else f"row group {int(self.group_index[group])}"
+        error = CorruptOutputError(
+            f"{path}: the local cache of {self.source.uri(self._shard_fields(shard)[0])} ({what})"
+            f" fails its check even after fetching it again from object storage, where its bytes"
+            f" were intact: this machine's cache (cache_dir {self.root.parent}) is damaged; free"
+            f" or check that disk, or pass another cache_dir ({exc})"
+        )
+        error.names_the_cache = True  # type: ignore[attr-defined]
+        return error
 
     def _read_footer(self, k: int, path: Path, rows: int, groups: int) -> List[int]:
         try:
@@ -221,8 +276,10 @@ class RemotePackedDir(PackedDir):
 
     def decode(self, group: int, columns: Optional[Sequence[str]] = None) -> Dict[str, Column]:
         shard = int(self.group_shard[group])
-        with self.naming(), self._local(shard, group):
-            return super().decode(group, columns)
+        with self.naming():
+            return self._read_cached(
+                shard, group, lambda _: super(RemotePackedDir, self).decode(group, columns)
+            )
 
     def prefetch(self, group: int) -> None:
         _prefetch(self, group)
@@ -238,15 +295,19 @@ class RemotePackedDir(PackedDir):
 
     def fetch_group(self, group: int) -> None:
         """Fetch row group ``group`` (and its shard's footer) into the cache, if missing."""
-        with self.naming(), self._local(int(self.group_shard[group]), group):
-            pass
+        with self.naming():
+            self._read_cached(int(self.group_shard[group]), group, lambda _: None)
 
     def shard_columns(self, shard: int) -> List[str]:
-        with self.naming(), self._local(shard) as path:
-            return list(pq.read_schema(path).names)
+        with self.naming():
+            return self._read_cached(shard, None, lambda path: list(pq.read_schema(path).names))
 
     def side_path(self, name: Any, what: str = "file") -> Path:
         path = member_path(self.root, name, what)
+        recorded = self._side_files().get(str(name))
+        if path.exists() and recorded is not None and str(name) not in self._sides_checked:
+            if not self._side_intact(path, *recorded):
+                path.unlink(missing_ok=True)  # damaged in the cache: fetched again
         if not path.exists():
             try:
                 data = self.source.read(str(name))
@@ -254,8 +315,36 @@ class RemotePackedDir(PackedDir):
                 raise CorruptOutputError(
                     f"{self.source.uri(str(name))}: {what} listed in the manifest but missing"
                 ) from None
+            if recorded is not None and recorded[1] is not None:
+                if (len(data), bytes_checksum(data)) != recorded:
+                    raise CorruptOutputError(
+                        f"{self.source.uri(str(name))}: {what}: the bytes fetched from object"
+                        f" storage do not match the manifest's size and checksum: the object is"
+                        f" damaged, or was replaced since the directory was opened"
+                    )
             self.cache.put(path, data)
+        self._sides_checked.add(str(name))
         return path
+
+    def _side_files(self) -> Dict[str, Tuple[Any, Any]]:
+        """``{name: (size, checksum)}`` of the side files the manifest records."""
+        m = self.manifest
+        found = {}
+        for shard in m.get("shards") or []:
+            if "index" in shard:
+                found[str(shard["index"])] = (shard.get("index_size"), shard.get("index_checksum"))
+        if m.get("dropped_file"):
+            found[str(m["dropped_file"])] = (m.get("dropped_size"), m.get("dropped_checksum"))
+        return found
+
+    @staticmethod
+    def _side_intact(path: Path, size: Any, checksum: Any) -> bool:
+        if size is None or checksum is None:
+            return True  # (nothing recorded to check it against)
+        try:
+            return file_checksum(str(path)) == (size, checksum)
+        except (OSError, TokpackError):
+            return False
 
     def changed(self, shard: int) -> bool:
         try:
@@ -266,7 +355,7 @@ class RemotePackedDir(PackedDir):
 
     def __getstate__(self) -> Dict[str, Any]:
         state = dict(self.__dict__)
-        state["_footers_checked"] = {}
+        state["_footers_checked"], state["_sides_checked"] = {}, set()
         return state
 
 

@@ -220,7 +220,7 @@ def tokenize_files(
     shard_rows = check_int(shard_rows, "shard_rows", 1, MAX_ROWS)
     threads = checked_threads(threads)
     dest = destination(output_dir, filesystem)
-    inputs = resolve_inputs(inputs, RAW_SUFFIXES, output_dir=dest.local)
+    inputs = resolve_inputs(inputs, RAW_SUFFIXES, output_dir=dest.place)
     chosen = TokenizeOptions.of(options, **option_values).for_inputs(inputs)
     encoding = RecordEncoder(tokenizer, chosen)
     config = {**encoding.config(), "shard_rows": shard_rows}
