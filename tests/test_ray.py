@@ -1021,3 +1021,27 @@ def test_another_dataset_is_numbered_by_its_rows_the_same_on_any_layout(
     tokpack.ray.pack(filtered, tmp_path / "filtered", MAX_LEN, **kw)
     assert set(dropped(tmp_path / "filtered").column("file").to_pylist()) == {DATASET_SOURCE}
     assert read_manifest(tmp_path / "filtered")["inputs"][0]["path"] == DATASET_SOURCE
+
+
+def test_only_a_plain_read_is_taken_for_its_files(cluster, corpus):
+    """From the plan alone (nothing runs): a read, with paths, then a repartition without a
+    shuffle, is its files; a shuffle, filter, projection, limit, map or in-memory data is not."""
+    from tokpack.ray._read import plain_read_files
+
+    _, files, table, _ = corpus
+    paths = [str(f) for f in files]
+    read = ray.data.read_parquet(paths, include_paths=True)
+    for ds in (read, read.repartition(11), ray.data.read_parquet(paths).repartition(2)):
+        assert plain_read_files(ds) == paths
+    for ds in (
+        read.repartition(11, shuffle=True),
+        read.random_shuffle(seed=1),
+        ray.data.read_parquet(paths, shuffle="files"),
+        read.filter(lambda row: True),
+        read.select_columns(["input_ids"]),
+        ray.data.read_parquet(paths, columns=["input_ids"]),
+        read.limit(10),
+        read.map_batches(_identity, batch_format="pyarrow"),
+        ray.data.from_arrow(table),
+    ):
+        assert plain_read_files(ds) is None

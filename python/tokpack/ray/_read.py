@@ -59,7 +59,8 @@ def plan_operators(ds: Any) -> List[Any]:
 # A Parquet read (``ray.data.read_parquet``) in Ray Data's logical plan: the listing of the paths
 # given, then the read of the row groups listed. ``Repartition`` without a shuffle may follow:
 # it only cuts the same rows into other blocks.
-LIST_OP, READ_OP, REPARTITION_OP = "ListFiles", "ReadFilesParquet", "Repartition"
+LIST_OP, READ_OP, REPARTITION_OP = "ListFiles", "ReadFiles", "Repartition"
+PARQUET_READ = "ReadFilesParquet"  # the name of a read operator of Parquet files
 
 
 def plain_read_files(ds: Any) -> Optional[List[str]]:
@@ -76,7 +77,7 @@ def plain_read_files(ds: Any) -> Optional[List[str]]:
             if op.shuffle or op.keys or op.sort:
                 return None
             (op,) = op.input_dependencies
-        if not type(op).__name__ == "ReadFiles" or not op.name.startswith(READ_OP):
+        if type(op).__name__ != READ_OP or not op.name.startswith(PARQUET_READ):
             return None
         scan = op.scanner
         (listing,) = op.input_dependencies
