@@ -883,3 +883,165 @@ def test_multimodal_shards_are_refused_naming_pack_files(cluster, tmp_path, mode
     with pytest.raises(tokpack.ConfigError, match=r"the ray dataset: multimodal data"):
         tokpack.ray.pack(ray.data.from_arrow(table), tmp_path / "ds", 16, mode=mode)
     assert tokpack.pack_files([path], tmp_path / "ok", 16)["config"]["carry"][0] == "media"
+
+
+# -- a dataset: a plain read of files packs as the files; any other is numbered by its rows ---
+
+
+def _kinds_corpus(root: Path):
+    """Two KTO token files (``label``, a column to carry) and one of preference pairs, with
+    the schemas (and ``tokpack.kind`` metadata) ``tokpack tokenize`` writes."""
+    from tokpack.tokenize.schema import PREFERENCE_SCHEMA
+
+    kto = _carry_corpus(root, kto=True)
+    seqs = pa.array([[1, 2, 3], [4, 5], [6]], pa.list_(pa.int32()))
+    columns = {f"{r}_{c}": seqs for r in ("chosen", "rejected") for c in ("input_ids", "labels")}
+    columns.update(prompt_length=pa.array([1, 1, 0], pa.int32()), length=pa.array([6, 4, 2]))
+    pairs = pa.table({f.name: columns[f.name] for f in PREFERENCE_SCHEMA}, PREFERENCE_SCHEMA)
+    pq.write_table(pairs, root / "pairs.parquet")
+    return kto, root / "pairs.parquet"
+
+
+def _identity(batch):
+    return batch
+
+
+@pytest.mark.parametrize("mode", ["global", "local"])
+def test_kto_shards_read_as_a_dataset_keep_their_label_as_by_pack(cluster, tmp_path, mode):
+    """Failed before: ``ray.data.read_parquet`` of KTO shards packed SFT rows without ``label``
+    (Ray's reader drops the files' ``tokpack.kind`` from its blocks), silently. The kind now
+    comes from pack's rules for the paths and a plain read, from the read's schema through a
+    ``map_batches`` (the variant: the dataset's own schema has lost it too), and ``--carry``
+    columns follow."""
+    files, _ = _kinds_corpus(tmp_path)
+    layout = dict(carry=["source"], rows_per_shard=30)
+    kw = dict(mode=mode, min_block_samples=10**6, **layout)
+    reference = tokpack.ray.pack(files, tmp_path / "ref", 48, **kw)
+    assert reference["sample_kind"] == tokpack.pack_files(files, tmp_path / "p", 48)["sample_kind"]
+    read = ray.data.read_parquet([str(f) for f in files])
+    inputs = {
+        "read": read,
+        "read-mapped": read.map_batches(_identity, batch_format="pyarrow"),
+        "in-memory": ray.data.from_arrow([pq.read_table(f) for f in files]),
+    }
+    for name, ds in inputs.items():
+        got = tokpack.ray.pack(ds, tmp_path / name, 48, **kw)
+        assert got["sample_kind"] == reference["sample_kind"] == "kto", name
+        assert got["config"]["carry"] == reference["config"]["carry"] == ["label", "source"]
+        shard = pq.read_table(tmp_path / name / "part-00000.parquet")
+        assert {"label", "source"} <= set(shard.column_names), name
+        # Each packed sample keeps its own label: ids and labels agree with the source rows.
+        source = pa.concat_tables([pq.read_table(f) for f in files])
+        ids = [i for row in shard.column("sample_ids").to_pylist() for i in row]
+        labels = [v for row in shard.column("label").to_pylist() for v in row]
+        assert labels == [source.column("label")[i].as_py() for i in ids], name
+    assert_same_shards(tmp_path / "read", tmp_path / "ref", reference)
+
+
+@pytest.mark.parametrize("mode", ["global", "local"])
+def test_preference_pairs_are_refused_from_paths_and_every_dataset(cluster, tmp_path, mode):
+    """The same rule for paths, a plain read (by the file's kind, naming it) and datasets whose
+    blocks lost the metadata (by the pair columns)."""
+    _, pairs = _kinds_corpus(tmp_path)
+    read = ray.data.read_parquet([str(pairs)])
+    for ds, where in (
+        ([pairs], "pairs.parquet holds preference pairs"),
+        (read, "pairs.parquet holds preference pairs"),
+        (read.map_batches(_identity, batch_format="pyarrow"), "the ray dataset holds"),
+    ):
+        with pytest.raises(tokpack.ConfigError, match=f"{where}.*not supported with --ray"):
+            tokpack.ray.pack(ds, tmp_path / "out", 16, mode=mode)
+        assert not (tmp_path / "out").exists()
+
+
+def _three_nodes(cluster):
+    c, _ = cluster
+    while len(ray.nodes()) < 3:
+        c.add_node(num_cpus=1)
+    c.wait_for_nodes()
+
+
+@pytest.mark.parametrize("mode", ["global", "local"])
+def test_a_plain_read_of_files_packs_as_the_files_on_three_nodes(cluster, corpus, tmp_path, mode):
+    """``read_parquet(files, include_paths=True).repartition(11)`` (the issue's dataset) and a
+    read without paths (failed before: its dropped list named ``<ray.data.Dataset>`` rows) are
+    packed as the paths are: ``tokpack pack``'s shards, inputs and dropped list, file and row."""
+    _three_nodes(cluster)
+    root, files, _, _ = corpus
+    kw = dict(mode=mode, min_block_samples=10**6, **LAYOUT)
+    reference = tokpack.ray.pack(files, tmp_path / "ref", MAX_LEN, **kw)
+    paths = [str(f) for f in files]
+    for name, ds in (
+        ("repartitioned", ray.data.read_parquet(paths, include_paths=True).repartition(11)),
+        ("no-paths", ray.data.read_parquet(paths)),
+    ):
+        got = tokpack.ray.pack(ds, tmp_path / name, MAX_LEN, **kw)
+        assert_same_shards(tmp_path / name, tmp_path / "ref", reference)
+        assert got["inputs"] == reference["inputs"]
+        assert dropped(tmp_path / name).equals(dropped(tmp_path / "ref")), name
+    assert {Path(f).name for f in dropped(tmp_path / "ref").column("file").to_pylist()} == {
+        f.name for f in files
+    }
+
+
+@pytest.mark.parametrize("mode", ["global", "local"])
+def test_another_dataset_is_numbered_by_its_rows_the_same_on_any_layout(
+    cluster, corpus, tmp_path, mode
+):
+    """A dataset that is not a plain read names no file or row: failed before, a ``path``
+    column naming whole files had its rows counted in dataset order (here: rows reversed, so
+    the file's row 3 was named row 146). Its sample ``i`` is the dataset's row ``i``: the same
+    shards and dropped list on one node (one block) as on three (five blocks); a filtered read
+    (the variant: another mechanism) names dataset rows too."""
+    from tokpack.ray._blocks import DATASET_SOURCE
+
+    _, files, table, _ = corpus
+    first = pq.read_table(files[0])
+    reversed_rows = first.take(np.arange(first.num_rows)[::-1])
+    reversed_rows = reversed_rows.append_column("path", pa.array([str(files[0])] * first.num_rows))
+    kw = dict(mode=mode, min_block_samples=10**6, **LAYOUT)
+    one = tmp_path / "one-block"
+    tokpack.ray.pack(ray.data.from_arrow(reversed_rows), one, MAX_LEN, **kw)
+    _three_nodes(cluster)
+    five = tmp_path / "five-blocks"
+    tokpack.ray.pack(blocks(reversed_rows, (30, 30, 30, 30)), five, MAX_LEN, **kw)
+    listed = dropped(one)
+    assert set(listed.column("file").to_pylist()) == {DATASET_SOURCE}
+    assert listed.column("row").to_pylist() == listed.column("sample_id").to_pylist()
+    empty = [r["row"] for r in listed.to_pylist() if r["reason"] == "empty"]
+    assert empty == [first.num_rows - 1 - 3]  # the file's row 3 (empty), the dataset's row 146
+    assert dropped(five).equals(listed)
+    for s in read_manifest(one)["shards"]:
+        assert filecmp.cmp(one / s["file"], five / s["file"], shallow=False)
+
+    paths = [str(f) for f in files]
+    filtered = ray.data.read_parquet(paths, include_paths=True).filter(
+        lambda row: len(row["input_ids"]) % 7 != 1
+    )
+    tokpack.ray.pack(filtered, tmp_path / "filtered", MAX_LEN, **kw)
+    assert set(dropped(tmp_path / "filtered").column("file").to_pylist()) == {DATASET_SOURCE}
+    assert read_manifest(tmp_path / "filtered")["inputs"][0]["path"] == DATASET_SOURCE
+
+
+def test_only_a_plain_read_is_taken_for_its_files(cluster, corpus):
+    """From the plan alone (nothing runs): a read, with paths, then a repartition without a
+    shuffle, is its files; a shuffle, filter, projection, limit, map or in-memory data is not."""
+    from tokpack.ray._read import plain_read_files
+
+    _, files, table, _ = corpus
+    paths = [str(f) for f in files]
+    read = ray.data.read_parquet(paths, include_paths=True)
+    for ds in (read, read.repartition(11), ray.data.read_parquet(paths).repartition(2)):
+        assert plain_read_files(ds) == paths
+    for ds in (
+        read.repartition(11, shuffle=True),
+        read.random_shuffle(seed=1),
+        ray.data.read_parquet(paths, shuffle="files"),
+        read.filter(lambda row: True),
+        read.select_columns(["input_ids"]),
+        ray.data.read_parquet(paths, columns=["input_ids"]),
+        read.limit(10),
+        read.map_batches(_identity, batch_format="pyarrow"),
+        ray.data.from_arrow(table),
+    ):
+        assert plain_read_files(ds) is None

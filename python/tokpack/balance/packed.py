@@ -17,6 +17,7 @@ from . import Cost, _max_over_mean, cost_coefficients, partition
 
 __all__ = [
     "checked_balance",
+    "deal_batches",
     "deal_step",
     "packed_cost",
     "row_compute",
@@ -106,6 +107,33 @@ def deal_step(ranks: List[np.ndarray], compute: np.ndarray, batches: int = 1) ->
         out.append(mine)
     heaviest = [max(float(compute[r].sum()) for r in x) for x in (out, ranks)]
     return out if heaviest[0] <= heaviest[1] else ranks
+
+
+def deal_batches(
+    batches: List[List[np.ndarray]], compute: np.ndarray, batch_rows: int
+) -> List[List[np.ndarray]]:
+    """One optimizer step's batches, ``batches[r]`` those of rank ``r`` in order (arrays of
+    rows, ``compute[row]`` a row's compute), with the leading batches that hold ``batch_rows``
+    rows on every rank dealt by :func:`deal_step`: the tail rule of both torch readers. The
+    batches past those (a short last batch, the batches some rank does not have: the epoch's
+    last step) keep their rows, so a balanced step holds the batches of the plain one, each of
+    the same size. The plain batches back when the deal would make the heaviest rank of the
+    whole step heavier."""
+    full = min(_leading_full(b, batch_rows) for b in batches)
+    if full == 0:
+        return batches
+    dealt = deal_step([np.concatenate(b[:full]) for b in batches], compute, full)
+    out = [np.split(mine, full) + b[full:] for mine, b in zip(dealt, batches)]
+    heaviest = [max(sum(float(compute[x].sum()) for x in b) for b in s) for s in (out, batches)]
+    return out if heaviest[0] <= heaviest[1] else batches
+
+
+def _leading_full(batches: List[np.ndarray], batch_rows: int) -> int:
+    """How many of ``batches``, from the first, hold ``batch_rows`` rows."""
+    for k, batch in enumerate(batches):
+        if len(batch) != batch_rows:
+            return k
+    return len(batches)
 
 
 def step_imbalance(

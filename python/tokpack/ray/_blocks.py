@@ -1,11 +1,15 @@
 """The samples of a Ray pack, block by block, each with its identity.
 
-Token files given by path (what ``tokpack pack --ray`` reads) are read by Ray tasks one row
-group (a :class:`Unit`) at a time, and sample ``i`` is the ``i``-th row across the files in
-the order given, as ``tokpack pack`` numbers them: a unit's first sample comes from the files'
-footers, never from the order in which tasks finish (``ray.data.read_parquet`` does not keep a
-file's row groups in order on every cluster). A ``ray.data.Dataset`` has no other identity than
-its order: sample ``i`` is its ``i``-th row, its blocks taken with ``preserve_order`` on.
+Token files given by path (what ``tokpack pack --ray`` reads), or a dataset that is a plain read
+of them (:func:`tokpack.ray._read.plain_read_files`), are read by Ray tasks one row group (a
+:class:`Unit`) at a time, and sample ``i`` is the ``i``-th row across the files in the order
+given, as ``tokpack pack`` numbers them: a unit's first sample comes from the files' footers,
+never from the order in which tasks finish (``ray.data.read_parquet`` bin-packs row groups into
+read tasks as their footers arrive, so its order of a file's rows differs between clusters and
+runs). Any other ``ray.data.Dataset`` has no other identity than its order: sample ``i`` is its
+``i``-th row, its blocks taken with ``preserve_order`` on, and messages and the dropped list name
+that row of the dataset, never a file (a ``path`` column says which file a row came from, not
+which row of it).
 
 Blocks (global mode: their flattened samples) stay in Ray's object store (spilled to disk when
 large), the distributed counterpart of ``tokpack pack``'s spill files.
@@ -14,7 +18,6 @@ large), the distributed counterpart of ``tokpack pack``'s spill files.
 from __future__ import annotations
 
 import contextlib
-import itertools
 from dataclasses import dataclass
 from typing import Any, Collection, Iterable, Iterator, List, Optional, Tuple, TypeVar
 
@@ -29,18 +32,19 @@ from .._io.inputs import shown_path
 from ..errors import ConfigError, CorruptInputError, DataError, SchemaError, TokpackError
 from ..multimodal.pack import refuse_multimodal
 from ..pack.config import PackConfig
-from ..tokenize.schema import kind_of_files, kind_of_schema
+from ..tokenize.schema import KIND_KEY, KINDS, kind_of_files, kind_of_schema, token_schema
+from ._read import declared_schemas
 
 # Ray packs token lists only: multimodal shards' media columns would be lost (one check, for
 # files and datasets).
 RAY_ENTRY = "tokpack.ray.pack (pack --ray)"
 RAY_INSTEAD = "tokpack.pack_files (tokpack pack without --ray), which carries the media"
 
-# A dataset made with ``ray.data.read_parquet(..., include_paths=True)`` names each row's file:
-# the dropped-samples list then gives the file and row, as ``tokpack pack`` does.
+# A dataset made with ``ray.data.read_json(..., include_paths=True)`` names each row's file
+# (:func:`tokpack.ray.tokenize`'s rejected records give it).
 PATH_COLUMN = "path"
-# Without it, the dataset stands for the input file: the dropped list and the rejected records
-# then give each sample's row in the dataset.
+# A dataset that is not a plain read of files stands for one input: the dropped list and the
+# rejected records give each sample's row in the dataset.
 DATASET_SOURCE = "<ray.data.Dataset>"
 
 
@@ -150,8 +154,8 @@ def sample_arrays(table: pa.Table, columns: Columns) -> Flat:
 @dataclass
 class Measured:
     """What a pass over the blocks learns, in order: every sample's length, the first sample
-    of every block (and the total at the end), the rows of each named source file, the
-    columns read, and where each block's samples are."""
+    of every block (and the total at the end), the inputs and their rows (the files, or the
+    dataset as one input), the columns read, and where each block's samples are."""
 
     lengths: np.ndarray
     bases: np.ndarray
@@ -164,28 +168,20 @@ class Measured:
 
 @ray.remote(num_returns=2)
 def _measure(block: Any, columns: Columns) -> Any:
-    """Lengths of a block's (or a :class:`Unit`'s) samples (values checked) and its
-    run-length encoded source paths; then the block's flattened samples, kept in the store for
-    the write (so the samples are flattened once). A TokpackError is returned, not raised, so
-    the driver can name the block's samples."""
+    """Lengths of a block's (or a :class:`Unit`'s) samples (values checked); then the block's
+    flattened samples, kept in the store for the write (so the samples are flattened once). A
+    TokpackError is returned, not raised, so the driver can name the block's samples."""
     table = read_block(block, columns)
     try:
         flat = sample_arrays(table, columns)
     except TokpackError as exc:
         return exc, None
-    paths = table.column(PATH_COLUMN).to_pylist() if PATH_COLUMN in table.column_names else []
-    return (np.diff(flat[1]), _runs((path, 1) for path in paths)), flat
+    return np.diff(flat[1]), flat
 
 
 def read_block(block: Any, columns: Columns) -> pa.Table:
     """A dataset's block, or a unit of a file read, as an Arrow table."""
     return block.read(columns) if isinstance(block, Unit) else _arrow(block)
-
-
-def _runs(counted: Iterable[Tuple[Any, int]]) -> List[Tuple[Any, int]]:
-    """``(value, count)`` pairs with the counts of consecutive equal values added up."""
-    runs = itertools.groupby(counted, key=lambda pair: pair[0])
-    return [(value, sum(count for _, count in run)) for value, run in runs]
 
 
 def block_error(exc: TokpackError, block: Any, j: int, base: int) -> TokpackError:
@@ -227,15 +223,14 @@ def measure(
         if isinstance(result, TokpackError):
             raise block_error(result, units[j], j, int(bases[j]))
         unit = units[j]
-        if unit is not None and (len(result[0]), bases[j]) != (unit.rows, unit.first_sample):
+        if unit is not None and (len(result), bases[j]) != (unit.rows, unit.first_sample):
             raise CorruptInputError(f"{unit.where()}: its footer says {unit.rows} rows")
-        bases[j + 1] = bases[j] + len(result[0])
+        bases[j + 1] = bases[j] + len(result)
     if int(bases[-1]) == 0:
         raise DataError("the inputs hold no samples")
-    if files is None:
-        files = dataset_sources([run for _, runs in results for run in runs], bases)
+    files = files or dataset_source(int(bases[-1]))
     return Measured(
-        lengths=np.concatenate([r[0] for r in results]).astype(np.int64, copy=False),
+        lengths=np.concatenate(results).astype(np.int64, copy=False),
         bases=bases,
         files=files[0],
         file_rows=files[1],
@@ -244,20 +239,9 @@ def measure(
     )
 
 
-def dataset_sources(runs: List[Tuple[Any, int]], bases: np.ndarray) -> Tuple[List[str], List[int]]:
-    """The files a dataset's ``path`` column names, in order, and their rows; without it, the
-    dataset stands for one input."""
-    runs = _runs(runs)
-    total = int(bases[-1])
-    if not runs:
-        return [DATASET_SOURCE], [total]
-    paths = [r[0] for r in runs]
-    if len(set(paths)) != len(paths) or sum(r[1] for r in runs) != total:
-        raise ConfigError(
-            f"the dataset's {PATH_COLUMN!r} column does not name whole files in order; "
-            "read the files with ray.data.read_parquet(..., include_paths=True) and no shuffle"
-        )
-    return paths, [r[1] for r in runs]
+def dataset_source(total: int) -> Tuple[List[str], List[int]]:
+    """A dataset that is not a plain read of files, as the one input of ``total`` rows."""
+    return [DATASET_SOURCE], [total]
 
 
 def refuse_pairs(why: str) -> None:
@@ -283,12 +267,14 @@ def file_columns(paths: List[Any], config: PackConfig) -> Tuple[str, PackConfig,
     return kind, config, Columns(config.tokens_column, labels[0], mask=labels[1], carry=carry)
 
 
-def dataset_columns(refs: List[Any], config: PackConfig) -> Tuple[str, PackConfig, Columns]:
+def dataset_columns(
+    ds: Any, refs: List[Any], config: PackConfig
+) -> Tuple[str, PackConfig, Columns]:
     """The kind of samples of a dataset, ``config`` for that kind, and the columns to read, by
-    the first block's schema and ``pack_files``' rules: a loss mask when given; else the labels
-    column when the dataset has it (a name other than ``"labels"`` must exist); KTO's ``label``
-    carried. Preference pairs are refused."""
-    schema = ray.get(_schema.remote(refs[0])) if refs else pa.schema([])
+    ``pack_files``' rules on the dataset's schema: the kind by :func:`kind_of_schema`; a loss
+    mask when given; else the labels column when the dataset has it (a name other than
+    ``"labels"`` must exist); KTO's ``label`` carried. Preference pairs are refused."""
+    schema = dataset_schema(ds, refs)
     refuse_multimodal(RAY_ENTRY, RAY_INSTEAD, columns=schema.names, where="the ray dataset")
     found = kind_of_schema(schema)
     kind = "sft" if found is None else found[0]
@@ -305,6 +291,24 @@ def dataset_columns(refs: List[Any], config: PackConfig) -> Tuple[str, PackConfi
     if labels in schema.names or labels not in (None, "labels"):
         return kind, config, Columns(tokens, labels, carry=carry)
     return kind, config, Columns(tokens, None, carry=carry)
+
+
+def dataset_schema(ds: Any, refs: List[Any]) -> pa.Schema:
+    """The columns of the dataset's first block (``refs[0]``), with the kind of samples (the
+    ``tokpack.kind`` metadata of KTO and preference shards) its sources declare when the block
+    has lost it but still has every column of that kind: Ray's Parquet reader drops the files'
+    metadata from its blocks, and a ``map_batches`` from the dataset's schema, while the read
+    operator keeps the files' schema."""
+    schema = ray.get(_schema.remote(refs[0])) if refs else pa.schema([])
+    if KIND_KEY in (schema.metadata or {}):
+        return schema
+    for declared in declared_schemas(ds):
+        if not isinstance(declared, pa.Schema):
+            continue
+        kind = (declared.metadata or {}).get(KIND_KEY, b"").decode(errors="replace")
+        if kind in KINDS and set(token_schema(kind).names) <= set(schema.names):
+            return schema.with_metadata({**(schema.metadata or {}), KIND_KEY: kind.encode()})
+    return schema
 
 
 def _arrow(block: Any) -> pa.Table:

@@ -24,13 +24,11 @@ from ..errors import DataError, OverlongError, TokpackError
 from ..pack.config import PackConfig, PackReport
 from ..pack.plan import plan as make_plan
 from ._blocks import (
-    PATH_COLUMN,
     Columns,
     Unit,
-    _runs,
     block_error,
     cancelling,
-    dataset_sources,
+    dataset_source,
     read_block,
     sample_arrays,
 )
@@ -54,8 +52,8 @@ def _pack_group(
     *tables: pa.Table,
 ) -> Any:
     """Plans and writes one group's shards under ``.group-<group>/`` of ``out``; returns the
-    group's report (ids global) with the runs of its ``path`` column, or the TokpackError its
-    data raised. ``tables`` are blocks of a dataset or units of files."""
+    group's report (ids global), or the TokpackError its data raised. ``tables`` are blocks of
+    a dataset or units of files."""
     table = pa.concat_tables([read_block(t, columns) for t in tables])
     try:
         tokens, offsets, labels, carried = sample_arrays(table, columns)
@@ -71,7 +69,6 @@ def _pack_group(
         plan = make_plan(lengths, config=config)
     except TokpackError as exc:
         return exc
-    paths = table.column(PATH_COLUMN).to_pylist() if PATH_COLUMN in table.column_names else []
     # Each file is published whole: a retried or duplicated group puts the same bytes in place.
     ids = np.arange(len(offsets) - 1, dtype=np.int64) + base
     held = (ids, offsets, tokens, labels, carried)
@@ -80,8 +77,7 @@ def _pack_group(
         write_shard(out, k, Rows.of(plan, a, b, base), held, config, labels is not None, dest)
         for k, (a, b) in enumerate(shard_ranges(plan.n_bins, config.rows_per_shard))
     ]
-    report = accounting(plan, shards, [len(lengths)], labels is not None, base)
-    return report, _runs((p, 1) for p in paths)
+    return accounting(plan, shards, [len(lengths)], labels is not None, base)
 
 
 def groups_of(sizes: List[int], min_block_samples: int) -> List[Tuple[int, int]]:
@@ -112,7 +108,7 @@ def pack_local(
 ) -> Tuple[PackReport, List[str]]:
     """Packs group by group into ``out``; returns the merged report with the shards renamed
     ``part-NNNNN`` in group order, and the inputs' paths: ``sources`` (files and their rows),
-    else the files the dataset's ``path`` column names."""
+    else the dataset as one input."""
     units = bool(refs) and isinstance(refs[0], Unit)
     sizes = [u.rows for u in refs] if units else ray.get([_rows.remote(ref) for ref in refs])
     if sum(sizes) == 0:
@@ -129,10 +125,8 @@ def pack_local(
         if isinstance(result, TokpackError):
             # (A group's rows count from its first block's.)
             raise block_error(result, refs[a], a, int(bases[a]))
-    reports = [r for r, _ in results]
-    runs = [run for _, group_runs in results for run in group_runs]
-    paths, rows = sources or dataset_sources(runs, bases)
-    return _merge(reports, out, rows), paths
+    paths, rows = sources or dataset_source(int(bases[-1]))
+    return _merge(results, out, rows), paths
 
 
 def _merge(results: List[PackReport], out: Out, input_rows: List[int]) -> PackReport:

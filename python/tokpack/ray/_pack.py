@@ -40,7 +40,7 @@ from ._blocks import (
 )
 from ._global import write_global
 from ._local import pack_local
-from ._read import dataset_inputs, read_checked_shards
+from ._read import dataset_inputs, plain_read_files, read_checked_shards
 from ._shards import accounting, remove_attempts
 
 MODES = ("global", "local")
@@ -76,10 +76,13 @@ def pack(
             them (read by Ray tasks, one row group each, at the same path on every node):
             sample ``i`` is the ``i``-th row across the files in the order given, whatever
             order the tasks finish in (a file given twice is packed twice, as by ``tokpack
-            pack``), and the dropped list names each sample's file and row. Or any dataset
-            with a list-of-integers token column (:func:`tokpack.ray.tokenize`'s output, ...):
-            sample ``i`` is its ``i``-th row in the dataset's order; with a ``path`` column the
-            dropped list names each sample's file and row, else its row in the dataset.
+            pack``), and the dropped list names each sample's file and row. A dataset that is
+            a plain read of local Parquet files (``ray.data.read_parquet(paths,
+            include_paths=...)``, maybe then ``repartition(n)`` without a shuffle) is packed
+            as those paths are, with ``tokpack pack``'s bytes. Or any other dataset with a
+            list-of-integers token column (:func:`tokpack.ray.tokenize`'s output, ...):
+            sample ``i`` is its ``i``-th row in the dataset's order (``preserve_order``), and
+            messages and the dropped list name that row of ``<ray.data.Dataset>``.
         output_dir: a directory on a file system every node sees, written atomically (absent
             or complete); or object storage (``s3://bucket/packed``, or a path on
             ``filesystem``), committed by writing the manifest last (readers refuse a prefix
@@ -107,7 +110,9 @@ def pack(
     if mode not in MODES:
         raise ConfigError(f"unknown mode {mode!r}; expected one of {MODES}")
     min_block_samples = check_int(min_block_samples, "min_block_samples", 1, 2**62)
-    paths = None if isinstance(ds, ray.data.Dataset) else _input_files(ds, output_dir, filesystem)
+    # A dataset that is a plain read of files is packed as those files (tokpack pack's bytes).
+    read = plain_read_files(ds) if isinstance(ds, ray.data.Dataset) else ds
+    paths = None if read is None else _input_files(read, output_dir, filesystem)
     refs: List[Any] = []
     files: Optional[Tuple[List[str], List[int]]] = None  # the input files and their rows
     if paths is not None:  # (checked before the output is touched)
@@ -120,11 +125,11 @@ def pack(
         clock = _Clock()
         if paths is None and mode == "local":
             refs = ordered_blocks(ds)
-            kind, config, columns = dataset_columns(refs, config)
+            kind, config, columns = dataset_columns(ds, refs, config)
         elif paths is None:
             blocks = streamed(ds)
             head = list(itertools.islice(blocks, 1))
-            kind, config, columns = dataset_columns(head, config)
+            kind, config, columns = dataset_columns(ds, head, config)
             blocks = itertools.chain(head, blocks)
             del head
         recorded = config.to_dict()

@@ -1,5 +1,6 @@
 """Reading a packed output with Ray: the dataset's input files (for the output's overlap
-check) and a packed directory, local or on object storage, as a ``ray.data.Dataset`` of rows
+check), the files of a dataset that is a plain read of them (packed as those files), and a
+packed directory, local or on object storage, as a ``ray.data.Dataset`` of rows
 decoded by the checked reader."""
 
 from __future__ import annotations
@@ -22,18 +23,85 @@ def dataset_inputs(ds: Any) -> List[str]:
     found: List[str] = []
     with contextlib.suppress(Exception):
         found.extend(str(p) for p in ds.input_files())
-    with contextlib.suppress(Exception):  # Ray's logical plan: its read operators' paths
+    for op in plan_operators(ds):
+        paths = getattr(op, "source_paths", None) or getattr(op, "paths", None)
+        if isinstance(paths, (list, tuple)):
+            found.extend(str(p) for p in paths)
+    return found
+
+
+def declared_schemas(ds: Any) -> Iterator[Any]:
+    """The schemas Ray knows of a dataset without running it: the dataset's own, then its
+    operators' (a read's: its files' schema, with their metadata)."""
+    with contextlib.suppress(Exception):  # (a Ray whose schema() does not take the flag)
+        declared = ds.schema(fetch_if_missing=False)
+        yield getattr(declared, "base_schema", declared)
+    for op in plan_operators(ds):
+        yield getattr(op, "schema", None)
+
+
+def plan_operators(ds: Any) -> List[Any]:
+    """The operators of a dataset's logical plan, from the last; empty when the plan cannot
+    be read (another Ray)."""
+    found: List[Any] = []
+    with contextlib.suppress(Exception):
         pending, seen = [ds._logical_plan.dag], set()
         while pending:
             op = pending.pop()
             if id(op) in seen:
                 continue
             seen.add(id(op))
-            paths = getattr(op, "source_paths", None) or getattr(op, "paths", None)
-            if isinstance(paths, (list, tuple)):
-                found.extend(str(p) for p in paths)
+            found.append(op)
             pending.extend(getattr(op, "input_dependencies", None) or ())
     return found
+
+
+# A Parquet read (``ray.data.read_parquet``) in Ray Data's logical plan: the listing of the paths
+# given, then the read of the row groups listed. ``Repartition`` without a shuffle may follow:
+# it only cuts the same rows into other blocks.
+LIST_OP, READ_OP, REPARTITION_OP = "ListFiles", "ReadFiles", "Repartition"
+PARQUET_READ = "ReadFilesParquet"  # the name of a read operator of Parquet files
+
+
+def plain_read_files(ds: Any) -> Optional[List[str]]:
+    """The paths a dataset reads when it is a plain read of local Parquet files, whose rows are
+    exactly the files' rows (nothing filtered, projected, limited, shuffled or mapped; a
+    ``path`` column of ``include_paths=True`` aside): ``ray.data.read_parquet(paths,
+    include_paths=...)``, then ``repartition(n)`` without a shuffle. Else None: the plan is
+    another, or not one this Ray writes as the read did (nothing is executed)."""
+    try:
+        import pyarrow.fs as pafs
+
+        op = ds._logical_plan.dag
+        while type(op).__name__ == REPARTITION_OP:
+            if op.shuffle or op.keys or op.sort:
+                return None
+            (op,) = op.input_dependencies
+        if type(op).__name__ != READ_OP or not op.name.startswith(PARQUET_READ):
+            return None
+        scan = op.scanner
+        (listing,) = op.input_dependencies
+        if type(listing).__name__ != LIST_OP or listing.input_dependencies:
+            return None
+        local = isinstance(scan.filesystem, pafs.LocalFileSystem)
+        unchanged = (
+            scan.shuffle,
+            scan.columns,
+            scan.predicate,
+            scan.limit,
+            scan.partition_predicate,
+            listing.partition_filter,
+            listing.predicate,
+            listing.limit,
+            listing.projected_columns,
+            op.block_udf,
+        )
+        added = {type(c).__name__ for c in scan.synthesized_columns} - {"PathColumn"}
+        if not local or any(v is not None for v in unchanged) or added:
+            return None
+        return [str(p) for p in listing.paths]
+    except Exception:  # another Ray's plan: not known to be a plain read
+        return None
 
 
 def read_checked_shards(

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ..balance import Cost
-from ..balance.packed import checked_balance, deal_step, packed_cost, row_compute
+from ..balance.packed import checked_balance, deal_batches, packed_cost, row_compute
 from ..errors import ConfigError
 from ..multimodal.tokenize import MEDIA_COLUMNS
 from ..pack.plan import MAX_SEED, check_int
@@ -303,7 +303,8 @@ class RowStream(torch.utils.data.IterableDataset):
         """Optimizer step ``m`` (local batches ``[m G, (m + 1) G)`` of every rank) dealt with
         even compute: its rows as ``_locate`` gives them, and this rank's batches as indices
         into them. Every rank computes the same deal from the same rows. Only the epoch's last
-        round can have batches of other than ``batch_rows`` rows: it keeps its plain split."""
+        round can have batches of other than ``batch_rows`` rows: it keeps its plain split
+        (:func:`deal_batches`, the sampler's rule too)."""
         span = self._step_batches()
         first, last = m * span, min((m + 1) * span, split.num_batches)
         a = split.round_end(first - 1)
@@ -312,21 +313,14 @@ class RowStream(torch.utils.data.IterableDataset):
             [np.arange(*split.batch(r, k)) - a for k in range(first, last)]
             for r in range(self.world_size)
         ]
-        full = last - first
-        if any(len(slots[r][-1]) != self.batch_rows for r in range(self.world_size)):
-            full -= 1
-        if full > 0:
-            assert self._compute is not None
-            src, groups, rows = located
-            compute = np.empty(len(src))
-            for s in np.unique(src):
-                mask = src == s
-                index = self.sources[s].group_start[groups[mask]] + rows[mask]
-                compute[mask] = self._compute[s][index]
-            dealt = deal_step([np.concatenate(r[:full]) for r in slots], compute, full)
-            for r, mine in enumerate(dealt):
-                slots[r][:full] = np.split(mine, full)
-        return located, slots[self.rank]
+        assert self._compute is not None
+        src, groups, rows = located
+        compute = np.empty(len(src))
+        for s in np.unique(src):
+            mask = src == s
+            index = self.sources[s].group_start[groups[mask]] + rows[mask]
+            compute[mask] = self._compute[s][index]
+        return located, deal_batches(slots, compute, self.batch_rows)[self.rank]
 
     def _batch(self, src: np.ndarray, groups: np.ndarray, rows: np.ndarray) -> Dict[str, Any]:
         # A collator that only reads its rows gets views of the cached groups, others copies.

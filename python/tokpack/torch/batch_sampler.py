@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ..balance import Cost
-from ..balance.packed import checked_balance, deal_step, packed_cost, row_compute
+from ..balance.packed import checked_balance, deal_batches, packed_cost, row_compute
 from ..errors import ConfigError
 from ..pack.plan import MAX_SEED, check_int
 from ..packed.mixture import MAX_STREAM_ROWS
@@ -53,8 +53,10 @@ class PackedBatchSampler(torch.utils.data.Sampler):
     of a multimodal row), is as even as a balanced partition with equal
     row counts gets it, and within a rank among its ``grad_accum_steps`` batches, heaviest
     first. The step's normalisers do not change; every rank computes the same deal, so the
-    order is still a pure function of the epoch (resume by skipping batches, as before). A
-    step whose ranks have unequal row counts (the last one, with ``drop_last``) keeps its rows.
+    order is still a pure function of the epoch (resume by skipping batches, as before). Only
+    the batches of ``batch_rows`` rows that every rank has in the step are re-dealt: a short
+    last batch, and the batches of a step some rank has fewer of (the epoch's last), keep their
+    rows, as :class:`PackedIterableDataset`'s tail does.
     :meth:`step_imbalance` gives each step's max / mean rank compute.
     """
 
@@ -142,11 +144,13 @@ class PackedBatchSampler(torch.utils.data.Sampler):
         if self.balance is None:
             return per_rank
         out: List[List[np.ndarray]] = [[] for _ in per_rank]
+        cuts = np.arange(self.batch_rows, self._step_rows, self.batch_rows)
         for m in range(self._n_steps(per_rank)):
             step = [rows[m * self._step_rows : (m + 1) * self._step_rows] for rows in per_rank]
-            step = deal_step(step, self._compute, self.grad_accum_steps)
-            for r, rows in enumerate(step):
-                out[r].append(rows)
+            # Cut into the batches __iter__ yields: the deal keeps each batch's size.
+            batches = [[b for b in np.split(rows, cuts) if len(b)] for rows in step]
+            for r, dealt in enumerate(deal_batches(batches, self._compute, self.batch_rows)):
+                out[r].extend(dealt)
         return [np.concatenate(parts) if parts else rows for parts, rows in zip(out, per_rank)]
 
     def step_imbalance(self) -> np.ndarray:
