@@ -9,12 +9,13 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without torch installed
     raise ImportError("tokpack.torch needs PyTorch: pip install 'tokpack[torch]'") from exc
 
-from .attention import document_ids, flex_block_mask, sdpa_block_causal_mask
+from .attention import document_ids, flex_block_mask, layer_type_masks, sdpa_block_causal_mask
 from .batch_sampler import PackedBatchSampler
 from .collate import FORMATS, IGNORE_INDEX, PackedCollator
 from .dataset import PackedDataset
 from .device import DeviceLoader
 from .iterable import PackedIterableDataset
+from .models import ModelPacking, model_inputs, packing_support
 from .mixture import PackedMixture
 from .pairs import sequence_logps
 
@@ -27,8 +28,12 @@ __all__ = [
     "DeviceLoader",
     "FORMATS",
     "IGNORE_INDEX",
+    "ModelPacking",
+    "packing_support",
+    "model_inputs",
     "document_ids",
     "sdpa_block_causal_mask",
     "flex_block_mask",
+    "layer_type_masks",
     "sequence_logps",
 ]
