@@ -11,6 +11,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch in
 
 from .attention import document_ids, flex_block_mask, layer_type_masks, sdpa_block_causal_mask
 from .batch_sampler import PackedBatchSampler
+from .check import PackingReport, check_packing
 from .collate import FORMATS, IGNORE_INDEX, PackedCollator
 from .dataset import PackedDataset
 from .device import DeviceLoader
@@ -36,4 +37,6 @@ __all__ = [
     "flex_block_mask",
     "layer_type_masks",
     "sequence_logps",
+    "check_packing",
+    "PackingReport",
 ]
