@@ -153,6 +153,19 @@ class ModelPacking:
             raise PackingError(self.fix)
         return self
 
+    def check_fix(self) -> str:
+        """What a failed ``check_packing`` of this support tells the user to do."""
+        if not self.verified:
+            return (
+                f"tokpack has not verified family {self.family!r}: train with"
+                " PackedCollator.for_model(model, format='per_sample') (one sample per row,"
+                " exact for every family)"
+            )
+        return (
+            "use PackedCollator.for_model(model, format='per_sample') (one sample per row,"
+            " exact for every family), and report the family to tokpack"
+        )
+
     def collator_options(self) -> Dict[str, Any]:
         """The ``PackedCollator`` options of this support (format included)."""
         options: Dict[str, Any] = {"format": self.format}

@@ -144,7 +144,11 @@ def _shrink(cls: Any, values: Dict[str, Any]) -> Dict[str, Any]:
     out.update(_FAMILY_SIZES.get(str(values.get("model_type")), {}))
     if "qk_rope_head_dim" in values:
         # Multi-head latent attention: head_dim is the rotary part of a query.
+        # Its keys and values are decompressed per query head, and qk_head_dim is derived.
         out["head_dim"] = _SIZES["qk_rope_head_dim"]
+        out["num_key_value_heads"] = _SIZES["num_attention_heads"]
+        if "qk_head_dim" in values:
+            out["qk_head_dim"] = _SIZES["qk_rope_head_dim"] + _SIZES["qk_nope_head_dim"]
     layers = _layers_needed(values)
     if layers is not None:
         for key in _LAYER_COUNTS:
