@@ -21,8 +21,9 @@ from tokpack.torch.tiny import tiny_model
 # Three samples longer than the tiny sliding window, packed as rows [19, 11] and [26].
 SAMPLE_LENS = (19, 11, 26)
 ROWS = ((0, 1), (2,))
-# float64 rounding through a few layers: exact paths differ by ~1e-15, mixing by ~0.1-5.
-EXACT = 1e-9
+# float64 throughout but for the float32 parts some families keep (routers, softcaps): exact paths
+# differ by at most ~1e-7 (the same for a sample alone in a padded row), mixing by 1e-3 to 5.
+EXACT = 1e-6
 
 
 def transformers_causal_lms() -> List[str]:

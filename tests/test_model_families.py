@@ -33,17 +33,27 @@ MATRIX = Path(__file__).resolve().parent.parent / "docs" / "guide" / "models.md"
 # or not buildable tiny from the config class's defaults on CPU; each with why. A family added
 # upstream is in neither list nor tokpack's table: test_every_family_is_verified fails on it.
 NOT_BUILT = {
-    # Encoders (masked-LM stacks with a causal head) and decoders of encoder-decoder models:
-    # not the decoder-only LMs packed SFT trains.
+    # Masked-LM encoders with a causal head: bidirectional unless configured as decoders, not the
+    # decoder-only LMs packed SFT trains.
     **dict.fromkeys(
-        "bart bert bert-generation big_bird bigbird_pegasus blenderbot blenderbot-small camembert"
-        " data2vec-text electra ernie marian mbart megatron-bert mvp pegasus plbart prophetnet"
-        " rembert roberta roberta-prelayernorm roc_bert roformer trocr whisper xlm xlm-roberta"
-        " xlm-roberta-xl xmod xlnet reformer".split(),
-        "encoder or encoder-decoder stack, not a decoder-only LM",
+        "bert bert-generation big_bird camembert data2vec-text electra ernie megatron-bert"
+        " prophetnet rembert reformer roberta roberta-prelayernorm roc_bert roformer xlm"
+        " xlm-roberta xlm-roberta-xl xlnet xmod".split(),
+        "encoder stack (bidirectional by default), not a decoder-only LM",
     ),
     **dict.fromkeys(
-        "musicgen musicgen_melody moshi".split(), "audio generation model (codebooks), not text"
+        "musicgen musicgen_melody".split(), "audio-codebook generation model, not text"
+    ),
+    # tokpack.torch.tiny's generic shrinking does not give a working model from these config
+    # classes' defaults (per-layer lists, validators or derived sizes it does not know): not
+    # verified, so for_model treats them by their layer kinds and its check decides.
+    **dict.fromkeys(
+        "axk2 bailing_hybrid blt cohere_compass_text cpmant dbrx deepseek_v32 dory dots3_note"
+        " dots3_note_text ernie4_5_moe gemma3n gemma3n_text gemma4 gemma4_assistant gemma4_text"
+        " gemma4_unified gemma4_unified_assistant gemma4_unified_text git glm_moe_dsa gpt_neo"
+        " inkling2_loop_text inkling2_text kimi_linear laguna lfm2_moe marian mllama qwen4_exp"
+        " qwen4_exp_text xglm xlstm zamba zamba2 zaya".split(),
+        "not built tiny by tokpack.torch.tiny from the config's defaults (unverified)",
     ),
 }
 
@@ -79,11 +89,13 @@ def _matrix(results):
         " rows by `PackedCollator.for_model(model, format)` and fed as `model(**model_inputs(batch))`;"
         " each sample's logits are compared with the sample run alone.",
         "",
-        "- **exact**: packed equals alone (max error at most 1e-9; it is below 1e-14);",
+        "- **exact**: packed equals alone: max logit error at most 1e-6 (exact paths differ by"
+        " float64 rounding, or by under 1e-7 where a family computes parts in float32; mixed"
+        " samples differ by 1e-4 to 5);",
         "- **needs X**: tokpack refuses the format on this machine (`PackingError`): the family's"
         " layers keep samples apart only with package X (CUDA);",
-        "- **refused**: transformers has no packed path for the family's layers: use"
-        " `format=\"per_sample\"`.",
+        "- **refused**: the family's layers would mix packed samples and tokpack knows no exact"
+        " packed path for them in transformers: `PackingError`, use `format=\"per_sample\"`.",
         "",
         "`hf` is one `[1, T]` sequence with `cu_seq_lens_q/k` (varlen kernels), `padded` is `[B, L]`"
         " rows with positions restarting per sample (the default under sdpa and eager), `per_sample`"
@@ -99,7 +111,12 @@ def _matrix(results):
             + " | ".join(cells[f] for f in MODEL_FORMATS)
             + f" | {fields} |"
         )
-    lines += ["", "Not built (registered as causal LMs by transformers, not packed by tokpack):", ""]
+    lines += [
+        "",
+        "Registered as causal LMs by transformers but not swept (`packing_support` treats them by"
+        " their layer types, unverified, and `for_model`'s check decides):",
+        "",
+    ]
     by_reason = {}
     for family, reason in sorted(NOT_BUILT.items()):
         by_reason.setdefault(reason, []).append(family)
@@ -325,6 +342,9 @@ def test_trl_sft_route_is_exact(family, fmt, tmp_path):
         str(tmp_path / "out"), per_device_train_batch_size=2, report_to=[], use_cpu=True,
         remove_unused_columns=False, save_strategy="no",
         dataset_kwargs={"skip_prepare_dataset": True},
+        # The language-model loss is compared: TRL adds a MoE router's balancing loss, a batch
+        # statistic (and transformers' reads a 2-D attention_mask, not gpt-oss's dict of masks).
+        router_aux_loss_coef=0.0,
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

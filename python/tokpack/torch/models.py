@@ -97,25 +97,52 @@ def _no_path(layer: str) -> _Rule:
     return _Rule("none", layer)
 
 
-# Families checked by tests/test_model_families.py on the installed transformers. A family not
-# listed is unverified: treated by its config's layer kinds, and check_packing decides.
+# Families checked by tests/test_model_families.py on the installed transformers (tiny random
+# configs, float64, CPU). A family not listed is unverified: treated by its config's layer kinds,
+# and check_packing decides.
 _FAMILIES: Dict[str, _Rule] = {
     "gpt_oss": _Rule("layer_masks", "attention with sinks and sliding windows"),
-    "qwen3_next": _GDN,
-    "qwen3_5": _GDN,
-    "qwen3_5_text": _GDN,
-    "qwen3_5_moe": _GDN,
-    "qwen3_5_moe_text": _GDN,
+    "afmoe": _Rule("layer_masks", "sliding-window attention"),
     "bamba": _MAMBA2_HYBRID,
     "nemotron_h": _MAMBA2_HYBRID,
     "falcon_h1": _MAMBA2_HYBRID,
     "granitemoehybrid": _MAMBA2_HYBRID,
     "mamba2": _no_path("Mamba-2 (SSM; seq_idx is ignored)"),
     "jamba": _no_path("Mamba (SSM; seq_idx is ignored)"),
+    "mamba": _no_path("Mamba (SSM)"),
+    "falcon_mamba": _no_path("Mamba (SSM)"),
+    "recurrent_gemma": _no_path("RG-LRU recurrent"),
+    "rwkv": _no_path("RWKV recurrent"),
+    "minimax": _no_path("lightning (linear) attention"),
+    "lfm2": _no_path("short convolution"),
+    "lfm3": _no_path("short convolution"),
+    "inkling_text": _no_path("hybrid recurrent"),
+    "deepseek_v4": _no_path("compressed attention"),
 }
 for _name in (
-    "llama qwen2 qwen3 qwen3_moe mistral gemma2 gemma3_text phi3 deepseek_v3 olmo2 granite"
-    " smollm3 glm4"
+    "qwen3_next qwen3_5 qwen3_5_text qwen3_5_moe qwen3_5_moe_text olmo_hybrid lara_mini"
+).split():
+    _FAMILIES[_name] = _GDN
+# Attention whose masks come from attention_mask alone (ALiBi, learned or no positions, older
+# mask code, decoders of encoder-decoder models): position_ids do not separate samples, and
+# the models take no per-layer-type masks.
+for _name in (
+    "axk1 bart bigbird_pegasus biogpt blenderbot blenderbot-small bloom mbart mpt mvp openai-gpt"
+    " opt pegasus plbart trocr"
+).split():
+    _FAMILIES[_name] = _no_path("attention (its masks ignore position_ids)")
+for _name in (
+    "apertus apertus1p5_text arcee aria_text beam bitnet codegen cohere cohere2 cohere2_moe ctrl"
+    " cwm deepseek_v2 deepseek_v3 diffllama doge dots1 emu3 ernie4_5 exaone exaone4 exaone_moe"
+    " falcon flex_olmo flint fuyu gemma gemma2 gemma3 gemma3_text glm glm4 glm4_moe glm4_moe_lite"
+    " got_ocr2 gpt-sw3 gpt2 gpt_bigcode gpt_neox gpt_neox_japanese gptj granite granite_swa"
+    " granitemoe granitemoe_swa granitemoeshared helium hrm_text hunyuan_v1_dense hunyuan_v1_moe"
+    " hy_v3 hy_v4 hyperclovax internlm3 iquestcoder jais2 jetmoe kolibri1 llama llama4"
+    " llama4_text longcat_flash mellum mimo_v2_flash minicpm3 minimax_m2 minimax_m3_vl_text"
+    " ministral ministral3 mistral mixtral modernbert-decoder moshi moss_transcribe_diarize"
+    " nanochat nemotron olmo olmo2 olmo3 olmoe persimmon phi phi3 phi4_multimodal phimoe qwen2"
+    " qwen2_moe qwen3 qwen3_moe sarvam_mla sarvam_moe seed_oss smollm3 solar_open stablelm"
+    " starcoder2 vaultgemma whisper youtu"
 ).split():
     _FAMILIES[_name] = _POSITIONS
 
@@ -282,8 +309,8 @@ def packing_support(model_or_config: Any, format: Optional[str] = None) -> Model
             fields=fields, exact=True, return_seq_idx="seq_idx" in fields, **support
         )
     fix = (
-        f"{name}: its {rule.layer} layers would mix packed samples, and transformers has no"
-        f" packed path for them: use {per_sample}"
+        f"{name}: its {rule.layer} layers would mix packed samples, and tokpack knows no exact"
+        f" packed path for them in transformers: use {per_sample}"
     )
     return ModelPacking(fields=(), exact=False, fix=fix, **support)
 

@@ -111,13 +111,23 @@ _LAYER_COUNTS = ("num_hidden_layers", "n_layer", "num_layers", "decoder_layers",
 _PER_LAYER = ("layer_types", "mlp_layer_types", "layers_block_type")
 
 # Families whose sizes are tied differently: Mamba-2's heads x head_dim = expand x hidden_size.
-_FAMILY_SIZES: Dict[str, Dict[str, Any]] = {"mamba2": {"head_dim": 32}}
+# LFM2's defaults have attention layers only: its checkpoints interleave short convolutions.
+_FAMILY_SIZES: Dict[str, Dict[str, Any]] = {
+    "mamba2": {"head_dim": 32},
+    "lfm2": {"layer_types": ["conv", "full_attention"], "full_attn_idxs": [1]},
+}
 
 
 def tiny_config(config: Any) -> Any:
     """A copy of ``config`` (a transformers ``PreTrainedConfig``) with its sizes shrunk and
     enough layers to have each layer type; nested configs (``text_config``, ...) too."""
     values = config.to_dict()
+    for key in _PER_LAYER:
+        # Some configs derive their layer types at init (from layer indices, a period): take the
+        # derived list, so the tiny model keeps every kind.
+        derived = getattr(config, key, None)
+        if isinstance(derived, (list, tuple)) and key in values:
+            values[key] = list(derived)
     shrunk = _shrink(type(config), values)
     try:
         return type(config)(**shrunk)
@@ -141,7 +151,6 @@ def _shrink(cls: Any, values: Dict[str, Any]) -> Dict[str, Any]:
             out[key] = _tiny_token_id(value, _TOKEN_IDS[key])
         elif isinstance(value, dict) and "model_type" in value:
             out[key] = _shrink(None, value)
-    out.update(_FAMILY_SIZES.get(str(values.get("model_type")), {}))
     if "qk_rope_head_dim" in values:
         # Multi-head latent attention: head_dim is the rotary part of a query.
         # Its keys and values are decompressed per query head, and qk_head_dim is derived.
@@ -157,6 +166,12 @@ def _shrink(cls: Any, values: Dict[str, Any]) -> Dict[str, Any]:
         for key in _PER_LAYER:
             if isinstance(values.get(key), list):
                 out[key] = values[key][:layers]
+    family = _FAMILY_SIZES.get(str(values.get("model_type")), {})
+    out.update(family)
+    if "layer_types" in family:
+        for key in _LAYER_COUNTS:
+            if key in values:
+                out[key] = len(family["layer_types"])
     return out
 
 
