@@ -86,8 +86,9 @@ def _matrix(results):
         f" {torch.__version__.split('+')[0]}), built tiny and random in float64 on **CPU**, with"
         " no kernel package installed (no flash-attn, flash-linear-attention, causal-conv1d or"
         " mamba-ssm), its default attention implementation, and three samples packed into two"
-        " rows by `PackedCollator.for_model(model, format)` and fed as `model(**model_inputs(batch))`;"
-        " each sample's logits are compared with the sample run alone.",
+        " rows by `PackedCollator.for_model(model, format)` and fed as"
+        " `model(**model_inputs(batch))`; each sample's logits are compared with the sample run"
+        " alone.",
         "",
         "- **exact**: packed equals alone: max logit error at most 1e-6 (exact paths differ by"
         " float64 rounding, or by under 1e-7 where a family computes parts in float32; mixed"
@@ -95,11 +96,12 @@ def _matrix(results):
         "- **needs X**: tokpack refuses the format on this machine (`PackingError`): the family's"
         " layers keep samples apart only with package X (CUDA);",
         "- **refused**: the family's layers would mix packed samples and tokpack knows no exact"
-        " packed path for them in transformers: `PackingError`, use `format=\"per_sample\"`.",
+        ' packed path for them in transformers: `PackingError`, use `format="per_sample"`.',
         "",
-        "`hf` is one `[1, T]` sequence with `cu_seq_lens_q/k` (varlen kernels), `padded` is `[B, L]`"
-        " rows with positions restarting per sample (the default under sdpa and eager), `per_sample`"
-        " one sample per right-padded row. `layers` are the layer types of the family's config."
+        "`hf` is one `[1, T]` sequence with `cu_seq_lens_q/k` (varlen kernels), `padded` is"
+        " `[B, L]` rows with positions restarting per sample (the default under sdpa and eager),"
+        " `per_sample` one sample per right-padded row. `layers` are the layer types of the"
+        " family's config."
         " See [Train](training.md#which-batches-a-model-needs).",
         "",
         "| family | layers | attention | `hf` | `padded` | `per_sample` | fields read |",
@@ -305,13 +307,19 @@ def test_trainer_route_is_exact(family, fmt, tmp_path):
     collator = PackedCollator.for_model(model, fmt)
     pieces = samples(model)
     args = TrainingArguments(
-        str(tmp_path), per_device_train_batch_size=2, report_to=[], use_cpu=True,
-        remove_unused_columns=False, save_strategy="no",
+        str(tmp_path),
+        per_device_train_batch_size=2,
+        report_to=[],
+        use_cpu=True,
+        remove_unused_columns=False,
+        save_strategy="no",
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer = Trainer(
-            model=model, args=args, train_dataset=rows(pieces),
+            model=model,
+            args=args,
+            train_dataset=rows(pieces),
             data_collator=lambda r: model_inputs(collator(r)),
         )
         batch = next(iter(trainer.get_train_dataloader()))
@@ -339,8 +347,12 @@ def test_trl_sft_route_is_exact(family, fmt, tmp_path):
         [{k: v.tolist() for k, v in r.items()} for r in rows(pieces)]
     ).with_format("torch")
     args = SFTConfig(
-        str(tmp_path / "out"), per_device_train_batch_size=2, report_to=[], use_cpu=True,
-        remove_unused_columns=False, save_strategy="no",
+        str(tmp_path / "out"),
+        per_device_train_batch_size=2,
+        report_to=[],
+        use_cpu=True,
+        remove_unused_columns=False,
+        save_strategy="no",
         dataset_kwargs={"skip_prepare_dataset": True},
         # The language-model loss is compared: TRL adds a MoE router's balancing loss, a batch
         # statistic (and transformers' reads a 2-D attention_mask, not gpt-oss's dict of masks).
@@ -349,7 +361,9 @@ def test_trl_sft_route_is_exact(family, fmt, tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer = SFTTrainer(
-            model=model, args=args, train_dataset=train,
+            model=model,
+            args=args,
+            train_dataset=train,
             data_collator=lambda r: model_inputs(collator(r)),
             processing_class=AutoTokenizer.from_pretrained(tmp_path / "tok"),
         )
@@ -357,3 +371,44 @@ def test_trl_sft_route_is_exact(family, fmt, tmp_path):
         with torch.no_grad():
             loss = trainer.compute_loss(model, trainer._prepare_inputs(batch))
     assert float(loss) == pytest.approx(_expected_loss(model, pieces), rel=1e-6)
+
+
+def _check_model(path):
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=str(root / "python"), HF_HUB_OFFLINE="1")
+    return subprocess.run(
+        [sys.executable, "-m", "tokpack", "check-model", str(path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+
+
+def test_check_model_cli(tmp_path):
+    """tokpack check-model: a tiny random model of a config.json's architecture, formats x
+    verdict on this machine; a missing config is one line and exit 2."""
+    from transformers import CONFIG_MAPPING
+
+    CONFIG_MAPPING["gpt_oss"]().save_pretrained(tmp_path / "gpt-oss")
+    CONFIG_MAPPING["qwen3_next"]().save_pretrained(tmp_path / "qwen3-next")
+    out = _check_model(tmp_path / "gpt-oss")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("gpt_oss (GptOssForCausalLM), attention eager")
+    assert [line.split()[0] for line in lines[1:]] == ["hf", "padded", "per_sample"]
+    assert "padded (default)" in lines[2] and "exact (max error" in lines[2]
+    assert "attention_mask" in lines[2]
+    out = _check_model(tmp_path / "qwen3-next" / "config.json")
+    assert out.returncode == 0, out.stderr
+    hf, padded, per_sample = out.stdout.splitlines()[1:]
+    assert "refused" in hf and "pip install flash-linear-attention" in hf
+    assert "refused" in padded and per_sample.split()[1] == "exact:"
+    out = _check_model(tmp_path / "missing")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.strip().splitlines() == [
+        f"tokpack check-model: error: {tmp_path / 'missing'}: no such config file"
+    ]

@@ -45,7 +45,9 @@ def _read_config(path: str):
     try:
         return AutoConfig.for_model(model_type, **values)
     except ValueError as exc:
-        raise ConfigError(f"{file}: model_type {model_type!r} is unknown to transformers ({exc})")
+        raise ConfigError(
+            f"{file}: model_type {model_type!r} is unknown to transformers ({exc})"
+        ) from None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -16,8 +16,8 @@ from .collate import FORMATS, IGNORE_INDEX, PackedCollator
 from .dataset import PackedDataset
 from .device import DeviceLoader
 from .iterable import PackedIterableDataset
-from .models import ModelPacking, model_inputs, packing_support
 from .mixture import PackedMixture
+from .models import ModelPacking, model_inputs, packing_support
 from .pairs import sequence_logps
 
 __all__ = [
