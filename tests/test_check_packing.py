@@ -169,6 +169,14 @@ def test_names_the_kv_cache_when_use_cache_turns_packing_off():
         check_packing(model)
 
 
+def test_does_not_blame_the_cache_when_the_batches_mix_without_it():
+    model = tiny_llama()
+    model.config.use_cache = True
+    with pytest.raises(PackingError) as err:
+        check_packing(model, Planted(drop_boundaries))
+    assert "use_cache" not in str(err.value) and "PackedCollator.for_model" in str(err.value)
+
+
 def test_flags_a_sliding_window_that_crosses_a_sample():
     """Per-layer-type masks where the sliding one is a window over the whole row, ignoring the
     documents: the full-attention layer 0 stays exact, the sliding layer 1 mixes."""
