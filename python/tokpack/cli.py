@@ -27,6 +27,7 @@ COMMANDS = {
     "tokenize": "chat / instruction / text files to token shards",
     "export": "a packed directory to Megatron-LM or NeMo formats",
     "mix-stats": "what one epoch of a weighted mixture of packed directories delivers",
+    "check-model": "whether a config.json's architecture trains exactly on packed batches here",
 }
 
 

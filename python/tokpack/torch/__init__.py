@@ -9,7 +9,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without torch installed
     raise ImportError("tokpack.torch needs PyTorch: pip install 'tokpack[torch]'") from exc
 
-from .attention import document_ids, flex_block_mask, sdpa_block_causal_mask
+from .attention import document_ids, flex_block_mask, layer_type_masks, sdpa_block_causal_mask
 from .batch_sampler import PackedBatchSampler
 from .check import PackingReport, check_packing
 from .collate import FORMATS, IGNORE_INDEX, PackedCollator
@@ -17,6 +17,7 @@ from .dataset import PackedDataset
 from .device import DeviceLoader
 from .iterable import PackedIterableDataset
 from .mixture import PackedMixture
+from .models import ModelPacking, model_inputs, packing_support
 from .pairs import sequence_logps
 
 __all__ = [
@@ -28,9 +29,13 @@ __all__ = [
     "DeviceLoader",
     "FORMATS",
     "IGNORE_INDEX",
+    "ModelPacking",
+    "packing_support",
+    "model_inputs",
     "document_ids",
     "sdpa_block_causal_mask",
     "flex_block_mask",
+    "layer_type_masks",
     "sequence_logps",
     "check_packing",
     "PackingReport",

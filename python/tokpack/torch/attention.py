@@ -6,14 +6,14 @@ its pair's prompt segment, and the rejected completion not to the chosen one.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional
 
 import torch
 
 from ..errors import ConfigError
 from .pairs import shared_prompt_ids
 
-__all__ = ["document_ids", "sdpa_block_causal_mask", "flex_block_mask"]
+__all__ = ["document_ids", "sdpa_block_causal_mask", "flex_block_mask", "layer_type_masks"]
 
 
 def _ids_from_lengths(lengths: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -64,6 +64,37 @@ def sdpa_block_causal_mask(batch: Mapping[str, Any]) -> torch.Tensor:
         # The prompt precedes its completions: no causal term needed.
         mask |= (prompt.unsqueeze(2) == doc.unsqueeze(1)) & (prompt >= 0).unsqueeze(2)
     return mask.unsqueeze(1)
+
+
+def layer_type_masks(
+    batch: Mapping[str, Any],
+    windows: Mapping[str, Optional[int]],
+    dtype: Optional[torch.dtype] = None,
+) -> Dict[str, torch.Tensor]:
+    """One ``[B, 1, L, L]`` block-causal mask per layer type, for models that take
+    ``attention_mask`` as such a dict and build no mask of their own from ``position_ids``
+    (gpt-oss). ``windows``: layer type -> sliding window, None for full attention; a sliding
+    layer's token attends to the ``window`` last tokens of its own sample, itself included (as
+    transformers' ``sliding_window_overlay``). ``dtype``: None for boolean masks (True = may
+    attend, sdpa), else additive masks of that float dtype (0 or its minimum, eager attention).
+    """
+    doc = document_ids(batch)
+    n = doc.shape[1]
+    q = torch.arange(n, device=doc.device)
+    distance = q.view(-1, 1) - q.view(1, -1)
+    same = (doc.unsqueeze(2) == doc.unsqueeze(1)) & (distance >= 0)
+    masks: Dict[str, torch.Tensor] = {}
+    by_window: Dict[Optional[int], torch.Tensor] = {}
+    for layer_type, window in windows.items():
+        if window not in by_window:
+            allowed = same if window is None else same & (distance < window)
+            if dtype is not None:
+                allowed = torch.zeros(allowed.shape, dtype=dtype, device=doc.device).masked_fill_(
+                    ~allowed, torch.finfo(dtype).min
+                )
+            by_window[window] = allowed.unsqueeze(1)
+        masks[layer_type] = by_window[window]
+    return masks
 
 
 def flex_block_mask(

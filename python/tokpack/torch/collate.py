@@ -19,11 +19,12 @@ from .._contract import IGNORE_INDEX
 from ..errors import ConfigError, DataError
 from ..pack.plan import MAX_LEN, check_int
 from ._transport import ship
+from .attention import layer_type_masks
 from .pairs import PAIR_FORMATS, add_pair_fields, row_tensor
 
 __all__ = ["PackedCollator", "FORMATS", "IGNORE_INDEX"]
 
-FORMATS = ("hf", "flash", "padded", "torchtune")
+FORMATS = ("hf", "flash", "padded", "torchtune", "per_sample")
 CP_FORMATS = ("hf", "flash")
 
 
@@ -58,7 +59,10 @@ class PackedCollator:
     Args:
         format: ``"hf"`` (padding-free ``[1, T]`` + ``cu_seq_lens_q/k``), ``"flash"`` (flat 1-D
             tensors + ``cu_seqlens``), ``"padded"`` (``[B, L]`` + ``document_ids``) or
-            ``"torchtune"`` (``tokens``, ``labels``, ``input_pos``, ``seq_lens``).
+            ``"torchtune"`` (``tokens``, ``labels``, ``input_pos``, ``seq_lens``) or
+            ``"per_sample"`` (``[S, L]``: each of the batch's S samples alone in a right-padded
+            row, exact for every causal model, recurrent ones included, at the cost of the
+            padding). :meth:`for_model` picks the one a model needs.
         pad_to: row length of the padded formats (static shapes for ``torch.compile``); None pads
             to the longest row of the batch. Ignored by the flat formats.
         pad_id: token id used for padding.
@@ -72,6 +76,12 @@ class PackedCollator:
             and ``sample_ids`` / ``label`` when the rows have them; see ``tokpack.torch.pairs``),
             with the positions and boundaries of the shared-prompt layout. Formats hf, flash
             (separate layout only) and padded.
+        layer_masks: also return ``attention_mask`` as a dict of 4-D block-causal masks, one per
+            layer type (``{"full_attention": None, "sliding_attention": 128}``: the sliding
+            window of each, None for full attention), for models whose mask code ignores
+            ``position_ids`` (gpt-oss). Formats hf and padded.
+        mask_dtype: the masks' dtype: None for boolean masks (sdpa; True = may attend), a float
+            dtype for additive masks (eager attention: 0 or the dtype's minimum).
 
     The collator holds only its options: it is picklable and cheap to copy into workers. Derived
     tensors are built on the device of the rows' ``input_ids`` (CPU in DataLoader workers).
@@ -91,6 +101,8 @@ class PackedCollator:
         cp_size: int = 1,
         cp_rank: int = 0,
         return_pairs: bool = False,
+        layer_masks: Optional[Mapping[str, Optional[int]]] = None,
+        mask_dtype: Optional[torch.dtype] = None,
     ) -> None:
         if format not in FORMATS:
             raise ConfigError(f"format must be one of {FORMATS}, got {format!r}")
@@ -108,6 +120,12 @@ class PackedCollator:
                 f"return_pairs needs format {', '.join(PAIR_FORMATS)} without context"
                 f" parallelism, got format={format!r}, cp_size={cp_size}"
             )
+        if layer_masks is not None:
+            layer_masks = _check_layer_masks(layer_masks, format, cp_size, return_pairs)
+        if mask_dtype is not None and not (
+            isinstance(mask_dtype, torch.dtype) and mask_dtype.is_floating_point
+        ):
+            raise ConfigError(f"mask_dtype must be None or a float torch.dtype, got {mask_dtype!r}")
         self.format = format
         self.pad_to = pad_to
         self.pad_id = int(pad_id)
@@ -116,14 +134,51 @@ class PackedCollator:
         self.cp_size = cp_size
         self.cp_rank = cp_rank
         self.return_pairs = bool(return_pairs)
+        self.layer_masks = layer_masks
+        self.mask_dtype = mask_dtype
+
+    @classmethod
+    def for_model(
+        cls, model: Any, format: Optional[str] = None, *, check: bool = True, **options: Any
+    ) -> "PackedCollator":
+        """The collator that gives ``model`` (a transformers model) the batch fields its family
+        reads to keep packed samples apart, in its cheapest exact layout: ``hf`` (``[1, T]`` with
+        ``cu_seq_lens``) for varlen kernels, ``padded`` (``[B, L]`` rows, positions restarting
+        per sample) under sdpa and eager, with per-layer-type block masks (``layer_masks``) or
+        ``seq_idx`` where the family needs them. ``format`` asks for one of
+        ``tokpack.torch.models.MODEL_FORMATS`` (``"per_sample"``: one sample per padded row,
+        exact for every family); ``options`` are the other ``PackedCollator`` arguments.
+
+        ``check=True`` (the default) runs ``tokpack.torch.check_packing`` once on ``model``
+        with this collator's packed batches before returning it: about two no-grad forwards of
+        300 tokens on the model's device (tens of ms for a tiny model on CPU); ``check=False``
+        skips it. The ``per_sample`` layout is not checked: it runs each sample alone.
+
+        Raises:
+            PackingError: the model would mix packed samples in that format on this machine
+                (a recurrent layer without its kernels, say, or a check that fails); the message
+                names the model, the layer kind and the fix.
+        """
+        from .models import packing_support
+
+        support = packing_support(model, format).require()
+        collator = cls(**{**options, **support.collator_options()})
+        if check and collator.format != "per_sample":
+            from .check import check_packing
+
+            check_packing(model, collator, fix=support.check_fix())
+        return collator
 
     def __repr__(self) -> str:
         cp = f", cp_size={self.cp_size}, cp_rank={self.cp_rank}" if self.cp_size > 1 else ""
         pairs = ", return_pairs=True" if self.return_pairs else ""
+        masks = ""
+        if self.layer_masks is not None:
+            masks = f", layer_masks={self.layer_masks!r}, mask_dtype={self.mask_dtype!r}"
         return (
             f"PackedCollator(format={self.format!r}, pad_to={self.pad_to!r}, pad_id={self.pad_id},"
             f" return_seq_idx={self.return_seq_idx},"
-            f" return_loss_weights={self.return_loss_weights}{cp}{pairs})"
+            f" return_loss_weights={self.return_loss_weights}{cp}{pairs}{masks})"
         )
 
     def reads_columns(self, columns: Sequence[str]) -> Tuple[str, ...]:
@@ -151,10 +206,14 @@ class PackedCollator:
                 batch = self._context_parallel(ids, labels, seg_lens)
             elif self.format in ("hf", "flash"):
                 batch = self._flat(ids, labels, seg_lens)
+            elif self.format == "per_sample":
+                batch = self._per_sample(ids, labels, seg_lens)
             else:
                 batch = self._padded(ids, labels, seg_lens)
             if self.return_pairs:
                 add_pair_fields(batch, rows, labels, seg_lens, self.format)
+        if self.layer_masks is not None:
+            batch["attention_mask"] = layer_type_masks(batch, self.layer_masks, self.mask_dtype)
         _add_carried(batch, rows)
         # The optimizer step's global counts, from a PackedBatchSampler batch.
         counts = getattr(rows, "step_counts", None)
@@ -401,6 +460,33 @@ class PackedCollator:
         self._extras(out, lab, seq_idx, n_seqs)
         return out
 
+    def _per_sample(self, ids, labels, seg_lens) -> Dict[str, Any]:
+        """Each sample of the batch alone in a row, right-padded: a causal model never reads the
+        padding after a token, so every family sees each sample exactly as alone. No positions
+        (the model's default 0..n-1 are each sample's) and no mask (nothing to mask)."""
+        device = ids[0].device
+        lens = torch.cat([s.cpu() for s in seg_lens]).to(torch.int64)
+        n_seqs = lens.numel()
+        longest = int(lens.max()) if n_seqs else 0
+        width = longest if self.pad_to is None else self.pad_to
+        if longest > width:
+            raise DataError(f"a sample has {longest} tokens, more than pad_to={width}")
+        tokens = torch.cat(ids).to(device=device, dtype=torch.int64)
+        lab = torch.cat(labels).to(device=device, dtype=torch.int64)
+        # Each token goes to its sample's row, at its position within the sample.
+        column, sample = _segments(lens, int(lens.sum()))
+        flat = (sample * width + column).to(device)
+        input_ids = torch.full((n_seqs, width), self.pad_id, dtype=torch.int64, device=device)
+        out_lab = torch.full((n_seqs, width), IGNORE_INDEX, dtype=torch.int64, device=device)
+        input_ids.view(-1)[flat] = tokens
+        out_lab.view(-1)[flat] = lab
+        out_lab[:, 0] = IGNORE_INDEX
+        seq_idx = torch.full((n_seqs, width), -1, dtype=torch.int32, device=device)
+        seq_idx.view(-1)[flat] = sample.to(device=device, dtype=torch.int32)
+        out: Dict[str, Any] = {"input_ids": input_ids, "labels": out_lab}
+        self._extras(out, out_lab, seq_idx, n_seqs)
+        return out
+
     def _extras(
         self, out: Dict[str, Any], lab: torch.Tensor, seq_idx: torch.Tensor, n_seqs: int
     ) -> None:
@@ -412,6 +498,25 @@ class PackedCollator:
             out["seq_idx"] = seq_idx.to(torch.int32)
         if self.return_loss_weights:
             out["loss_weights"] = _per_sample_weights(trained, seq_idx, n_seqs)
+
+
+def _check_layer_masks(
+    layer_masks: Mapping[str, Optional[int]], format: str, cp_size: int, return_pairs: bool
+) -> Dict[str, Optional[int]]:
+    if format not in ("hf", "padded") or cp_size > 1 or return_pairs:
+        raise ConfigError(
+            f"layer_masks needs format hf or padded without context parallelism or pairs,"
+            f" got format={format!r}, cp_size={cp_size}, return_pairs={return_pairs}"
+        )
+    if not isinstance(layer_masks, Mapping) or not layer_masks:
+        raise ConfigError(
+            f"layer_masks must be a non-empty dict of layer type -> sliding window or None,"
+            f" got {layer_masks!r}"
+        )
+    return {
+        str(k): None if w is None else check_int(w, f"layer_masks[{k!r}]", 1, MAX_LEN)
+        for k, w in layer_masks.items()
+    }
 
 
 def _host(value: Any) -> Optional[np.ndarray]:
