@@ -20,6 +20,7 @@ from ..errors import ConfigError, DataError
 from ..pack.plan import MAX_LEN, check_int
 from ._transport import ship
 from .pairs import PAIR_FORMATS, add_pair_fields, row_tensor
+from .static import StaticShapes, static_batch
 
 __all__ = ["PackedCollator", "FORMATS", "IGNORE_INDEX"]
 
@@ -72,6 +73,9 @@ class PackedCollator:
             and ``sample_ids`` / ``label`` when the rows have them; see ``tokpack.torch.pairs``),
             with the positions and boundaries of the shared-prompt layout. Formats hf, flash
             (separate layout only) and padded.
+        static: a :class:`tokpack.torch.static.StaticShapes`: batches whose shapes depend only
+            on it (fixed-capacity boundary arrays, aligned segments, a tail policy, FlexAttention
+            block tables); formats hf, flash and padded.
 
     The collator holds only its options: it is picklable and cheap to copy into workers. Derived
     tensors are built on the device of the rows' ``input_ids`` (CPU in DataLoader workers).
@@ -91,6 +95,7 @@ class PackedCollator:
         cp_size: int = 1,
         cp_rank: int = 0,
         return_pairs: bool = False,
+        static: Optional["StaticShapes"] = None,
     ) -> None:
         if format not in FORMATS:
             raise ConfigError(f"format must be one of {FORMATS}, got {format!r}")
@@ -116,6 +121,9 @@ class PackedCollator:
         self.cp_size = cp_size
         self.cp_rank = cp_rank
         self.return_pairs = bool(return_pairs)
+        if static is not None and not isinstance(static, StaticShapes):
+            raise ConfigError(f"static must be a StaticShapes, got {type(static).__name__}")
+        self.static = static
 
     def __repr__(self) -> str:
         cp = f", cp_size={self.cp_size}, cp_rank={self.cp_rank}" if self.cp_size > 1 else ""
@@ -140,6 +148,8 @@ class PackedCollator:
         process), for collators that add fields to it."""
         if len(rows) == 0:
             raise DataError("PackedCollator got an empty batch")
+        if self.static is not None:
+            return static_batch(rows, self.static, self.format, self.pad_id)
         host = None
         if self.format in ("hf", "flash") and self.cp_size == 1 and not self.return_pairs:
             host = _host_rows(rows)
