@@ -108,6 +108,8 @@ class PackConfig:
         overlong: str = "error",
         seed: int = 0,
         row_order: str = "shuffled",
+        max_segments_per_row: Optional[int] = None,
+        align_segments: int = 1,
         tokens_column: str = "input_ids",
         labels_column: Optional[str] = "labels",
         loss_mask_column: Optional[str] = None,
@@ -122,6 +124,8 @@ class PackConfig:
     overlong: str
     seed: int
     row_order: str
+    max_segments_per_row: Optional[int]
+    align_segments: int
     tokens_column: str
     labels_column: Optional[str]
     loss_mask_column: Optional[str]

@@ -133,6 +133,28 @@ def render(stats: PackingStats, overlong_default: bool) -> str:
         "Efficiency (tokens / row capacity):",
         _per_strategy(stats, lambda c, s: f"{c.efficiency[s]:.1%}"),
     ]
+    caps = sorted(stats.candidates[0].capped_rows)
+    out += [
+        "",
+        "bfd segments per row (rows in each bin), and the extra rows a max_segments_per_row cap "
+        "costs (static-shape batches: fixed-capacity cu_seqlens):",
+        _per_candidate(
+            stats,
+            ["max", *(f"segments {k}" for k in stats.candidates[-1].segments_histogram)]
+            + [f"cap {cap}" for cap in caps],
+            lambda c: (
+                [f"{c.max_row_segments:,}"]
+                + [
+                    f"{c.segments_histogram.get(k, 0):,}"
+                    for k in stats.candidates[-1].segments_histogram
+                ]
+                + [
+                    f"+{c.capped_rows[cap] - c.rows['bfd']:,} ({c.cap_cost(cap):.2%})"
+                    for cap in caps
+                ]
+            ),
+        ),
+    ]
     if stats.batch_size:
         out += [
             "",

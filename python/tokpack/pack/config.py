@@ -55,6 +55,10 @@ def refuse_unsupported(
         raise ConfigError(f"{name} ({_flag(name)}) is not supported with {path}: {why[name]}")
 
 
+# Integer fields whose default is None (unset), so their type is not read off the default.
+_OPTIONAL_INTS = ("max_segments_per_row",)
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -69,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser, max_len_default: int = 4096) 
             kw.update(nargs="+", metavar="COLUMN")
         elif choices:
             kw["choices"] = choices
-        elif isinstance(default, int):
+        elif isinstance(default, int) or name in _OPTIONAL_INTS:
             kw["type"] = int
         if default is not None and default != ():
             kw["help"] += f" (default {default})"

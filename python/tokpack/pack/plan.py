@@ -104,6 +104,8 @@ def plan(
     overlong: Optional[str] = None,
     seed: Optional[int] = None,
     row_order: Optional[str] = None,
+    max_segments_per_row: Optional[int] = None,
+    align_segments: Optional[int] = None,
     threads: Optional[int] = None,
     config: Optional[PackConfig] = None,
 ) -> Plan:
@@ -122,7 +124,13 @@ def plan(
         row_order: ``"shuffled"`` (default: the planned rows in a permutation seeded by
             ``seed``, so that consecutive rows do not share their composition) or ``"plan"``
             (the planner's order; best-fit decreasing lists the longest samples first).
-        config: a :class:`tokpack.PackConfig` instead of the five above (its plan options).
+        max_segments_per_row: the most segments a row may hold (default: no cap), a hard
+            constraint of every strategy (static-shape batches: fixed-capacity ``cu_seqlens``).
+        align_segments: plan each segment as its length rounded up to a multiple of this
+            (default 1; ``max_len`` must be a multiple of it): the collators then place every
+            segment at an aligned offset of its row (``tokpack.torch.static``). The plan's
+            ``lengths`` stay the real ones.
+        config: a :class:`tokpack.PackConfig` instead of the seven above (its plan options).
         threads: worker threads (default: ``TOKPACK_NUM_THREADS`` or all cores). The plan is
             identical for every value.
 
@@ -130,7 +138,14 @@ def plan(
     >>> p.n_bins, p.lower_bound
     (2, 2)
     """
-    fields = dict(strategy=strategy, overlong=overlong, seed=seed, row_order=row_order)
+    fields = dict(
+        strategy=strategy,
+        overlong=overlong,
+        seed=seed,
+        row_order=row_order,
+        max_segments_per_row=max_segments_per_row,
+        align_segments=align_segments,
+    )
     config = pack_config(max_len, config, fields)
     threads = checked_threads(threads)
     return Plan._from_rust(

@@ -4,7 +4,7 @@ pure function of those figures, so it can never contradict the table printed nex
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -13,7 +13,7 @@ from .._contract import STRATEGIES
 from .._io.arrays import as_lengths
 from ..errors import ConfigError, DataError
 from ..pack.config import PackConfig
-from ..pack.plan import MAX_ROWS, check_int, plan
+from ..pack.plan import MAX_LEN, MAX_ROWS, check_int, plan
 
 __all__ = [
     "packing_stats",
@@ -34,6 +34,9 @@ FIT_TOKEN_SHARE = 0.01
 # Default candidates: powers of two from here up, capped as ``default_max_lens`` says.
 _SMALLEST_DEFAULT = 1024
 _MOST_DEFAULTS = 5
+
+# The ``max_segments_per_row`` candidates whose cost ``stats`` reports.
+SEGMENT_CAPS = (8, 16, 32, 64)
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,17 @@ class MaxLenFigures:
     #: Mean over optimizer steps of max / mean rank compute, bfd rows shuffled, ``batch_size``
     #: rows per step over ``world_size`` ranks: as dealt (plain), and with balance="compute".
     step_imbalance: Optional[Tuple[float, float]] = None
+    #: bfd rows by segments per row, in power-of-two bins (``"1"``, ``"2"``, ``"3-4"``, ...).
+    segments_histogram: Dict[str, int] = field(default_factory=dict)
+    #: The most segments of a bfd row.
+    max_row_segments: int = 0
+    #: Rows bfd needs with ``max_segments_per_row=cap``, per candidate cap.
+    capped_rows: Dict[int, int] = field(default_factory=dict)
+
+    def cap_cost(self, cap: int) -> float:
+        """The extra rows a segment cap costs bfd, as a share of its uncapped rows."""
+        rows = self.rows["bfd"]
+        return (self.capped_rows[cap] - rows) / rows if rows else 0.0
 
     @property
     def over_sample_share(self) -> float:
@@ -128,6 +142,12 @@ class PackingStats:
                         if c.step_imbalance is None
                         else dict(zip(("plain", "balanced"), c.step_imbalance))
                     ),
+                    "segments_per_row": {
+                        "histogram": dict(c.segments_histogram),
+                        "max": c.max_row_segments,
+                        "capped_rows": {str(k): v for k, v in c.capped_rows.items()},
+                        "cap_cost": {str(k): c.cap_cost(k) for k in c.capped_rows},
+                    },
                     "strategies": {
                         s: {
                             "rows": c.rows[s],
@@ -203,6 +223,7 @@ def packing_stats(
     batch_size: Optional[int] = None,
     threads: Optional[int] = None,
     world_size: Optional[int] = None,
+    segment_caps: Sequence[int] = SEGMENT_CAPS,
 ) -> PackingStats:
     """The figures ``tokpack stats`` prints: for each ``max_len`` candidate (default:
     ``default_max_lens(lengths)``), the rows and efficiency of every strategy when over-long
@@ -211,7 +232,8 @@ def packing_stats(
     ``world_size`` (data-parallel ranks, dividing ``batch_size``) the per-step compute
     imbalance with and without ``PackedBatchSampler(balance="compute")``. Every candidate has
     its bfd rows' compute per epoch (``a·L + b·L²`` with ``COMPUTE_COST``), per segment and
-    over whole rows.
+    over whole rows. Each also has the bfd rows' segments per row (a histogram and the most)
+    and the rows bfd would need under each ``max_segments_per_row`` of ``segment_caps``.
 
     >>> s = packing_stats([300, 500, 700, 1500], [1024])
     >>> c = s.candidates[0]
@@ -219,6 +241,7 @@ def packing_stats(
     (3, 5, 1, 2)
     """
     check_options(overlong, batch_size, world_size)
+    caps = sorted({check_int(c, "segment_caps", 1, MAX_LEN) for c in segment_caps})
     arr = as_lengths(lengths)
     if arr.size == 0:
         raise DataError("lengths: no samples")
@@ -237,6 +260,13 @@ def packing_stats(
             rows[s], efficiency[s] = p.n_bins, p.efficiency
             if s == "bfd":
                 compute, full_rows, imbalance = _compute_figures(p, batch_size, world_size)
+                per_row = np.diff(p.bin_offsets)
+        capped = {
+            cap: plan(arr, m, overlong=overlong, max_segments_per_row=cap, threads=threads).n_bins
+            if per_row.size and cap < int(per_row.max())
+            else rows["bfd"]
+            for cap in caps
+        }
         figures.append(
             MaxLenFigures(
                 max_len=m,
@@ -251,6 +281,9 @@ def packing_stats(
                 compute=compute,
                 full_row_compute=full_rows,
                 step_imbalance=imbalance,
+                segments_histogram=segments_histogram(per_row),
+                max_row_segments=int(per_row.max()) if per_row.size else 0,
+                capped_rows=capped,
             )
         )
     q50, q90, q99 = np.percentile(arr, [50, 90, 99], method="inverted_cdf")
@@ -274,6 +307,21 @@ def packing_stats(
 
 
 COMPUTE_COST = "attention"
+
+
+def segments_histogram(per_row: np.ndarray) -> Dict[str, int]:
+    """Rows by their segment count in power-of-two bins (``"1"``, ``"2"``, ``"3-4"``,
+    ``"5-8"``, ...), up to the bin of the largest count; empty bins included.
+
+    >>> segments_histogram(np.array([1, 3, 4, 9]))
+    {'1': 1, '2': 0, '3-4': 2, '5-8': 0, '9-16': 1}
+    """
+    if per_row.size == 0:
+        return {}
+    bins = np.ceil(np.log2(per_row)).astype(np.int64)
+    counts = np.bincount(bins)
+    labels = ["1", "2"] + [f"{2 ** (k - 1) + 1}-{2**k}" for k in range(2, counts.size)]
+    return {label: int(n) for label, n in zip(labels, counts)}
 
 
 def _compute_figures(

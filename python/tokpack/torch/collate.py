@@ -21,6 +21,7 @@ from ..pack.plan import MAX_LEN, check_int
 from ._transport import ship
 from .attention import layer_type_masks
 from .pairs import PAIR_FORMATS, add_pair_fields, row_tensor
+from .static import STATIC_FORMATS, StaticShapes, static_batch
 
 __all__ = ["PackedCollator", "FORMATS", "IGNORE_INDEX"]
 
@@ -82,6 +83,9 @@ class PackedCollator:
             ``position_ids`` (gpt-oss). Formats hf and padded.
         mask_dtype: the masks' dtype: None for boolean masks (sdpa; True = may attend), a float
             dtype for additive masks (eager attention: 0 or the dtype's minimum).
+        static: a :class:`tokpack.torch.static.StaticShapes`: batches whose shapes depend only
+            on it (fixed-capacity boundary arrays, aligned segments, a tail policy, FlexAttention
+            block tables); formats hf, flash and padded.
 
     The collator holds only its options: it is picklable and cheap to copy into workers. Derived
     tensors are built on the device of the rows' ``input_ids`` (CPU in DataLoader workers).
@@ -103,6 +107,7 @@ class PackedCollator:
         return_pairs: bool = False,
         layer_masks: Optional[Mapping[str, Optional[int]]] = None,
         mask_dtype: Optional[torch.dtype] = None,
+        static: Optional["StaticShapes"] = None,
     ) -> None:
         if format not in FORMATS:
             raise ConfigError(f"format must be one of {FORMATS}, got {format!r}")
@@ -134,6 +139,12 @@ class PackedCollator:
         self.cp_size = cp_size
         self.cp_rank = cp_rank
         self.return_pairs = bool(return_pairs)
+        if static is not None:
+            _check_static(
+                static, format, cp_size, return_pairs, layer_masks, pad_to,
+                return_seq_idx, return_loss_weights,
+            )
+        self.static = static
         self.layer_masks = layer_masks
         self.mask_dtype = mask_dtype
 
@@ -196,9 +207,11 @@ class PackedCollator:
         if len(rows) == 0:
             raise DataError("PackedCollator got an empty batch")
         host = None
-        if self.format in ("hf", "flash") and self.cp_size == 1 and not self.return_pairs:
-            host = _host_rows(rows)
-        if host is not None:
+        if self.static is None and self.format in ("hf", "flash") and self.cp_size == 1:
+            host = None if self.return_pairs else _host_rows(rows)
+        if self.static is not None:
+            batch = static_batch(rows, self.static, self.format, self.pad_id)
+        elif host is not None:
             batch = self._flat_host(*host)
         else:
             ids, labels, seg_lens = self._rows(rows)
@@ -587,6 +600,30 @@ _ROW_KEYS = frozenset(
     ("input_ids", "labels", "seq_lengths", "sample_ids", "seq_roles", "seq_loss_tokens")
     + ("num_tokens", "num_seqs", "num_loss_tokens", "num_pairs")
 )
+
+
+def _check_static(
+    static, format, cp_size, return_pairs, layer_masks, pad_to, seq_idx, loss_weights
+) -> None:
+    """Static shapes are their own layout: formats hf, flash and padded, one rank's whole
+    rows, no other layout option."""
+    if not isinstance(static, StaticShapes):
+        raise ConfigError(f"static must be a StaticShapes, got {type(static).__name__}")
+    others = {
+        "cp_size > 1": cp_size > 1,
+        "return_pairs": return_pairs,
+        "layer_masks": layer_masks is not None,
+        "pad_to (static sets the row length)": pad_to is not None,
+        "return_seq_idx": seq_idx,
+        "return_loss_weights": loss_weights,
+    }
+    clash = [name for name, on in others.items() if on]
+    if format not in STATIC_FORMATS or clash:
+        raise ConfigError(
+            f"static shapes need format {', '.join(STATIC_FORMATS)} without"
+            f" {', '.join(others)}; got format={format!r}"
+            + (f" with {', '.join(clash)}" if clash else "")
+        )
 
 
 def _add_carried(batch: Dict[str, Any], rows: Sequence[Mapping[str, Any]]) -> None:

@@ -42,6 +42,18 @@ pub const FIELDS: &[(&str, &[&str], &str)] = &[
       permutation of the planned rows, so readers get mixed batches) or plan (the planner's \
       order: longest samples first with bfd/ffd)",
     ),
+    (
+        "max_segments_per_row",
+        &[],
+        "the most segments (samples or pieces) a row may hold, a hard constraint of every \
+      strategy: fixed-capacity boundary arrays for CUDA graphs and torch.compile",
+    ),
+    (
+        "align_segments",
+        &[],
+        "plan each segment as its length rounded up to a multiple of this (128 for \
+      block-aligned attention, 2*cp for context parallelism, 16 for FP8); the collators pad it",
+    ),
     ("tokens_column", &[], "list-of-integers column of token ids"),
     (
         "labels_column",
@@ -90,6 +102,8 @@ pub struct PackFields {
     pub strategy: String,
     pub overlong: String,
     pub seed: i128,
+    pub max_segments_per_row: Option<i128>,
+    pub align_segments: i128,
     pub tokens_column: String,
     pub labels_column: Option<String>,
     pub loss_mask_column: Option<String>,
@@ -110,6 +124,8 @@ impl PackFields {
             strategy: Strategy::Bfd.name().into(),
             overlong: Overlong::Error.name().into(),
             seed: 0,
+            max_segments_per_row: None,
+            align_segments: 1,
             tokens_column: "input_ids".into(),
             labels_column: Some("labels".into()),
             loss_mask_column: None,
@@ -144,13 +160,22 @@ impl PackConfig {
         let seed = check_range("seed", f.seed, 0, u64::MAX.into())? as u64;
         let rows_per_shard = check_range("rows_per_shard", f.rows_per_shard, 1, MAX_ROWS)?;
         let row_group_rows = check_range("row_group_rows", f.row_group_rows, 1, MAX_ROWS)?;
+        let max_segments = f
+            .max_segments_per_row
+            .map(|n| check_range("max_segments_per_row", n, 1, MAX_LEN))
+            .transpose()?
+            .map(|n| n as u32);
+        let align = check_range("align_segments", f.align_segments, 1, MAX_LEN)? as u32;
         let plan = PlanConfig {
             max_len,
             strategy: f.strategy.parse()?,
             overlong: f.overlong.parse()?,
             seed,
             row_order: f.row_order.parse()?,
+            max_segments,
+            align,
         };
+        plan.check()?;
         if f.loss_mask_column.is_some()
             && !matches!(f.labels_column.as_deref(), None | Some("labels"))
         {

@@ -2,10 +2,11 @@
 
 use crate::cuts::Cuts;
 use crate::error::{CoreError, Result};
-use crate::items::{build_items, Length};
+use crate::items::{build_items, Item, Length};
 use crate::policy::{check_range, Overlong, RowOrder, Strategy, MAX_LEN};
 use crate::rng::SplitMix64;
 use crate::strategies;
+use rayon::prelude::*;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PlanConfig {
@@ -15,6 +16,12 @@ pub struct PlanConfig {
     /// Seeds the `random` strategy and the `shuffled` row order.
     pub seed: u64,
     pub row_order: RowOrder,
+    /// The most segments a row may hold (a hard constraint of every strategy); None: no cap.
+    pub max_segments: Option<u32>,
+    /// Each segment's footprint in its row is its length rounded up to a multiple of this
+    /// (the planner packs the rounded lengths; the rows store the segments unpadded and the
+    /// collators place them at aligned offsets); 1: none.
+    pub align: u32,
 }
 
 impl PlanConfig {
@@ -28,7 +35,45 @@ impl PlanConfig {
             overlong: overlong.parse()?,
             seed,
             row_order: RowOrder::Plan,
+            max_segments: None,
+            align: 1,
         })
+    }
+
+    /// The cap of the strategies (`u32::MAX`: none).
+    fn cap(&self) -> u32 {
+        self.max_segments.unwrap_or(u32::MAX)
+    }
+
+    /// The options the planner cannot honour together, refused by name with the fix.
+    pub fn check(&self) -> Result<()> {
+        if self.max_segments == Some(0) {
+            return Err(CoreError::Config(
+                "max_segments_per_row must be at least 1, got 0".into(),
+            ));
+        }
+        if self.align == 0 {
+            return Err(CoreError::Config(
+                "align_segments must be at least 1, got 0".into(),
+            ));
+        }
+        if self.align > 1 && !self.max_len.is_multiple_of(self.align) {
+            return Err(CoreError::Config(format!(
+                "max_len must be a multiple of align_segments ({}) so that every aligned sample \
+                 fits a row, got {}; pass max_len={}",
+                self.align,
+                self.max_len,
+                (self.max_len / self.align).max(1) * self.align
+            )));
+        }
+        if self.align > 1 && self.strategy == Strategy::Random {
+            return Err(CoreError::Config(
+                "align_segments pads whole segments and strategy \"random\" cuts samples at \
+                 row ends; pass strategy \"bfd\", \"ffd\", \"next_fit\" or \"padding\""
+                    .into(),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -53,6 +98,10 @@ pub struct Plan {
     pub n_samples: usize,
     /// Tokens in the input, before truncation or dropping.
     pub input_tokens: u64,
+    /// The segment cap the plan was made under (`PlanConfig::max_segments`).
+    pub max_segments: Option<u32>,
+    /// The alignment the plan was made under, when above 1 (`PlanConfig::align`).
+    pub align: Option<u32>,
 }
 
 impl Plan {
@@ -74,6 +123,23 @@ impl Plan {
     pub fn efficiency(&self) -> f64 {
         efficiency(self.total_tokens(), self.n_bins() as u64, self.max_len)
     }
+
+    /// The most segments of a row (0 without rows).
+    pub fn max_row_segments(&self) -> u64 {
+        let counts = self.bin_offsets.windows(2).map(|w| (w[1] - w[0]) as u64);
+        counts.max().unwrap_or(0)
+    }
+
+    /// The padding `align` adds inside the rows (segments rounded up to its multiple).
+    pub fn alignment_padding(&self) -> u64 {
+        let k = i64::from(self.align.unwrap_or(1));
+        self.lengths.iter().map(|&l| ((k - l % k) % k) as u64).sum()
+    }
+}
+
+/// `length` rounded up to a multiple of `align`.
+pub fn aligned(length: u32, align: u32) -> u32 {
+    length.div_ceil(align) * align
 }
 
 /// Rows no packing of `tokens` tokens into rows of `max_len` can do without.
@@ -116,19 +182,39 @@ pub fn plan_cut<L: Length>(
                 .into(),
         ));
     }
+    config.check()?;
     let items = build_items(lengths, config.max_len, config.overlong, cuts)?;
     let max_len = config.max_len;
-    let units = &items.items;
-    let (rows, cut) = match config.strategy {
-        Strategy::Bfd => (strategies::best_fit_decreasing(units, max_len), vec![]),
-        Strategy::Ffd => (strategies::first_fit_decreasing(units, max_len), vec![]),
-        Strategy::NextFit => (strategies::next_fit(units, max_len), vec![]),
+    let cap = config.cap();
+    // With alignment the strategies place footprints (lengths rounded up); the real lengths
+    // are put back afterwards, so the rows store unpadded segments.
+    let padded: Vec<Item>;
+    let units = if config.align > 1 {
+        let pad = |i: &Item| Item {
+            len: aligned(i.len, config.align),
+            ..*i
+        };
+        padded = items.items.par_iter().map(pad).collect();
+        &padded
+    } else {
+        &items.items
+    };
+    let (mut rows, cut) = match config.strategy {
+        Strategy::Bfd => (strategies::best_fit_decreasing(units, max_len, cap), vec![]),
+        Strategy::Ffd => (
+            strategies::first_fit_decreasing(units, max_len, cap),
+            vec![],
+        ),
+        Strategy::NextFit => (strategies::next_fit(units, max_len, cap), vec![]),
         Strategy::Padding => (strategies::padding(units), vec![]),
         Strategy::Random => {
             let blocks = cuts.map(|c| &c.blocks);
-            strategies::random_concat(units, max_len, config.seed, blocks)?
+            strategies::random_concat(units, max_len, config.seed, blocks, cap)?
         }
     };
+    if config.align > 1 {
+        rows.lengths = real_lengths(&items.items, &rows.sample_ids, &rows.starts);
+    }
     // Every sample is in exactly one class: a truncated sample that `random` also cuts across
     // rows stays "truncated" (it lost tokens), never "split" as well.
     let mut split = items.split;
@@ -157,12 +243,26 @@ pub fn plan_cut<L: Length>(
         split,
         n_samples: lengths.len(),
         input_tokens: items.input_tokens,
+        max_segments: config.max_segments,
+        align: (config.align > 1).then_some(config.align),
     };
     if config.row_order == RowOrder::Shuffled {
         let order = row_permutation(out.n_bins(), config.seed);
         out = out.reordered(&order);
     }
     Ok(out)
+}
+
+/// The length of the item each segment `(sample, start)` is (items are in sample order, a
+/// sample's pieces by start: a binary search finds each), in parallel and in order.
+fn real_lengths(items: &[Item], sample_ids: &[i64], starts: &[i64]) -> Vec<i64> {
+    let find = |(&sample, &start): (&i64, &i64)| {
+        let k = items
+            .binary_search_by(|i| (i.sample, i.start).cmp(&(sample, start)))
+            .expect("every segment is one of the planned items");
+        i64::from(items[k].len)
+    };
+    sample_ids.par_iter().zip(starts).map(find).collect()
 }
 
 /// Keeps the row shuffle's stream apart from the `random` strategy's sample shuffle of the

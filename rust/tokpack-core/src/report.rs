@@ -28,6 +28,12 @@ pub struct PackReport {
     /// reports of parts and merged reports).
     #[serde(default)]
     pub input_fingerprints: Vec<String>,
+    /// The most segments of a row, when the plan had a segment cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_row_segments: Option<u64>,
+    /// The padding segment alignment adds inside the rows, when the plan aligned segments.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alignment_padding_tokens: Option<u64>,
 }
 
 /// The manifest's `figures` (but the wall time).
@@ -47,6 +53,12 @@ pub struct Figures {
     pub padding_tokens_unpacked: u64,
     pub efficiency: f64,
     pub lower_bound: u64,
+    /// Only with `max_segments_per_row` (so other manifests stay byte-identical).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_row_segments: Option<u64>,
+    /// Only with `align_segments` above 1.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alignment_padding_tokens: Option<u64>,
 }
 
 impl PackReport {
@@ -70,6 +82,11 @@ impl PackReport {
             split: cat(|p| &p.split),
             shards,
             input_fingerprints: Vec::new(),
+            max_row_segments: parts.iter().filter_map(|p| p.max_row_segments).max(),
+            alignment_padding_tokens: parts
+                .iter()
+                .filter_map(|p| p.alignment_padding_tokens)
+                .reduce(|a, b| a + b),
         }
     }
 
@@ -96,6 +113,8 @@ impl PackReport {
             padding_tokens_unpacked: self.segments * max_len - self.tokens,
             efficiency: efficiency(self.tokens, self.rows, self.max_len),
             lower_bound: lower_bound(self.tokens, self.max_len),
+            max_row_segments: self.max_row_segments,
+            alignment_padding_tokens: self.alignment_padding_tokens,
         }
     }
 }
@@ -103,6 +122,8 @@ impl PackReport {
 impl From<PackOutcome> for PackReport {
     fn from(o: PackOutcome) -> Self {
         let plan = o.plan;
+        let max_row_segments = plan.max_segments.map(|_| plan.max_row_segments());
+        let alignment_padding_tokens = plan.align.map(|_| plan.alignment_padding());
         Self {
             input_rows: o.input_rows,
             has_labels: o.has_labels,
@@ -116,6 +137,8 @@ impl From<PackOutcome> for PackReport {
             empty: plan.empty,
             truncated: plan.truncated,
             split: plan.split,
+            max_row_segments,
+            alignment_padding_tokens,
             shards: o.shards,
             input_fingerprints: o.input_fingerprints,
         }

@@ -136,13 +136,14 @@ fn rows_from_assignment(items: &[Item], by_len: &ByLength, row_of: &[u32], n_row
 
 /// Best-fit decreasing: each item goes to the open row with the least room that still fits it.
 /// Open rows are kept in buckets by remaining room; a successor set over non-empty buckets finds
-/// the tightest fit in O(log64 max_len).
-pub fn best_fit_decreasing(items: &[Item], max_len: u32) -> Rows {
+/// the tightest fit in O(log64 max_len). A row holding `cap` items is closed (never put back).
+pub fn best_fit_decreasing(items: &[Item], max_len: u32, cap: u32) -> Rows {
     let by_len = ByLength::new(items, max_len);
     let max = max_len as usize;
     const NONE: u32 = u32::MAX;
     let mut bucket_head = vec![NONE; max + 1];
     let mut next_in_bucket: Vec<u32> = Vec::new();
+    let mut held: Vec<u32> = Vec::new();
     let mut nonempty = SuccessorSet::new(max);
     let mut row_of = Vec::with_capacity(items.len());
     let mut n_rows: u32 = 0;
@@ -160,13 +161,15 @@ pub fn best_fit_decreasing(items: &[Item], max_len: u32) -> Rows {
                 }
                 None => {
                     next_in_bucket.push(NONE);
+                    held.push(0);
                     n_rows += 1;
                     (n_rows - 1, max)
                 }
             };
             row_of.push(row);
+            held[row as usize] += 1;
             let left = room - len;
-            if left > 0 {
+            if left > 0 && held[row as usize] < cap {
                 next_in_bucket[row as usize] = bucket_head[left];
                 if bucket_head[left] == NONE {
                     nonempty.insert(left);
@@ -179,11 +182,13 @@ pub fn best_fit_decreasing(items: &[Item], max_len: u32) -> Rows {
 }
 
 /// First-fit decreasing: each item goes to the lowest-numbered row that fits it. A max segment
-/// tree over rows (unopened rows count as empty) finds it in O(log n).
-pub fn first_fit_decreasing(items: &[Item], max_len: u32) -> Rows {
+/// tree over rows (unopened rows count as empty) finds it in O(log n); a row holding `cap`
+/// items gets no room left.
+pub fn first_fit_decreasing(items: &[Item], max_len: u32, cap: u32) -> Rows {
     let by_len = ByLength::new(items, max_len);
     let leaves = items.len().max(1).next_power_of_two();
     let mut tree = vec![max_len; 2 * leaves];
+    let mut held = vec![0u32; leaves];
     let mut row_of = Vec::with_capacity(items.len());
     let mut n_rows = 0usize;
     for (len, run) in by_len.runs() {
@@ -200,7 +205,8 @@ pub fn first_fit_decreasing(items: &[Item], max_len: u32) -> Rows {
             let row = node - leaves;
             n_rows = n_rows.max(row + 1);
             row_of.push(row as u32);
-            tree[node] -= len;
+            held[row] += 1;
+            tree[node] = if held[row] < cap { tree[node] - len } else { 0 };
             while node > 1 {
                 node /= 2;
                 tree[node] = tree[2 * node].max(tree[2 * node + 1]);
@@ -210,18 +216,22 @@ pub fn first_fit_decreasing(items: &[Item], max_len: u32) -> Rows {
     rows_from_assignment(items, &by_len, &row_of, n_rows)
 }
 
-/// Input order; a new row starts when the next item does not fit in the current one.
-pub fn next_fit(items: &[Item], max_len: u32) -> Rows {
+/// Input order; a new row starts when the next item does not fit in the current one, or the
+/// current one holds `cap` items.
+pub fn next_fit(items: &[Item], max_len: u32, cap: u32) -> Rows {
     let mut offsets = vec![0i64];
     let mut room = 0u32;
+    let mut held = 0u32;
     for (k, item) in items.iter().enumerate() {
-        if item.len > room {
+        if item.len > room || held == cap {
             if k > 0 {
                 offsets.push(k as i64);
             }
             room = max_len;
+            held = 0;
         }
         room -= item.len;
+        held += 1;
     }
     if !items.is_empty() {
         offsets.push(items.len() as i64);
@@ -238,11 +248,13 @@ pub fn padding(items: &[Item]) -> Rows {
 /// tokens. Samples may be cut across rows; the cut ones are returned as the second value. A
 /// sample with `blocks` is cut only at a safe boundary (the last at or before the row's end,
 /// [`crate::cuts::safe_cut`]): the row ends there, shorter, and the rest starts the next one.
+/// A row ends, shorter, when it holds `cap` segments.
 pub fn random_concat(
     items: &[Item],
     max_len: u32,
     seed: u64,
     blocks: Option<&Blocks>,
+    cap: u32,
 ) -> Result<(Rows, Vec<i64>)> {
     // Items of one sample are contiguous (they come in sample order): shuffle sample groups.
     let mut groups: Vec<(usize, usize)> = Vec::new();
@@ -289,7 +301,8 @@ pub fn random_concat(
                 piece.len -= take;
                 room -= take;
                 // Without blocks a piece is left over only when the row is full.
-                if room == 0 || piece.len > 0 {
+                let held = segments.len() as i64 - offsets[offsets.len() - 1];
+                if room == 0 || piece.len > 0 || held == i64::from(cap) {
                     offsets.push(segments.len() as i64);
                     room = max_len;
                 }

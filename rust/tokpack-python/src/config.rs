@@ -85,6 +85,12 @@ fn apply(fields: &mut PackFields, kwargs: Option<&Bound<'_, PyDict>>) -> PyResul
             "overlong" => fields.overlong = string(v, "overlong")?,
             "seed" => fields.seed = integer(v, "seed")?,
             "row_order" => fields.row_order = string(v, "row_order")?,
+            "max_segments_per_row" => {
+                fields.max_segments_per_row = (!v.is_none())
+                    .then(|| integer(v, "max_segments_per_row"))
+                    .transpose()?
+            }
+            "align_segments" => fields.align_segments = integer(v, "align_segments")?,
             "tokens_column" => fields.tokens_column = string(v, "tokens_column")?,
             "labels_column" => fields.labels_column = optional_string(v, "labels_column")?,
             "loss_mask_column" => fields.loss_mask_column = optional_string(v, "loss_mask_column")?,
@@ -140,6 +146,12 @@ impl PyPackConfig {
         self.scalars(&d)?;
         // Only where they apply (and always with `all`), so the cache keys of SFT outputs stay
         // what they were.
+        if all || self.0.plan.max_segments.is_some() {
+            d.set_item("max_segments_per_row", self.max_segments_per_row())?;
+        }
+        if all || self.0.plan.align > 1 {
+            d.set_item("align_segments", self.align_segments())?;
+        }
         if all || self.0.pair_layout.is_some() {
             d.set_item("pair_layout", self.pair_layout())?;
         }
@@ -199,6 +211,14 @@ pack_config_methods! {
         Ok(PyTuple::new(py, rows?)?.unbind())
     }
 
+    #[getter]
+    fn max_segments_per_row(&self) -> Option<u32> {
+        self.0.plan.max_segments
+    }
+    #[getter]
+    fn align_segments(&self) -> u32 {
+        self.0.plan.align
+    }
     #[getter]
     fn pair_layout(&self) -> Option<&'static str> {
         self.0.pair_layout.map(|l| l.name())

@@ -148,8 +148,20 @@ impl Pairs {
 }
 
 /// Pairs are never cut: `split` and the `random` strategy (which cuts samples across rows) are
-/// configuration errors.
+/// configuration errors. The static-shape options count and pad segments, and a pair is planned
+/// as one unit of two or three segments: they are refused too.
 pub fn check_pair_config(plan: &PlanConfig) -> Result<()> {
+    if plan.max_segments.is_some() || plan.align > 1 {
+        let name = if plan.align > 1 {
+            "align_segments"
+        } else {
+            "max_segments_per_row"
+        };
+        return Err(CoreError::Config(format!(
+            "{name} applies to SFT samples; preference pairs are planned as units of two or \
+             three segments: leave {name} unset for them"
+        )));
+    }
     if plan.overlong == Overlong::Split {
         return Err(CoreError::Config(
             "overlong=\"split\" would cut a preference pair across rows; pass \"truncate\" \
