@@ -2,6 +2,8 @@
 by the config, aligned segments, the tail policies, FlexAttention block tables equal to
 ``create_block_mask``, exact losses against the unpadded batches, and one compile per epoch."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -86,6 +88,32 @@ def test_rows_over_the_shapes_are_refused_with_the_fix():
         PackedCollator("torchtune", static=StaticShapes(1, 64, 4)).collate([row])
     with pytest.raises(ConfigError, match="repack it with --max-segments-per-row"):
         StaticShapes.of_packed({"config": {"max_len": 64}}, rows=2)
+
+
+@pytest.mark.parametrize(
+    "option, clash",
+    [
+        ({"cp_size": 2}, "cp_size > 1"),
+        ({"return_pairs": True}, "return_pairs"),
+        ({"layer_masks": {"full_attention": None}}, "layer_masks"),
+        ({"pad_to": 64}, "pad_to"),
+        ({"return_seq_idx": True}, "return_seq_idx"),
+        ({"return_loss_weights": True}, "return_loss_weights"),
+    ],
+)
+def test_a_static_collator_refuses_the_options_it_would_ignore(option, clash):
+    with pytest.raises(ConfigError, match=f"static shapes need .* with {re.escape(clash)}"):
+        PackedCollator("hf", static=StaticShapes(1, 64, 4), **option)
+
+
+def test_a_static_batch_keeps_the_step_counts_and_carried_columns():
+    class Step(list):
+        step_counts = (7, 3)
+
+    row = {"input_ids": np.arange(1, 11), "seq_lengths": np.array([4, 6]), "score": [0.5, 1.5]}
+    batch = PackedCollator("hf", static=StaticShapes(1, 64, 4)).collate(Step([row]))
+    assert (batch["global_num_loss_tokens"], batch["global_num_samples"]) == (7, 3)
+    assert batch["score"] == [0.5, 1.5]
 
 
 @pytest.mark.parametrize("fmt", ["hf", "padded"])

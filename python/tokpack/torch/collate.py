@@ -141,8 +141,14 @@ class PackedCollator:
         self.return_pairs = bool(return_pairs)
         if static is not None:
             _check_static(
-                static, format, cp_size, return_pairs, layer_masks, pad_to,
-                return_seq_idx, return_loss_weights,
+                static,
+                format,
+                cp_size,
+                return_pairs,
+                layer_masks,
+                pad_to,
+                return_seq_idx,
+                return_loss_weights,
             )
         self.static = static
         self.layer_masks = layer_masks
