@@ -412,3 +412,18 @@ def test_check_model_cli(tmp_path):
     assert out.stderr.strip().splitlines() == [
         f"tokpack check-model: error: {tmp_path / 'missing'}: no such config file"
     ]
+
+
+def test_for_model_gives_static_batches_the_family_tail(monkeypatch):
+    """Static shapes through for_model: attention families keep zero-length tail segments; a
+    Gated DeltaNet family (its kernel taken as installed: nothing runs) gets one coalesced
+    padding segment, which linear-attention kernels need."""
+    from tokpack.torch import models
+    from tokpack.torch.static import StaticShapes
+
+    shapes = StaticShapes(2, 64, 4)
+    llama = PackedCollator.for_model(build("llama"), static=shapes, check=False)
+    assert llama.static.tail == "zero"
+    monkeypatch.setattr(models, "_installed", lambda package: True)
+    gdn = PackedCollator.for_model(build("qwen3_next"), static=shapes, check=False)
+    assert gdn.format == "hf" and gdn.static.tail == "coalesce"

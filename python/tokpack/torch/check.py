@@ -30,6 +30,7 @@ from ..pack.plan import MAX_LEN, check_int
 from .attention import document_ids
 from .collate import PackedCollator
 from .device import to_device
+from .models import model_inputs, packing_support
 
 __all__ = ["check_packing", "PackingReport", "TOLERANCES"]
 
@@ -47,32 +48,11 @@ TOLERANCES: Dict[torch.dtype, Tuple[float, float]] = {
     torch.bfloat16: (5e-2, 5e-2),
 }
 
-# Keys of a PackedCollator batch that are tokpack's bookkeeping, not model inputs. The labels are
-# dropped too: the check compares outputs, it computes no loss.
-_BOOKKEEPING = frozenset(
-    (
-        "labels",
-        "shift_labels",
-        "num_loss_tokens",
-        "num_seqs",
-        "global_num_loss_tokens",
-        "global_num_samples",
-        "position",
-        "sample_ids",
-        "seq_roles",
-        "pair_index",
-        "num_pairs",
-        "seq_spans",
-        "logp_terms",
-        "completion_lengths",
-        "loss_weights",
-        "document_ids",
-    )
-)
-
 
 def _model_inputs(batch: Mapping[str, Any]) -> Dict[str, Any]:
-    return {k: v for k, v in batch.items() if k not in _BOOKKEEPING}
+    """The model's inputs of a batch, labels dropped too: the check compares outputs, it
+    computes no loss."""
+    return {k: v for k, v in model_inputs(batch).items() if k not in ("labels", "shift_labels")}
 
 
 @dataclass(frozen=True)
@@ -154,7 +134,8 @@ def check_packing(
     Args:
         model: the model as it will train (its config, attention implementation, device and
             dtype); its train/eval mode is restored afterwards, its weights are not touched.
-        collator: a ``PackedCollator`` (default ``PackedCollator("hf")``) or any callable from
+        collator: a ``PackedCollator`` (default: the layout ``PackedCollator.for_model(model)``
+            would give, measured even where ``for_model`` refuses it) or any callable from
             rows (``input_ids``, ``labels``, ``seq_lengths``) to a batch whose tokens are
             ``[1, T]`` (padding-free), ``[B, L]`` (one row per packed row, padded) or ``[T]``
             (flat). The model gets the batch minus tokpack's bookkeeping keys and the labels.
@@ -175,7 +156,8 @@ def check_packing(
     """
     segments = check_int(segments, "segments", 2, 64)
     tokens = check_int(tokens, "tokens", 4 * segments, MAX_LEN)
-    collator = PackedCollator("hf") if collator is None else collator
+    if collator is None:
+        collator = PackedCollator(**packing_support(model).collator_options())
     fmt = getattr(collator, "format", type(collator).__name__)
     if fmt == "torchtune":
         raise ConfigError(

@@ -10,6 +10,7 @@ TransformerEngine's THD layout (see ``_context_parallel``).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -179,6 +180,10 @@ class PackedCollator:
         from .models import packing_support
 
         support = packing_support(model, format).require()
+        static = options.get("static")
+        if static is not None and support.rule == "kernels":
+            # Linear-attention kernels break on zero-length segments: one padding segment.
+            options["static"] = dataclasses.replace(static, tail="coalesce")
         collator = cls(**{**options, **support.collator_options()})
         if check and collator.format != "per_sample":
             from .check import check_packing
