@@ -41,12 +41,15 @@ def rows_to_batch(
     longest = int(lengths.max()) if b else 0
     width = -(-longest // pad_to_multiple_of) * pad_to_multiple_of
     cols = np.arange(width, dtype=np.int64)
-    real = cols[None, :] < lengths[:, None]
-    flat_at = (offsets[:-1, None] + cols[None, :])[real]
 
     def padded(name: str, fill: np.ndarray) -> torch.Tensor:
-        out = np.array(np.broadcast_to(fill, (b, width)), dtype=np.int64)
-        out[real] = rows[name][flat_at]
+        flat = rows[name]
+        if b == 1 and width == longest:  # one full row (a micro-batch): no copy
+            return torch.from_numpy(flat).view(1, width)
+        out = np.empty((b, width), dtype=np.int64)
+        out[:] = fill
+        for r in range(b):
+            out[r, : lengths[r]] = flat[offsets[r] : offsets[r + 1]]
         return torch.from_numpy(out)
 
     batch: Dict[str, Any] = {
