@@ -20,6 +20,11 @@ as if it ran alone. See ``docs/guide/trees.md``.
 (9, 6)
 """
 
+try:
+    import torch  # noqa: F401
+except ImportError as exc:  # pragma: no cover - exercised only without torch installed
+    raise ImportError("tokpack.tree needs PyTorch: pip install 'tokpack[torch]'") from exc
+
 from .batch import attention_pairs, block_mask, dense_mask
 from .loss import prediction_logps, sequence_logps, token_logps, tree_loss
 from .models import check_tree_model, model_inputs, tree_refusal
