@@ -9,7 +9,7 @@ from hypothesis import given, seed, settings
 from hypothesis import strategies as st
 
 from tokpack import ConfigError, DataError, OverlongError
-from tokpack.tree import attention_pairs, dense_mask, pack_step, pack_trees
+from tokpack.tree import attention_pairs, block_mask, dense_mask, pack_step, pack_trees
 
 
 def path_of(batch, i):
@@ -192,3 +192,14 @@ def test_completions_listed_per_prompt():
     assert step.stats.flat_tokens == 4 + 4 + 5 and step.stats.forward_tokens == 3 + 4
     with pytest.raises(DataError, match="3 completions for 2 prompts"):
         pack_step([[1], [2]], [[4], [5], [6]], max_tokens=16)
+
+
+def test_the_block_mask_attends_as_the_dense_mask():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    batch = pack_trees([[1, 2, 3, 4, 5], [1, 2, 3, 6], [9, 8]], max_tokens=16)
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 8, 8, dtype=torch.float64, generator=gen) for _ in range(3))
+    flex = flex_attention(q, k, v, block_mask=block_mask(batch, block_size=4))
+    sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=dense_mask(batch))
+    torch.testing.assert_close(flex, sdpa, rtol=1e-12, atol=1e-14)
