@@ -91,6 +91,7 @@ PAGE_SETUP = {
     + "model = _tiny_llama(1024)\nref_model = _tiny_llama(1024, seed=1)\n",
     "docs/guide/training.md": TINY_LLAMA + "model = _tiny_llama(1024)\n",
     "docs/guide/coming-from.md": TINY_LLAMA + "model = _tiny_llama(1024)\n",
+    "docs/guide/trees.md": TINY_LLAMA + "model = _tiny_llama(1024)\n",
 }
 
 

@@ -41,6 +41,21 @@ def test_torch_parts_say_what_is_missing():
     assert "torch" in proc.stdout
 
 
+def test_tree_part_says_what_is_missing():
+    proc = run_blocked(
+        """
+        try:
+            import tokpack.tree
+        except ImportError as exc:
+            print(exc)
+        else:
+            raise SystemExit("no ImportError")
+        """
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "tokpack.tree needs PyTorch" in proc.stdout
+
+
 def test_ray_part_says_what_is_missing():
     proc = run_blocked(
         """

@@ -62,6 +62,8 @@ __all__ = [
     "micro_batches",
     "MicroBatchParts",
     "input_columns",
+    "tree_pack",
+    "tree_step",
 ]
 
 __version__: str
@@ -394,4 +396,37 @@ def micro_batches(
     order: str,
     overlong: str,
 ) -> MicroBatchParts: ...
+def tree_pack(
+    *,
+    tokens: npt.NDArray[np.int64],
+    starts: npt.NDArray[np.int64],
+    lengths: npt.NDArray[np.int64],
+    trained: Optional[npt.NDArray[np.bool_]],
+    groups: Optional[npt.NDArray[np.int64]],
+    max_tokens: int,
+    min_shared: int,
+    threads: Optional[int],
+) -> Dict[str, Any]: ...
+def tree_step(
+    *,
+    prompt_tokens: npt.NDArray[np.int64],
+    prompt_starts: npt.NDArray[np.int64],
+    prompt_lengths: npt.NDArray[np.int64],
+    prompt_of: npt.NDArray[np.int64],
+    tokens: npt.NDArray[np.int64],
+    starts: npt.NDArray[np.int64],
+    lengths: npt.NDArray[np.int64],
+    trained: Optional[npt.NDArray[np.bool_]],
+    max_tokens: int,
+    min_shared: int,
+    dp_size: int,
+    rank: int,
+    a: float,
+    b: float,
+    same_count: bool,
+    min_micro_batches: int,
+    divisible_by: int,
+    order: str,
+    threads: Optional[int],
+) -> Dict[str, Any]: ...
 def input_columns(*, paths: List[str], config: PackConfig) -> Optional[Tuple[str, bool]]: ...

@@ -32,6 +32,7 @@ pub mod report;
 mod rng;
 mod strategies;
 pub mod template;
+pub mod tree;
 
 pub use config::PackConfig;
 pub use cuts::{Blocks, Cuts};

@@ -11,6 +11,7 @@ mod files;
 mod plan;
 mod shards;
 mod template;
+mod tree;
 
 #[pyo3::pymodule]
 mod _tokpack {
@@ -34,6 +35,7 @@ mod _tokpack {
         plan::{default_threads, flatten_samples, pack_tokens, plan, PackedRows, PlanParts},
         shards::write_held_shard,
         template::ChatRenderer,
+        tree::{tree_pack, tree_step},
     };
 
     #[pymodule_init]
