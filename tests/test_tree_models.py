@@ -213,7 +213,7 @@ def test_the_dense_masks_agree_with_the_intervals():
 
 def test_recurrent_and_windowed_families_are_refused():
     mamba = transformers.MambaConfig(hidden_size=16, num_hidden_layers=1, vocab_size=32)
-    assert "recurrent" in tree_refusal(mamba)
+    assert "Mamba" in tree_refusal(mamba)
     with pytest.raises(PackingError, match="mamba"):
         check_tree_model(mamba)
     hybrid = transformers.LlamaConfig(num_hidden_layers=2)
@@ -221,5 +221,10 @@ def test_recurrent_and_windowed_families_are_refused():
     assert "linear_attention" in tree_refusal(hybrid)
     mistral = transformers.MistralConfig(sliding_window=16)
     assert "sliding" in tree_refusal(mistral)
+    # Positions from the mask or ALiBi by index distance would not follow the tree's paths.
+    for position_blind in (transformers.BloomConfig(), transformers.OPTConfig()):
+        assert "more than positions" in tree_refusal(position_blind)
+    # Sinks and windows: gpt-oss takes a mask per layer type, not a tree.
+    assert tree_refusal(transformers.GptOssConfig()) is not None
     assert tree_refusal(transformers.LlamaConfig()) is None
     assert tree_refusal(transformers.Qwen3Config()) is None

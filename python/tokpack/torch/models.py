@@ -28,6 +28,7 @@ __all__ = [
     "ModelPacking",
     "MODEL_FORMATS",
     "BOOKKEEPING_KEYS",
+    "ATTENTION_KINDS",
     "packing_support",
     "model_inputs",
 ]
@@ -61,9 +62,9 @@ BOOKKEEPING_KEYS = frozenset(
     }
 )
 
-# Layer kinds (config.layer_types values and the recurrent kinds below) whose mixing is handled by
-# attention masks; anything else carries state along the sequence.
-_ATTENTION_KINDS = frozenset({"full_attention", "sliding_attention", "chunked_attention"})
+#: Layer kinds (``config.layer_types`` values) whose mixing is handled by attention masks;
+#: anything else carries state along the sequence.
+ATTENTION_KINDS = frozenset({"full_attention", "sliding_attention", "chunked_attention"})
 
 # Attention implementations that read cu_seq_lens (varlen kernels) rather than a dense mask.
 _VARLEN_MARKERS = ("flash", "paged")
@@ -173,6 +174,8 @@ class ModelPacking:
     mask_dtype: Any = None
     return_seq_idx: bool = False
     rule: str = field(default="positions", repr=False)
+    #: The layer kind that would mix packed samples without the family's path (for messages).
+    layer: str = field(default="attention", repr=False)
 
     def require(self) -> "ModelPacking":
         """This support, or a :class:`~tokpack.PackingError` with :attr:`fix` if not exact."""
@@ -238,7 +241,7 @@ def _installed(package: str) -> bool:
 
 
 def _unverified_rule(kinds: Tuple[str, ...]) -> _Rule:
-    other = [k for k in kinds if k not in _ATTENTION_KINDS]
+    other = [k for k in kinds if k not in ATTENTION_KINDS]
     return _no_path(f"{other[0]} (not verified by tokpack)") if other else _POSITIONS
 
 
@@ -267,6 +270,7 @@ def packing_support(model_or_config: Any, format: Optional[str] = None) -> Model
         format=chosen,
         verified=verified,
         rule=rule.path,
+        layer=rule.layer,
     )
     if chosen == "per_sample":
         return ModelPacking(fields=("input_ids",), exact=True, **support)

@@ -3,8 +3,7 @@
 A tree batch is exact only where every token mixes with others through attention alone, and
 the attention takes an arbitrary mask: recurrent layers (Mamba, linear attention, gated delta
 nets) carry a state along the row, across branches, and a sliding window is replaced by the
-tree mask. :func:`tree_refusal` is the one list of those; the model-aware rules of
-``tokpack.torch.models`` may own it later.
+tree mask. :func:`tree_refusal` asks the family rules of ``tokpack.torch.models``.
 """
 
 from __future__ import annotations
@@ -14,55 +13,40 @@ from typing import Any, Dict, Mapping, Optional
 import torch
 
 from ..errors import PackingError
+from ..torch.models import ATTENTION_KINDS, packing_support
 from .batch import MODEL_KEYS, block_mask, dense_mask
 
-# Model types whose layers carry a recurrent state through the sequence.
-_RECURRENT_TYPES = frozenset(
-    {
-        "mamba",
-        "mamba2",
-        "jamba",
-        "bamba",
-        "nemotron_h",
-        "falcon_h1",
-        "falcon_mamba",
-        "granitemoehybrid",
-        "qwen3_next",
-        "qwen3_5",
-        "qwen3_5_moe",
-        "zamba",
-        "zamba2",
-        "lfm2",
-        "lfm2_moe",
-        "minimax",
-        "rwkv",
-        "recurrent_gemma",
-        "xlstm",
-    }
-)
-# Layer kinds (config.layer_types) a tree mask cannot govern.
-_STATEFUL_LAYERS = ("linear_attention", "mamba", "conv", "hybrid", "hybrid_sliding")
+# Layer kinds (config.layer_types) whose window a tree mask would replace.
 _WINDOWED_LAYERS = ("sliding_attention", "chunked_attention", "reference_sliding_attention")
 
 
 def tree_refusal(config: Any) -> Optional[str]:
-    """Why a model of ``config`` cannot train on tree batches exactly, or None when it can."""
-    model_type = getattr(config, "model_type", None)
-    text = getattr(config, "text_config", None)
-    if text is not None and text is not config:
-        return tree_refusal(text)
-    if model_type in _RECURRENT_TYPES:
-        return f"{model_type} has recurrent layers, whose state runs across the tree's branches"
-    kinds = set(getattr(config, "layer_types", None) or ())
-    stateful = sorted(k for k in kinds if k in _STATEFUL_LAYERS)
+    """Why a model of ``config`` cannot train on tree batches exactly, or None when it can.
+
+    The family rules are ``tokpack.torch.models``': a tree needs a family whose attention
+    follows ``position_ids`` and takes a free-form mask (rule ``positions``); recurrent layers
+    carry their state across the branches, and families whose masks ignore positions (ALiBi,
+    positions counted from the mask, sinks) would not follow the paths. Windowed attention is
+    refused too: the tree mask replaces the window.
+    """
+    support = packing_support(config)
+    family = support.family
+    if support.rule != "positions":
+        return (
+            f"{family}'s {support.layer} layers keep samples apart by more than positions and"
+            " a mask, which a tree batch cannot give them"
+        )
+    if getattr(config, "text_config", None) is not None:
+        config = config.text_config
+    stateful = [k for k in support.layer_kinds if k not in ATTENTION_KINDS]
     if stateful:
-        return f"{model_type} has {', '.join(stateful)} layers, whose state runs across branches"
-    windowed = sorted(k for k in kinds if k in _WINDOWED_LAYERS)
+        return f"{family} has {', '.join(stateful)} layers, whose state runs across branches"
+    windowed = sorted(k for k in support.layer_kinds if k in _WINDOWED_LAYERS)
     if windowed or (
         getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)
     ):
         return (
-            f"{model_type} has {', '.join(windowed) or 'sliding-window'} attention, which a tree "
+            f"{family} has {', '.join(windowed) or 'sliding-window'} attention, which a tree "
             "mask replaces; pack it flat, or set config.sliding_window = None when every "
             "sequence is shorter than the window"
         )
