@@ -291,3 +291,10 @@ def test_same_seed_same_segments():
 def test_bad_options_are_config_errors(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         check_packing(tiny_llama(), **kwargs)
+
+
+def test_the_default_collator_is_the_model_aware_layout():
+    """Without a collator the check measures what PackedCollator.for_model would give: [B, L]
+    rows under sdpa (the README's recipe), not the [1, T] hf layout."""
+    report = check_packing(tiny_llama())
+    assert report.exact and report.format == "padded"
