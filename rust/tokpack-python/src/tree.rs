@@ -72,6 +72,15 @@ fn check_flags(trained: Option<&[bool]>, n: usize) -> PyResult<()> {
     }
 }
 
+/// The step's counts, as every result dict of this module carries them.
+fn set_counts(d: &Bound<'_, PyDict>, counts: &Counts) -> PyResult<()> {
+    d.set_item("trees", counts.trees)?;
+    d.set_item("nodes", counts.nodes)?;
+    d.set_item("pieces", counts.pieces)?;
+    d.set_item("split_trees", counts.split_trees)?;
+    d.set_item("unique_tokens", counts.unique_tokens)
+}
+
 fn to_dict<'py>(py: Python<'py>, rows: TreeRows, counts: &Counts) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     macro_rules! put {
@@ -99,11 +108,7 @@ fn to_dict<'py>(py: Python<'py>, rows: TreeRows, counts: &Counts) -> PyResult<Bo
         pred_token,
         pred_weight
     );
-    d.set_item("trees", counts.trees)?;
-    d.set_item("nodes", counts.nodes)?;
-    d.set_item("pieces", counts.pieces)?;
-    d.set_item("split_trees", counts.split_trees)?;
-    d.set_item("unique_tokens", counts.unique_tokens)?;
+    set_counts(&d, counts)?;
     Ok(d)
 }
 
@@ -284,10 +289,6 @@ pub fn tree_step<'py>(
     d.set_item("micro_batches", batches)?;
     d.set_item("mb_tokens", mb_tokens.into_pyarray(py))?;
     d.set_item("rank_offsets", rank_offsets.into_pyarray(py))?;
-    d.set_item("trees", counts.trees)?;
-    d.set_item("nodes", counts.nodes)?;
-    d.set_item("pieces", counts.pieces)?;
-    d.set_item("split_trees", counts.split_trees)?;
-    d.set_item("unique_tokens", counts.unique_tokens)?;
+    set_counts(&d, &counts)?;
     Ok(d)
 }
