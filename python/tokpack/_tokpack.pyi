@@ -340,7 +340,7 @@ def write_held_shard(
     *,
     out_dir: str,
     shard: int,
-    max_len: int,
+    config: PackConfig,
     bin_offsets: np.ndarray,
     sample_ids: np.ndarray,
     starts: np.ndarray,
@@ -349,8 +349,6 @@ def write_held_shard(
     offsets: np.ndarray,
     tokens: np.ndarray,
     labels: Optional[np.ndarray],
-    row_group_rows: int,
-    compression: str,
     carried: List[Tuple[str, Any]] = ...,
 ) -> Dict[str, Any]: ...
 

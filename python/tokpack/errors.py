@@ -11,6 +11,7 @@ __all__ = [
     "DataError",
     "InputNotFoundError",
     "InputPermissionError",
+    "InputReadError",
     "CorruptOutputError",
     "CorruptInputError",
     "SchemaError",
@@ -44,11 +45,16 @@ class OverlongError(DataError):
 
 
 class InputNotFoundError(TokpackError, FileNotFoundError):
-    """An input file is missing or unreadable (also a broken symlink or a symlink loop)."""
+    """An input file is missing (also a broken symlink or a symlink loop)."""
 
 
 class InputPermissionError(TokpackError, PermissionError):
     """An input file or directory exists but tokpack may not read it."""
+
+
+class InputReadError(TokpackError, OSError):
+    """An input exists but cannot be read as a file: a directory or a special file (a FIFO, a
+    device) where a file is expected, or reading it failed (an I/O error)."""
 
 
 class CorruptOutputError(DataError):

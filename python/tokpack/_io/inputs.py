@@ -27,7 +27,13 @@ import stat
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple, Union
 
-from ..errors import ConfigError, InputNotFoundError, InputPermissionError, TokpackError
+from ..errors import (
+    ConfigError,
+    InputNotFoundError,
+    InputPermissionError,
+    InputReadError,
+    TokpackError,
+)
 from .objects import is_object_uri, mirror_objects, uri_of
 from .overlap import Place, check_apart, local_place, uri_place
 
@@ -65,7 +71,7 @@ def input_error(path: Union[str, os.PathLike], exc: OSError) -> TokpackError:
         return InputNotFoundError(f"{shown}: broken symbolic link (to {os.readlink(path)})")
     if isinstance(exc, (FileNotFoundError, NotADirectoryError)):
         return InputNotFoundError(f"{shown}: no such file or directory")
-    return InputNotFoundError(f"{shown}: cannot read ({exc.strerror or exc})")
+    return InputReadError(f"{shown}: cannot read ({exc.strerror or exc})")
 
 
 def require_file(path: Union[str, os.PathLike]) -> os.stat_result:
@@ -76,9 +82,9 @@ def require_file(path: Union[str, os.PathLike]) -> os.stat_result:
     except OSError as exc:
         raise input_error(path, exc) from None
     if stat.S_ISDIR(st.st_mode):
-        raise InputNotFoundError(f"{shown}: is a directory, not a file")
+        raise InputReadError(f"{shown}: is a directory, not a file")
     if not stat.S_ISREG(st.st_mode):
-        raise InputNotFoundError(f"{shown}: not a regular file")
+        raise InputReadError(f"{shown}: not a regular file")
     if not os.access(path, os.R_OK):
         raise InputPermissionError(f"{shown}: permission denied")
     return st

@@ -104,7 +104,7 @@ def write_shard(
         info = _tokpack.write_held_shard(
             out_dir=str(scratch),
             shard=shard,
-            max_len=config.max_len,
+            config=config,
             bin_offsets=np.ascontiguousarray(rows.bin_offsets, dtype=np.int64),
             sample_ids=np.ascontiguousarray(rows.sample_ids, dtype=np.int64),
             starts=np.ascontiguousarray(rows.starts, dtype=np.int64),
@@ -113,8 +113,6 @@ def write_shard(
             offsets=np.ascontiguousarray(offsets, dtype=np.int64),
             tokens=np.ascontiguousarray(tokens, dtype=np.int32),
             labels=np.ascontiguousarray(labels, dtype=np.int32) if has_labels else None,
-            row_group_rows=config.row_group_rows,
-            compression=config.compression,
             carried=[] if carried is None else list(zip(carried.column_names, carried.columns)),
         )
         out.publish(scratch, [info["index"], info["file"]], dest)

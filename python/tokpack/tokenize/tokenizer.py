@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Tuple, Union
 
 from .. import _tokpack
+from .._io.inputs import input_error
 from .._io.outdir import fingerprint_file
 from ..errors import ConfigError, InputNotFoundError
 
@@ -73,7 +74,7 @@ def read_json_object(path: Path) -> Dict[str, Any]:
     except ValueError as exc:
         raise ConfigError(f"{path}: invalid JSON ({exc})") from None
     except OSError as exc:
-        raise InputNotFoundError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        raise input_error(path, exc) from None
     if not isinstance(found, dict):
         raise ConfigError(f"{path}: expected a JSON object")
     return found

@@ -6,6 +6,7 @@
 use crate::error::{CoreError, Result};
 use crate::format::check_carry_name;
 use crate::io::pack::{LabelSource, PackFilesConfig};
+use crate::io::pairs::check_pair_config;
 use crate::io::writer::parse_compression;
 use crate::plan::PlanConfig;
 use crate::policy::{
@@ -153,6 +154,19 @@ pub struct PackConfig {
     pub compression: String,
 }
 
+/// A row group's tokens are addressed by int32 offsets: `row_group_rows` full rows of
+/// `max_len` tokens must fit.
+fn check_row_group_tokens(row_group_rows: i128, max_len: u32) -> Result<()> {
+    let most = i128::from(i32::MAX) / i128::from(max_len);
+    if row_group_rows > most {
+        return Err(CoreError::Config(format!(
+            "row_group_rows must be at most {most} with max_len {max_len} (a row group's \
+             row_group_rows * max_len tokens must fit in int32), got {row_group_rows}"
+        )));
+    }
+    Ok(())
+}
+
 impl PackConfig {
     /// The one validation of the pack options.
     pub fn new(f: PackFields) -> Result<Self> {
@@ -166,6 +180,7 @@ impl PackConfig {
             .transpose()?
             .map(|n| n as u32);
         let align = check_range("align_segments", f.align_segments, 1, MAX_LEN)? as u32;
+        check_row_group_tokens(row_group_rows, max_len)?;
         let plan = PlanConfig {
             max_len,
             strategy: f.strategy.parse()?,
@@ -205,10 +220,14 @@ impl PackConfig {
     }
 
     /// This config for inputs of `kind` (`inputs` names them in messages): the pair layout
-    /// of [`pair_layout_for`]; KTO carries its `label` first, other kinds refuse that name.
+    /// of [`pair_layout_for`] and the plan options pairs allow ([`check_pair_config`]); KTO
+    /// carries its `label` first, other kinds refuse that name.
     pub fn for_kind(&self, kind: SampleKind, inputs: &str) -> Result<Self> {
         let mut out = self.clone();
         out.pair_layout = pair_layout_for(kind, self.pair_layout, inputs)?;
+        if kind == SampleKind::Preference {
+            check_pair_config(&self.plan)?;
+        }
         let label = crate::format::col::KTO_LABEL;
         if kind == SampleKind::Kto {
             out.carry.retain(|c| c != label);
@@ -272,5 +291,22 @@ mod tests {
         fields.compression = "gzip".into();
         let err = PackConfig::new(fields).unwrap_err().to_string();
         assert!(err.starts_with("unknown compression"), "{err}");
+    }
+
+    #[test]
+    fn row_group_tokens_must_fit_int32() {
+        let fields = |max_len, row_group_rows| PackFields {
+            row_group_rows,
+            ..PackFields::defaults(max_len)
+        };
+        let most = i128::from(i32::MAX) / 4096;
+        assert!(PackConfig::new(fields(4096, most)).is_ok());
+        let err = PackConfig::new(fields(4096, most + 1))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("row_group_rows must be at most 524287"),
+            "{err}"
+        );
     }
 }

@@ -11,7 +11,7 @@
 
 #[cfg(not(unix))]
 compile_error!(
-    "tokpack-core is Unix-only: io::spill and io::checked use std::os::unix::fs::FileExt"
+    "tokpack-core is Unix-only: io::spill and io::filebytes use std::os::unix::fs::FileExt"
 );
 
 pub mod balance;

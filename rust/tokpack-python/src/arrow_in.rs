@@ -2,13 +2,12 @@
 //! (`__arrow_c_stream__` / `__arrow_c_array__`): pyarrow, polars, duckdb, nanoarrow, ...
 //! without importing any of them, and without copying the buffers.
 
-use crate::errors::SchemaError;
+use crate::errors::{config_error, SchemaError};
 use arrow::array::{make_array, new_empty_array, Array, ArrayReader, ArrayRef, AsArray};
 use arrow::datatypes::DataType;
 use arrow::error::ArrowError;
 use arrow::ffi::{from_ffi, FFI_ArrowArray, FFI_ArrowSchema};
 use arrow::ffi_stream::{ArrayStreamReader, FFI_ArrowArrayStream};
-use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
 use std::ffi::CStr;
@@ -60,7 +59,7 @@ impl Chunks {
                 arrays: vec![array],
             });
         }
-        Err(PyTypeError::new_err(format!(
+        Err(config_error(format!(
             "{} is not Arrow data (no __arrow_c_stream__ or __arrow_c_array__)",
             obj.get_type().name()?
         )))

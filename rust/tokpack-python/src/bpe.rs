@@ -1,8 +1,7 @@
 //! `BpeEncoder`: the core's byte-level BPE encoder, batch calls with the GIL released.
 
-use crate::errors::{detached, ConfigError};
+use crate::errors::{config_error, detached, ConfigError};
 use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1};
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use tokpack_core::bpe::{self, BpeTokenizer, EncodedBatch, LoadError};
 
@@ -70,16 +69,14 @@ impl BpeEncoder {
         let offsets = span_offsets.as_slice()?;
         let (starts, ends) = (span_starts.as_slice()?, span_ends.as_slice()?);
         if offsets.len() != texts.len() + 1 || starts.len() != ends.len() {
-            return Err(PyValueError::new_err("span arrays do not match the texts"));
+            return Err(config_error("span arrays do not match the texts"));
         }
         let n_spans = starts.len() as i64;
         if offsets[0] != 0
             || offsets[texts.len()] != n_spans
             || offsets.windows(2).any(|w| w[0] > w[1])
         {
-            return Err(PyValueError::new_err(
-                "span_offsets must rise from 0 to len(spans)",
-            ));
+            return Err(config_error("span_offsets must rise from 0 to len(spans)"));
         }
         let spans: Vec<(i64, i64)> = starts.iter().copied().zip(ends.iter().copied()).collect();
         let out = detached(py, threads, || {

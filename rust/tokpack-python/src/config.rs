@@ -1,20 +1,15 @@
 //! `PackConfig` and `PackReport`: the core's pack options and pack outcome as frozen,
 //! picklable Python classes (re-exported as `tokpack.PackConfig` / `tokpack.PackReport`).
 
-use crate::errors::to_py;
+use crate::errors::{config_error, to_py};
+use crate::pydata::{from_python, to_python};
 use numpy::PyArray1;
-use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
+use pyo3::exceptions::PyOverflowError;
 use pyo3::prelude::*;
-use pyo3::types::{IntoPyDict, PyBool, PyBytes, PyDict, PyList, PyString, PyTuple};
-use serde::{de::DeserializeOwned, Serialize};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PyString, PyTuple};
 use tokpack_core::config::{self, PackFields, FIELDS};
-use tokpack_core::error::CoreError;
 use tokpack_core::policy::{check_range, PairLayout, RowOrder};
 use tokpack_core::{PackConfig, PackReport, SampleKind};
-
-fn config_error(what: String) -> PyErr {
-    to_py(CoreError::Config(what))
-}
 
 /// An integer argument (never a bool or a float), saturated to i128 for the core's range check.
 fn integer(value: &Bound<'_, PyAny>, name: &str) -> PyResult<i128> {
@@ -73,7 +68,8 @@ fn carry(value: &Bound<'_, PyAny>) -> PyResult<Vec<String>> {
     value.try_iter()?.map(name).collect()
 }
 
-/// The fields of `kwargs` over `fields` (unknown names: TypeError, as a Python signature).
+/// The fields of `kwargs` over `fields` (an unknown name is refused as a Python signature
+/// words it).
 fn apply(fields: &mut PackFields, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
     let Some(kwargs) = kwargs else { return Ok(()) };
     for (key, value) in kwargs.iter() {
@@ -100,7 +96,7 @@ fn apply(fields: &mut PackFields, kwargs: Option<&Bound<'_, PyDict>>) -> PyResul
             "row_group_rows" => fields.row_group_rows = integer(v, "row_group_rows")?,
             "compression" => fields.compression = string(v, "compression")?,
             _ => {
-                return Err(PyTypeError::new_err(format!(
+                return Err(config_error(format!(
                     "PackConfig got an unexpected keyword argument {key:?}"
                 )))
             }
@@ -164,7 +160,7 @@ impl PyPackConfig {
     /// The config of a dict of its fields, ``max_len`` among them (which it removes).
     fn of_fields(fields: &Bound<'_, PyDict>) -> PyResult<Self> {
         let Some(max_len) = fields.get_item("max_len")? else {
-            return Err(config_error("the config has no max_len".into()));
+            return Err(config_error("the config has no max_len"));
         };
         fields.del_item("max_len")?;
         Self::new(&max_len, Some(fields))
@@ -290,27 +286,6 @@ pack_config_methods! {
         Ok(format!("PackConfig({})", parts?.join(", ")))
     }
 }
-}
-
-/// `value` as Python data (dicts in field order, lists, numbers, strings), through JSON.
-pub fn to_python<'py>(py: Python<'py>, value: &impl Serialize) -> PyResult<Bound<'py, PyAny>> {
-    let text = serde_json::to_string(value).map_err(|e| PyValueError::new_err(e.to_string()))?;
-    py.import("json")?.call_method1("loads", (text,))
-}
-
-/// Python data (numpy arrays and integers too) as a `T`, through JSON; a TypeError names what
-/// does not fit.
-fn from_python<T: DeserializeOwned>(value: &Bound<'_, PyAny>, what: &str) -> PyResult<T> {
-    let py = value.py();
-    let tolist = py
-        .import("operator")?
-        .call_method1("methodcaller", ("tolist",))?;
-    let kwargs = [("default", tolist)].into_py_dict(py)?;
-    let json = py
-        .import("json")?
-        .call_method("dumps", (value,), Some(&kwargs))?;
-    let json: String = json.extract()?;
-    serde_json::from_str(&json).map_err(|e| PyTypeError::new_err(format!("{what}: {e}")))
 }
 
 /// What a pack job did: counts, the ids of the samples not packed whole, the shards written,

@@ -11,6 +11,7 @@ pyo3::import_exception!(tokpack.errors, OverlongError);
 pyo3::import_exception!(tokpack.errors, DataError);
 pyo3::import_exception!(tokpack.errors, InputNotFoundError);
 pyo3::import_exception!(tokpack.errors, InputPermissionError);
+pyo3::import_exception!(tokpack.errors, InputReadError);
 pyo3::import_exception!(tokpack.errors, CorruptInputError);
 pyo3::import_exception!(tokpack.errors, SchemaError);
 pyo3::import_exception!(tokpack.errors, OutputError);
@@ -21,15 +22,21 @@ pub fn to_py(err: CoreError) -> PyErr {
         CoreError::Config(_) => ConfigError::new_err(message),
         CoreError::Overlong { .. } | CoreError::OverCap { .. } => OverlongError::new_err(message),
         CoreError::Data { .. } => DataError::new_err(message),
-        CoreError::Unreadable { source, .. } if source.kind() == ErrorKind::PermissionDenied => {
-            InputPermissionError::new_err(message)
-        }
-        CoreError::Unreadable { .. } => InputNotFoundError::new_err(message),
+        CoreError::Unreadable { source, .. } => match source.kind() {
+            ErrorKind::NotFound | ErrorKind::NotADirectory => InputNotFoundError::new_err(message),
+            ErrorKind::PermissionDenied => InputPermissionError::new_err(message),
+            _ => InputReadError::new_err(message),
+        },
         CoreError::CorruptInput { .. } => CorruptInputError::new_err(message),
         CoreError::Schema { .. } => SchemaError::new_err(message),
         CoreError::Output { .. } => OutputError::new_err(message),
         CoreError::Cancelled => PyKeyboardInterrupt::new_err(message),
     }
+}
+
+/// A bad argument the binding finds itself, as the core's config errors are raised.
+pub fn config_error(what: impl Into<String>) -> PyErr {
+    to_py(CoreError::Config(what.into()))
 }
 
 /// Runs `f` with the GIL released on a pool of `threads` threads (`pool::install`); its error

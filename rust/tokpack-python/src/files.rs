@@ -6,7 +6,6 @@ use crate::config::{PyPackConfig, PyPackReport};
 use crate::cuts::{cuts_of, CutsArg};
 use crate::errors::{detached, to_py};
 use numpy::{IntoPyArray, PyArray1};
-use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::path::PathBuf;
@@ -213,7 +212,7 @@ fn to_numpy<'py>(
             };
             Ok(PyArray1::from_vec(py, strings).into_any())
         }
-        None => Err(PyTypeError::new_err(format!(
+        None => Err(crate::errors::SchemaError::new_err(format!(
             "{what} has type {}, which read_row_group does not convert",
             array.data_type()
         ))),

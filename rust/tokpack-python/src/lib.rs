@@ -9,6 +9,7 @@ mod cuts;
 mod errors;
 mod files;
 mod plan;
+mod pydata;
 mod shards;
 mod template;
 mod tree;

@@ -2,8 +2,9 @@
 //! the writer of `pack_files` (identical bytes for the same plan rows).
 
 use crate::arrow_in::Chunks;
-use crate::config::to_python;
+use crate::config::PyPackConfig;
 use crate::errors::to_py;
+use crate::pydata::to_python;
 use numpy::PyReadonlyArray1;
 use pyo3::prelude::*;
 use std::path::PathBuf;
@@ -14,16 +15,16 @@ use tokpack_core::Plan;
 /// Writes shard `shard` into `out_dir`: plan rows given as CSR arrays (`bin_offsets` from 0,
 /// global `sample_ids`), tokens gathered from the held samples `ids` (ascending) with
 /// `offsets` into `tokens` / `labels`, and `carried`: `(name, Arrow array)` with one value per
-/// held sample. Returns the shard's manifest entry.
+/// held sample, in `config`'s row groups and compression. Returns the shard's manifest entry.
 #[pyfunction]
-#[pyo3(signature = (*, out_dir, shard, max_len, bin_offsets, sample_ids, starts, lengths, ids,
-    offsets, tokens, labels, row_group_rows, compression, carried=Vec::new()))]
+#[pyo3(signature = (*, out_dir, shard, config, bin_offsets, sample_ids, starts, lengths, ids,
+    offsets, tokens, labels, carried=Vec::new()))]
 #[allow(clippy::too_many_arguments)]
 pub fn write_held_shard<'py>(
     py: Python<'py>,
     out_dir: PathBuf,
     shard: usize,
-    max_len: u32,
+    config: &PyPackConfig,
     bin_offsets: PyReadonlyArray1<'py, i64>,
     sample_ids: PyReadonlyArray1<'py, i64>,
     starts: PyReadonlyArray1<'py, i64>,
@@ -32,8 +33,6 @@ pub fn write_held_shard<'py>(
     offsets: PyReadonlyArray1<'py, i64>,
     tokens: PyReadonlyArray1<'py, i32>,
     labels: Option<PyReadonlyArray1<'py, i32>>,
-    row_group_rows: usize,
-    compression: &str,
     carried: Vec<(String, Bound<'py, PyAny>)>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let carried = carried
@@ -47,8 +46,9 @@ pub fn write_held_shard<'py>(
             })
         })
         .collect::<PyResult<Vec<_>>>()?;
+    let config = &config.0;
     let rows = Plan {
-        max_len,
+        max_len: config.plan.max_len,
         bin_offsets: bin_offsets.as_slice()?.to_vec(),
         sample_ids: sample_ids.as_slice()?.to_vec(),
         starts: starts.as_slice()?.to_vec(),
@@ -61,7 +61,7 @@ pub fn write_held_shard<'py>(
         tokens: tokens.as_slice()?,
         labels: labels.as_ref().map(|l| l.as_slice()).transpose()?,
     };
-    let compression = io::parse_compression(compression).map_err(to_py)?;
+    let compression = io::parse_compression(&config.compression).map_err(to_py)?;
     let info = py
         .detach(|| {
             io::write_held_shard(
@@ -70,7 +70,7 @@ pub fn write_held_shard<'py>(
                 &rows,
                 &samples,
                 &carried,
-                row_group_rows,
+                config.row_group_rows,
                 compression,
             )
         })

@@ -1,9 +1,8 @@
 //! `ChatRenderer`: the core's chat template renderer, batch calls with the GIL released.
 
 use crate::bpe::{batch_to_py, Batch, BpeEncoder};
-use crate::errors::detached;
+use crate::errors::{config_error, detached};
 use numpy::{IntoPyArray, PyArray1};
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedStr;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString};
@@ -77,7 +76,7 @@ impl ChatRenderer {
         tools: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<(Option<Self>, Option<String>)> {
         let tools = tools
-            .map(|t| plain_data(t).ok_or_else(|| PyValueError::new_err("tools must be plain data")))
+            .map(|t| plain_data(t).ok_or_else(|| config_error("tools must be plain data")))
             .transpose()?;
         let template =
             ChatTemplate::new(source, variables, special_tokens, utc_offset).and_then(|mut t| {
@@ -112,7 +111,7 @@ impl ChatRenderer {
         threads: Option<usize>,
     ) -> PyResult<Rendered<'py>> {
         let mode = Mode::parse(mode, add_generation_prompt)
-            .ok_or_else(|| PyValueError::new_err(format!("unknown mode {mode:?}")))?;
+            .ok_or_else(|| config_error(format!("unknown mode {mode:?}")))?;
         let conversations: Vec<Option<Vec<Data>>> =
             conversations.iter().map(|c| conversation(&c)).collect();
         let results = detached(py, threads, || {
@@ -168,7 +167,7 @@ impl ChatRenderer {
     ) -> PyResult<(Batch<'py>, Bound<'py, PyArray1<bool>>)> {
         let mode = Mode::parse(mode, false)
             .filter(|m| !matches!(m, Mode::Plain { .. }))
-            .ok_or_else(|| PyValueError::new_err(format!("unknown mode {mode:?}")))?;
+            .ok_or_else(|| config_error(format!("unknown mode {mode:?}")))?;
         let fields = ChatFields {
             messages: messages_key,
             system: system_key,

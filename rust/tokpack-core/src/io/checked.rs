@@ -3,16 +3,13 @@
 //! only then decoded, from memory. A damaged, truncated or replaced shard therefore fails
 //! instead of yielding other tokens, and the check covers exactly the bytes that are decoded.
 
-use super::fingerprint::hash_range;
-use super::source::{assemble_batch, decode, open_file};
-use super::writer::{xxh3_hex, ByteRange};
+use super::filebytes::{bytes_checksum, open_file, ByteRange, CheckedBytes};
+use super::source::{assemble_batch, decode};
 use crate::error::{Context, CoreError, Location, Result};
 use arrow::array::RecordBatch;
-use bytes::{Buf, Bytes};
+use bytes::Bytes;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
 use parquet::arrow::ProjectionMask;
-use parquet::errors::ParquetError;
-use parquet::file::reader::{ChunkReader, Length};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -23,50 +20,6 @@ pub struct GroupCheck {
     pub size: u64,
     pub footer: ByteRange,
     pub group: ByteRange,
-}
-
-/// Checked byte ranges of a file standing in for the file: reads outside them fail.
-pub(crate) struct CheckedBytes {
-    pub size: u64,
-    pub ranges: Vec<(u64, Bytes)>,
-}
-
-impl CheckedBytes {
-    /// The bytes from `start` to the end of the range holding them, and how many there are.
-    fn tail(&self, start: u64) -> parquet::errors::Result<Bytes> {
-        self.ranges
-            .iter()
-            .find(|(offset, data)| start >= *offset && start <= offset + data.len() as u64)
-            .map(|(offset, data)| data.slice((start - offset) as usize..))
-            .ok_or_else(|| {
-                ParquetError::General(format!("offset {start} is outside the checked bytes"))
-            })
-    }
-}
-
-impl Length for CheckedBytes {
-    fn len(&self) -> u64 {
-        self.size
-    }
-}
-
-impl ChunkReader for CheckedBytes {
-    type T = bytes::buf::Reader<Bytes>;
-
-    fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
-        Ok(self.tail(start)?.reader())
-    }
-
-    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
-        let tail = self.tail(start)?;
-        if length > tail.len() {
-            return Err(ParquetError::General(format!(
-                "bytes {start}..{} are outside the checked bytes",
-                start + length as u64
-            )));
-        }
-        Ok(tail.slice(..length))
-    }
 }
 
 /// Reads `range` of `file` (the `part` of the unit at `at`: "footer: " or nothing) and checks
@@ -132,18 +85,4 @@ pub fn read_checked_row_group(
         Ok(())
     })?;
     assemble_batch(&at, schema, batches, columns)
-}
-
-/// `xxh3_128:<hex>` of some bytes: the manifest's checksum of a byte range, for a reader that
-/// fetched the range itself (a shard on object storage) and checks it before keeping it.
-pub fn bytes_checksum(data: &[u8]) -> String {
-    xxh3_hex(twox_hash::XxHash3_128::oneshot(data))
-}
-
-/// Size and `xxh3_128:<hex>` checksum of a whole file.
-pub fn file_checksum(path: &Path) -> Result<(u64, String)> {
-    let at = Location::file(path);
-    let file = open_file(path)?;
-    let size = file.metadata().corrupt(&at, "cannot stat")?.len();
-    Ok((size, xxh3_hex(hash_range(&file, 0, size, &at)?)))
 }

@@ -8,7 +8,7 @@
 //! Whether the parts are hashed in order by [`file_fingerprint`] or out of order by the pack
 //! pass ([`Parts::finish`] hashes what the pass did not read), the result is the same.
 
-use super::source::open_file;
+use super::filebytes::{hash_range, open_file, READ_BYTES};
 use crate::error::{Context, Location, Result};
 use parquet::file::metadata::ParquetMetaData;
 use std::fs::File;
@@ -16,8 +16,8 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use twox_hash::XxHash3_128;
 
-/// Part size of files without row groups (and the read size of hashing).
-pub const PART: u64 = 1 << 26;
+/// Part size of files without row groups: the read size of hashing.
+pub const PART: u64 = READ_BYTES;
 
 /// The parts of a file: `(offset, length)`, in order, covering every byte once.
 #[derive(Clone, Debug, PartialEq)]
@@ -99,21 +99,6 @@ impl Parts {
         }
         Ok(format!("{:032x}", h.finish_128()))
     }
-}
-
-/// xxh3-128 of `length` bytes of `file` from `offset`, read [`PART`] bytes at a time.
-pub fn hash_range(file: &File, offset: u64, length: u64, at: &Location) -> Result<u128> {
-    let mut h = XxHash3_128::new();
-    let mut buf = vec![0u8; PART.min(length) as usize];
-    let mut done = 0u64;
-    while done < length {
-        let n = PART.min(length - done) as usize;
-        file.read_exact_at(&mut buf[..n], offset + done)
-            .corrupt(at, "cannot read")?;
-        h.write(&buf[..n]);
-        done += n as u64;
-    }
-    Ok(h.finish_128())
 }
 
 /// The fingerprint of the file at `path`, read once in order: what the pack pass records for

@@ -7,10 +7,13 @@
 //! index; [`checked`] reads them back against their checksums; [`pack`] ties them together;
 //! [`shard`] writes one shard from samples held in memory (the shard tasks of `tokpack.ray`);
 //! [`pairs`] makes preference pairs packing units and [`carry`] carries per-sample columns.
+//! [`filebytes`], the byte level under them all (opening files, checksummed byte ranges),
+//! imports no other `io` module.
 
 pub mod carry;
 pub mod checked;
 pub mod columns;
+pub mod filebytes;
 pub mod fingerprint;
 pub mod pack;
 mod pagecache;
@@ -21,7 +24,8 @@ pub mod source;
 pub mod spill;
 pub mod writer;
 
-pub use checked::{bytes_checksum, file_checksum, read_checked_row_group, GroupCheck};
+pub use checked::{read_checked_row_group, GroupCheck};
+pub use filebytes::{bytes_checksum, file_checksum, ByteRange};
 pub use fingerprint::file_fingerprint;
 pub use pack::{
     input_columns, pack_files, read_lengths, LabelSource, PackFilesConfig, PackOutcome,
@@ -30,4 +34,4 @@ pub use pairs::PairLayout;
 pub use progress::{Phase, Progress};
 pub use shard::{write_held_shard, HeldSamples};
 pub use source::{read_row_group, Source};
-pub use writer::{parse_compression, ByteRange, ShardInfo};
+pub use writer::{parse_compression, ShardInfo};

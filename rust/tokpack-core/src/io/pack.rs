@@ -12,9 +12,7 @@
 use super::carry::{carried_types, carried_values, concat, with_pieces};
 use super::columns::{check_scalar_int, check_type, flatten_sequence, BatchAt, Flat, Role};
 use super::pagecache::inputs_read_once;
-use super::pairs::{
-    check_pair_config, pair_lengths, plan_pairs, PairLayout, PairLengths, SEQ_REJECTED,
-};
+use super::pairs::{pair_lengths, plan_pairs, PairLayout, PairLengths, SEQ_REJECTED};
 use super::progress::{Phase, Progress};
 use super::source::Source;
 use super::spill::{Spill, SpillReader};
@@ -57,6 +55,7 @@ pub struct PackFilesConfig {
     /// Scalar per-sample columns written as per-segment list columns.
     pub carry: Vec<String>,
     pub plan: PlanConfig,
+    /// The layout of a `PackConfig` (checked when it was made).
     pub rows_per_shard: usize,
     pub row_group_rows: usize,
     pub compression: Compression,
@@ -389,7 +388,7 @@ fn read_all(
             .par_iter()
             .zip(digests.par_iter_mut())
             .map(|(source, digests)| {
-                let file = super::source::open_file(&source.path)?;
+                let file = super::filebytes::open_file(&source.path)?;
                 let at = Location::file(&source.path);
                 source.parts.finish(&file, &at, digests)
             })
@@ -469,22 +468,6 @@ pub fn read_lengths(
     Ok((lengths, rows))
 }
 
-/// The output layout must be positive and a row group's tokens must fit int32 offsets.
-pub(crate) fn check_layout(
-    rows_per_shard: usize,
-    row_group_rows: usize,
-    max_len: u32,
-) -> Result<()> {
-    let max_tokens = row_group_rows as u64 * u64::from(max_len);
-    if row_group_rows == 0 || rows_per_shard == 0 || max_tokens > i32::MAX as u64 {
-        return Err(CoreError::Config(format!(
-            "row_group_rows ({row_group_rows}) and rows_per_shard ({rows_per_shard}) must be \
-             positive, and row_group_rows * max_len must fit in int32"
-        )));
-    }
-    Ok(())
-}
-
 /// The samples `pieces` holds are the ones `plan` cuts (truncated or split), and each of their
 /// segments is one of their pieces: the values given for them are the plan's.
 fn check_pieces(plan: &Plan, pieces: &Cuts) -> Result<()> {
@@ -521,18 +504,10 @@ fn check_pieces(plan: &Plan, pieces: &Cuts) -> Result<()> {
 
 /// Packs the token shards `config.paths` into `config.out_dir`. Call inside `pool::install`.
 pub fn pack_files(config: &PackFilesConfig, progress: &Progress) -> Result<PackOutcome> {
-    check_layout(
-        config.rows_per_shard,
-        config.row_group_rows,
-        config.plan.max_len,
-    )?;
-    if config.pairs.is_some() {
-        check_pair_config(&config.plan)?;
-        if config.cuts.is_some() {
-            return Err(CoreError::Config(
-                "cuts: chosen pieces are for plain samples; a preference pair is never cut".into(),
-            ));
-        }
+    if config.pairs.is_some() && config.cuts.is_some() {
+        return Err(CoreError::Config(
+            "cuts: chosen pieces are for plain samples; a preference pair is never cut".into(),
+        ));
     }
     let pieces = config.pieces.as_ref().or(config.cuts.as_ref());
     if let Some((name, _)) = config

@@ -3,7 +3,6 @@
 //! writer as [`super::pack_files`], so the shard's bytes are those `pack_files` writes.
 
 use super::carry::Carried;
-use super::pack::check_layout;
 use super::progress::Progress;
 use super::writer::{write_shard, SampleSource, ShardContext, ShardInfo};
 use crate::error::{CoreError, Result};
@@ -79,7 +78,8 @@ impl SampleSource for HeldSamples<'_> {
 
 /// Writes shard `shard` into `dir` from `rows`, a plan holding exactly the shard's rows (its
 /// segments keep their global sample ids), gathering tokens from `samples` and the carried
-/// columns' values from `carried` (each with the held `ids`).
+/// columns' values from `carried` (each with the held `ids`), in the row groups and compression
+/// of a `PackConfig` (checked when it was made).
 pub fn write_held_shard(
     dir: &Path,
     shard: usize,
@@ -89,7 +89,6 @@ pub fn write_held_shard(
     row_group_rows: usize,
     compression: Compression,
 ) -> Result<ShardInfo> {
-    check_layout(rows.n_bins().max(1), row_group_rows, rows.max_len)?;
     samples.check()?;
     let progress = Progress::new();
     let ctx = ShardContext {

@@ -1,7 +1,7 @@
 //! Input files: Parquet (one unit per row group) and Arrow IPC / Feather v2 (one unit per
 //! record batch), read with only the requested columns.
 
-use super::checked::CheckedBytes;
+use super::filebytes::{hash_range, open_file, CheckedBytes};
 use super::fingerprint::Parts;
 use super::pagecache::drop_read;
 use crate::error::{Context, CoreError, Location, Result};
@@ -13,7 +13,6 @@ use parquet::arrow::arrow_reader::{
 };
 use parquet::arrow::ProjectionMask;
 use parquet::file::reader::ChunkReader;
-use std::fs::File;
 use std::io::Read;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -36,10 +35,6 @@ pub struct Source {
     /// Drop the row groups a hashed read reads from the page cache once read
     /// (`super::pagecache::drop_read`).
     pub read_once: bool,
-}
-
-pub(crate) fn open_file(path: &Path) -> Result<File> {
-    File::open(path).map_err(|e| CoreError::unreadable(path, e))
 }
 
 impl Source {
@@ -139,7 +134,7 @@ impl Source {
                     decode(data, meta, mask, unit, batch_rows, &at, &mut f)?;
                     if let Some(p) = part {
                         let (offset, length) = self.parts.parts[p];
-                        let d = super::fingerprint::hash_range(&file, offset, length, &at)?;
+                        let d = hash_range(&file, offset, length, &at)?;
                         digest = Some((p, d));
                     }
                 }

@@ -8,6 +8,7 @@
 //! [`super::checked`]).
 
 use super::carry::{per_segment, Carried};
+use super::filebytes::{xxh3_hex, ByteRange};
 use super::pagecache::WriteBehind;
 use super::pairs::{Pairs, Part};
 use super::progress::Progress;
@@ -29,15 +30,6 @@ use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
-/// A byte range of a shard file and the checksum of its bytes.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ByteRange {
-    pub offset: u64,
-    pub length: u64,
-    /// `xxh3_128:<hex>` of the range's bytes.
-    pub checksum: String,
-}
-
 /// What was written for one shard (recorded in the manifest).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct ShardInfo {
@@ -58,11 +50,6 @@ pub struct ShardInfo {
     /// The index side file's size in bytes and `xxh3_128:<hex>` of its bytes.
     pub index_size: u64,
     pub index_checksum: String,
-}
-
-/// The checksum notation of the manifest.
-pub fn xxh3_hex(hash: u128) -> String {
-    format!("xxh3_128:{hash:032x}")
 }
 
 /// `zstd`, `zstd:LEVEL`, `snappy`, `lz4` or `none`.
