@@ -1,12 +1,14 @@
 """The one input resolver (files, directories, globs) behind pack, stats, tokenize,
 pack --tokenizer and the streaming reader, and the errors it gives."""
 
+import errno
 import os
 
 import pytest
 
 import tokpack
-from tokpack._io.inputs import RAW_SUFFIXES, TOKEN_SUFFIXES, resolve_inputs
+from tokpack import _tokpack
+from tokpack._io.inputs import RAW_SUFFIXES, TOKEN_SUFFIXES, input_error, resolve_inputs
 from tokpack._io.outdir import describe_inputs
 from tokpack.cli import main
 from tokpack.synthetic import write_token_shards
@@ -120,10 +122,31 @@ def test_unreadable_file_is_a_permission_error(tmp_path):
         f.chmod(0o644)
 
 
+def test_an_input_that_cannot_be_read_as_a_file_is_a_read_error(tmp_path):
+    """A FIFO or a directory where a file is expected, or an I/O error: InputReadError (an
+    OSError), not InputNotFoundError, in the resolver and in the Rust readers."""
+    fifo = tmp_path / "a.parquet"
+    os.mkfifo(fifo)
+    with pytest.raises(tokpack.InputReadError, match="a.parquet: not a regular file") as info:
+        resolve_inputs(fifo, TOKEN_SUFFIXES)
+    assert isinstance(info.value, OSError) and not isinstance(info.value, FileNotFoundError)
+    err = input_error(tmp_path / "b.parquet", OSError(errno.EIO, "Input/output error"))
+    assert type(err) is tokpack.InputReadError
+    assert str(err).endswith("b.parquet: cannot read (Input/output error)")
+    shard_dir = tmp_path / "c.parquet"
+    shard_dir.mkdir()
+    for read in (
+        lambda: _tokpack.read_row_group(path=str(shard_dir), row_group=0, columns=["input_ids"]),
+        lambda: _tokpack.file_checksum(str(shard_dir)),
+    ):
+        with pytest.raises(tokpack.InputReadError, match=r"c.parquet: cannot read \(is a direc"):
+            read()
+
+
 def test_errors_pickle():
     import pickle
 
-    for cls in (tokpack.InputPermissionError, tokpack.OutputExistsError):
+    for cls in (tokpack.InputPermissionError, tokpack.InputReadError, tokpack.OutputExistsError):
         err = pickle.loads(pickle.dumps(cls("msg")))
         assert type(err) is cls and str(err) == "msg"
 

@@ -35,8 +35,32 @@ def test_config_is_a_frozen_picklable_value():
     assert repr(c).startswith("PackConfig(max_len=2048, strategy='ffd', overlong='error'")
     with pytest.raises(AttributeError):
         c.max_len = 3  # type: ignore[misc]
-    with pytest.raises(TypeError, match='unexpected keyword argument "stratgy"'):
+    with pytest.raises(ConfigError, match='unexpected keyword argument "stratgy"'):
         PackConfig(8, stratgy="bfd")
+
+
+def test_the_row_group_layout_is_checked_when_made():
+    """A row group's row_group_rows * max_len tokens must fit int32 offsets: the constructor
+    (and replace) refuses the config, not the pack that would use it."""
+    most = (2**31 - 1) // 4096
+    assert PackConfig(4096, row_group_rows=most).row_group_rows == most == 524287
+    with pytest.raises(ConfigError, match="^row_group_rows must be at most 524287 with max_len"):
+        PackConfig(4096, row_group_rows=10**6)
+    with pytest.raises(ConfigError, match="^row_group_rows must be at most"):
+        PackConfig(4096).replace(row_group_rows=10**6)
+    small = PackConfig(1024, row_group_rows=10**6)
+    with pytest.raises(ConfigError, match="^row_group_rows must be at most 524287"):
+        small.replace(max_len=4096)
+
+
+def test_pair_options_are_checked_for_preference_inputs():
+    """What pairs refuse depends on the inputs' kind: for_kind checks it, before any work."""
+    config = PackConfig(64, overlong="split")
+    assert config.for_kind("sft", "x.parquet").overlong == "split"
+    with pytest.raises(ConfigError, match="split.*preference pair"):
+        config.for_kind("preference", "x.parquet")
+    with pytest.raises(ConfigError, match="^align_segments applies to SFT samples"):
+        PackConfig(64, align_segments=8).for_kind("preference", "x.parquet")
 
 
 def test_to_dict_is_the_manifest_config(tmp_path):
@@ -177,6 +201,38 @@ def test_report_merge_derives_the_figures_once():
     assert pickle.loads(pickle.dumps(merged)).figures() == merged.figures()
     assert json.dumps(merged.figures())
     assert np.array_equal(merged.dropped, np.zeros(0, np.int64))
+
+
+def test_report_crosses_as_plain_data_in_field_order():
+    """PackReport's fields, shards and figures reach Python as dicts in field order, ints and
+    floats as they are in Rust; numpy arrays and scalars are taken; a wrong field is refused."""
+    shard = {
+        "file": "part-00000.parquet",
+        "index": "_index-part-00000.arrow",
+        "rows": 1,
+        "row_groups": 1,
+        "tokens": 6,
+        "loss_tokens": 6,
+        "size": 10,
+        "checksum": "xxh3_128:0",
+        "row_group_bytes": [{"offset": 4, "length": 2, "checksum": "xxh3_128:1"}],
+        "footer_bytes": {"offset": 6, "length": 4, "checksum": "xxh3_128:2"},
+        "index_size": 3,
+        "index_checksum": "xxh3_128:3",
+    }
+    fields = dict(input_rows=[np.int64(2)], has_labels=True, max_len=8, n_samples=2, rows=1)
+    fields.update(segments=2, tokens=6, input_tokens=6, empty=[], truncated=[], split=[])
+    report = tokpack.PackReport(**fields, dropped=np.zeros(0, np.int64), shards=[shard])
+    assert report.shards == [shard] and list(report.shards[0]) == list(shard)
+    figures = report.figures()
+    assert list(figures)[:3] == ["samples_in", "samples_packed", "samples_truncated"]
+    assert type(figures["rows"]) is int and type(figures["efficiency"]) is float
+    assert figures["efficiency"] == 0.75 and figures["padding_tokens"] == 2
+    assert pickle.loads(pickle.dumps(report)).shards == [shard]
+    with pytest.raises(ConfigError, match="^PackReport: unknown field `bogus`"):
+        tokpack.PackReport(**fields, dropped=[], shards=[], bogus=1)
+    with pytest.raises(ConfigError, match="^PackReport: "):
+        tokpack.PackReport(**{**fields, "rows": 1.5}, dropped=[], shards=[])
 
 
 def test_the_schema_check_of_the_suite_sees_packs_manifests(tmp_path, monkeypatch):

@@ -8,6 +8,7 @@ use parquet::errors::ParquetError;
 use parquet::file::reader::{ChunkReader, Length};
 use serde::{Deserialize, Serialize};
 use std::fs::File;
+use std::io::ErrorKind;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use twox_hash::XxHash3_128;
@@ -24,8 +25,15 @@ pub struct ByteRange {
     pub checksum: String,
 }
 
+/// `path` opened for reading; a directory is refused here (it opens on Unix, and only its
+/// reads would fail).
 pub(crate) fn open_file(path: &Path) -> Result<File> {
-    File::open(path).map_err(|e| CoreError::unreadable(path, e))
+    let file = File::open(path).map_err(|e| CoreError::unreadable(path, e))?;
+    match file.metadata() {
+        Ok(m) if m.is_dir() => Err(CoreError::unreadable(path, ErrorKind::IsADirectory.into())),
+        Ok(_) => Ok(file),
+        Err(e) => Err(CoreError::unreadable(path, e)),
+    }
 }
 
 /// The checksum notation of the manifest.
@@ -103,5 +111,19 @@ impl ChunkReader for CheckedBytes {
             )));
         }
         Ok(tail.slice(..length))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_directory_is_not_opened_as_a_file() {
+        let err = open_file(&std::env::temp_dir()).unwrap_err();
+        assert!(
+            matches!(&err, CoreError::Unreadable { source, .. } if source.kind() == ErrorKind::IsADirectory),
+            "{err}"
+        );
     }
 }
