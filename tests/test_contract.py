@@ -37,3 +37,17 @@ def test_the_core_lists_exactly_the_exported_names(kind, what, names):
         tokpack.plan(np.array([3]), 4, **{kind: "nope"})
     listed = ", ".join(f'"{n}"' for n in getattr(_contract, names))
     assert str(info.value) == f'unknown {what} "nope"; expected one of {listed}'
+
+
+def test_python_choices_are_refused_in_the_core_s_words():
+    """One wording for an unknown choice: the Python checker's message is the core's."""
+    from tokpack._checks import check_choice
+
+    with pytest.raises(tokpack.ConfigError) as core:
+        tokpack.plan(np.array([3]), 4, strategy="nope")
+    with pytest.raises(tokpack.ConfigError) as python:
+        check_choice("strategy", "nope", _contract.STRATEGIES)
+    assert str(python.value) == str(core.value)
+    assert check_choice("strategy", "ffd", _contract.STRATEGIES) == "ffd"
+    with pytest.raises(tokpack.ConfigError, match=r"^unknown tail \['drop'\]; expected one of"):
+        check_choice("tail", ["drop"], ("drop", "pad"))  # unhashable: refused, not a TypeError

@@ -13,9 +13,9 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
+from .._checks import MAX_ROWS, check_int
 from .._io.inputs import TOKEN_SUFFIXES, PathsLike, is_parquet, resolve_inputs
 from ..errors import DataError
-from ..pack.plan import MAX_ROWS, check_int
 
 __all__ = ["streaming_dataset_reader"]
 

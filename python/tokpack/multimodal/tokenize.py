@@ -47,11 +47,11 @@ import numpy as np
 import pyarrow as pa
 
 from .. import _tokpack
+from .._checks import MAX_LEN, check_int
 from .._contract import IGNORE_INDEX, OVERLONG_HINT, OVERLONG_POLICIES
 from .._io.arrays import list_array
 from .._io.inputs import RAW_SUFFIXES, resolve_inputs
 from ..errors import ConfigError, DataError, InputNotFoundError, InvalidRecordError
-from ..pack.plan import MAX_LEN, check_int
 from ..packed.mixture import _positive as positive_number
 from ..tokenize.encoder import overlong_error
 from ..tokenize.formats import Record, read_records

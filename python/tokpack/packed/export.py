@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .. import _tokpack
+from .._checks import check_choice
 from .._contract import IGNORE_INDEX
 from .._io.arrays import list_array
 from .._io.inputs import TOKEN_SUFFIXES, shown_path
@@ -207,10 +208,9 @@ def export_megatron(
     the figures: ``bin``, ``idx``, ``dtype``, ``sequences``, ``documents`` (without Megatron's
     leading 0), ``tokens``.
     """
-    if document not in DOCUMENT_MODES:
-        raise ConfigError(f"document must be one of {', '.join(DOCUMENT_MODES)}, not {document!r}")
-    if dtype is not None and dtype not in MEGATRON_DTYPES:
-        raise ConfigError(f"dtype must be one of {', '.join(MEGATRON_DTYPES)}, not {dtype!r}")
+    check_choice("document", document, DOCUMENT_MODES)
+    if dtype is not None:
+        check_choice("dtype", dtype, MEGATRON_DTYPES)
     prefix = os.fspath(prefix)
     if not os.path.basename(prefix):
         raise ConfigError(f"{shown_path(prefix)}: the prefix needs a file name (PREFIX.bin)")

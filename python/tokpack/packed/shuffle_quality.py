@@ -23,7 +23,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from ..pack.plan import check_int
+from .._checks import check_int
 from .integrity import _read_index
 from .mixture import MAX_STREAM_ROWS
 from .order import EpochOrder

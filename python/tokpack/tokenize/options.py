@@ -8,9 +8,9 @@ import os
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Dict, Mapping, Optional, Sequence, Union
 
+from .._checks import MAX_ROWS, check_int
 from ..errors import ConfigError
 from ..pack.config import PackConfig
-from ..pack.plan import MAX_ROWS, check_int
 from .formats import FORMATS, first_format, resolve_columns
 from .schema import kind_of_format
 from .template import RENDERERS, TRAIN_ON

@@ -17,11 +17,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .. import _tokpack
+from .._checks import MAX_ROWS, check_int, checked_threads
 from .._io.inputs import RAW_SUFFIXES, resolve_inputs
 from .._io.outdir import open_for_writing, writing
 from .._io.progress import Progress
 from .._io.store import cached_run, destination
-from ..pack.plan import MAX_ROWS, check_int, checked_threads
 from ..packed.format import REJECTED_NAME
 from .options import TokenizeOptions
 from .pipeline import ChunkRunner, PathLike, RecordEncoder, TokenStream

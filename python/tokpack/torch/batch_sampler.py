@@ -18,10 +18,10 @@ from typing import Callable, Iterable, Iterator, List, Optional
 import numpy as np
 import torch
 
+from .._checks import MAX_SEED, check_int
 from ..balance import Cost
 from ..balance.packed import checked_balance, deal_batches, packed_cost, row_compute
 from ..errors import ConfigError
-from ..pack.plan import MAX_SEED, check_int
 from ..packed.mixture import MAX_STREAM_ROWS
 from ..packed.row_counts import row_counts
 from ._workers import resolve_rank

@@ -25,8 +25,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
+from .._checks import MAX_LEN, check_choice, check_int
 from ..errors import ConfigError, PackingError
-from ..pack.plan import MAX_LEN, check_int
 from .attention import document_ids
 from .collate import PackedCollator
 from .device import to_device
@@ -170,8 +170,7 @@ def check_packing(
     device = torch.device(device)
     if dtype is None:
         dtype = max((p.dtype for p in params), key=_eps, default=torch.float32)
-    if dtype not in TOLERANCES:
-        raise ConfigError(f"dtype must be one of {sorted(map(str, TOLERANCES))}, got {dtype}")
+    check_choice("dtype", dtype, TOLERANCES)
     default_atol, default_rtol = TOLERANCES[dtype]
     atol = default_atol if atol is None else float(atol)
     rtol = default_rtol if rtol is None else float(rtol)

@@ -9,8 +9,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 
 from .. import _tokpack
+from .._checks import check_int, checked_threads
 from ..errors import ConfigError, DataError, OverlongError
-from ..pack.plan import check_int, checked_threads
 from ._inputs import Flat, as_numpy, flat_tokens, trained_flags
 from .batch import rows_to_batch
 
