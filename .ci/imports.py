@@ -33,8 +33,8 @@ CORE = ROOT / "rust" / "tokpack-core" / "src"
 # and reader sit below everything that reads or writes it (object storage, the pack job, the
 # loaders); the entry points (torch, tree, ray, the CLI) and the lazy facade are on top.
 LAYERS: list[list[str]] = [
-    ["_tokpack", "errors", "_contract"],
-    ["_checks"],
+    ["_tokpack", "errors"],
+    ["_contract", "_checks"],
     ["_io"],
     ["packed"],
     ["remote"],

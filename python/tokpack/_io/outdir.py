@@ -42,14 +42,13 @@ from ..errors import (
     OutputExistsError,
     TokpackError,
 )
-from ..packed.format import (  # noqa: F401 (re-exported)
+from .inputs import input_error, shown_path
+from .manifest import (  # noqa: F401 (re-exported)
     MANIFEST_NAME,
     SIDE_DIR,
     read_manifest,
-    read_packed_manifest,
     write_json_atomic,
 )
-from .inputs import input_error, shown_path
 from .objects import object_fingerprint
 
 # Side files (manifest, indexes, accounting) live in SIDE_DIR, a subdirectory Parquet readers

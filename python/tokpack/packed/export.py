@@ -30,6 +30,7 @@ from .._checks import check_choice
 from .._contract import IGNORE_INDEX
 from .._io.arrays import list_array
 from .._io.inputs import TOKEN_SUFFIXES, shown_path
+from .._io.manifest import read_json
 from .._io.objects import is_object_uri
 from .._io.outdir import atomic_output_files, output_file, writing
 from .._io.overlap import Place, check_apart, local_place, uri_place
@@ -37,7 +38,6 @@ from .._io.store import object_output_files
 from ..errors import ConfigError, CorruptOutputError, DataError
 from ..multimodal.pack import refuse_multimodal
 from ..remote import open_packed
-from .format import read_json
 from .reader import PackedDir, segment_sums
 
 __all__ = [

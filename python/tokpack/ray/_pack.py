@@ -12,7 +12,9 @@ import ray.data
 
 from .. import _tokpack
 from .._checks import check_choice, check_int
+from .._io import manifest as _manifest
 from .._io.inputs import TOKEN_SUFFIXES, is_parquet, resolve_inputs
+from .._io.manifest import member_path
 from .._io.objects import is_object_uri
 from .._io.outdir import output_target, writing
 from .._io.store import LocalOut, committed_output, local_path, read_manifest_at
@@ -20,14 +22,12 @@ from ..errors import ConfigError, CorruptOutputError
 from ..multimodal.pack import refuse_multimodal
 from ..pack.config import PackConfig, pack_config, refuse_unsupported
 from ..pack.plan import plan as make_plan
-from ..packed import format as _format
 from ..packed.format import (
     DROPPED_NAME,
     MANIFEST_NAME,
     packed_manifest,
     write_dropped,
 )
-from ..packed.reader import member_path
 from ._blocks import (
     RAY_ENTRY,
     RAY_INSTEAD,
@@ -161,7 +161,7 @@ def pack(
         manifest.update(packed_manifest(recorded, described, report, wall, dropped))
         manifest["sample_kind"] = kind
         manifest["ray"] = {"mode": mode, "blocks": n_blocks, "stage_s": clock.stages}
-        _format.write_manifest(local, manifest)  # looked up at the call (the suite checks it)
+        _manifest.write_manifest(local, manifest)  # looked up at the call (the suite checks it)
     return manifest
 
 
