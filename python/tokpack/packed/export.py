@@ -37,8 +37,8 @@ from .._io.overlap import Place, check_apart, local_place, uri_place
 from .._io.store import object_output_files
 from ..errors import ConfigError, CorruptOutputError, DataError
 from ..multimodal.pack import refuse_multimodal
-from ..remote import open_packed
 from .reader import PackedDir, segment_sums
+from .remote import open_packed
 
 __all__ = [
     "export_megatron",

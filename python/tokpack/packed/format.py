@@ -38,7 +38,9 @@ __all__ = [
     "INDEX_COLUMNS",
     "KTO_LABEL",
     "MANIFEST_NAME",
+    "PAIR_SHARD_COLUMNS",
     "REJECTED_NAME",
+    "ROW_COLUMNS",
     "SHARD_COLUMNS",
     "SIDE_DIR",
     "manifest_schema",
@@ -48,6 +50,13 @@ __all__ = [
 ]
 
 SCHEMA_FILE = Path(__file__).with_name("manifest.schema.json")
+
+# Groups of the core's SHARD_COLUMNS (in its order; tests/test_contract.py pins them): the
+# per-segment lists every reader decodes (``input_ids``, ``labels``, ``seq_lengths``,
+# ``sample_ids``), and what preference outputs add (``seq_roles``, ``num_pairs``; not the core's
+# ``io::pack::PAIR_COLUMNS``, which are a preference *input*'s).
+ROW_COLUMNS = SHARD_COLUMNS[:4]
+PAIR_SHARD_COLUMNS = SHARD_COLUMNS[8:]
 
 
 def manifest_schema() -> Dict[str, Any]:

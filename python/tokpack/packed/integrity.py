@@ -23,9 +23,11 @@ import pyarrow.parquet as pq
 from .. import _tokpack
 from .._contract import PAIR_SEGMENT_ROLES
 from .._io.manifest import cache_problem, member_path, read_manifest, side_file_problem
+from .._io.uri import is_remote, local_path
 from ..errors import CorruptOutputError
-from ..remote import is_remote, local_path, open_packed
+from .format import INDEX_COLUMNS
 from .reader import PackedDir
+from .remote import open_packed
 
 __all__ = ["verify"]
 
@@ -82,7 +84,7 @@ def _read_index(packed: PackedDir, k: int) -> Dict[str, np.ndarray]:
     shard = packed.manifest["shards"][k]
     path = packed.side_path(shard["index"], f"shard {k} index")
     table = read_side_file(path, shard.get("index_size"), shard.get("index_checksum"), "index")
-    names = ("offset", "num_tokens", "num_seqs", "num_loss_tokens")
+    names = INDEX_COLUMNS
     if table.num_rows != shard["rows"] or any(n not in table.column_names for n in names):
         raise CorruptOutputError(
             f"{path}: expected columns {list(names)} and {shard['rows']} rows, got"
@@ -107,7 +109,7 @@ def _check_group(packed: PackedDir, group: int, index: Dict[str, np.ndarray], fi
     cols = packed.decode(group, names)
     rows = slice(first, first + int(packed.group_rows[group]))
     lists = {"num_tokens": "input_ids", "num_seqs": "seq_lengths"}
-    for name in ("num_tokens", "num_seqs", "num_loss_tokens"):
+    for name in INDEX_COLUMNS[1:]:  # the per-row counts (after the offset)
         got = np.asarray(cols[name], dtype=np.int64)
         if name in lists and not np.array_equal(got, np.diff(cols[lists[name]][1])):
             raise CorruptOutputError(

@@ -28,13 +28,9 @@ import pyarrow.parquet as pq
 from .. import _tokpack
 from .._io.manifest import member_path
 from ..errors import ConfigError, CorruptOutputError, InputNotFoundError, TokpackError
-from .format import FORMAT, FORMAT_VERSION, MANIFEST_NAME
+from .format import FORMAT, FORMAT_VERSION, MANIFEST_NAME, PAIR_SHARD_COLUMNS, ROW_COLUMNS
 
-__all__ = ["PackedDir", "decode_row_group", "ROW_COLUMNS", "PAIR_COLUMNS"]
-
-ROW_COLUMNS = ("input_ids", "labels", "seq_lengths", "sample_ids")
-# The columns preference outputs add (``seq_roles``: see ``_contract.SEGMENT_ROLES``).
-PAIR_COLUMNS = ("seq_roles", "num_pairs")
+__all__ = ["PackedDir", "decode_row_group"]
 
 Column = Union[Tuple[np.ndarray, np.ndarray], np.ndarray]
 # (offset, length, "xxh3_128:<hex>") of a byte range of a shard.
@@ -162,7 +158,7 @@ class PackedDir:
             raise _corrupt(root, f"missing or invalid field {exc}") from None
         # The columns every shard must have.
         needed = [c for c in ROW_COLUMNS if c != "labels" or self.has_labels]
-        needed += list(PAIR_COLUMNS if self.pair_layout is not None else ()) + self.carried
+        needed += list(PAIR_SHARD_COLUMNS if self.pair_layout is not None else ()) + self.carried
         self.needed_columns = needed
         self.shard_paths: List[str] = []
         self.shard_sizes: List[int] = []

@@ -4,19 +4,31 @@ the manifests (whose recorded config is part of the cache key)."""
 
 from __future__ import annotations
 
+import argparse
 import os
-from dataclasses import asdict, dataclass, replace
-from typing import Any, Dict, Mapping, Optional, Sequence, Union
+from dataclasses import Field, asdict, dataclass, field, fields, replace
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
-from .._checks import MAX_ROWS, check_int
+from .._checks import MAX_ROWS, check_choice, check_int
+from .._contract import OVERLONG_POLICIES
+from .._tokpack import PackConfig
 from ..errors import ConfigError
-from ..pack.config import PackConfig
-from .formats import FORMATS, first_format, resolve_columns
+from .formats import DEFAULT_COLUMNS, FORMATS, first_format, resolve_columns
 from .schema import kind_of_format
 from .template import RENDERERS, TRAIN_ON
 from .tokenizer import ENCODERS
 
-__all__ = ["TokenizeOptions"]
+__all__ = ["TokenizeOptions", "add_arguments", "from_args"]
+
+# The named choices of the options, checked when made (overlong by its owner, PackConfig).
+CHOICES = {"format": FORMATS, "train_on": TRAIN_ON, "encoder": ENCODERS, "renderer": RENDERERS}
+
+
+def _flag(default: Any, help: Optional[str], shared: bool = True, **argparse_kw: Any) -> Any:
+    """A field that is also a command-line flag (``--name``, or ``flag``), with its help and
+    argparse keywords: ``shared`` by ``tokenize`` and one-step ``pack --tokenizer``, or
+    ``tokenize``'s own (pack has its own ``--max-len``, ``--overlong`` and ``--carry``)."""
+    return field(default=default, metadata={"help": help, "shared": shared, "cli": argparse_kw})
 
 
 @dataclass(frozen=True)
@@ -52,29 +64,52 @@ class TokenizeOptions:
             of one type in a run; a record without one is invalid.
     """
 
-    chat_template: Optional[Union[str, os.PathLike]] = None
-    format: str = "auto"
-    train_on: str = "assistant"
-    max_len: Optional[int] = None
-    overlong: str = "error"
-    add_eos: Optional[bool] = None
-    columns: Optional[Mapping[str, str]] = None
-    skip_invalid: bool = False
+    chat_template: Optional[Union[str, os.PathLike]] = _flag(
+        None, "Jinja chat template (default: the tokenizer's)", metavar="FILE"
+    )
+    format: str = _flag(
+        "auto",
+        "record format (default auto: per record; preference (chosen/rejected) or kto "
+        "(prompt/completion/label) when the first record is one)",
+    )
+    train_on: str = _flag(
+        "assistant", "tokens with labels: assistant turns (default), the last one, or all"
+    )
+    max_len: Optional[int] = _flag(None, None, shared=False, type=int, metavar="N")
+    overlong: str = _flag("error", "samples longer than --max-len (default: error)", shared=False)
+    add_eos: Optional[bool] = _flag(
+        None, "append EOS to every sample (default: to plain-text samples only)"
+    )
+    columns: Optional[Mapping[str, str]] = _flag(
+        None,
+        f"read FIELD from column NAME (fields: {', '.join(DEFAULT_COLUMNS)})",
+        flag="--column",
+        action="append",
+        metavar="FIELD=NAME",
+    )
+    skip_invalid: bool = _flag(
+        False, "write bad records to OUT_DIR/__tokpack__/_rejected.jsonl instead of failing"
+    )
     batch_size: int = 2048
-    encoder: str = "auto"
+    encoder: str = _flag(
+        "auto",
+        "auto (default): tokpack's Rust BPE encoder when it reproduces the tokenizer "
+        "(byte-level BPE of the GPT-2, Llama 3 and Qwen2 kinds), else tokenizers; "
+        "tokenizers: always tokenizers",
+    )
     renderer: str = "auto"
-    carry: Sequence[str] = ()
+    carry: Sequence[str] = _flag(
+        (),
+        "record fields kept as columns of the token shards (for pack --carry): one bool, "
+        "number or string a record",
+        shared=False,
+        nargs="+",
+        metavar="FIELD",
+    )
 
     def __post_init__(self) -> None:
-        for name, allowed in (
-            ("format", FORMATS),
-            ("train_on", TRAIN_ON),
-            ("encoder", ENCODERS),
-            ("renderer", RENDERERS),
-        ):
-            value = getattr(self, name)
-            if value not in allowed:
-                raise ConfigError(f"unknown {name} {value!r}; choose among {', '.join(allowed)}")
+        for name, allowed in CHOICES.items():
+            check_choice(name, getattr(self, name), allowed)
         # max_len and overlong are pack options: checked by their owner.
         packing = PackConfig(1 if self.max_len is None else self.max_len, overlong=self.overlong)
         if self.max_len is not None:
@@ -123,3 +158,56 @@ class TokenizeOptions:
         else:  # only where it applies: the cache keys of other outputs stay what they were
             del data["carry"]
         return data
+
+
+def _flag_fields(shared: bool) -> Iterator["Field[Any]"]:
+    for f in fields(TokenizeOptions):
+        if "cli" in f.metadata and f.metadata["shared"] == shared:
+            yield f
+
+
+def _dest(f: "Field[Any]") -> str:
+    return f.metadata["cli"].get("flag", f"--{f.name}").lstrip("-").replace("-", "_")
+
+
+def add_arguments(parser: Any, shared: bool = True) -> None:
+    """The CLI flags of the option fields, from their defaults, help and choices: the ones
+    ``tokenize`` and one-step ``pack --tokenizer`` share (``--chat-template``, ``--format``,
+    ...), or (``shared=False``) ``tokenize``'s own (``--max-len``, ``--overlong``, ``--carry``)."""
+    choices = {**CHOICES, "overlong": OVERLONG_POLICIES}
+    for f in _flag_fields(shared):
+        kw = dict(f.metadata["cli"])
+        flag = kw.pop("flag", "--" + f.name.replace("_", "-"))
+        kw.update(help=f.metadata["help"], default=f.default)
+        if f.name in choices:
+            kw["choices"] = choices[f.name]
+        if kw.get("action") == "append":
+            kw["default"] = []
+        if f.default is False:
+            kw["action"] = "store_true"
+        if f.type in ("Optional[bool]", Optional[bool]):  # --name / --no-name, unset: None
+            pair = parser.add_mutually_exclusive_group()
+            pair.add_argument(flag, dest=f.name, action="store_true", **kw)
+            pair.add_argument(flag.replace("--", "--no-", 1), dest=f.name, action="store_false")
+            continue
+        parser.add_argument(flag, **kw)
+
+
+def from_args(args: argparse.Namespace, own: bool = False, **values: Any) -> TokenizeOptions:
+    """The TokenizeOptions of the flags :func:`add_arguments` made: the shared ones, with
+    ``own`` ``tokenize``'s own too, and ``values``."""
+    chosen = [*_flag_fields(True), *(_flag_fields(False) if own else ())]
+    given = {f.name: getattr(args, _dest(f)) for f in chosen}
+    given["columns"] = column_pairs(given["columns"])
+    return TokenizeOptions(**given, **values)
+
+
+def column_pairs(items: List[str]) -> Optional[Dict[str, str]]:
+    """``--column FIELD=NAME`` items as ``{field: name}`` (None when there are none)."""
+    columns = {}
+    for item in items:
+        key, sep, name = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--column expects FIELD=NAME, got {item!r}")
+        columns[key] = name
+    return columns or None

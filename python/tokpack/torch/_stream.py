@@ -22,9 +22,10 @@ from ..balance import Cost
 from ..balance.packed import checked_balance, deal_batches, packed_cost, row_compute
 from ..errors import ConfigError
 from ..multimodal.tokenize import MEDIA_COLUMNS
+from ..packed.format import ROW_COLUMNS
 from ..packed.mixture import MAX_STREAM_ROWS
 from ..packed.order import TAILS, RankSplit
-from ..packed.reader import ROW_COLUMNS, PackedDir
+from ..packed.reader import PackedDir
 from ..packed.row_counts import RowCounts
 from ._rows import GroupCache
 from ._transport import ship

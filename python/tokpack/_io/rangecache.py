@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from ..errors import ConfigError, StorageError
-from ._fetch import collecting, count
+from .fetch import collecting, count
 
 __all__ = ["RangeCache", "Want", "cache_counters", "usage"]
 
