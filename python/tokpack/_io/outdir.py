@@ -50,6 +50,7 @@ from .manifest import (  # noqa: F401 (re-exported)
     write_json_atomic,
 )
 from .objects import object_fingerprint
+from .pids import pid_alive
 
 # Side files (manifest, indexes, accounting) live in SIDE_DIR, a subdirectory Parquet readers
 # skip: pyarrow.dataset ignores names starting with "_", Hugging Face datasets ignores directories
@@ -117,17 +118,6 @@ def cache_key(kind: str, inputs: List[Dict[str, Any]], config: Dict[str, Any]) -
     """A digest of everything that determines the output bytes."""
     blob = json.dumps({"kind": kind, "inputs": inputs, "config": config}, sort_keys=True)
     return hashlib.blake2b(blob.encode(), digest_size=16).hexdigest()
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists (another user's counts)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's
-        pass
-    return True
 
 
 def _clean_stale(out_dir: Path) -> None:

@@ -40,7 +40,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .._io.outdir import pid_alive
+from .._io.pids import pid_alive
 from ..packed.reader import Column
 
 __all__ = ["SharedGroups", "readahead"]
