@@ -53,7 +53,7 @@ def input_error(path: Union[str, os.PathLike], exc: OSError) -> TokpackError:
     if exc.errno == errno.ELOOP:
         return InputNotFoundError(f"{shown}: symlink loop (too many levels of symbolic links)")
     if isinstance(exc, FileNotFoundError) and os.path.islink(path):
-        return InputNotFoundError(f"{shown}: broken symbolic link (to {os.readlink(path)})")
+        return InputNotFoundError(f"{shown}: broken symbolic link (to {os.readlink(path)})")  # type: ignore[type-var]
     if isinstance(exc, (FileNotFoundError, NotADirectoryError)):
         return InputNotFoundError(f"{shown}: no such file or directory")
     return InputNotFoundError(f"{shown}: cannot read ({exc.strerror or exc})")

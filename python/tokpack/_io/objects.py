@@ -63,7 +63,7 @@ def is_object_uri(text: str) -> bool:
     return "://" in text and is_remote(text)
 
 
-def uri_of(path: os.PathLike) -> Optional[str]:
+def uri_of(path: Union[str, os.PathLike]) -> Optional[str]:
     """The URI a local copy mirrors, or None for any other path."""
     try:
         rel = Path(os.path.abspath(path)).relative_to(cache_root().absolute())

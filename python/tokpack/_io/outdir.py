@@ -158,7 +158,7 @@ def _remove_stale_lock(path: Path) -> None:
         os.close(fd)
 
 
-def output_target(out_dir: os.PathLike) -> Path:
+def output_target(out_dir: Union[str, os.PathLike]) -> Path:
     """The real path of the directory a run will replace, checked before any work: not an empty
     path, not the current directory or one containing it, no symlink loop, no file in the way,
     and replaceable (see :func:`check_replaceable`). Symlinks are resolved, so a symlinked
@@ -303,7 +303,7 @@ def _output_lock(out_dir: Path) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def atomic_output_dir(out_dir: os.PathLike) -> Iterator[Path]:
+def atomic_output_dir(out_dir: Union[str, os.PathLike]) -> Iterator[Path]:
     """Yields a fresh temporary directory next to ``out_dir``; on normal exit it replaces
     ``out_dir`` (an existing one is moved aside first, then deleted); on any exception the
     temporary is removed and ``out_dir`` is left as it was. ``out_dir`` is checked by
@@ -332,7 +332,7 @@ def atomic_output_dir(out_dir: os.PathLike) -> Iterator[Path]:
             raise
 
 
-def output_file(path: os.PathLike) -> Path:
+def output_file(path: Union[str, os.PathLike]) -> Path:
     """The real path of a file a run will write (``export``'s files), checked before any work:
     a file name, not a directory (that it lies outside what the export reads is
     ``overlap.check_apart``'s). Symlinks are resolved, so a symlinked file is written through,
@@ -415,8 +415,8 @@ def _signals_deferred() -> Iterator[None]:
     finally:
         for s, handler in previous.items():
             signal.signal(s, signal.SIG_DFL if handler is None else handler)
-        for s in dict.fromkeys(pending):
-            signal.raise_signal(s)
+        for signum in dict.fromkeys(pending):
+            signal.raise_signal(signum)
 
 
 def numpy_api_ready() -> None:

@@ -249,7 +249,7 @@ class StoreOut(Out):
                 ("rejected_file", None, None),
             ):
                 if manifest.get(key):
-                    listed.append((manifest[key], manifest.get(size), manifest.get(checksum)))
+                    listed.append((manifest[key], manifest.get(size), manifest.get(checksum)))  # type: ignore[arg-type]
         except (KeyError, TypeError) as exc:
             return f"the manifest is malformed (field {exc})"
         infos = self.fs.get_file_info([self.key(str(name)) for name, _, _ in listed])
@@ -403,7 +403,7 @@ def cached_run(
     existing = None
     if not force:
         try:
-            existing = read_manifest(dest.local) if out is None else out._manifest()
+            existing = read_manifest(dest.local) if out is None else out._manifest()  # type: ignore[arg-type]
         except CorruptOutputError:  # rebuilt
             existing = None
         existing = existing if is_tokpack_manifest(existing) else None

@@ -82,7 +82,7 @@ def add_inputs_and_output(parser: argparse.ArgumentParser, inputs: str, output: 
     parser.add_argument("--quiet", action="store_true", help="no progress bars or summary")
 
 
-def add_tokenizer_arguments(parser: argparse.ArgumentParser, required: bool) -> None:
+def add_tokenizer_arguments(parser: Any, required: bool) -> None:
     """The tokenizing options, shared by ``tokenize`` and one-step ``pack --tokenizer``."""
     parser.add_argument(
         "--tokenizer",

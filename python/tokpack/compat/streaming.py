@@ -73,7 +73,7 @@ def streaming_dataset_reader(
         except (pa.ArrowException, OSError) as exc:
             raise DataError(f"{path}: cannot read as Parquet/Arrow ({exc})") from None
     if pending_rows:
-        yield _to_columns(pending, columns)
+        yield _to_columns(pending, columns)  # type: ignore[arg-type]
 
 
 def _to_columns(parts: List[pa.RecordBatch], columns: List[str]) -> Dict[str, List[Any]]:

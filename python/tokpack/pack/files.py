@@ -177,8 +177,8 @@ def pack_files(
         # Carried columns are the records' fields, staged with the tokens (KTO's label is there).
         kind = kind_of_format(options.format)
         config = config.for_kind(kind, shown_path(paths[0]))
-        fields = [c for c in config.carry if (kind, c) != ("kto", KTO_LABEL)]
-        options = replace(options, carry=(*options.carry, *fields))
+        carried = [c for c in config.carry if (kind, c) != ("kto", KTO_LABEL)]
+        options = replace(options, carry=(*options.carry, *carried))
         encoding = RecordEncoder(tokenizer, options)
     else:
         paths = resolve_inputs(inputs, TOKEN_SUFFIXES, output_dir=dest.place, folders=folders)

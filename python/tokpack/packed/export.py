@@ -153,7 +153,7 @@ def _write_bin(
     sequence counts and the token count, or None when ``auto`` and an id is too large for
     Megatron's uint16 rule (the caller starts again in int32: one pass in the common case)."""
     np_dtype = MEGATRON_DTYPES[dtype][0]
-    limit = _UINT16_VOCAB_LIMIT - 2 if auto and dtype == "uint16" else np.iinfo(np_dtype).max
+    limit = _UINT16_VOCAB_LIMIT - 2 if auto and dtype == "uint16" else np.iinfo(np_dtype).max  # type: ignore[type-var]
     lengths: List[np.ndarray] = []
     row_counts: List[np.ndarray] = []
     n_tokens = 0
@@ -375,9 +375,9 @@ def export_nemo_packed(
                 table, n_loss = _nemo_table(group)
                 writer.write_table(table, row_group_size=max(table.num_rows, 1))
                 figures["rows"] += table.num_rows
-                figures["sequences"] += int(group.lengths.size)
-                figures["tokens"] += int(group.tokens.size)
-                figures["loss_tokens"] += n_loss
+                figures["sequences"] += int(group.lengths.size)  # type: ignore[operator]
+                figures["tokens"] += int(group.tokens.size)  # type: ignore[operator]
+                figures["loss_tokens"] += n_loss  # type: ignore[operator]
     return figures
 
 

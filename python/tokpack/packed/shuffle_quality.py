@@ -143,5 +143,5 @@ def shuffle_quality(
     figures = {}
     for name, order in orders.items():
         seg, length = batch_figures(tokens, segments, order, batch_rows)
-        figures[name] = (lag1_autocorrelation(seg), lag1_autocorrelation(length))
+        figures[name] = (lag1_autocorrelation(seg), lag1_autocorrelation(length))  # type: ignore[arg-type]
     return ShuffleQuality(batch_rows, shuffle_window, n // batch_rows, figures)

@@ -156,7 +156,7 @@ def pack(
             dropped = write_dropped(local / DROPPED_NAME, report, [Path(p) for p in shown])
         described: List[Dict[str, Any]] = [{"path": str(p)} for p in shown]
         # Never a cache hit (a Ray run has no cheap fingerprint of its inputs), hence no key.
-        manifest = {"tokpack_version": _tokpack.__version__, "cache_key": None}
+        manifest: Dict[str, Any] = {"tokpack_version": _tokpack.__version__, "cache_key": None}
         wall = time.perf_counter() - started
         manifest.update(packed_manifest(recorded, described, report, wall, dropped))
         manifest["sample_kind"] = kind

@@ -288,7 +288,7 @@ def first_format(
     """The format of the first record of ``paths`` that decodes (None: none does, or it has no
     format)."""
     for path in paths:
-        with contextlib.closing(read_records(path)) as records:
+        with contextlib.closing(read_records(path)) as records:  # type: ignore[type-var]
             for record in records:
                 if record.error is None:
                     return detect_format(record.value, columns)

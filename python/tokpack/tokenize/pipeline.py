@@ -207,7 +207,7 @@ class TokenStream:
         with _sequential_tokenizers(), ThreadPoolExecutor(1) as pool:
 
             def start(records: List[Record]) -> Callable[[], ChunkResult]:
-                stats, rejected = TokenizeStats(), []
+                stats, rejected = TokenizeStats(), []  # type: TokenizeStats, List[Any]
                 if rust:
                     jsonl = pool.submit(encoding.encode_jsonl, records, self.threads)
                     return lambda: (

@@ -78,7 +78,7 @@ class _ShardWriter:
                 if sink is not None:
                     sink.close()
         # Size and checksum let cache hits and `tokpack verify` vouch for the shard.
-        size, checksum = _tokpack.file_checksum(self._path)
+        size, checksum = _tokpack.file_checksum(str(self._path))
         shard = next(s for s in self.shards if s["file"] == self._path.name)
         shard["size"], shard["checksum"] = size, checksum
 

@@ -170,7 +170,7 @@ class PackedBatchSampler(torch.utils.data.Sampler):
         for k in range(self._batches(len(own))):
             m = k // self.grad_accum_steps
             rows = own[k * self.batch_rows : (k + 1) * self.batch_rows].tolist()
-            yield StepBatch(rows, (int(terms[m]), int(samples[m])))
+            yield StepBatch(rows, (int(terms[m]), int(samples[m])))  # type: ignore[index]
 
     def __repr__(self) -> str:
         return (

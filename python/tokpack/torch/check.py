@@ -285,7 +285,7 @@ def _random_segments(
 ) -> List[torch.Tensor]:
     """``n`` int64 segments of random ids summing to ``tokens``, each at least 2 tokens."""
     g = torch.Generator().manual_seed(seed)
-    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None  # type: ignore[operator]
     vocab = getattr(embeddings, "num_embeddings", None) or getattr(config, "vocab_size", None)
     if not vocab:
         raise ConfigError(
@@ -323,7 +323,7 @@ def _decoder_layers(model: torch.nn.Module, config: Any) -> List[torch.nn.Module
             return list((named or [m for _, m in sized])[0])
     if not lists:
         return []
-    return list(max((m for _, m in lists), key=len))
+    return list(max((m for _, m in lists), key=len))  # type: ignore[arg-type]
 
 
 def _layer_kinds(layers: List[torch.nn.Module], config: Any) -> List[str]:

@@ -647,7 +647,7 @@ def _add_carried(batch: Dict[str, Any], rows: Sequence[Mapping[str, Any]]) -> No
         if not all(_per_segment(v, len(row["seq_lengths"])) for v, row in zip(values, rows)):
             continue
         if isinstance(values[0], list):
-            batch[name] = [v for part in values for v in part]
+            batch[name] = [v for part in values for v in part]  # type: ignore[union-attr]
         else:
             batch[name] = torch.cat([row_tensor(v) for v in values])
 

@@ -264,7 +264,7 @@ def packing_support(model_or_config: Any, format: Optional[str] = None) -> Model
     rule = _FAMILIES[family] if verified else _unverified_rule(kinds)
     varlen = any(marker in impl for marker in _VARLEN_MARKERS)
     chosen = format or ("hf" if varlen or rule.path == "kernels" else "padded")
-    support = dict(
+    support: Dict[str, Any] = dict(
         family=family,
         attn_implementation=impl,
         layer_kinds=kinds,

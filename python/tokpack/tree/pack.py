@@ -166,7 +166,7 @@ class TreeCollator:
         threads: Optional[int] = None,
     ) -> None:
         check_caps(max_tokens, max_path, pad_to_multiple_of, min_shared)
-        self.options = dict(
+        self.options: Dict[str, Any] = dict(
             max_tokens=max_tokens,
             max_path=max_path,
             min_shared=min_shared,
