@@ -392,20 +392,21 @@ def test_tokenize_flags_come_from_the_options_fields():
     """``tokenize``'s flags and one-step ``pack --tokenizer``'s are made from TokenizeOptions'
     fields (help, defaults, choices in one place), as pack's are from PackConfig's."""
     from tokpack.cli import build_parser
-    from tokpack.tokenize.options import TokenizeOptions, from_args
+    from tokpack.tokenize.options import FLAGS, OWN, TokenizeOptions, from_args
 
     parser = build_parser()
     commands = parser._subparsers._group_actions[0].choices  # type: ignore[union-attr]
-    flagged = [f for f in dataclasses.fields(TokenizeOptions) if "cli" in f.metadata]
-    assert {f.name for f in flagged} >= {"format", "train_on", "encoder", "add_eos", "carry"}
+    defaults = {f.name: f.default for f in dataclasses.fields(TokenizeOptions)}
+    assert set(FLAGS) <= set(defaults) and set(OWN) <= set(FLAGS)
     for command in ("tokenize", "pack"):
         flags: dict = {}
         for action in commands[command]._actions:
             flags.setdefault(action.dest, action)  # (--add-eos before --no-add-eos)
-        for f in flagged:
-            if f.metadata["shared"] or command == "tokenize":
-                dest = "column" if f.name == "columns" else f.name
-                assert flags[dest].help == f.metadata["help"], (command, f.name)
+        for name, (help_text, _) in FLAGS.items():
+            if name not in OWN or command == "tokenize":
+                flag = flags["column" if name == "columns" else name]
+                assert flag.help == help_text, (command, name)
+                assert name == "columns" or flag.default == defaults[name], (command, name)
     argv = ["in", "-o", "out", "--tokenizer", "t", "--format", "text", "--column", "text=body"]
     args = parser.parse_args(["tokenize", *argv, "--no-add-eos", "--max-len", "64", "--carry", "a"])
     assert from_args(args, own=True) == TokenizeOptions(

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import Field, asdict, dataclass, field, fields, replace
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .._checks import MAX_ROWS, check_choice, check_int
 from .._contract import OVERLONG_POLICIES
@@ -22,13 +22,6 @@ __all__ = ["TokenizeOptions", "add_arguments", "from_args"]
 
 # The named choices of the options, checked when made (overlong by its owner, PackConfig).
 CHOICES = {"format": FORMATS, "train_on": TRAIN_ON, "encoder": ENCODERS, "renderer": RENDERERS}
-
-
-def _flag(default: Any, help: Optional[str], shared: bool = True, **argparse_kw: Any) -> Any:
-    """A field that is also a command-line flag (``--name``, or ``flag``), with its help and
-    argparse keywords: ``shared`` by ``tokenize`` and one-step ``pack --tokenizer``, or
-    ``tokenize``'s own (pack has its own ``--max-len``, ``--overlong`` and ``--carry``)."""
-    return field(default=default, metadata={"help": help, "shared": shared, "cli": argparse_kw})
 
 
 @dataclass(frozen=True)
@@ -64,48 +57,18 @@ class TokenizeOptions:
             of one type in a run; a record without one is invalid.
     """
 
-    chat_template: Optional[Union[str, os.PathLike]] = _flag(
-        None, "Jinja chat template (default: the tokenizer's)", metavar="FILE"
-    )
-    format: str = _flag(
-        "auto",
-        "record format (default auto: per record; preference (chosen/rejected) or kto "
-        "(prompt/completion/label) when the first record is one)",
-    )
-    train_on: str = _flag(
-        "assistant", "tokens with labels: assistant turns (default), the last one, or all"
-    )
-    max_len: Optional[int] = _flag(None, None, shared=False, type=int, metavar="N")
-    overlong: str = _flag("error", "samples longer than --max-len (default: error)", shared=False)
-    add_eos: Optional[bool] = _flag(
-        None, "append EOS to every sample (default: to plain-text samples only)"
-    )
-    columns: Optional[Mapping[str, str]] = _flag(
-        None,
-        f"read FIELD from column NAME (fields: {', '.join(DEFAULT_COLUMNS)})",
-        flag="--column",
-        action="append",
-        metavar="FIELD=NAME",
-    )
-    skip_invalid: bool = _flag(
-        False, "write bad records to OUT_DIR/__tokpack__/_rejected.jsonl instead of failing"
-    )
+    chat_template: Optional[Union[str, os.PathLike]] = None
+    format: str = "auto"
+    train_on: str = "assistant"
+    max_len: Optional[int] = None
+    overlong: str = "error"
+    add_eos: Optional[bool] = None
+    columns: Optional[Mapping[str, str]] = None
+    skip_invalid: bool = False
     batch_size: int = 2048
-    encoder: str = _flag(
-        "auto",
-        "auto (default): tokpack's Rust BPE encoder when it reproduces the tokenizer "
-        "(byte-level BPE of the GPT-2, Llama 3 and Qwen2 kinds), else tokenizers; "
-        "tokenizers: always tokenizers",
-    )
+    encoder: str = "auto"
     renderer: str = "auto"
-    carry: Sequence[str] = _flag(
-        (),
-        "record fields kept as columns of the token shards (for pack --carry): one bool, "
-        "number or string a record",
-        shared=False,
-        nargs="+",
-        metavar="FIELD",
-    )
+    carry: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         for name, allowed in CHOICES.items():
@@ -160,35 +123,69 @@ class TokenizeOptions:
         return data
 
 
-def _flag_fields(shared: bool) -> Iterator["Field[Any]"]:
-    for f in fields(TokenizeOptions):
-        if "cli" in f.metadata and f.metadata["shared"] == shared:
-            yield f
+# The fields that are command-line flags, in the order shown: their help and argparse keywords
+# (the default is the field's, the choices CHOICES'). Shared by ``tokenize`` and one-step
+# ``pack --tokenizer``, but OWN: ``tokenize``'s own (pack's come from PackConfig's fields).
+FLAGS: Dict[str, Tuple[Optional[str], Dict[str, Any]]] = {
+    "chat_template": ("Jinja chat template (default: the tokenizer's)", {"metavar": "FILE"}),
+    "format": (
+        "record format (default auto: per record; preference (chosen/rejected) or kto "
+        "(prompt/completion/label) when the first record is one)",
+        {},
+    ),
+    "train_on": ("tokens with labels: assistant turns (default), the last one, or all", {}),
+    "add_eos": ("append EOS to every sample (default: to plain-text samples only)", {}),
+    "columns": (
+        f"read FIELD from column NAME (fields: {', '.join(DEFAULT_COLUMNS)})",
+        {"flag": "--column", "action": "append", "metavar": "FIELD=NAME"},
+    ),
+    "encoder": (
+        "auto (default): tokpack's Rust BPE encoder when it reproduces the tokenizer "
+        "(byte-level BPE of the GPT-2, Llama 3 and Qwen2 kinds), else tokenizers; "
+        "tokenizers: always tokenizers",
+        {},
+    ),
+    "skip_invalid": (
+        "write bad records to OUT_DIR/__tokpack__/_rejected.jsonl instead of failing",
+        {},
+    ),
+    "max_len": (None, {"type": int, "metavar": "N"}),
+    "overlong": ("samples longer than --max-len (default: error)", {}),
+    "carry": (
+        "record fields kept as columns of the token shards (for pack --carry): one bool, "
+        "number or string a record",
+        {"nargs": "+", "metavar": "FIELD"},
+    ),
+}
+OWN = ("max_len", "overlong", "carry")
 
 
-def _dest(f: "Field[Any]") -> str:
-    return f.metadata["cli"].get("flag", f"--{f.name}").lstrip("-").replace("-", "_")
+def _flagged(shared: bool) -> List[str]:
+    return [name for name in FLAGS if (name not in OWN) == shared]
+
+
+def _dest(name: str) -> str:
+    return FLAGS[name][1].get("flag", f"--{name}").lstrip("-").replace("-", "_")
 
 
 def add_arguments(parser: Any, shared: bool = True) -> None:
-    """The CLI flags of the option fields, from their defaults, help and choices: the ones
+    """The CLI flags of the option fields, from their defaults, FLAGS' help and CHOICES: the ones
     ``tokenize`` and one-step ``pack --tokenizer`` share (``--chat-template``, ``--format``,
     ...), or (``shared=False``) ``tokenize``'s own (``--max-len``, ``--overlong``, ``--carry``)."""
+    defaults = {f.name: f.default for f in fields(TokenizeOptions)}
     choices = {**CHOICES, "overlong": OVERLONG_POLICIES}
-    for f in _flag_fields(shared):
-        kw = dict(f.metadata["cli"])
-        flag = kw.pop("flag", "--" + f.name.replace("_", "-"))
-        kw.update(help=f.metadata["help"], default=f.default)
-        if f.name in choices:
-            kw["choices"] = choices[f.name]
-        if kw.get("action") == "append":
-            kw["default"] = []
-        if f.default is False:
+    for name in _flagged(shared):
+        help_text, kw = FLAGS[name][0], dict(FLAGS[name][1])
+        flag = kw.pop("flag", "--" + name.replace("_", "-"))
+        kw.update(help=help_text, default=[] if kw.get("action") == "append" else defaults[name])
+        if name in choices:
+            kw["choices"] = choices[name]
+        if defaults[name] is False:
             kw["action"] = "store_true"
-        if f.type in ("Optional[bool]", Optional[bool]):  # --name / --no-name, unset: None
+        if name == "add_eos":  # --add-eos / --no-add-eos, unset: None
             pair = parser.add_mutually_exclusive_group()
-            pair.add_argument(flag, dest=f.name, action="store_true", **kw)
-            pair.add_argument(flag.replace("--", "--no-", 1), dest=f.name, action="store_false")
+            pair.add_argument(flag, dest=name, action="store_true", **kw)
+            pair.add_argument("--no-add-eos", dest=name, action="store_false")
             continue
         parser.add_argument(flag, **kw)
 
@@ -196,8 +193,8 @@ def add_arguments(parser: Any, shared: bool = True) -> None:
 def from_args(args: argparse.Namespace, own: bool = False, **values: Any) -> TokenizeOptions:
     """The TokenizeOptions of the flags :func:`add_arguments` made: the shared ones, with
     ``own`` ``tokenize``'s own too, and ``values``."""
-    chosen = [*_flag_fields(True), *(_flag_fields(False) if own else ())]
-    given = {f.name: getattr(args, _dest(f)) for f in chosen}
+    names = _flagged(True) + (_flagged(False) if own else [])
+    given = {name: getattr(args, _dest(name)) for name in names}
     given["columns"] = column_pairs(given["columns"])
     return TokenizeOptions(**given, **values)
 
