@@ -303,7 +303,15 @@ def use_paths(tree: str) -> list[list[str]]:
 
 def check_rust() -> int:
     modules = rust_modules()
-    texts = {m: without_test_items(strip_rust(p.read_text())) for m, p in modules.items()}
+    stripped = {m: strip_rust(p.read_text()) for m, p in modules.items()}
+    # Modules in files of their own declared under `#[cfg(test)]` (`mod tests;`) are tests too.
+    tests = {
+        (*m, name)
+        for m, text in stripped.items()
+        for name in re.findall(r"#\[cfg\(test\)\]\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+(\w+)\s*;", text)
+    }
+    modules = {m: p for m, p in modules.items() if not any(m[: len(t)] == t for t in tests)}
+    texts = {m: without_test_items(stripped[m]) for m in modules}
 
     def absolute(module: tuple[str, ...], path: list[str]) -> list[str] | None:
         if not path:

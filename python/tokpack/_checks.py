@@ -10,16 +10,6 @@ from typing import Any, Collection, Optional, TypeVar
 from . import _tokpack
 from .errors import ConfigError
 
-__all__ = [
-    "MAX_LEN",
-    "MAX_ROWS",
-    "MAX_SEED",
-    "MAX_THREADS",
-    "check_choice",
-    "check_int",
-    "checked_threads",
-]
-
 # Ranges of the numeric arguments. max_len: the core's row capacity (int32 token offsets);
 # row counts: a row group of row_group_rows * max_len tokens must fit in int32 anyway.
 MAX_LEN = _tokpack.MAX_LEN
