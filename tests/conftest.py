@@ -26,22 +26,24 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 @pytest.fixture(autouse=True, scope="session")
 def _manifests_follow_their_schema():
     """Every packed-directory manifest the suite writes is checked against the format's JSON
-    Schema (``tokpack/packed/manifest.schema.json``) as it is written."""
+    Schema (``tokpack/packed/manifest.schema.json``) as it is written (by the one writer of
+    manifests, ``tokpack._io.manifest.write_manifest``)."""
     import jsonschema
 
+    from tokpack._io import manifest as _manifest
     from tokpack.packed import format as _format
 
     validator = jsonschema.Draft202012Validator(_format.manifest_schema())
-    write = _format.write_manifest
+    write = _manifest.write_manifest
 
     def checked(out_dir, manifest):
         if manifest.get("format") == _format.FORMAT:
             validator.validate(manifest)
         write(out_dir, manifest)
 
-    _format.write_manifest = checked
+    _manifest.write_manifest = checked
     yield
-    _format.write_manifest = write
+    _manifest.write_manifest = write
 
 
 @pytest.fixture

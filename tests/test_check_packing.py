@@ -285,7 +285,7 @@ def test_same_seed_same_segments():
         (dict(segments=1), "segments must be"),
         (dict(segments=3, tokens=11), "tokens must be"),
         (dict(collator=PackedCollator("torchtune")), "got 'torchtune'"),
-        (dict(dtype=torch.int32), "dtype must be one of"),
+        (dict(dtype=torch.int32), "unknown dtype torch.int32; expected one of"),
     ],
 )
 def test_bad_options_are_config_errors(kwargs, message):

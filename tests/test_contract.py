@@ -37,3 +37,40 @@ def test_the_core_lists_exactly_the_exported_names(kind, what, names):
         tokpack.plan(np.array([3]), 4, **{kind: "nope"})
     listed = ", ".join(f'"{n}"' for n in getattr(_contract, names))
     assert str(info.value) == f'unknown {what} "nope"; expected one of {listed}'
+
+
+def test_python_choices_are_refused_in_the_core_s_words():
+    """One wording for an unknown choice: the Python checker's message is the core's."""
+    from tokpack._checks import check_choice
+
+    with pytest.raises(tokpack.ConfigError) as core:
+        tokpack.plan(np.array([3]), 4, strategy="nope")
+    with pytest.raises(tokpack.ConfigError) as python:
+        check_choice("strategy", "nope", _contract.STRATEGIES)
+    assert str(python.value) == str(core.value)
+    assert check_choice("strategy", "ffd", _contract.STRATEGIES) == "ffd"
+    with pytest.raises(tokpack.ConfigError, match=r"^unknown tail \['drop'\]; expected one of"):
+        check_choice("tail", ["drop"], ("drop", "pad"))  # unhashable: refused, not a TypeError
+
+
+def test_the_listed_surface_leaves_out_the_drop_ins_and_the_uri_helpers():
+    """``tokpack.__all__`` lists the API, not the guide's drop-ins nor ``shuffle_quality``
+    (still reachable where the docs show them); ``tokpack.remote.__all__`` not the URI helpers."""
+    import tokpack.remote
+
+    unlisted = {"pack_sequences", "concatenate_and_pack", "streaming_dataset_reader"}
+    assert not (unlisted | {"shuffle_quality"}) & set(tokpack.__all__)
+    assert {"plan", "pack_files", "verify", "TokpackError"} <= set(tokpack.__all__)
+    assert all(callable(getattr(tokpack, name)) for name in unlisted)
+    assert not {"is_remote", "local_path", "store_of"} & set(tokpack.remote.__all__)
+    assert callable(tokpack.remote.open_packed)
+
+
+def test_the_readers_column_groups_are_the_shard_columns_they_name():
+    """``packed.format``'s groups are slices of the core's SHARD_COLUMNS: a column inserted
+    before them in the core must update them, not shift them silently."""
+    from tokpack.packed import format
+
+    assert format.ROW_COLUMNS == ("input_ids", "labels", "seq_lengths", "sample_ids")
+    assert format.PAIR_SHARD_COLUMNS == ("seq_roles", "num_pairs")
+    assert format.INDEX_COLUMNS == ("offset", "num_tokens", "num_seqs", "num_loss_tokens")

@@ -132,5 +132,5 @@ def test_families():
     assert detect_family({"processor_class": "Qwen3VLProcessor"}, "qwen2-vl").name == "qwen2-vl"
     assert detect_family({"processor_class": "Other"}).name == "qwen2-vl"
     assert family("Qwen2_5-VL").name == "qwen2.5-vl"
-    with pytest.raises(ConfigError, match="unknown multimodal family 'llava'"):
+    with pytest.raises(ConfigError, match='unknown multimodal family "llava"'):
         family("llava")

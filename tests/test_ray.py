@@ -746,7 +746,7 @@ def test_ray_without_address_starts_a_local_cluster_and_failures_are_one_line(
     """Failed before: ``ray.init(address=None)`` joins RAY_ADDRESS or the latest ``ray
     start`` cluster; a Ray failure was a traceback."""
     from tokpack.cli import main
-    from tokpack.ray import _cli
+    from tokpack.commands import _ray
 
     _, files, _, _ = corpus
     asked = []
@@ -755,8 +755,8 @@ def test_ray_without_address_starts_a_local_cluster_and_failures_are_one_line(
         asked.append(address)
         raise ConnectionError("Could not find any running Ray instance.\nmore")
 
-    monkeypatch.setattr(_cli.ray, "is_initialized", lambda: False)
-    monkeypatch.setattr(_cli.ray, "init", refuse)
+    monkeypatch.setattr(_ray.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(_ray.ray, "init", refuse)
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
     for flag, where in (([], "a new local cluster"), (["auto"], "the cluster at 'auto'")):
         out = ["-o", str(tmp_path / "out")]

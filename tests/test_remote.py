@@ -15,9 +15,9 @@ import torch
 from torch.utils.data import DataLoader
 
 import tokpack
+from tokpack._io.fetch import Source
 from tokpack.packed.reader import PackedDir
 from tokpack.remote import RemotePackedDir, cache_counters, cache_usage, counters, open_packed
-from tokpack.remote._fetch import Source
 from tokpack.torch import PackedCollator, PackedDataset, PackedIterableDataset, PackedMixture
 
 from .conftest import gcs_uri
@@ -194,7 +194,7 @@ def test_space_the_file_system_allocates_beyond_a_range_is_evicted_at_once(
     """Room is made for a range's blocks; a file system may allocate more (extent blocks of a
     sparse file): simulated by under-counting each range by two blocks. The excess is evicted
     before the cache's lock is released, so the limit holds between writes all the same."""
-    from tokpack.remote import _cache
+    from tokpack._io import rangecache as _cache
 
     upload(big_groups, s3)
     span = _cache.RangeCache._span
@@ -435,7 +435,7 @@ def test_a_shards_other_ranges_stay_readable_while_one_is_fetched(corpus, s3, tm
 def test_fetch_ahead_leaves_the_training_thread_no_fetch_after_the_first_batch(
     corpus, s3, tmp_path, monkeypatch
 ):
-    from tokpack.remote._packed import settle
+    from tokpack.packed.remote import settle
 
     upload(corpus, s3)
     training = threading.get_ident()
@@ -468,7 +468,7 @@ def test_fetch_ahead_leaves_the_training_thread_no_fetch_after_the_first_batch(
 def test_a_stopped_iteration_drops_the_fetches_it_queued(corpus, s3, tmp_path):
     import gc
 
-    from tokpack.remote import _packed
+    from tokpack.packed import remote as _packed
 
     upload(corpus, s3)
     ds = _iterable(PREFIX, filesystem=s3, cache_dir=tmp_path)
@@ -492,7 +492,7 @@ def test_the_decode_thread_decodes_what_fetch_ahead_brought_and_never_fetches(
 ):
     """Without workers, row groups already in the cache are decoded ahead on the background
     thread; a group not yet fetched is left to the fetch-ahead threads and the loop."""
-    from tokpack.remote._packed import settle
+    from tokpack.packed.remote import settle
 
     upload(corpus, s3)
     fetchers, decoders = [], []

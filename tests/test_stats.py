@@ -193,7 +193,10 @@ def test_cli_json_equals_the_api(corpus, capsys):
         (["--max-len", "0"], "--max-len: max_len must be at least 1 and at most 2147483647, got 0"),
         (["--max-len", "2048,x"], "--max-len: 'x' is not an integer"),
         (["--batch-size", "0"], "batch_size must be at least 1"),
-        (["--overlong", "error"], "overlong must be one of split, truncate, drop"),
+        (
+            ["--overlong", "error"],
+            'unknown overlong "error"; expected one of "split", "truncate", "drop"',
+        ),
         (["--threads", "0"], "threads must be at least 1"),
         (["--plot", "lengths.jpg"], "must end in .png or .svg"),
         (["--plot", "no/such/dir/lengths.png"], "does not exist"),

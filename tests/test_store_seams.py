@@ -467,7 +467,7 @@ def test_a_truncated_shard_and_a_damaged_side_file_in_the_cache_heal(remote_pack
 def test_a_cache_that_keeps_failing_is_named_not_the_store(remote_packed, monkeypatch):
     """Only bytes that fail when fetched are the store's; bytes that were intact when fetched
     and fail when read again name the local cache file."""
-    from tokpack.remote import _cache
+    from tokpack._io import rangecache as _cache
 
     local, uri, cache = remote_packed
     store = _cache.RangeCache._store

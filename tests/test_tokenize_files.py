@@ -98,7 +98,7 @@ def test_one_options_object_for_api_manifest_and_pack(tmp_path, tok_dir, corpus)
     assert {k: recorded[k] for k in options.config()} == options.config()
     packed = tokpack.pack_files(corpus, tmp_path / "p", 64, tokenizer=tok_dir, tokenize=options)
     assert packed["config"]["tokenize"]["train_on"] == "last"
-    with pytest.raises(tokpack.ConfigError, match="unknown train_on 'none'"):
+    with pytest.raises(tokpack.ConfigError, match='unknown train_on "none"'):
         tokpack.TokenizeOptions(train_on="none")
 
 
@@ -386,3 +386,32 @@ def test_undecodable_output_directory_name(tmp_path, tok_dir, corpus):
     assert m["figures"]["samples_dropped"] > 0
     dropped = pa.ipc.open_file(pa.memory_map(os.fsencode(packed / "__tokpack__/_dropped.arrow")))
     assert set(dropped.read_all().column("file").to_pylist()) == {str(corpus)}
+
+
+def test_tokenize_flags_come_from_the_options_fields():
+    """``tokenize``'s flags and one-step ``pack --tokenizer``'s are made from TokenizeOptions'
+    fields (help, defaults, choices in one place), as pack's are from PackConfig's."""
+    from tokpack.cli import build_parser
+    from tokpack.tokenize.options import FLAGS, OWN, TokenizeOptions, from_args
+
+    parser = build_parser()
+    commands = parser._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    defaults = {f.name: f.default for f in dataclasses.fields(TokenizeOptions)}
+    assert set(FLAGS) <= set(defaults) and set(OWN) <= set(FLAGS)
+    for command in ("tokenize", "pack"):
+        flags: dict = {}
+        for action in commands[command]._actions:
+            flags.setdefault(action.dest, action)  # (--add-eos before --no-add-eos)
+        for name, (help_text, _) in FLAGS.items():
+            if name not in OWN or command == "tokenize":
+                flag = flags["column" if name == "columns" else name]
+                assert flag.help == help_text, (command, name)
+                assert name == "columns" or flag.default == defaults[name], (command, name)
+    argv = ["in", "-o", "out", "--tokenizer", "t", "--format", "text", "--column", "text=body"]
+    args = parser.parse_args(["tokenize", *argv, "--no-add-eos", "--max-len", "64", "--carry", "a"])
+    assert from_args(args, own=True) == TokenizeOptions(
+        format="text", columns={"text": "body"}, add_eos=False, max_len=64, carry=("a",)
+    )
+    assert from_args(parser.parse_args(["pack", *argv])) == TokenizeOptions(
+        format="text", columns={"text": "body"}
+    )

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 import tokpack
+from tokpack.packed.format import ROW_COLUMNS
 from tokpack.packed.order import EpochOrder
-from tokpack.packed.reader import ROW_COLUMNS
 from tokpack.torch import PackedCollator, PackedDataset, PackedIterableDataset
 
 from .packed_corpus import random_samples, small_packed_dir, write_packed_dir

@@ -280,7 +280,7 @@ def test_collated_batches_and_sources(sources):
         (dict(weights={**WEIGHTS, "code": -1}), tokpack.ConfigError, "positive"),
         (dict(weights={**WEIGHTS, "code": float("nan")}), tokpack.ConfigError, "positive"),
         (dict(weights={**WEIGHTS, "code": "1"}), tokpack.ConfigError, "positive"),
-        (dict(stop="last"), tokpack.ConfigError, "stop must be"),
+        (dict(stop="last"), tokpack.ConfigError, 'unknown stop "last"'),
         (dict(weight_unit="bytes"), tokpack.ConfigError, "weight_unit"),
         (dict(epochs_per_source={"code": 1}), tokpack.ConfigError, "epochs_per_source"),
         (dict(epochs_per_source=0.001), tokpack.ConfigError, "less than one row"),

@@ -63,6 +63,19 @@ def __dir__():
     return sorted(set(globals()) | set(__all__))
 
 
-# The lazy names but torch's (``from tokpack import *`` must not import torch), and the errors.
-__all__ = ["__version__", *(name for name, module in _LAZY.items() if module != "torch")]
+# Reachable here (the guide shows ``tokpack.pack_sequences``) but not part of the listed surface:
+# the token-packing guide's drop-ins (``tokpack.compat``) and ``tokpack.packed.shuffle_quality``.
+_UNLISTED = {
+    "concatenate_and_pack",
+    "pack_sequences",
+    "streaming_dataset_reader",
+    "shuffle_quality",
+}
+
+# The lazy names but torch's (``from tokpack import *`` must not import torch) and the unlisted,
+# and the errors.
+__all__ = [
+    "__version__",
+    *(name for name, module in _LAZY.items() if module != "torch" and name not in _UNLISTED),
+]
 __all__ += errors.__all__

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import sys
 
-from . import __version__
+from ._tokpack import __version__
 from .errors import TokpackError
 
 TYPE_CHECKING = False

@@ -122,6 +122,6 @@ class InvalidRecordError(DataError):
         where = f"{path}:row {line}" if row else f"{path}:{line}" if line else path
         super().__init__(f"{where}: {reason}")
 
-    def __reduce__(self):  # type: ignore[no-untyped-def]
+    def __reduce__(self):
         # Pickled when raised in a worker process (the default would call __init__(message)).
         return (partial(InvalidRecordError, row=self.row), (self.path, self.line, self.reason))

@@ -34,7 +34,7 @@ from ..errors import (
     InputReadError,
     TokpackError,
 )
-from .objects import is_object_uri, mirror_objects, uri_of
+from .objects import is_object_uri, mirror_objects, shown_path, uri_of  # noqa: F401 (shown_path re-exported)
 from .overlap import Place, check_apart, local_place, uri_place
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -44,15 +44,6 @@ TOKEN_SUFFIXES = PARQUET_SUFFIXES + (".arrow", ".feather", ".ipc")
 RAW_SUFFIXES = (".jsonl", ".gz") + PARQUET_SUFFIXES
 
 PathsLike = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
-
-
-def shown_path(path: Union[str, os.PathLike]) -> str:
-    """A file name as messages and side files show it: valid UTF-8 whatever the file system
-    gave (undecodable bytes become ``\\xNN``, which JSON, Arrow strings and terminals accept)."""
-    uri = uri_of(path)
-    if uri is not None:  # a local copy of an object: named by the object
-        return uri
-    return os.fsdecode(path).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def is_parquet(path: Union[str, os.PathLike]) -> bool:
@@ -68,7 +59,7 @@ def input_error(path: Union[str, os.PathLike], exc: OSError) -> TokpackError:
     if exc.errno == errno.ELOOP:
         return InputNotFoundError(f"{shown}: symlink loop (too many levels of symbolic links)")
     if isinstance(exc, FileNotFoundError) and os.path.islink(path):
-        return InputNotFoundError(f"{shown}: broken symbolic link (to {os.readlink(path)})")
+        return InputNotFoundError(f"{shown}: broken symbolic link (to {os.readlink(path)})")  # type: ignore[type-var]
     if isinstance(exc, (FileNotFoundError, NotADirectoryError)):
         return InputNotFoundError(f"{shown}: no such file or directory")
     return InputReadError(f"{shown}: cannot read ({exc.strerror or exc})")

@@ -10,7 +10,7 @@ copy is used only when the store still gives the recorded identity and the copy 
 recorded checksum; otherwise it is downloaded again (an object replaced within the second its
 modification time resolves, or a copy damaged on this disk, is never packed). A store that gives
 no identity has its objects downloaded on every run. Everything the user sees names the object,
-not the copy: messages and dropped lists (:func:`uri_of` through ``inputs.shown_path``) and the
+not the copy: messages and dropped lists (:func:`uri_of` through :func:`shown_path`) and the
 manifest's inputs, whose fingerprint of an object is a digest of its URI, size, identity and
 the checksum of its bytes (so a rerun whose objects did not change is a cache hit, and one
 whose object changed is not).
@@ -31,12 +31,13 @@ import re
 import secrets
 import shutil
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import pyarrow.fs as pafs
 
 from .. import _tokpack
 from ..errors import InputNotFoundError, TokpackError
+from .pids import pid_alive
 from .uri import cache_home, is_remote, store_of
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
     "uri_of",
     "object_fingerprint",
     "shown_message",
+    "shown_path",
     "store_identity",
 ]
 
@@ -61,7 +63,7 @@ def is_object_uri(text: str) -> bool:
     return "://" in text and is_remote(text)
 
 
-def uri_of(path: os.PathLike) -> Optional[str]:
+def uri_of(path: Union[str, os.PathLike]) -> Optional[str]:
     """The URI a local copy mirrors, or None for any other path."""
     try:
         rel = Path(os.path.abspath(path)).relative_to(cache_root().absolute())
@@ -69,6 +71,15 @@ def uri_of(path: os.PathLike) -> Optional[str]:
         return None
     parts = rel.parts
     return f"{parts[0]}://{'/'.join(parts[1:])}" if len(parts) > 1 else None
+
+
+def shown_path(path: Union[str, os.PathLike]) -> str:
+    """A file name as messages and side files show it: valid UTF-8 whatever the file system
+    gave (undecodable bytes become ``\\xNN``, which JSON, Arrow strings and terminals accept)."""
+    uri = uri_of(path)
+    if uri is not None:  # a local copy of an object: named by the object
+        return uri
+    return os.fsdecode(path).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def shown_message(text: str) -> str:
@@ -244,8 +255,6 @@ def _mirror(fs: pafs.FileSystem, scheme: str, info: pafs.FileInfo) -> Path:
 def _remove_dead_downloads(copy: Path) -> None:
     """Removes the temporaries of downloads of ``copy`` (and of its record) left by runs that
     died (``.NAME.tmp-PID-TAG``: their pid is gone), as ``outdir`` does for OUT_DIR's."""
-    from .outdir import pid_alive  # (outdir uses this module)
-
     names = rf"\.{re.escape(copy.name)}(?:{re.escape(_SOURCE_SUFFIX)})?\.tmp-(\d+)-[0-9a-f]{{8}}"
     pattern = re.compile(names)
     with contextlib.suppress(OSError), os.scandir(copy.parent) as entries:

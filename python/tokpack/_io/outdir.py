@@ -42,15 +42,15 @@ from ..errors import (
     OutputExistsError,
     TokpackError,
 )
-from ..packed.format import (  # noqa: F401 (re-exported)
+from .inputs import input_error, shown_path
+from .manifest import (  # noqa: F401 (re-exported)
     MANIFEST_NAME,
     SIDE_DIR,
     read_manifest,
-    read_packed_manifest,
     write_json_atomic,
 )
-from .inputs import input_error, shown_path
 from .objects import object_fingerprint
+from .pids import pid_alive
 
 # Side files (manifest, indexes, accounting) live in SIDE_DIR, a subdirectory Parquet readers
 # skip: pyarrow.dataset ignores names starting with "_", Hugging Face datasets ignores directories
@@ -120,17 +120,6 @@ def cache_key(kind: str, inputs: List[Dict[str, Any]], config: Dict[str, Any]) -
     return hashlib.blake2b(blob.encode(), digest_size=16).hexdigest()
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists (another user's counts)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's
-        pass
-    return True
-
-
 def _clean_stale(out_dir: Path) -> None:
     """Removes temporaries and the lock file left by runs that died (their pid is gone), so the
     next run leaves none behind, a cache hit included."""
@@ -169,7 +158,7 @@ def _remove_stale_lock(path: Path) -> None:
         os.close(fd)
 
 
-def output_target(out_dir: os.PathLike) -> Path:
+def output_target(out_dir: Union[str, os.PathLike]) -> Path:
     """The real path of the directory a run will replace, checked before any work: not an empty
     path, not the current directory or one containing it, no symlink loop, no file in the way,
     and replaceable (see :func:`check_replaceable`). Symlinks are resolved, so a symlinked
@@ -314,7 +303,7 @@ def _output_lock(out_dir: Path) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def atomic_output_dir(out_dir: os.PathLike) -> Iterator[Path]:
+def atomic_output_dir(out_dir: Union[str, os.PathLike]) -> Iterator[Path]:
     """Yields a fresh temporary directory next to ``out_dir``; on normal exit it replaces
     ``out_dir`` (an existing one is moved aside first, then deleted); on any exception the
     temporary is removed and ``out_dir`` is left as it was. ``out_dir`` is checked by
@@ -343,7 +332,7 @@ def atomic_output_dir(out_dir: os.PathLike) -> Iterator[Path]:
             raise
 
 
-def output_file(path: os.PathLike) -> Path:
+def output_file(path: Union[str, os.PathLike]) -> Path:
     """The real path of a file a run will write (``export``'s files), checked before any work:
     a file name, not a directory (that it lies outside what the export reads is
     ``overlap.check_apart``'s). Symlinks are resolved, so a symlinked file is written through,
@@ -426,8 +415,8 @@ def _signals_deferred() -> Iterator[None]:
     finally:
         for s, handler in previous.items():
             signal.signal(s, signal.SIG_DFL if handler is None else handler)
-        for s in dict.fromkeys(pending):
-            signal.raise_signal(s)
+        for signum in dict.fromkeys(pending):
+            signal.raise_signal(signum)
 
 
 def numpy_api_ready() -> None:

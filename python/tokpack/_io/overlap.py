@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Tuple
 
 from ..errors import ConfigError
+from .objects import shown_path
 from .uri import shown_uri
 
 __all__ = ["Place", "local_place", "store_place", "uri_place", "check_apart"]
@@ -50,8 +51,6 @@ class Place:
 def local_place(path: Any, shown: Optional[str] = None, link: bool = False) -> Place:
     """A local path, by its real path (with ``link``, a symlink's own place: its folder's
     real path and its name)."""
-    from .inputs import shown_path  # (inputs uses this module)
-
     text = os.path.abspath(os.fspath(path))
     if link:
         real = os.path.join(os.path.realpath(os.path.dirname(text)), os.path.basename(text))

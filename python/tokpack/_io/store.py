@@ -51,8 +51,8 @@ import pyarrow.fs as pafs
 
 from .. import _tokpack
 from ..errors import ConfigError, CorruptOutputError, OutputError, OutputExistsError
-from ..packed import format as _format  # (its write_manifest looked up at each call)
-from ..packed.integrity import cache_problem
+from . import manifest as _manifest  # (its write_manifest looked up at each call)
+from .manifest import cache_problem
 from .outdir import (
     MANIFEST_NAME,
     SIDE_DIR,
@@ -233,7 +233,7 @@ class StoreOut(Out):
                 self.fs.delete_dir(self.key(folder))
 
     def problem(self, manifest: Dict[str, Any], full: bool = False) -> Optional[str]:
-        """``packed.integrity.cache_problem`` on the store: why the output a matching manifest
+        """``manifest.cache_problem`` on the store: why the output a matching manifest
         describes cannot be trusted (an object missing or of another size; with ``full``, one
         whose bytes do not match its checksum), or None."""
         try:
@@ -249,7 +249,7 @@ class StoreOut(Out):
                 ("rejected_file", None, None),
             ):
                 if manifest.get(key):
-                    listed.append((manifest[key], manifest.get(size), manifest.get(checksum)))
+                    listed.append((manifest[key], manifest.get(size), manifest.get(checksum)))  # type: ignore[arg-type]
         except (KeyError, TypeError) as exc:
             return f"the manifest is malformed (field {exc})"
         infos = self.fs.get_file_info([self.key(str(name)) for name, _, _ in listed])
@@ -403,7 +403,7 @@ def cached_run(
     existing = None
     if not force:
         try:
-            existing = read_manifest(dest.local) if out is None else out._manifest()
+            existing = read_manifest(dest.local) if out is None else out._manifest()  # type: ignore[arg-type]
         except CorruptOutputError:  # rebuilt
             existing = None
         existing = existing if is_tokpack_manifest(existing) else None
@@ -437,7 +437,7 @@ def cached_run(
         add_fingerprints(described, inputs, threads=threads)
         manifest["cache_key"] = cache_key(kind, described, config)
         with writing(tmp / MANIFEST_NAME):
-            _format.write_manifest(tmp, manifest)
+            _manifest.write_manifest(tmp, manifest)
     return manifest, False, rebuilt_because
 
 

@@ -24,9 +24,9 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import numpy as np
 
 from .. import _tokpack
+from .._checks import check_int
 from .._contract import ATTENTION_COST
 from ..errors import ConfigError, DataError
-from ..pack.plan import check_int
 
 __all__ = [
     "ATTENTION_COST",

@@ -1,1 +1,2 @@
-"""Subcommands of the ``tokpack`` CLI, one module each."""
+"""Subcommands of the ``tokpack`` CLI, one module each (``_ray``: the ``--ray`` of ``pack`` and
+``tokenize``)."""

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, Tuple
 
 from .._contract import SEGMENT_ROLES
+from .._io.manifest import cache_problem
 from .._io.tables import table
 from ..errors import ConfigError, CorruptOutputError
 from ..multimodal.stats import (
@@ -17,7 +18,6 @@ from ..multimodal.stats import (
     row_patch_figures,
     row_vision_patches,
 )
-from ..packed.integrity import cache_problem
 from ..packed.reader import PackedDir
 from ..packed.shuffle_quality import DEFAULT_BATCH_ROWS, DEFAULT_SHUFFLE_WINDOW, shuffle_quality
 from ..remote import open_packed

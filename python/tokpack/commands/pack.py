@@ -9,12 +9,8 @@ from typing import Any, Dict
 from .._io.tables import table
 from ..pack import config as pack_config
 from ..pack.files import pack_files
-from .tokenize import (
-    add_inputs_and_output,
-    add_ray_argument,
-    add_tokenizer_arguments,
-    tokenize_options,
-)
+from ..tokenize import options as tokenize_options
+from .tokenize import add_inputs_and_output, add_ray_argument, add_tokenizer_arguments
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -73,7 +69,7 @@ def summary(manifest: Dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     if args.ray is not None:
-        from ..ray._cli import pack_command
+        from ._ray import pack_command
 
         manifest = pack_command(args)
     else:
@@ -85,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
             force=args.force,
             progress=not args.quiet,
             tokenizer=args.tokenizer,
-            tokenize=tokenize_options(args) if args.tokenizer else None,
+            tokenize=tokenize_options.from_args(args) if args.tokenizer else None,
             verify_cache=args.verify_cache,
             spill_dir=args.spill_dir,
         )

@@ -9,11 +9,11 @@ import json
 import sys
 from typing import Callable, List, Optional
 
+from .._checks import checked_threads
 from .._contract import STRATEGIES
 from .._io.tables import table
 from ..errors import ConfigError
 from ..pack.files import PAIR_LAYOUTS, read_lengths
-from ..pack.plan import checked_threads
 from ..stats.estimate import (
     STATS_OVERLONG,
     MaxLenFigures,

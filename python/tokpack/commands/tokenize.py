@@ -5,36 +5,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
-from .._contract import OVERLONG_POLICIES
 from ..errors import ConfigError
-from ..tokenize.formats import DEFAULT_COLUMNS, FORMATS
-from ..tokenize.options import TokenizeOptions
-from ..tokenize.template import TRAIN_ON
-from ..tokenize.tokenizer import ENCODERS
+from ..tokenize import options
 from ..tokenize.writer import DEFAULT_SHARD_ROWS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_inputs_and_output(parser, "JSONL, .jsonl.gz or Parquet", "TOKENS_DIR")
     add_tokenizer_arguments(parser, required=True)
-    parser.add_argument("--max-len", type=int, default=None, metavar="N")
-    parser.add_argument(
-        "--overlong",
-        choices=OVERLONG_POLICIES,
-        default="error",
-        help="samples longer than --max-len (default: error)",
-    )
+    options.add_arguments(parser, shared=False)
     parser.add_argument("--shard-rows", type=int, default=DEFAULT_SHARD_ROWS, metavar="N")
-    parser.add_argument(
-        "--carry",
-        nargs="+",
-        default=(),
-        metavar="FIELD",
-        help="record fields kept as columns of the token shards (for pack --carry): one bool, "
-        "number or string a record",
-    )
     parser.add_argument(
         "--threads",
         type=int,
@@ -100,7 +82,7 @@ def add_inputs_and_output(parser: argparse.ArgumentParser, inputs: str, output: 
     parser.add_argument("--quiet", action="store_true", help="no progress bars or summary")
 
 
-def add_tokenizer_arguments(parser: argparse.ArgumentParser, required: bool) -> None:
+def add_tokenizer_arguments(parser: Any, required: bool) -> None:
     """The tokenizing options, shared by ``tokenize`` and one-step ``pack --tokenizer``."""
     parser.add_argument(
         "--tokenizer",
@@ -109,75 +91,7 @@ def add_tokenizer_arguments(parser: argparse.ArgumentParser, required: bool) -> 
         help="tokenizer.json, or a directory with tokenizer.json and tokenizer_config.json"
         + ("" if required else "; the inputs are then raw JSONL / Parquet chat or text data"),
     )
-    parser.add_argument(
-        "--chat-template", metavar="FILE", help="Jinja chat template (default: the tokenizer's)"
-    )
-    parser.add_argument(
-        "--format",
-        choices=FORMATS,
-        default="auto",
-        help="record format (default auto: per record; preference (chosen/rejected) or kto "
-        "(prompt/completion/label) when the first record is one)",
-    )
-    parser.add_argument(
-        "--train-on",
-        choices=TRAIN_ON,
-        default="assistant",
-        help="tokens with labels: assistant turns (default), the last one, or all",
-    )
-    eos = parser.add_mutually_exclusive_group()
-    eos.add_argument(
-        "--add-eos",
-        dest="add_eos",
-        action="store_true",
-        default=None,
-        help="append EOS to every sample (default: to plain-text samples only)",
-    )
-    eos.add_argument("--no-add-eos", dest="add_eos", action="store_false")
-    parser.add_argument(
-        "--column",
-        action="append",
-        default=[],
-        metavar="FIELD=NAME",
-        help=f"read FIELD from column NAME (fields: {', '.join(DEFAULT_COLUMNS)})",
-    )
-    parser.add_argument(
-        "--encoder",
-        choices=ENCODERS,
-        default="auto",
-        help="auto (default): tokpack's Rust BPE encoder when it reproduces the tokenizer "
-        "(byte-level BPE of the GPT-2, Llama 3 and Qwen2 kinds), else tokenizers; "
-        "tokenizers: always tokenizers",
-    )
-    parser.add_argument(
-        "--skip-invalid",
-        action="store_true",
-        help="write bad records to OUT_DIR/__tokpack__/_rejected.jsonl instead of failing",
-    )
-
-
-def tokenize_options(args: argparse.Namespace, **values: Any) -> TokenizeOptions:
-    """The tokenizing options given on the command line (and ``values``)."""
-    return TokenizeOptions(
-        chat_template=args.chat_template,
-        format=args.format,
-        train_on=args.train_on,
-        add_eos=args.add_eos,
-        columns=_columns(args.column),
-        skip_invalid=args.skip_invalid,
-        encoder=args.encoder,
-        **values,
-    )
-
-
-def _columns(items: List[str]) -> Optional[Dict[str, str]]:
-    columns = {}
-    for item in items:
-        field, sep, name = item.partition("=")
-        if not sep:
-            raise ConfigError(f"--column expects FIELD=NAME, got {item!r}")
-        columns[field] = name
-    return columns or None
+    options.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -188,8 +102,8 @@ def run(args: argparse.Namespace) -> int:
     cluster: Any = contextlib.nullcontext()
     runner = None
     if args.ray is not None:
-        from ..ray._cli import on_cluster
         from ..ray._runner import RayRunner
+        from ._ray import on_cluster
 
         cluster, runner = on_cluster(args.ray, args.quiet), RayRunner()
     with cluster:
@@ -197,9 +111,7 @@ def run(args: argparse.Namespace) -> int:
             args.inputs,
             args.output,
             args.tokenizer,
-            options=tokenize_options(
-                args, max_len=args.max_len, overlong=args.overlong, carry=args.carry
-            ),
+            options=options.from_args(args, own=True),
             threads=args.threads,
             force=args.force,
             shard_rows=args.shard_rows,
@@ -253,7 +165,7 @@ def _run_multimodal(args: argparse.Namespace) -> int:
     ]
     if refused:
         raise ConfigError(f"--vision does not take {', '.join(refused)}")
-    columns = _columns(args.column) or {}
+    columns = options.column_pairs(args.column) or {}
     unknown = sorted(set(columns) - {"messages", "images", "videos"})
     if unknown:
         raise ConfigError(f"--vision reads the fields messages, images and videos; not {unknown}")

@@ -13,9 +13,9 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
+from .._checks import MAX_ROWS, check_int
 from .._io.inputs import TOKEN_SUFFIXES, PathsLike, is_parquet, resolve_inputs
 from ..errors import DataError
-from ..pack.plan import MAX_ROWS, check_int
 
 __all__ = ["streaming_dataset_reader"]
 
@@ -73,7 +73,7 @@ def streaming_dataset_reader(
         except (pa.ArrowException, OSError) as exc:
             raise DataError(f"{path}: cannot read as Parquet/Arrow ({exc})") from None
     if pending_rows:
-        yield _to_columns(pending, columns)
+        yield _to_columns(pending, columns)  # type: ignore[arg-type]
 
 
 def _to_columns(parts: List[pa.RecordBatch], columns: List[str]) -> Dict[str, List[Any]]:

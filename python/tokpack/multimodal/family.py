@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional
 
-from ..errors import ConfigError
+from .._checks import check_choice
 
 __all__ = ["Family", "FAMILIES", "family", "detect_family"]
 
@@ -90,10 +90,10 @@ _BY_CLASS = {
 
 def family(name: str) -> Family:
     """The family of that name (``ConfigError`` listing the names otherwise)."""
-    found = FAMILIES.get(str(name).lower().replace("_", "-").replace("qwen2-5", "qwen2.5"))
-    if found is None:
-        raise ConfigError(f"unknown multimodal family {name!r}; expected one of {list(FAMILIES)}")
-    return found
+    key = str(name).lower().replace("_", "-").replace("qwen2-5", "qwen2.5")
+    if key not in FAMILIES:
+        check_choice("multimodal family", name, FAMILIES)
+    return FAMILIES[key]
 
 
 def detect_family(config: Mapping[str, Any], name: Optional[str] = None) -> Family:

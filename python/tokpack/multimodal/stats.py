@@ -55,7 +55,7 @@ def vision_stats(inputs: Union[str, Sequence[str]]) -> Optional[Dict[str, Any]]:
         out["max_vision_tokens"] = max(out["max_vision_tokens"], pc.max(vision).as_py() or 0)
     if not found:
         return None
-    out["vision_token_share"] = out["vision_tokens"] / out["tokens"] if out["tokens"] else 0.0
+    out["vision_token_share"] = out["vision_tokens"] / out["tokens"] if out["tokens"] else 0.0  # type: ignore[assignment]
     return out
 
 

@@ -47,11 +47,11 @@ import numpy as np
 import pyarrow as pa
 
 from .. import _tokpack
+from .._checks import MAX_LEN, check_int
 from .._contract import IGNORE_INDEX, OVERLONG_HINT, OVERLONG_POLICIES
 from .._io.arrays import list_array
 from .._io.inputs import RAW_SUFFIXES, resolve_inputs
 from ..errors import ConfigError, DataError, InputNotFoundError, InvalidRecordError
-from ..pack.plan import MAX_LEN, check_int
 from ..packed.mixture import _positive as positive_number
 from ..tokenize.encoder import overlong_error
 from ..tokenize.formats import Record, read_records
@@ -338,7 +338,7 @@ class MultimodalEncoder:
                 f"<{seconds:.1f} seconds>", add_special_tokens=False
             ).ids
             m["groups"].append([len(ids) + 1, per_group])
-            ids += [self.start_id, *[self.video_pad_id] * per_group, self.end_id]
+            ids += [self.start_id, *[self.video_pad_id] * per_group, self.end_id]  # type: ignore[list-item]
         m["tokens"] = n
         return np.asarray(ids, dtype=np.int32)
 
@@ -404,11 +404,11 @@ class MultimodalEncoder:
             raise record.fail(f"video {i}: {exc}") from None
         entry = {"type": "video", "frames": frames, "size": list(size), "grid": list(grid)}
         if self.family.video_time == "timestamps":
-            entry["frame_count"] = len(frames)
-            entry["fps"] = self.video_fps
+            entry["frame_count"] = len(frames)  # type: ignore[assignment]
+            entry["fps"] = self.video_fps  # type: ignore[assignment]
         if self.family.video_time == "seconds":
-            entry["second_per_grid_t"] = self.video_rules.temporal_patch_size / self.video_fps
-            entry["tokens_per_second"] = self.tokens_per_second
+            entry["second_per_grid_t"] = self.video_rules.temporal_patch_size / self.video_fps  # type: ignore[assignment]
+            entry["tokens_per_second"] = self.tokens_per_second  # type: ignore[assignment]
         return entry
 
     # --- max_len --------------------------------------------------------------------------
@@ -488,7 +488,10 @@ def safe_pieces(
     dropped. The one rule of tokenize-time and pack-time cuts, the core's
     (``tokpack_core::cuts::safe_pieces``; the ``random`` strategy cuts by it too)."""
     return _tokpack.safe_pieces(
-        length=n, max_len=max_len, overlong=overlong, blocks=[tuple(b) for b in blocks]
+        length=n,
+        max_len=max_len,
+        overlong=overlong,
+        blocks=[tuple(b) for b in blocks],  # type: ignore[misc]
     )
 
 

@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .. import _tokpack
+from .._checks import checked_threads
 from .._contract import PAIR_LAYOUTS
 from .._io.inputs import (
     RAW_SUFFIXES,
@@ -58,7 +59,6 @@ from ..tokenize.schema import kind_of_files, kind_of_format
 from ..tokenize.writer import REJECTED_NAME, stream_into, write_arrow
 from .config import PackConfig, pack_config, refuse_unsupported
 from .diskspace import check_disk_space
-from .plan import checked_threads
 
 __all__ = ["pack_files", "read_lengths", "FORMAT", "FORMAT_VERSION", "PAIR_LAYOUTS"]
 
@@ -177,8 +177,8 @@ def pack_files(
         # Carried columns are the records' fields, staged with the tokens (KTO's label is there).
         kind = kind_of_format(options.format)
         config = config.for_kind(kind, shown_path(paths[0]))
-        fields = [c for c in config.carry if (kind, c) != ("kto", KTO_LABEL)]
-        options = replace(options, carry=(*options.carry, *fields))
+        carried = [c for c in config.carry if (kind, c) != ("kto", KTO_LABEL)]
+        options = replace(options, carry=(*options.carry, *carried))
         encoding = RecordEncoder(tokenizer, options)
     else:
         paths = resolve_inputs(inputs, TOKEN_SUFFIXES, output_dir=dest.place, folders=folders)

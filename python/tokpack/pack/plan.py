@@ -8,6 +8,7 @@ from typing import Any, Optional, Tuple
 import numpy as np
 
 from .. import _tokpack
+from .._checks import checked_threads
 from .._contract import OVERLONG_POLICIES, STRATEGIES
 from .._io.arrays import as_lengths
 from ..packed.reader import segment_sums
@@ -151,20 +152,3 @@ def plan(
     return Plan._from_rust(
         _tokpack.plan(lengths=as_lengths(lengths), config=config, threads=threads)
     )
-
-
-# Ranges of the numeric arguments. max_len: the core's row capacity (int32 token offsets);
-# row counts: a row group of row_group_rows * max_len tokens must fit in int32 anyway.
-MAX_LEN = _tokpack.MAX_LEN
-MAX_ROWS = _tokpack.MAX_ROWS
-MAX_SEED = 2**64 - 1
-MAX_THREADS = _tokpack.MAX_THREADS
-
-# ``value`` as an int in ``lo..=hi``, else a ConfigError naming the argument and its range
-# (never an OverflowError later, in numpy or Rust): the one checker of numeric arguments.
-check_int = _tokpack.check_int
-
-
-def checked_threads(threads: Any) -> Optional[int]:
-    """``None`` (``TOKPACK_NUM_THREADS``, else all cores) or 1..MAX_THREADS."""
-    return None if threads is None else check_int(threads, "threads", 1, MAX_THREADS)

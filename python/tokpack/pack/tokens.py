@@ -9,11 +9,12 @@ import numpy as np
 import pyarrow as pa
 
 from .. import _tokpack
+from .._checks import checked_threads
 from .._io.arrays import as_arrow_column, list_array
 from ..multimodal.pack import refuse_multimodal
 from ..packed.format import SHARD_COLUMNS
 from .config import PackConfig, pack_config
-from .plan import Plan, checked_threads
+from .plan import Plan
 
 INPUT_IDS, LABELS, SEQ_LENGTHS, SAMPLE_IDS = SHARD_COLUMNS[:4]
 

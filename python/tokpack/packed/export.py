@@ -26,18 +26,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .. import _tokpack
+from .._checks import check_choice
 from .._contract import IGNORE_INDEX
 from .._io.arrays import list_array
 from .._io.inputs import TOKEN_SUFFIXES, shown_path
+from .._io.manifest import read_json
 from .._io.objects import is_object_uri
 from .._io.outdir import atomic_output_files, output_file, writing
 from .._io.overlap import Place, check_apart, local_place, uri_place
 from .._io.store import object_output_files
 from ..errors import ConfigError, CorruptOutputError, DataError
 from ..multimodal.pack import refuse_multimodal
-from ..remote import open_packed
-from .format import read_json
 from .reader import PackedDir, segment_sums
+from .remote import open_packed
 
 __all__ = [
     "export_megatron",
@@ -152,7 +153,7 @@ def _write_bin(
     sequence counts and the token count, or None when ``auto`` and an id is too large for
     Megatron's uint16 rule (the caller starts again in int32: one pass in the common case)."""
     np_dtype = MEGATRON_DTYPES[dtype][0]
-    limit = _UINT16_VOCAB_LIMIT - 2 if auto and dtype == "uint16" else np.iinfo(np_dtype).max
+    limit = _UINT16_VOCAB_LIMIT - 2 if auto and dtype == "uint16" else np.iinfo(np_dtype).max  # type: ignore[type-var]
     lengths: List[np.ndarray] = []
     row_counts: List[np.ndarray] = []
     n_tokens = 0
@@ -207,10 +208,9 @@ def export_megatron(
     the figures: ``bin``, ``idx``, ``dtype``, ``sequences``, ``documents`` (without Megatron's
     leading 0), ``tokens``.
     """
-    if document not in DOCUMENT_MODES:
-        raise ConfigError(f"document must be one of {', '.join(DOCUMENT_MODES)}, not {document!r}")
-    if dtype is not None and dtype not in MEGATRON_DTYPES:
-        raise ConfigError(f"dtype must be one of {', '.join(MEGATRON_DTYPES)}, not {dtype!r}")
+    check_choice("document", document, DOCUMENT_MODES)
+    if dtype is not None:
+        check_choice("dtype", dtype, MEGATRON_DTYPES)
     prefix = os.fspath(prefix)
     if not os.path.basename(prefix):
         raise ConfigError(f"{shown_path(prefix)}: the prefix needs a file name (PREFIX.bin)")
@@ -375,9 +375,9 @@ def export_nemo_packed(
                 table, n_loss = _nemo_table(group)
                 writer.write_table(table, row_group_size=max(table.num_rows, 1))
                 figures["rows"] += table.num_rows
-                figures["sequences"] += int(group.lengths.size)
-                figures["tokens"] += int(group.tokens.size)
-                figures["loss_tokens"] += n_loss
+                figures["sequences"] += int(group.lengths.size)  # type: ignore[operator]
+                figures["tokens"] += int(group.tokens.size)  # type: ignore[operator]
+                figures["loss_tokens"] += n_loss  # type: ignore[operator]
     return figures
 
 

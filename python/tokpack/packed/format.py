@@ -1,7 +1,8 @@
 """The packed-directory format on the Python side: its names (defined once, in tokpack-core's
-``format`` module), and the one reader and writer of the manifest and of the dropped-samples
-list. ``docs/format.md`` specifies the format; ``manifest.schema.json`` (beside this module) is
-the manifest's JSON Schema, versioned with ``FORMAT_VERSION``."""
+``format`` module), a packed directory's manifest (read and written by ``_io.manifest``, the
+manifest of every output) and the one writer of the dropped-samples list. ``docs/format.md``
+specifies the format; ``manifest.schema.json`` (beside this module) is the manifest's JSON
+Schema, versioned with ``FORMAT_VERSION``."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from .._io.inputs import is_parquet, shown_path
+from .._io.manifest import read_manifest
 from .._tokpack import (
     DROPPED_NAME,
     FORMAT,
@@ -36,46 +38,30 @@ __all__ = [
     "INDEX_COLUMNS",
     "KTO_LABEL",
     "MANIFEST_NAME",
+    "PAIR_SHARD_COLUMNS",
     "REJECTED_NAME",
+    "ROW_COLUMNS",
     "SHARD_COLUMNS",
     "SIDE_DIR",
     "manifest_schema",
     "packed_manifest",
-    "read_json",
-    "read_manifest",
     "read_packed_manifest",
     "write_dropped",
-    "write_json_atomic",
-    "write_manifest",
 ]
 
 SCHEMA_FILE = Path(__file__).with_name("manifest.schema.json")
+
+# Groups of the core's SHARD_COLUMNS (in its order; tests/test_contract.py pins them): the
+# per-segment lists every reader decodes (``input_ids``, ``labels``, ``seq_lengths``,
+# ``sample_ids``), and what preference outputs add (``seq_roles``, ``num_pairs``; not the core's
+# ``io::pack::PAIR_COLUMNS``, which are a preference *input*'s).
+ROW_COLUMNS = SHARD_COLUMNS[:4]
+PAIR_SHARD_COLUMNS = SHARD_COLUMNS[8:]
 
 
 def manifest_schema() -> Dict[str, Any]:
     """The JSON Schema of a packed directory's manifest (``FORMAT_VERSION``)."""
     return json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
-
-
-def read_json(path: Union[str, os.PathLike], fs: Any = None) -> Any:
-    """The JSON in the file ``path``, or in the object ``path`` of the ``pyarrow.fs`` file system
-    ``fs`` (FileNotFoundError when it is missing; OSError or ValueError when unreadable)."""
-    if fs is None:
-        return json.loads(Path(path).read_bytes())
-    with fs.open_input_stream(str(path)) as f:
-        return json.loads(f.read())
-
-
-def read_manifest(out_dir: Union[str, os.PathLike], fs: Any = None) -> Optional[Dict[str, Any]]:
-    """The manifest of a complete output directory (or prefix of the ``pyarrow.fs`` file system
-    ``fs``), or None when there is none."""
-    path = Path(out_dir) / MANIFEST_NAME if fs is None else f"{out_dir}/{MANIFEST_NAME}"
-    try:
-        return read_json(path, fs)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        raise CorruptOutputError(f"{path}: unreadable manifest ({exc})") from None
 
 
 def read_packed_manifest(out_dir: Union[str, os.PathLike]) -> Dict[str, Any]:
@@ -88,24 +74,6 @@ def read_packed_manifest(out_dir: Union[str, os.PathLike]) -> Dict[str, Any]:
         found = manifest.get("format")
         raise CorruptOutputError(f"{shown}: not a packed directory (format {found})")
     return manifest
-
-
-def write_json_atomic(path: Union[str, os.PathLike], data: Dict[str, Any]) -> None:
-    """Writes JSON to a temporary name in the same directory, then renames it."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def write_manifest(out_dir: Union[str, os.PathLike], manifest: Dict[str, Any]) -> None:
-    """Writes ``out_dir``'s manifest (last: it makes the directory complete)."""
-    write_json_atomic(Path(out_dir) / MANIFEST_NAME, manifest)
 
 
 def packed_manifest(

@@ -1,6 +1,6 @@
 """Integrity checks of output directories: ``tokpack.verify`` (``tokpack verify OUT``) checks a
-packed directory end to end (README, "Integrity"); ``cache_problem`` is the check a rerun makes
-before it trusts an existing output as a cache hit.
+packed directory end to end (README, "Integrity"); the check a rerun makes before it trusts an
+existing output as a cache hit is ``_io.manifest.cache_problem``.
 
 Quick: shards present with their recorded sizes, index side files consistent, the dropped list
 and the figures adding up. Full, also: whole-file and per-row-group checksums, every row group
@@ -22,35 +22,14 @@ import pyarrow.parquet as pq
 
 from .. import _tokpack
 from .._contract import PAIR_SEGMENT_ROLES
+from .._io.manifest import cache_problem, member_path, read_manifest, side_file_problem
+from .._io.uri import is_remote, local_path
 from ..errors import CorruptOutputError
-from ..remote import is_remote, local_path, open_packed
-from .format import read_manifest
-from .reader import PackedDir, member_path
+from .format import INDEX_COLUMNS
+from .reader import PackedDir
+from .remote import open_packed
 
-__all__ = ["verify", "cache_problem"]
-
-
-def side_file_problem(
-    path: Path, size: Any, checksum: Any, full: bool = True, what: str = "side file"
-) -> Optional[str]:
-    """What is wrong with a side file (a shard's index, the dropped list) against the size and
-    checksum its manifest records, or None. Outputs written before these were recorded
-    (``size`` None) are only checked for presence."""
-    try:
-        got_size = path.stat().st_size
-    except FileNotFoundError:
-        return f"{path} is missing"
-    except OSError as exc:
-        return f"{path}: cannot read ({exc.strerror})"
-    if size is None:
-        return None
-    if got_size != size:
-        return f"{path} has {got_size} bytes, the manifest says {size} ({what} damaged)"
-    if full:
-        _, got = _tokpack.file_checksum(str(path))
-        if got != checksum:
-            return f"{path} does not match its checksum ({what} damaged; it hashes to {got})"
-    return None
+__all__ = ["verify"]
 
 
 def read_side_file(path: Path, size: Any, checksum: Any, what: str) -> pa.Table:
@@ -65,58 +44,6 @@ def read_side_file(path: Path, size: Any, checksum: Any, what: str) -> pa.Table:
         raise CorruptOutputError(f"{path}: missing") from None
     except (pa.ArrowException, OSError) as exc:
         raise CorruptOutputError(f"{path}: not a readable Arrow IPC file ({exc})") from None
-
-
-def _file_problem(out: Path, shard: Dict[str, Any], full: bool) -> Optional[str]:
-    path = member_path(out, shard["file"], "shard")
-    checksum = shard.get("checksum")
-    problem = side_file_problem(
-        path, shard.get("size"), checksum, full and checksum is not None, "shard"
-    )
-    if problem is None and "size" not in shard:
-        # Written without a recorded size (token shards of an older `tokenize`): the footer must
-        # say the recorded number of rows.
-        try:
-            rows = pq.read_metadata(path).num_rows
-        except (pa.ArrowException, OSError) as exc:
-            return f"{path} is not a readable Parquet file ({exc})"
-        if rows != shard["rows"]:
-            return f"{path} has {rows} rows, the manifest says {shard['rows']}"
-    if problem is None and "index" in shard:
-        index = member_path(out, shard["index"], "index")
-        size, checksum = shard.get("index_size"), shard.get("index_checksum")
-        problem = side_file_problem(index, size, checksum, full, "index")
-        if problem is None and full and checksum is None and "checksum" in shard:
-            return f"{index} has no recorded checksum (written by an older tokpack)"
-    return problem
-
-
-def cache_problem(
-    out_dir: Union[str, os.PathLike], manifest: Dict[str, Any], *, full: bool = False
-) -> Optional[str]:
-    """Why the output a matching manifest describes cannot be trusted, or None when it is intact:
-    a listed file missing or of another size (another row count for shards without a recorded
-    size) and, with ``full``, a shard whose bytes do not match its checksum."""
-    out = Path(out_dir)
-    try:
-        for shard in manifest["shards"]:
-            problem = _file_problem(out, shard, full)
-            if problem is not None:
-                return problem
-        for key in ("dropped_file", "rejected_file"):
-            name = manifest.get(key)
-            if name:
-                path = member_path(out, name, key)
-                size = manifest.get("dropped_size") if key == "dropped_file" else None
-                checksum = manifest.get("dropped_checksum")
-                problem = side_file_problem(path, size, checksum, full, "dropped list")
-                if problem is not None:
-                    return problem
-    except (KeyError, TypeError) as exc:
-        return f"the manifest is malformed (field {exc})"
-    except CorruptOutputError as exc:
-        return str(exc)
-    return None
 
 
 def _check_figures(packed: PackedDir) -> None:
@@ -157,7 +84,7 @@ def _read_index(packed: PackedDir, k: int) -> Dict[str, np.ndarray]:
     shard = packed.manifest["shards"][k]
     path = packed.side_path(shard["index"], f"shard {k} index")
     table = read_side_file(path, shard.get("index_size"), shard.get("index_checksum"), "index")
-    names = ("offset", "num_tokens", "num_seqs", "num_loss_tokens")
+    names = INDEX_COLUMNS
     if table.num_rows != shard["rows"] or any(n not in table.column_names for n in names):
         raise CorruptOutputError(
             f"{path}: expected columns {list(names)} and {shard['rows']} rows, got"
@@ -182,7 +109,7 @@ def _check_group(packed: PackedDir, group: int, index: Dict[str, np.ndarray], fi
     cols = packed.decode(group, names)
     rows = slice(first, first + int(packed.group_rows[group]))
     lists = {"num_tokens": "input_ids", "num_seqs": "seq_lengths"}
-    for name in ("num_tokens", "num_seqs", "num_loss_tokens"):
+    for name in INDEX_COLUMNS[1:]:  # the per-row counts (after the offset)
         got = np.asarray(cols[name], dtype=np.int64)
         if name in lists and not np.array_equal(got, np.diff(cols[lists[name]][1])):
             raise CorruptOutputError(

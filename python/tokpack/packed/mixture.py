@@ -28,8 +28,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .._checks import MAX_SEED, check_choice, check_int
 from ..errors import ConfigError, TokpackError
-from ..pack.plan import MAX_SEED, check_int
 from .order import EpochOrder
 from .reader import PackedDir
 from .row_counts import RowCounts, row_counts
@@ -205,10 +205,8 @@ class Mixture:
             raise ConfigError(
                 f"weights must be a mapping of source name -> number, got {weights!r}"
             )
-        if weight_unit not in WEIGHT_UNITS:
-            raise ConfigError(f"weight_unit must be one of {WEIGHT_UNITS}, got {weight_unit!r}")
-        if stop not in STOPS:
-            raise ConfigError(f"stop must be one of {STOPS}, got {stop!r}")
+        check_choice("weight_unit", weight_unit, WEIGHT_UNITS)
+        check_choice("stop", stop, STOPS)
         self.names = [str(n) for n in sources]
         _check_names("weights", weights, self.names)
         # Before any directory is read: the same checks and messages for PackedMixture and

@@ -61,7 +61,7 @@ class EpochOrder:
             if len(self._cached) >= _WINDOWS_KEPT:
                 del self._cached[next(iter(self._cached))]  # the oldest
             cached = self._cached[w] = (perm, starts)
-        return cached
+        return cached  # type: ignore[return-value]
 
     def rows(self, a: int, b: int) -> Tuple[np.ndarray, np.ndarray]:
         """Row groups and rows-in-group of global positions ``[a, b)``, in order."""

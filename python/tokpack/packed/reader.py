@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -26,14 +26,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .. import _tokpack
+from .._io.manifest import member_path
 from ..errors import ConfigError, CorruptOutputError, InputNotFoundError, TokpackError
-from .format import FORMAT, FORMAT_VERSION, MANIFEST_NAME
+from .format import FORMAT, FORMAT_VERSION, MANIFEST_NAME, PAIR_SHARD_COLUMNS, ROW_COLUMNS
 
-__all__ = ["PackedDir", "decode_row_group", "member_path", "ROW_COLUMNS", "PAIR_COLUMNS"]
-
-ROW_COLUMNS = ("input_ids", "labels", "seq_lengths", "sample_ids")
-# The columns preference outputs add (``seq_roles``: see ``_contract.SEGMENT_ROLES``).
-PAIR_COLUMNS = ("seq_roles", "num_pairs")
+__all__ = ["PackedDir", "decode_row_group"]
 
 Column = Union[Tuple[np.ndarray, np.ndarray], np.ndarray]
 # (offset, length, "xxh3_128:<hex>") of a byte range of a shard.
@@ -96,24 +93,6 @@ def parse_manifest(text: Union[str, bytes], root: Path) -> Any:
         return json.loads(text)
     except ValueError as exc:
         raise _corrupt(root, f"invalid JSON ({exc})") from None
-
-
-def member_path(root: Union[str, os.PathLike], name: Any, what: str = "file") -> Path:
-    """``root / name`` for a file a manifest lists (a shard, an index or the dropped list),
-    refused unless ``name`` is a relative path inside ``root``: no absolute path and no ``..``
-    component, so a downloaded directory cannot make tokpack read (or report intact) a file
-    outside it. Every reader of a manifest's file names goes through here."""
-    root = Path(root)
-    if not isinstance(name, str) or not name:
-        raise _corrupt(root, f"{what} name {name!r} is not a file name")
-    parts = PurePosixPath(name).parts
-    if os.path.isabs(name) or name.startswith(("/", "\\")) or ".." in parts or "\x00" in name:
-        raise _corrupt(
-            root,
-            f"{what} {name!r} is outside the directory (an absolute path or a '..' component);"
-            " refusing to read it",
-        )
-    return root / name
 
 
 class PackedDir:
@@ -179,7 +158,7 @@ class PackedDir:
             raise _corrupt(root, f"missing or invalid field {exc}") from None
         # The columns every shard must have.
         needed = [c for c in ROW_COLUMNS if c != "labels" or self.has_labels]
-        needed += list(PAIR_COLUMNS if self.pair_layout is not None else ()) + self.carried
+        needed += list(PAIR_SHARD_COLUMNS if self.pair_layout is not None else ()) + self.carried
         self.needed_columns = needed
         self.shard_paths: List[str] = []
         self.shard_sizes: List[int] = []

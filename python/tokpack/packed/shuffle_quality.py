@@ -23,7 +23,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from ..pack.plan import check_int
+from .._checks import check_int
 from .integrity import _read_index
 from .mixture import MAX_STREAM_ROWS
 from .order import EpochOrder
@@ -143,5 +143,5 @@ def shuffle_quality(
     figures = {}
     for name, order in orders.items():
         seg, length = batch_figures(tokens, segments, order, batch_rows)
-        figures[name] = (lag1_autocorrelation(seg), lag1_autocorrelation(length))
+        figures[name] = (lag1_autocorrelation(seg), lag1_autocorrelation(length))  # type: ignore[arg-type]
     return ShuffleQuality(batch_rows, shuffle_window, n // batch_rows, figures)

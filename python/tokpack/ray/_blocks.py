@@ -217,7 +217,7 @@ def measure(
         measured.append(_measure.remote(block, columns))
         units.append(block if isinstance(block, Unit) else None)
         del block  # (a dataset's block is held by its task alone)
-    results = ray.get([m[0] for m in measured])
+    results = ray.get([m[0] for m in measured])  # type: ignore[index]
     bases = np.zeros(len(results) + 1, dtype=np.int64)
     for j, result in enumerate(results):
         if isinstance(result, TokpackError):
@@ -235,7 +235,7 @@ def measure(
         files=files[0],
         file_rows=files[1],
         columns=columns,
-        flats=[m[1] for m in measured],
+        flats=[m[1] for m in measured],  # type: ignore[index]
     )
 
 

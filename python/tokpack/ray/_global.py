@@ -71,7 +71,7 @@ def write_global(
     block_of, shard_of = key // n_shards, key % n_shards
 
     pieces: List[List[Any]] = [[] for _ in range(n_shards)]
-    with cancelling([]) as pending:
+    with cancelling([]) as pending:  # type: ignore[var-annotated]
         block_starts = np.searchsorted(block_of, np.arange(len(flats) + 1))
         for j, flat in enumerate(flats):
             flats[j] = None
@@ -85,9 +85,9 @@ def write_global(
                 flat, int(bases[j]), ids[lo:hi] - bases[j], cuts
             )
             del flat
-            out = [out] if len(firsts) == 1 else out
-            pending.extend(out)
-            for f, piece in zip(firsts, out):
+            out = [out] if len(firsts) == 1 else out  # type: ignore[assignment]
+            pending.extend(out)  # type: ignore[arg-type]
+            for f, piece in zip(firsts, out):  # type: ignore[call-overload]
                 pieces[int(shards[f])].append(piece)
         writes = [
             _gather_write.remote(target, s, Rows.of(plan, a, b), config, measured.columns, *p)

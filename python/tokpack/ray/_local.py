@@ -58,7 +58,9 @@ def _pack_group(
     try:
         tokens, offsets, labels, carried = sample_arrays(table, columns)
         lengths = np.diff(offsets)
-        too_long = np.flatnonzero(lengths > config.max_len) if config.overlong == "error" else []
+        too_long: Any = (
+            np.flatnonzero(lengths > config.max_len) if config.overlong == "error" else []
+        )
         if len(too_long):
             k = int(too_long[0])
             # The planner would name the sample by its index in the group, not in the dataset.

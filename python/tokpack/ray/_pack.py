@@ -11,23 +11,23 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import ray.data
 
 from .. import _tokpack
+from .._checks import check_choice, check_int
+from .._io import manifest as _manifest
 from .._io.inputs import TOKEN_SUFFIXES, is_parquet, resolve_inputs
+from .._io.manifest import member_path
 from .._io.objects import is_object_uri
 from .._io.outdir import output_target, writing
 from .._io.store import LocalOut, committed_output, local_path, read_manifest_at
 from ..errors import ConfigError, CorruptOutputError
 from ..multimodal.pack import refuse_multimodal
 from ..pack.config import PackConfig, pack_config, refuse_unsupported
-from ..pack.plan import check_int
 from ..pack.plan import plan as make_plan
-from ..packed import format as _format
 from ..packed.format import (
     DROPPED_NAME,
     MANIFEST_NAME,
     packed_manifest,
     write_dropped,
 )
-from ..packed.reader import member_path
 from ._blocks import (
     RAY_ENTRY,
     RAY_INSTEAD,
@@ -107,8 +107,7 @@ def pack(
     config = pack_config(max_len, config, fields)
     run_args = dict(threads=threads, tokenizer=tokenizer, spill_dir=spill_dir)
     refuse_unsupported(config, "Ray", UNSUPPORTED, **run_args)
-    if mode not in MODES:
-        raise ConfigError(f"unknown mode {mode!r}; expected one of {MODES}")
+    check_choice("mode", mode, MODES)
     min_block_samples = check_int(min_block_samples, "min_block_samples", 1, 2**62)
     # A dataset that is a plain read of files is packed as those files (tokpack pack's bytes).
     read = plain_read_files(ds) if isinstance(ds, ray.data.Dataset) else ds
@@ -157,12 +156,12 @@ def pack(
             dropped = write_dropped(local / DROPPED_NAME, report, [Path(p) for p in shown])
         described: List[Dict[str, Any]] = [{"path": str(p)} for p in shown]
         # Never a cache hit (a Ray run has no cheap fingerprint of its inputs), hence no key.
-        manifest = {"tokpack_version": _tokpack.__version__, "cache_key": None}
+        manifest: Dict[str, Any] = {"tokpack_version": _tokpack.__version__, "cache_key": None}
         wall = time.perf_counter() - started
         manifest.update(packed_manifest(recorded, described, report, wall, dropped))
         manifest["sample_kind"] = kind
         manifest["ray"] = {"mode": mode, "blocks": n_blocks, "stage_s": clock.stages}
-        _format.write_manifest(local, manifest)  # looked up at the call (the suite checks it)
+        _manifest.write_manifest(local, manifest)  # looked up at the call (the suite checks it)
     return manifest
 
 

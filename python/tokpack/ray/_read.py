@@ -115,7 +115,7 @@ def read_checked_shards(
 
     items = [{"shard": json.dumps(s)} for s in shards]
     return ray.data.from_items(items, override_num_blocks=max(len(items), 1)).map_batches(
-        _read_shards,
+        _read_shards,  # type: ignore[arg-type]
         batch_size=1,
         batch_format="pyarrow",
         fn_kwargs={"root": root, "fs": fs, "columns": list(columns) if columns else None},
@@ -147,7 +147,7 @@ def _read_shard(shard: Dict[str, Any], root: str, fs: Any, columns: Optional[Lis
     except (KeyError, TypeError, ValueError) as exc:
         raise CorruptOutputError(f"{root}/{MANIFEST_NAME}: shard {name}: field {exc}") from None
     with _local_copy(root, name, fs) as path:
-        tables = []
+        tables: List[Any] = []
         for g, group in enumerate(groups):
             decoded = decode_row_group(path, g, columns or _names(path), (size, footer, group))
             if not tables:  # the footer was checked with the first row group

@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 import ray
 
-from ..pack.plan import MAX_ROWS, check_int
+from .._checks import MAX_ROWS, check_int
 from ..tokenize.options import TokenizeOptions
 from ..tokenize.pipeline import RecordEncoder, run_packed
 from ._blocks import cancelling

@@ -9,11 +9,12 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .._checks import MAX_LEN, MAX_ROWS, check_choice, check_int
 from .._contract import STRATEGIES
 from .._io.arrays import as_lengths
 from ..errors import ConfigError, DataError
 from ..pack.config import PackConfig
-from ..pack.plan import MAX_LEN, MAX_ROWS, check_int, plan
+from ..pack.plan import plan
 
 __all__ = [
     "packing_stats",
@@ -175,8 +176,7 @@ def checked_max_lens(max_lens: Iterable[Any]) -> List[int]:
 def check_options(
     overlong: str, batch_size: Optional[int], world_size: Optional[int] = None
 ) -> None:
-    if overlong not in STATS_OVERLONG:
-        raise ConfigError(f"overlong must be one of {', '.join(STATS_OVERLONG)}, got {overlong!r}")
+    check_choice("overlong", overlong, STATS_OVERLONG)
     if batch_size is not None:
         check_int(batch_size, "batch_size", 1, MAX_ROWS)
     if world_size is not None and (

@@ -135,7 +135,7 @@ class RecordEncoder:
 
     def run(self, records: List[Record]) -> ChunkResult:
         """One chunk from start to end (what a worker process does)."""
-        stats, rejected = TokenizeStats(), []
+        stats, rejected = TokenizeStats(), []  # type: TokenizeStats, List[Any]
         prepared = self.prepare(records, stats, rejected.append)
         return self.finish(prepared, self.encode(prepared), stats), stats, rejected
 

@@ -33,6 +33,7 @@ from typing import (
     Union,
 )
 
+from .._checks import check_choice
 from .._io.inputs import input_error, is_parquet, require_file, shown_path
 from ..errors import ConfigError, InvalidRecordError
 from .schema import kind_of_format
@@ -158,10 +159,7 @@ def resolve_columns(columns: Optional[Mapping[str, str]]) -> Dict[str, str]:
     """The default column names updated with the user's overrides (unknown fields are an error)."""
     resolved = dict(DEFAULT_COLUMNS)
     for key, name in (columns or {}).items():
-        if key not in DEFAULT_COLUMNS:
-            raise ConfigError(
-                f"unknown column field {key!r}; choose among {', '.join(DEFAULT_COLUMNS)}"
-            )
+        check_choice("column field", key, DEFAULT_COLUMNS)
         if not isinstance(name, str) or not name:
             raise ConfigError(f"column name for {key!r} must be a non-empty string")
         resolved[key] = name
@@ -290,7 +288,7 @@ def first_format(
     """The format of the first record of ``paths`` that decodes (None: none does, or it has no
     format)."""
     for path in paths:
-        with contextlib.closing(read_records(path)) as records:
+        with contextlib.closing(read_records(path)) as records:  # type: ignore[type-var]
             for record in records:
                 if record.error is None:
                     return detect_format(record.value, columns)
@@ -337,7 +335,8 @@ def parse_record(record: Record, fmt: str, columns: Mapping[str, str]) -> Sample
         return _preference(record, value, columns)
     if fmt == "kto":
         return _kto(record, value, columns)
-    raise ConfigError(f"unknown format {fmt!r}; choose among {', '.join(FORMATS)}")
+    check_choice("format", fmt, FORMATS)
+    raise AssertionError(f"format {fmt!r} has no parser")  # (a FORMATS name without a branch)
 
 
 def _field(record: Record, value: Dict[str, Any], name: str) -> Any:

@@ -29,5 +29,5 @@ def labels_from_spans(
         if first is None:
             continue
         last = _token_at(encoding, range(end - 1, start - 1, -1))
-        labels[first : last + 1] = ids[first : last + 1]
+        labels[first : last + 1] = ids[first : last + 1]  # type: ignore[operator]
     return labels

@@ -4,19 +4,24 @@ the manifests (whose recorded config is part of the cache key)."""
 
 from __future__ import annotations
 
+import argparse
 import os
-from dataclasses import asdict, dataclass, replace
-from typing import Any, Dict, Mapping, Optional, Sequence, Union
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+from .._checks import MAX_ROWS, check_choice, check_int
+from .._contract import OVERLONG_POLICIES
+from .._tokpack import PackConfig
 from ..errors import ConfigError
-from ..pack.config import PackConfig
-from ..pack.plan import MAX_ROWS, check_int
-from .formats import FORMATS, first_format, resolve_columns
+from .formats import DEFAULT_COLUMNS, FORMATS, first_format, resolve_columns
 from .schema import kind_of_format
 from .template import RENDERERS, TRAIN_ON
 from .tokenizer import ENCODERS
 
-__all__ = ["TokenizeOptions"]
+__all__ = ["TokenizeOptions", "add_arguments", "from_args"]
+
+# The named choices of the options, checked when made (overlong by its owner, PackConfig).
+CHOICES = {"format": FORMATS, "train_on": TRAIN_ON, "encoder": ENCODERS, "renderer": RENDERERS}
 
 
 @dataclass(frozen=True)
@@ -66,15 +71,8 @@ class TokenizeOptions:
     carry: Sequence[str] = ()
 
     def __post_init__(self) -> None:
-        for name, allowed in (
-            ("format", FORMATS),
-            ("train_on", TRAIN_ON),
-            ("encoder", ENCODERS),
-            ("renderer", RENDERERS),
-        ):
-            value = getattr(self, name)
-            if value not in allowed:
-                raise ConfigError(f"unknown {name} {value!r}; choose among {', '.join(allowed)}")
+        for name, allowed in CHOICES.items():
+            check_choice(name, getattr(self, name), allowed)
         # max_len and overlong are pack options: checked by their owner.
         packing = PackConfig(1 if self.max_len is None else self.max_len, overlong=self.overlong)
         if self.max_len is not None:
@@ -123,3 +121,90 @@ class TokenizeOptions:
         else:  # only where it applies: the cache keys of other outputs stay what they were
             del data["carry"]
         return data
+
+
+# The fields that are command-line flags, in the order shown: their help and argparse keywords
+# (the default is the field's, the choices CHOICES'). Shared by ``tokenize`` and one-step
+# ``pack --tokenizer``, but OWN: ``tokenize``'s own (pack's come from PackConfig's fields).
+FLAGS: Dict[str, Tuple[Optional[str], Dict[str, Any]]] = {
+    "chat_template": ("Jinja chat template (default: the tokenizer's)", {"metavar": "FILE"}),
+    "format": (
+        "record format (default auto: per record; preference (chosen/rejected) or kto "
+        "(prompt/completion/label) when the first record is one)",
+        {},
+    ),
+    "train_on": ("tokens with labels: assistant turns (default), the last one, or all", {}),
+    "add_eos": ("append EOS to every sample (default: to plain-text samples only)", {}),
+    "columns": (
+        f"read FIELD from column NAME (fields: {', '.join(DEFAULT_COLUMNS)})",
+        {"flag": "--column", "action": "append", "metavar": "FIELD=NAME"},
+    ),
+    "encoder": (
+        "auto (default): tokpack's Rust BPE encoder when it reproduces the tokenizer "
+        "(byte-level BPE of the GPT-2, Llama 3 and Qwen2 kinds), else tokenizers; "
+        "tokenizers: always tokenizers",
+        {},
+    ),
+    "skip_invalid": (
+        "write bad records to OUT_DIR/__tokpack__/_rejected.jsonl instead of failing",
+        {},
+    ),
+    "max_len": (None, {"type": int, "metavar": "N"}),
+    "overlong": ("samples longer than --max-len (default: error)", {}),
+    "carry": (
+        "record fields kept as columns of the token shards (for pack --carry): one bool, "
+        "number or string a record",
+        {"nargs": "+", "metavar": "FIELD"},
+    ),
+}
+OWN = ("max_len", "overlong", "carry")
+
+
+def _flagged(shared: bool) -> List[str]:
+    return [name for name in FLAGS if (name not in OWN) == shared]
+
+
+def _dest(name: str) -> str:
+    return FLAGS[name][1].get("flag", f"--{name}").lstrip("-").replace("-", "_")
+
+
+def add_arguments(parser: Any, shared: bool = True) -> None:
+    """The CLI flags of the option fields, from their defaults, FLAGS' help and CHOICES: the ones
+    ``tokenize`` and one-step ``pack --tokenizer`` share (``--chat-template``, ``--format``,
+    ...), or (``shared=False``) ``tokenize``'s own (``--max-len``, ``--overlong``, ``--carry``)."""
+    defaults = {f.name: f.default for f in fields(TokenizeOptions)}
+    choices = {**CHOICES, "overlong": OVERLONG_POLICIES}
+    for name in _flagged(shared):
+        help_text, kw = FLAGS[name][0], dict(FLAGS[name][1])
+        flag = kw.pop("flag", "--" + name.replace("_", "-"))
+        kw.update(help=help_text, default=[] if kw.get("action") == "append" else defaults[name])
+        if name in choices:
+            kw["choices"] = choices[name]
+        if defaults[name] is False:
+            kw["action"] = "store_true"
+        if name == "add_eos":  # --add-eos / --no-add-eos, unset: None
+            pair = parser.add_mutually_exclusive_group()
+            pair.add_argument(flag, dest=name, action="store_true", **kw)
+            pair.add_argument("--no-add-eos", dest=name, action="store_false")
+            continue
+        parser.add_argument(flag, **kw)
+
+
+def from_args(args: argparse.Namespace, own: bool = False, **values: Any) -> TokenizeOptions:
+    """The TokenizeOptions of the flags :func:`add_arguments` made: the shared ones, with
+    ``own`` ``tokenize``'s own too, and ``values``."""
+    names = _flagged(True) + (_flagged(False) if own else [])
+    given = {name: getattr(args, _dest(name)) for name in names}
+    given["columns"] = column_pairs(given["columns"])
+    return TokenizeOptions(**given, **values)
+
+
+def column_pairs(items: List[str]) -> Optional[Dict[str, str]]:
+    """``--column FIELD=NAME`` items as ``{field: name}`` (None when there are none)."""
+    columns = {}
+    for item in items:
+        key, sep, name = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--column expects FIELD=NAME, got {item!r}")
+        columns[key] = name
+    return columns or None

@@ -39,10 +39,10 @@ from typing import (
 import pyarrow as pa
 
 from .. import _tokpack
+from .._checks import checked_threads
 from .._io.inputs import RAW_SUFFIXES, is_parquet, resolve_inputs, shown_path
 from .._io.progress import Progress
 from ..errors import ConfigError, InvalidRecordError
-from ..pack.plan import checked_threads
 from .encoder import RecordEncoder
 from .formats import Record, read_records
 from .options import TokenizeOptions
@@ -207,7 +207,7 @@ class TokenStream:
         with _sequential_tokenizers(), ThreadPoolExecutor(1) as pool:
 
             def start(records: List[Record]) -> Callable[[], ChunkResult]:
-                stats, rejected = TokenizeStats(), []
+                stats, rejected = TokenizeStats(), []  # type: TokenizeStats, List[Any]
                 if rust:
                     jsonl = pool.submit(encoding.encode_jsonl, records, self.threads)
                     return lambda: (

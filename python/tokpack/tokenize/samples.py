@@ -193,7 +193,7 @@ JsonlTokens = Tuple[Tokens, np.ndarray, np.ndarray]
 def from_numpy(values: np.ndarray, dtype: type) -> pa.Array:
     # From the buffer, not pa.array(ndarray): that one imports pandas on first use (seconds,
     # during which pyarrow swallows Ctrl-C).
-    data = np.ascontiguousarray(values, dtype=dtype)
+    data: np.ndarray = np.ascontiguousarray(values, dtype=dtype)
     return pa.Array.from_buffers(pa.from_numpy_dtype(dtype), len(data), [None, pa.py_buffer(data)])
 
 

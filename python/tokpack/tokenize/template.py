@@ -365,12 +365,12 @@ class ChatTemplate:
                 record = Record("<parity probe>", i + 1, False, None, None)
                 try:
                     if mode == "plain":
-                        got, want = got[0], self.render(messages, record, prompt)
+                        got, want = got[0], self.render(messages, record, prompt)  # type: ignore[assignment]
                     else:
-                        want = self.trained_spans(messages, train_on, record)
+                        want = self.trained_spans(messages, train_on, record)  # type: ignore[assignment]
                 except InvalidRecordError:
                     want = None
-                if got != want:
+                if got != want:  # type: ignore[comparison-overlap]
                     return None, {
                         "name": "python",
                         "reason": f"the Rust renderer differs from Jinja on probe conversation "

@@ -17,11 +17,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .. import _tokpack
+from .._checks import MAX_ROWS, check_int, checked_threads
 from .._io.inputs import RAW_SUFFIXES, resolve_inputs
 from .._io.outdir import open_for_writing, writing
 from .._io.progress import Progress
 from .._io.store import cached_run, destination
-from ..pack.plan import MAX_ROWS, check_int, checked_threads
 from ..packed.format import REJECTED_NAME
 from .options import TokenizeOptions
 from .pipeline import ChunkRunner, PathLike, RecordEncoder, TokenStream
@@ -78,7 +78,7 @@ class _ShardWriter:
                 if sink is not None:
                     sink.close()
         # Size and checksum let cache hits and `tokpack verify` vouch for the shard.
-        size, checksum = _tokpack.file_checksum(self._path)
+        size, checksum = _tokpack.file_checksum(str(self._path))
         shard = next(s for s in self.shards if s["file"] == self._path.name)
         shard["size"], shard["checksum"] = size, checksum
 

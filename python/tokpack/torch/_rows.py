@@ -26,7 +26,7 @@ def _decoder_pool() -> ThreadPoolExecutor:
     global _decoder
     if _decoder[0] != os.getpid() or _decoder[1] is None:
         _decoder = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="tokpack-decode"))
-    return _decoder[1]
+    return _decoder[1]  # type: ignore[return-value]
 
 
 class TensorGroup:
@@ -133,7 +133,7 @@ class GroupCache:
             return True
         if len(pending) >= self.capacity or worker_slot()[1] > 1:
             return False
-        if self.packed.remote and not self.packed.cached(group):
+        if self.packed.remote and not self.packed.cached(group):  # type: ignore[attr-defined]
             # Object storage: only what the fetch-ahead threads brought in (they stop when the
             # reader does); this thread never fetches.
             return False

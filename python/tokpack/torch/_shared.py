@@ -40,7 +40,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .._io.outdir import pid_alive
+from .._io.pids import pid_alive
 from ..packed.reader import Column
 
 __all__ = ["SharedGroups", "readahead"]
@@ -108,7 +108,7 @@ def _load(path: str) -> Optional[Dict[str, Column]]:
             np.frombuffer(buf, dtype=np.dtype(dtype), count=count, offset=base + offset)
             for dtype, offset, count in specs
         )
-        cols[name] = parts if is_list else parts[0]
+        cols[name] = parts if is_list else parts[0]  # type: ignore[assignment]
     return cols
 
 
@@ -168,7 +168,7 @@ class SharedGroups:
                 f.write(header)
                 f.write(bytes(_aligned(len(header)) - len(header)))
                 for a in arrays:
-                    f.write(memoryview(a).cast("B"))
+                    f.write(memoryview(a).cast("B"))  # type: ignore[arg-type]
                     f.write(bytes(_aligned(a.nbytes) - a.nbytes))
             os.replace(tmp, data)
         except OSError:

@@ -17,14 +17,15 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequ
 import numpy as np
 import torch
 
+from .._checks import MAX_SEED, check_choice, check_int
 from ..balance import Cost
 from ..balance.packed import checked_balance, deal_batches, packed_cost, row_compute
 from ..errors import ConfigError
 from ..multimodal.tokenize import MEDIA_COLUMNS
-from ..pack.plan import MAX_SEED, check_int
+from ..packed.format import ROW_COLUMNS
 from ..packed.mixture import MAX_STREAM_ROWS
 from ..packed.order import TAILS, RankSplit
-from ..packed.reader import ROW_COLUMNS, PackedDir
+from ..packed.reader import PackedDir
 from ..packed.row_counts import RowCounts
 from ._rows import GroupCache
 from ._transport import ship
@@ -67,9 +68,7 @@ class RowStream(torch.utils.data.IterableDataset):
         self.batch_rows = check_int(batch_rows, "batch_rows", 1, MAX_STREAM_ROWS)
         self.seed = check_int(seed, "seed", 0, MAX_SEED)
         self.shuffle_window = check_int(shuffle_window, "shuffle_window", 1, MAX_STREAM_ROWS)
-        if tail not in TAILS:
-            raise ConfigError(f"tail must be one of {TAILS}, got {tail!r}")
-        self.tail = tail
+        self.tail = check_choice("tail", tail, TAILS)
         self.rank, self.world_size = resolve_rank(rank, world_size)
         rows = self._stream_rows()
         if rows is not None and rows < self.world_size:

@@ -35,7 +35,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 import numpy as np
 import torch
 
-from .._io.outdir import pid_alive
+from .._io.pids import pid_alive
 from ..errors import OutputError
 
 __all__ = ["WorkerBatch", "ship"]

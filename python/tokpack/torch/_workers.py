@@ -23,7 +23,7 @@ from typing import Optional, Tuple
 import pyarrow as pa
 import torch
 
-from ..pack.plan import MAX_ROWS, check_int
+from .._checks import MAX_ROWS, check_int
 
 __all__ = ["worker_slot", "resolve_rank"]
 

@@ -18,10 +18,10 @@ from typing import Callable, Iterable, Iterator, List, Optional
 import numpy as np
 import torch
 
+from .._checks import MAX_SEED, check_int
 from ..balance import Cost
 from ..balance.packed import checked_balance, deal_batches, packed_cost, row_compute
 from ..errors import ConfigError
-from ..pack.plan import MAX_SEED, check_int
 from ..packed.mixture import MAX_STREAM_ROWS
 from ..packed.row_counts import row_counts
 from ._workers import resolve_rank
@@ -170,7 +170,7 @@ class PackedBatchSampler(torch.utils.data.Sampler):
         for k in range(self._batches(len(own))):
             m = k // self.grad_accum_steps
             rows = own[k * self.batch_rows : (k + 1) * self.batch_rows].tolist()
-            yield StepBatch(rows, (int(terms[m]), int(samples[m])))
+            yield StepBatch(rows, (int(terms[m]), int(samples[m])))  # type: ignore[index]
 
     def __repr__(self) -> str:
         return (

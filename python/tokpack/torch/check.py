@@ -25,8 +25,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
+from .._checks import MAX_LEN, check_choice, check_int
 from ..errors import ConfigError, PackingError
-from ..pack.plan import MAX_LEN, check_int
 from .attention import document_ids
 from .collate import PackedCollator
 from .device import to_device
@@ -170,8 +170,7 @@ def check_packing(
     device = torch.device(device)
     if dtype is None:
         dtype = max((p.dtype for p in params), key=_eps, default=torch.float32)
-    if dtype not in TOLERANCES:
-        raise ConfigError(f"dtype must be one of {sorted(map(str, TOLERANCES))}, got {dtype}")
+    check_choice("dtype", dtype, TOLERANCES)
     default_atol, default_rtol = TOLERANCES[dtype]
     atol = default_atol if atol is None else float(atol)
     rtol = default_rtol if rtol is None else float(rtol)
@@ -286,7 +285,7 @@ def _random_segments(
 ) -> List[torch.Tensor]:
     """``n`` int64 segments of random ids summing to ``tokens``, each at least 2 tokens."""
     g = torch.Generator().manual_seed(seed)
-    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None  # type: ignore[operator]
     vocab = getattr(embeddings, "num_embeddings", None) or getattr(config, "vocab_size", None)
     if not vocab:
         raise ConfigError(
@@ -324,7 +323,7 @@ def _decoder_layers(model: torch.nn.Module, config: Any) -> List[torch.nn.Module
             return list((named or [m for _, m in sized])[0])
     if not lists:
         return []
-    return list(max((m for _, m in lists), key=len))
+    return list(max((m for _, m in lists), key=len))  # type: ignore[arg-type]
 
 
 def _layer_kinds(layers: List[torch.nn.Module], config: Any) -> List[str]:

@@ -16,9 +16,9 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from .._checks import MAX_LEN, check_choice, check_int
 from .._contract import IGNORE_INDEX
 from ..errors import ConfigError, DataError
-from ..pack.plan import MAX_LEN, check_int
 from ._transport import ship
 from .attention import layer_type_masks
 from .pairs import PAIR_FORMATS, add_pair_fields, row_tensor
@@ -110,8 +110,7 @@ class PackedCollator:
         mask_dtype: Optional[torch.dtype] = None,
         static: Optional["StaticShapes"] = None,
     ) -> None:
-        if format not in FORMATS:
-            raise ConfigError(f"format must be one of {FORMATS}, got {format!r}")
+        check_choice("format", format, FORMATS)
         if pad_to is not None:
             pad_to = check_int(pad_to, "pad_to", 1, MAX_LEN)
         cp_size = check_int(cp_size, "cp_size", 1, MAX_LEN)
@@ -648,7 +647,7 @@ def _add_carried(batch: Dict[str, Any], rows: Sequence[Mapping[str, Any]]) -> No
         if not all(_per_segment(v, len(row["seq_lengths"])) for v, row in zip(values, rows)):
             continue
         if isinstance(values[0], list):
-            batch[name] = [v for part in values for v in part]
+            batch[name] = [v for part in values for v in part]  # type: ignore[union-attr]
         else:
             batch[name] = torch.cat([row_tensor(v) for v in values])
 

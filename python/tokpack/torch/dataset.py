@@ -10,7 +10,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 import numpy as np
 import torch
 
-from ..pack.plan import MAX_ROWS, check_int
+from .._checks import MAX_ROWS, check_int
 from ..remote import open_packed
 from ._rows import GroupCache
 from ._workers import worker_slot

@@ -12,7 +12,7 @@ from typing import Any, Deque, Iterable, Iterator, Optional, Tuple, Union
 
 import torch
 
-from ..pack.plan import MAX_ROWS, check_int
+from .._checks import MAX_ROWS, check_int
 
 __all__ = ["DeviceLoader", "to_device"]
 

@@ -22,6 +22,7 @@ import importlib.util
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Tuple
 
+from .._checks import check_choice
 from ..errors import ConfigError, PackingError
 
 __all__ = [
@@ -253,8 +254,8 @@ def packing_support(model_or_config: Any, format: Optional[str] = None) -> Model
     Never raises for a model that cannot be packed: the result is ``exact=False`` with the fix;
     call :meth:`ModelPacking.require` to refuse.
     """
-    if format is not None and format not in MODEL_FORMATS:
-        raise ConfigError(f"format must be one of {MODEL_FORMATS} for a model, got {format!r}")
+    if format is not None:
+        check_choice("format", format, MODEL_FORMATS)
     config, text = _config_of(model_or_config)
     family = str(config.model_type)
     impl = _attn_implementation(config)
@@ -263,7 +264,7 @@ def packing_support(model_or_config: Any, format: Optional[str] = None) -> Model
     rule = _FAMILIES[family] if verified else _unverified_rule(kinds)
     varlen = any(marker in impl for marker in _VARLEN_MARKERS)
     chosen = format or ("hf" if varlen or rule.path == "kernels" else "padded")
-    support = dict(
+    support: Dict[str, Any] = dict(
         family=family,
         attn_implementation=impl,
         layer_kinds=kinds,

@@ -223,7 +223,7 @@ def shared_prompt_ids(batch: Mapping[str, Any], doc: torch.Tensor) -> Optional[t
     prompt = prompt_segments(
         roles.cpu().numpy().astype(np.int64), batch["pair_index"].cpu().numpy()
     )
-    prompt = torch.from_numpy(prompt).to(doc.device)
+    prompt = torch.from_numpy(prompt).to(doc.device)  # type: ignore[assignment]
     # Segments are numbered across the batch, documents within each row.
     per_row = (doc.max(dim=1).values + 1).clamp(min=0)
     first = (torch.cumsum(per_row, 0) - per_row).unsqueeze(1)

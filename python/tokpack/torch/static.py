@@ -31,9 +31,9 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 import numpy as np
 import torch
 
+from .._checks import MAX_LEN, check_choice, check_int
 from .._contract import IGNORE_INDEX
 from ..errors import ConfigError, DataError
-from ..pack.plan import MAX_LEN, check_int
 
 __all__ = ["StaticShapes", "TAILS", "STATIC_FORMATS", "block_mask", "block_mask_data"]
 
@@ -66,8 +66,7 @@ class StaticShapes:
             raise ConfigError(
                 f"max_len must be a multiple of align ({self.align}), got {self.max_len}"
             )
-        if self.tail not in TAILS:
-            raise ConfigError(f"tail must be one of {TAILS}, got {self.tail!r}")
+        check_choice("tail", self.tail, TAILS)
 
     @classmethod
     def of_packed(cls, manifest: Mapping[str, Any], rows: int, **options: Any) -> "StaticShapes":

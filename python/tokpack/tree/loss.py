@@ -8,7 +8,7 @@ from typing import Any, Mapping
 
 import torch
 
-from ..errors import ConfigError
+from .._checks import check_choice
 
 _REDUCTIONS = ("sum", "token_mean", "sequence_mean")
 
@@ -52,8 +52,7 @@ def tree_loss(
     weighted by the sequences that train it. ``"sum"``: the sum of every sequence's summed loss
     alone; ``"token_mean"``: over all trained targets (what flat packing of the same sequences
     gives); ``"sequence_mean"``: the mean over sequences of each one's per-token mean."""
-    if reduction not in _REDUCTIONS:
-        raise ConfigError(f"reduction must be one of {', '.join(_REDUCTIONS)}, got {reduction!r}")
+    check_choice("reduction", reduction, _REDUCTIONS)
     if reduction == "sequence_mean":
         lengths = batch["tree_completion_lengths"].to(logits.device)
         per = -sequence_logps(logits, batch) / lengths.clamp(min=1)

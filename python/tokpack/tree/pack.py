@@ -9,8 +9,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 
 from .. import _tokpack
+from .._checks import check_int, checked_threads
 from ..errors import ConfigError, DataError, OverlongError
-from ..pack.plan import check_int, checked_threads
 from ._inputs import Flat, as_numpy, flat_tokens, trained_flags
 from .batch import rows_to_batch
 
@@ -166,7 +166,7 @@ class TreeCollator:
         threads: Optional[int] = None,
     ) -> None:
         check_caps(max_tokens, max_path, pad_to_multiple_of, min_shared)
-        self.options = dict(
+        self.options: Dict[str, Any] = dict(
             max_tokens=max_tokens,
             max_path=max_path,
             min_shared=min_shared,

@@ -9,9 +9,9 @@ import numpy as np
 import torch
 
 from .. import _tokpack
+from .._checks import check_int, checked_threads
 from ..balance import Cost, cost_coefficients
 from ..errors import ConfigError, DataError
-from ..pack.plan import check_int, checked_threads
 from ._inputs import flat_tokens, trained_flags
 from .batch import rows_to_batch
 from .pack import TreeStats, check_caps, check_lengths

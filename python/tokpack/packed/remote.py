@@ -39,14 +39,15 @@ from typing import (
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .._checks import check_int
+from .._io.fetch import Source
+from .._io.manifest import member_path
+from .._io.rangecache import RangeCache, Want
 from .._io.uri import RUN_MARKER, cache_home, local_path, store_of
 from .._tokpack import bytes_checksum, file_checksum
 from ..errors import ConfigError, CorruptOutputError, InputNotFoundError, TokpackError
-from ..pack.plan import check_int
-from ..packed.format import MANIFEST_NAME
-from ..packed.reader import Column, Identity, PackedDir, byte_range, member_path, parse_manifest
-from ._cache import RangeCache, Want
-from ._fetch import Source
+from .format import MANIFEST_NAME
+from .reader import Column, Identity, PackedDir, byte_range, parse_manifest
 
 __all__ = ["RemotePackedDir", "open_packed", "default_cache_dir", "DEFAULT_CACHE_LIMIT"]
 

@@ -45,10 +45,10 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 from ..errors import ConfigError, StorageError
-from ._fetch import collecting, count
+from .fetch import collecting, count
 
 __all__ = ["RangeCache", "Want", "cache_counters", "usage"]
 
@@ -98,9 +98,9 @@ def usage(root: os.PathLike) -> int:
         return _usage(root)
 
 
-def _usage(root: os.PathLike) -> int:
+def _usage(root: Union[str, os.PathLike]) -> int:
     total = 0
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, dirnames, filenames in os.walk(root):  # type: ignore[type-var]
         if META in dirnames:
             dirnames.remove(META)
         for name in filenames:

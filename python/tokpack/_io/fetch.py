@@ -75,7 +75,8 @@ def count(name: str, n: int = 1) -> None:
 @contextlib.contextmanager
 def collecting() -> Iterator[Dict[str, int]]:
     """What this thread counts inside the block (besides the process's counters)."""
-    _LOCAL.collected = collected = {}
+    collected: Dict[str, int] = {}
+    _LOCAL.collected = collected
     try:
         yield collected
     finally:

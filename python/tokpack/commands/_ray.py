@@ -20,7 +20,7 @@ import ray.data
 
 from ..errors import ClusterError, TokpackError
 from ..pack import config as pack_config
-from ._pack import pack
+from ..ray._pack import pack
 
 
 @contextlib.contextmanager
