@@ -1,14 +1,15 @@
 """Static-shape batches benchmark (issue 38), ratios measured in one run:
 
 - segment cap: extra bfd rows from ``max_segments_per_row`` on SFT-like lengths (goal: at most
-  0.1 % at cap 32, max_len 4096), as a table over caps 8 / 16 / 32 / 64 and max_len 2k-32k;
+  0.1 % at cap 32, max_len 4096, for bfd and ffd), as a table over caps 8 / 16 / 32 / 64 and
+  max_len 2k-32k, and the plan time with the cap over the time without it on 1M lengths;
 - alignment: extra bfd rows from ``align_segments=128`` against none;
 - block tables: ``tokpack.torch.static.block_mask_data`` for a batch of 8 x 8,192 tokens against
   ``create_block_mask`` of the same document mask on CPU (goal: at least 10x faster), equal;
 - recompiles: ``torch.compile`` of a tiny Llama's forward over an epoch of batches, with the
   static path (goal: exactly 1 graph) and without it (the count reported).
 
-    python benches/bench_static.py [--samples N] [--quick]
+    python benches/bench_static.py [--samples N] [--timed-samples N] [--quick]
 """
 
 from __future__ import annotations
@@ -47,6 +48,22 @@ def cap_table(lengths):
                 at_goal = cost
         out.append([f"{m:,}", f"{base:,}", *cells])
     return table(["max_len", "rows", *(f"cap {c}" for c in CAPS)], out), at_goal
+
+
+def cap_cost(lengths, strategy, max_len=4096, cap=32):
+    base = rows_of(lengths, max_len, strategy=strategy)
+    capped = rows_of(lengths, max_len, strategy=strategy, max_segments_per_row=cap)
+    return (capped - base) / base
+
+
+def cap_times(lengths, repeat, max_len=4096, cap=32):
+    """Per strategy: best-of-``repeat`` plan seconds without the cap and with it."""
+
+    def timed(**options):
+        return best_of(lambda: rows_of(lengths, max_len, **options), repeat)
+
+    capped = {"max_segments_per_row": cap}
+    return {s: [timed(strategy=s), timed(strategy=s, **capped)] for s in ("bfd", "ffd")}
 
 
 def align_table(lengths):
@@ -141,19 +158,27 @@ def recompiles(n_batches):
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=200_000)
+    parser.add_argument("--timed-samples", type=int, default=1_000_000)
     parser.add_argument("--quick", action="store_true", help="fewer samples and batches")
     args = parser.parse_args()
     n = 20_000 if args.quick else args.samples
+    n_timed = 100_000 if args.quick else args.timed_samples
     lengths = sft_lengths(n, seed=0, max_length=32768)
     ok = True
 
     caps, at_goal = cap_table(lengths)
     print(f"Extra bfd rows from max_segments_per_row ({n:,} SFT-like lengths, overlong=split):")
     print(caps)
-    met = at_goal <= GOAL_CAP_COST
+    at_goal_ffd = cap_cost(lengths, "ffd")
+    met = max(at_goal, at_goal_ffd) <= GOAL_CAP_COST
     ok &= met
-    print(f"cap 32 at max_len 4096: {at_goal:.3%} extra rows (goal <= 0.1%): "
-          f"{'met' if met else 'MISSED'}\n")  # fmt: skip
+    print(f"cap 32 at max_len 4096: bfd {at_goal:.3%}, ffd {at_goal_ffd:.3%} extra rows "
+          f"(goal <= 0.1%): {'met' if met else 'MISSED'}")  # fmt: skip
+    timed = sft_lengths(n_timed, seed=0, max_length=32768)
+    for strategy, (plain_s, capped_s) in cap_times(timed, 3).items():
+        print(f"{strategy} plan of {n_timed:,} lengths at max_len 4096: {plain_s * 1e3:.0f} ms, "
+              f"{capped_s * 1e3:.0f} ms with cap 32 ({capped_s / plain_s:.2f}x)")  # fmt: skip
+    print()
     print("Extra bfd rows from align_segments=128:")
     print(align_table(lengths), "\n")
 

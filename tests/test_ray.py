@@ -205,6 +205,25 @@ def test_local_mode_with_one_group_is_the_global_plan(cluster, corpus, tmp_path)
             assert filecmp.cmp(out / s[key], root / "reference" / s[key], shallow=False)
 
 
+@pytest.mark.parametrize("mode", ["global", "local"])
+def test_static_shape_figures_are_tokpack_packs(cluster, corpus, tmp_path, mode):
+    # A segment cap and aligned segments add max_row_segments / alignment_padding_tokens to
+    # the figures (one group in local mode: the global plan).
+    root, files, table, _ = corpus
+    static = {**LAYOUT, "max_segments_per_row": 3, "align_segments": 8}
+    want = tokpack.pack_files(files, tmp_path / "reference", MAX_LEN, **static)["figures"]
+    got = tokpack.ray.pack(
+        blocks(table, (100, 100)), tmp_path / "out", MAX_LEN, mode=mode,
+        min_block_samples=10**6, **static,
+    )["figures"]  # fmt: skip
+    assert got["max_row_segments"] == want["max_row_segments"] <= 3
+    assert got["alignment_padding_tokens"] == want["alignment_padding_tokens"] > 0
+    drop = ("wall_time_s",)
+    assert {k: v for k, v in got.items() if k not in drop} == {
+        k: v for k, v in want.items() if k not in drop
+    }
+
+
 @pytest.mark.parametrize("has_labels", [True, False])
 def test_take_gives_the_samples_at_rows_of_ragged_columns(has_labels):
     rng = np.random.default_rng(7)

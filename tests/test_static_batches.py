@@ -49,14 +49,35 @@ def test_shapes_depend_only_on_the_config(fmt, tail):
     for i in range(0, len(rows), 4):
         b = PackedCollator(fmt, static=shapes).collate(rows[i : i + 4])
         fixed = {k: tuple(v.shape) for k, v in b.items() if torch.is_tensor(v)}
-        if tail == "coalesce":
-            # No zero-length segment: the boundary arrays hold the real ones and the padding.
-            for k in ("cu_seqlens", "cu_seq_lens_q", "cu_seq_lens_k"):
-                if k in b:
-                    assert (b[k][1:] > b[k][:-1]).all()
-                    fixed.pop(k)
         seen.add(tuple(sorted(fixed.items())))
     assert len(seen) == 1, seen
+
+
+def _chunk_sequence_ids(cu, chunk):
+    """The sequence of each chunk as FLA's ``prepare_chunk_indices`` numbers them: by counting
+    first chunks, so a zero-length sequence among real ones shifts every later one."""
+    n_chunks = -(-np.diff(cu) // chunk)
+    firsts = np.concatenate([np.arange(n) for n in n_chunks]) == 0
+    return np.cumsum(firsts) - 1, np.repeat(np.arange(n_chunks.size), n_chunks)
+
+
+@pytest.mark.parametrize("fmt", ["flash", "hf"])
+def test_coalesced_tail_is_one_padding_segment_then_fixed_length(fmt):
+    shapes = StaticShapes(4, 256, 4, align=16, tail="coalesce")
+    rows = packed_rows()
+    for i in range(0, len(rows), 4):
+        b = PackedCollator(fmt, static=shapes).collate(rows[i : i + 4])
+        cu = (b["cu_seqlens"] if fmt == "flash" else b["cu_seq_lens_q"]).numpy()
+        assert cu.size == 4 * 4 + 2 and cu[-1] == b["input_ids"].numel()
+        lengths = np.diff(cu)
+        real = np.count_nonzero(lengths)
+        # The real segments and at most one padding segment, then zero-length entries only.
+        assert (lengths[:real] > 0).all() and (lengths[real:] == 0).all()
+        assert real - b["num_seqs"] in (0, 1)
+        assert len(set(b["document_ids"].flatten().tolist())) == real
+        # Chunked linear-attention kernels see each segment under its own index.
+        numbered, actual = _chunk_sequence_ids(cu, 64)
+        assert np.array_equal(numbered, actual)
 
 
 def test_zero_tail_boundaries_have_fixed_capacity_and_aligned_starts():

@@ -165,6 +165,8 @@ class PackReport:
         truncated: Any,
         split: Any,
         shards: Sequence[Dict[str, Any]],
+        max_row_segments: Optional[int] = None,
+        alignment_padding_tokens: Optional[int] = None,
     ) -> PackReport: ...
     @staticmethod
     def merge(

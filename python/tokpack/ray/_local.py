@@ -79,7 +79,7 @@ def _pack_group(
         write_shard(out, k, Rows.of(plan, a, b, base), held, config, labels is not None, dest)
         for k, (a, b) in enumerate(shard_ranges(plan.n_bins, config.rows_per_shard))
     ]
-    return accounting(plan, shards, [len(lengths)], labels is not None, base)
+    return accounting(plan, config, shards, [len(lengths)], labels is not None, base)
 
 
 def groups_of(sizes: List[int], min_block_samples: int) -> List[Tuple[int, int]]:

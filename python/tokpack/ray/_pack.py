@@ -143,7 +143,7 @@ def pack(
             clock.lap("plan")
             shards = write_global(measured, plan, out, config)
             has_labels = columns.labels is not None
-            report = accounting(plan, shards, measured.file_rows, has_labels)
+            report = accounting(plan, config, shards, measured.file_rows, has_labels)
             shown = measured.files
         else:
             n_blocks = len(refs)

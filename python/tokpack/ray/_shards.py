@@ -121,12 +121,21 @@ def write_shard(
 
 def accounting(
     plan: Any,
+    config: PackConfig,
     shards: List[Dict[str, Any]],
     input_rows: List[int],
     has_labels: bool,
     id_base: int = 0,
 ) -> PackReport:
-    """The report of a plan written as ``shards`` (sample ids + ``id_base``)."""
+    """The report of a plan (made under ``config``) written as ``shards`` (sample ids +
+    ``id_base``), with the static-shape figures of ``pack_files``' report when the config
+    asks for a segment cap or aligned segments."""
+    static: Dict[str, int] = {}
+    if config.max_segments_per_row is not None:
+        per_row = np.diff(plan.bin_offsets)
+        static["max_row_segments"] = int(per_row.max()) if per_row.size else 0
+    if config.align_segments > 1:
+        static["alignment_padding_tokens"] = int((-plan.lengths % config.align_segments).sum())
     return PackReport(
         input_rows=input_rows,
         has_labels=has_labels,
@@ -138,6 +147,7 @@ def accounting(
         input_tokens=plan.input_tokens,
         **{k: getattr(plan, k) + id_base for k in ("dropped", "empty", "truncated", "split")},
         shards=shards,
+        **static,
     )
 
 

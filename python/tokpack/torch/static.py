@@ -8,11 +8,14 @@ segment at an offset that is a multiple of ``align`` (its padding follows it ins
 ``pad_id``, label -100, positions continuing), and boundary arrays of a fixed capacity:
 
 - flat formats: the rows' segments one after the other, then one padding segment up to
-  ``rows * max_len`` tokens. ``tail="zero"``: ``cu_seqlens`` always has ``rows * max_segments +
-  2`` entries, the unused ones repeating the total (zero-length segments, which FlashAttention
-  and TransformerEngine skip); ``tail="coalesce"``: no zero-length segment (linear-attention
-  kernels cannot take them), so ``cu_seqlens`` holds the real segments and the one padding
-  segment and its length varies (the token tensors stay fixed). ``max_seqlen`` is ``max_len``.
+  ``rows * max_len`` tokens; ``cu_seqlens`` always has ``rows * max_segments + 2`` entries, the
+  unused ones repeating the total: zero-length segments, all after the last non-empty one.
+  ``tail="zero"`` (FlashAttention, TransformerEngine: they skip zero-length segments anywhere)
+  and ``tail="coalesce"`` (chunked linear-attention kernels) give the same arrays: those
+  kernels number sequences by counting their first chunks (FLA's ``prepare_chunk_indices``),
+  so a zero-length segment between two real ones would shift every later one, while the
+  zero-length entries here come after all of them and renumber nothing; the padding is one
+  coalesced segment, never a run of one-token ones. ``max_seqlen`` is ``max_len``.
 - ``"padded"``: ``[rows, max_len]`` tensors with ``document_ids`` (padding ``-1``).
 
 ``block_mask=True`` adds ``block_mask_data``: FlexAttention's block tables of same-document
@@ -88,8 +91,8 @@ class StaticShapes:
 
     @property
     def capacity(self) -> int:
-        """Segments of the flat boundary arrays with ``tail="zero"``: the real ones and one
-        padding segment."""
+        """Segments of the flat boundary arrays (either tail): the real ones and one padding
+        segment."""
         return self.rows * self.max_segments + 1
 
 
@@ -169,9 +172,7 @@ def static_batch(
         pos[0, used:] = np.arange(n - used)
         doc[0, used:] = n_seqs  # the padding segment
         ends = np.concatenate([cu, [n]]) if used < n else cu
-        if shapes.tail == "zero":
-            ends = np.concatenate([ends, np.full(shapes.capacity + 1 - ends.size, n)])
-        bounds = [ends]
+        bounds = [np.concatenate([ends, np.full(shapes.capacity + 1 - ends.size, n)])]
     else:
         for r in range(len(lens), shapes.rows):
             pos[r] = np.arange(width)

@@ -16,6 +16,7 @@ compile_error!(
 
 pub mod balance;
 pub mod bpe;
+mod cap_repair;
 mod capacity_index;
 pub mod config;
 pub mod cuts;

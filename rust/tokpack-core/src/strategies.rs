@@ -2,6 +2,7 @@
 //! items it holds, as CSR: row `r` is positions `offsets[r]..offsets[r+1]` of the segment
 //! columns; segments keep the order in which they were placed.
 
+use crate::cap_repair::meet_cap;
 use crate::capacity_index::SuccessorSet;
 use crate::cuts::{safe_cut, Blocks};
 use crate::error::{CoreError, Result};
@@ -134,16 +135,37 @@ fn rows_from_assignment(items: &[Item], by_len: &ByLength, row_of: &[u32], n_row
     Rows::gather(offsets, items, &placed, by_len.identity)
 }
 
+/// The rows of an uncapped placement, repaired to hold at most `cap` items each
+/// ([`crate::cap_repair`]); unchanged without a cap.
+fn capped_rows(
+    items: &[Item],
+    by_len: &ByLength,
+    mut row_of: Vec<u32>,
+    n_rows: usize,
+    cap: u32,
+) -> Rows {
+    let n_rows = if cap < u32::MAX {
+        let mut lens = vec![0u32; row_of.len()];
+        for (len, run) in by_len.runs() {
+            lens[run].fill(len);
+        }
+        meet_cap(&lens, &mut row_of, n_rows, by_len.max_len, cap)
+    } else {
+        n_rows
+    };
+    rows_from_assignment(items, by_len, &row_of, n_rows)
+}
+
 /// Best-fit decreasing: each item goes to the open row with the least room that still fits it.
 /// Open rows are kept in buckets by remaining room; a successor set over non-empty buckets finds
-/// the tightest fit in O(log64 max_len). A row holding `cap` items is closed (never put back).
+/// the tightest fit in O(log64 max_len). With a cap the rows are then repaired to meet it
+/// ([`crate::cap_repair`]).
 pub fn best_fit_decreasing(items: &[Item], max_len: u32, cap: u32) -> Rows {
     let by_len = ByLength::new(items, max_len);
     let max = max_len as usize;
     const NONE: u32 = u32::MAX;
     let mut bucket_head = vec![NONE; max + 1];
     let mut next_in_bucket: Vec<u32> = Vec::new();
-    let mut held: Vec<u32> = Vec::new();
     let mut nonempty = SuccessorSet::new(max);
     let mut row_of = Vec::with_capacity(items.len());
     let mut n_rows: u32 = 0;
@@ -161,15 +183,13 @@ pub fn best_fit_decreasing(items: &[Item], max_len: u32, cap: u32) -> Rows {
                 }
                 None => {
                     next_in_bucket.push(NONE);
-                    held.push(0);
                     n_rows += 1;
                     (n_rows - 1, max)
                 }
             };
             row_of.push(row);
-            held[row as usize] += 1;
             let left = room - len;
-            if left > 0 && held[row as usize] < cap {
+            if left > 0 {
                 next_in_bucket[row as usize] = bucket_head[left];
                 if bucket_head[left] == NONE {
                     nonempty.insert(left);
@@ -178,17 +198,16 @@ pub fn best_fit_decreasing(items: &[Item], max_len: u32, cap: u32) -> Rows {
             }
         }
     }
-    rows_from_assignment(items, &by_len, &row_of, n_rows as usize)
+    capped_rows(items, &by_len, row_of, n_rows as usize, cap)
 }
 
 /// First-fit decreasing: each item goes to the lowest-numbered row that fits it. A max segment
-/// tree over rows (unopened rows count as empty) finds it in O(log n); a row holding `cap`
-/// items gets no room left.
+/// tree over rows (unopened rows count as empty) finds it in O(log n). With a cap the rows are
+/// then repaired to meet it ([`crate::cap_repair`]).
 pub fn first_fit_decreasing(items: &[Item], max_len: u32, cap: u32) -> Rows {
     let by_len = ByLength::new(items, max_len);
     let leaves = items.len().max(1).next_power_of_two();
     let mut tree = vec![max_len; 2 * leaves];
-    let mut held = vec![0u32; leaves];
     let mut row_of = Vec::with_capacity(items.len());
     let mut n_rows = 0usize;
     for (len, run) in by_len.runs() {
@@ -205,15 +224,14 @@ pub fn first_fit_decreasing(items: &[Item], max_len: u32, cap: u32) -> Rows {
             let row = node - leaves;
             n_rows = n_rows.max(row + 1);
             row_of.push(row as u32);
-            held[row] += 1;
-            tree[node] = if held[row] < cap { tree[node] - len } else { 0 };
+            tree[node] -= len;
             while node > 1 {
                 node /= 2;
                 tree[node] = tree[2 * node].max(tree[2 * node + 1]);
             }
         }
     }
-    rows_from_assignment(items, &by_len, &row_of, n_rows)
+    capped_rows(items, &by_len, row_of, n_rows, cap)
 }
 
 /// Input order; a new row starts when the next item does not fit in the current one, or the

@@ -104,6 +104,25 @@ proptest! {
 }
 
 proptest! {
+    #![proptest_config(common::deterministic(256))]
+    #[test]
+    fn a_cap_no_uncapped_row_is_over_changes_nothing_and_a_cap_never_saves_rows(
+        lengths in proptest::collection::vec(0i64..300, 0..400),
+        max_len in 1i64..256,
+        cap in 1u32..40,
+        strategy in prop_oneof![Just("bfd"), Just("ffd")],
+    ) {
+        // bfd and ffd plan without the cap, then repair the rows over it (cap_repair.rs).
+        let free = plan(&lengths, &config(max_len, strategy, "split", None, 1)).unwrap();
+        let capped = plan(&lengths, &config(max_len, strategy, "split", Some(cap), 1)).unwrap();
+        prop_assert!(capped.n_bins() >= free.n_bins());
+        if free.max_row_segments() <= u64::from(cap) {
+            prop_assert_eq!(Plan { max_segments: None, ..capped }, free);
+        }
+    }
+}
+
+proptest! {
     // Inputs above the 65,536-sample chunk size so the parallel path really runs.
     #![proptest_config(common::deterministic(4))]
     #[test]
