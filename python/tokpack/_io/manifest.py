@@ -14,20 +14,8 @@ from typing import Any, Dict, Optional, Union
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .._tokpack import MANIFEST_NAME, SIDE_DIR, file_checksum
+from .._tokpack import MANIFEST_NAME, file_checksum
 from ..errors import CorruptOutputError
-
-__all__ = [
-    "MANIFEST_NAME",
-    "SIDE_DIR",
-    "cache_problem",
-    "member_path",
-    "read_json",
-    "read_manifest",
-    "side_file_problem",
-    "write_json_atomic",
-    "write_manifest",
-]
 
 
 def read_json(path: Union[str, os.PathLike], fs: Any = None) -> Any:

@@ -35,6 +35,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Unio
 import pyarrow as pa
 
 from .. import _tokpack
+from .._tokpack import SIDE_DIR
 from ..errors import (
     ConfigError,
     CorruptOutputError,
@@ -43,12 +44,7 @@ from ..errors import (
     TokpackError,
 )
 from .inputs import input_error, shown_path
-from .manifest import (  # noqa: F401 (re-exported)
-    MANIFEST_NAME,
-    SIDE_DIR,
-    read_manifest,
-    write_json_atomic,
-)
+from .manifest import MANIFEST_NAME, read_manifest, write_json_atomic  # noqa: F401 (re-exported)
 from .objects import object_fingerprint
 from .pids import pid_alive
 
