@@ -258,11 +258,6 @@ impl Repair<'_> {
     }
 }
 
-// The property tests' shared configuration (fixed seed), as the integration tests use it.
-#[cfg(test)]
-#[path = "../tests/common/mod.rs"]
-mod proptest_common;
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -303,7 +298,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(super::proptest_common::deterministic(512))]
+        #![proptest_config(crate::capacity_index::proptest_common::deterministic(512))]
         #[test]
         fn repaired_rows_meet_the_cap_and_max_len_and_keep_every_item(
             raw in proptest::collection::vec((0u32..1000, 0u32..1000), 0..300),

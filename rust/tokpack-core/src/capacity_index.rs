@@ -73,10 +73,11 @@ impl SuccessorSet {
     }
 }
 
-// The property tests' shared configuration (fixed seed), as the integration tests use it.
+// The property tests' shared configuration (fixed seed), as the integration tests use it
+// (cap_repair's tests too).
 #[cfg(test)]
 #[path = "../tests/common/mod.rs"]
-mod proptest_common;
+pub(crate) mod proptest_common;
 
 #[cfg(test)]
 mod tests {
