@@ -13,7 +13,7 @@ from ..balance import Cost, cost_coefficients
 from ..errors import ConfigError, DataError
 from ..pack.plan import check_int, checked_threads
 from ._inputs import flat_tokens, trained_flags
-from .batch import rows_to_batch
+from .batch import as_tensors
 from .pack import TreeStats, check_caps, check_lengths
 
 _MAX_INT = 2**63 - 1
@@ -137,17 +137,16 @@ def pack_step(
         min_micro_batches=min_mb,
         divisible_by=divisible,
         order=order,
+        pad_to_multiple_of=multiple,
+        pad_token_id=check_int(pad_token_id, "pad_token_id", -_MAX_INT - 1, _MAX_INT),
         threads=checked_threads(threads),
     )
-    batches = []
-    for rows in out["micro_batches"]:
-        batch = rows_to_batch(rows, pad_to_multiple_of=multiple, pad_token_id=pad_token_id)
-        batches.append(batch)
-    cuts = out["rank_offsets"]
+    batches = [as_tensors(arrays) for arrays in out["micro_batches"]]
     mb_tokens = out["mb_tokens"]
-    rank_tokens = np.array(
-        [int(mb_tokens[cuts[r] : cuts[r + 1]].sum()) for r in range(world_size)], dtype=np.int64
-    )
+    # Each rank's tokens: differences of the running total at the ranks' cuts.
+    running = np.concatenate([np.zeros(1, np.int64), np.cumsum(mb_tokens, dtype=np.int64)])
+    cuts = out["rank_offsets"]
+    rank_tokens = running[cuts[1:]] - running[cuts[:-1]]
     stats = TreeStats(
         sequences=int(lengths.size),
         trees=int(out["trees"]),
@@ -158,7 +157,7 @@ def pack_step(
         forward_tokens=int(mb_tokens.sum()),
         flat_tokens=int(lengths.sum()),
         unique_tokens=int(out["unique_tokens"]),
-        padded_tokens=int(sum(-(-int(t) // multiple) * multiple for t in mb_tokens)),
+        padded_tokens=int((-(-mb_tokens // multiple) * multiple).sum()),
     )
     return TreeStep(
         micro_batches=batches,
