@@ -6,8 +6,9 @@
   ``G·(P+R) / (P+G·R)`` (each distinct prefix once). Goal: at least 0.98 of the ideal.
 - build + pack time of one RL step of 16,384 rollouts (1,024 prompts x 16, P~2k, R~0.5k, as
   padded arrays): ``tokpack.tree.pack_step`` for rank 0 of 8 and of 64 (every rank plans the
-  whole step and lays out its own micro-batches: of 64, about the build + pack alone) and for
-  a single rank (laying out all of them). Goal: under 50 ms,
+  whole step and lays out its own micro-batches, its tensors fully built: of 64, about the
+  build + pack alone) and for a single rank (laying out all of them). Goal: under 50 ms at 8
+  ranks and at 64,
   and at least 20x a straightforward Python trie builder (a dict per node, one token per edge,
   then a DFS writing the layout: the approach of the Python implementations), both timed on
   the same 64 groups.
@@ -190,7 +191,7 @@ def step_time(quick):
         f"  64 groups: Python trie {base * 1e3:8.1f} ms, tokpack {ours * 1e3:6.1f} ms: "
         f"{base / ours:6.1f}x"
     )
-    return t64, base / ours
+    return t8, t64, base / ours
 
 
 def attention(quick):
@@ -218,7 +219,7 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(1)
     worst = forward_tokens(args.quick)
-    t_plan, speedup = step_time(args.quick)
+    t8, t64, speedup = step_time(args.quick)
     attention(args.quick)
     print()
     print(
@@ -226,10 +227,11 @@ def main():
         f"{'ok' if worst >= 0.98 else 'MISSED'}"
     )
     if not args.quick:
-        print(
-            f"goal: step build + pack < 50 ms (rank 0 of 64): {t_plan * 1e3:.1f} ms  "
-            f"{'ok' if t_plan < 0.05 else 'MISSED'}"
-        )
+        for name, t in (("rank 0 of 8", t8), ("rank 0 of 64", t64)):
+            print(
+                f"goal: step build + pack < 50 ms ({name}): {t * 1e3:.1f} ms  "
+                f"{'ok' if t < 0.05 else 'MISSED'}"
+            )
     print(f"goal: >= 20x the Python trie: {speedup:.1f}x  {'ok' if speedup >= 20 else 'MISSED'}")
 
 

@@ -203,3 +203,32 @@ def test_the_block_mask_attends_as_the_dense_mask():
     flex = flex_attention(q, k, v, block_mask=block_mask(batch, block_size=4))
     sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=dense_mask(batch))
     torch.testing.assert_close(flex, sdpa, rtol=1e-12, atol=1e-14)
+
+
+def test_a_step_carries_per_rollout_values_in_each_batch_order():
+    rng = np.random.default_rng(9)
+    prompts = [rng.integers(0, 50, int(rng.integers(5, 30))).tolist() for _ in range(12)]
+    completions = [rng.integers(0, 50, int(rng.integers(1, 9))).tolist() for _ in range(48)]
+    rewards = rng.normal(size=48)
+    advantages = torch.from_numpy(rng.normal(size=48)).to(torch.float32)
+    old_logps = torch.from_numpy(rng.normal(size=(48, 8)))
+    extras = {"rewards": rewards, "advantages": advantages, "old_logps": old_logps}
+    held = []
+    for rank in (0, 1):
+        step = pack_step(
+            prompts, completions, max_tokens=64, world_size=2, rank=rank, extras=extras
+        )
+        assert len(step.micro_batches) > 1
+        for batch in step.micro_batches:
+            index = batch["tree_seq_index"]
+            assert torch.equal(batch["rewards"], torch.from_numpy(rewards)[index])
+            assert batch["advantages"].dtype == torch.float32
+            assert torch.equal(batch["advantages"], advantages[index])
+            assert torch.equal(batch["old_logps"], old_logps[index])
+            held += index.tolist()
+    assert sorted(held) == list(range(48))
+    with pytest.raises(DataError, match="one entry per rollout"):
+        pack_step(prompts, completions, max_tokens=64, extras={"rewards": rewards[:5]})
+    for name in ("input_ids", "tree_seq_row", 3):
+        with pytest.raises(ConfigError, match="not a tree batch's key"):
+            pack_step(prompts, completions, max_tokens=64, extras={name: rewards})

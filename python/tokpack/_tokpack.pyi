@@ -405,6 +405,8 @@ def tree_pack(
     groups: Optional[npt.NDArray[np.int64]],
     max_tokens: int,
     min_shared: int,
+    pad_to_multiple_of: int,
+    pad_token_id: int,
     threads: Optional[int],
 ) -> Dict[str, Any]: ...
 def tree_step(
@@ -427,6 +429,8 @@ def tree_step(
     min_micro_batches: int,
     divisible_by: int,
     order: str,
+    pad_to_multiple_of: int,
+    pad_token_id: int,
     threads: Optional[int],
 ) -> Dict[str, Any]: ...
 def input_columns(*, paths: List[str], config: PackConfig) -> Optional[Tuple[str, bool]]: ...

@@ -25,47 +25,11 @@ from ..errors import ConfigError
 #: The keys a model reads; every other key of a tree batch is tokpack's bookkeeping.
 MODEL_KEYS = ("input_ids", "position_ids", "attention_mask")
 
-_NODE_KEYS = ("parent", "depth", "tin", "tout", "len")
-_SEQ_KEYS = ("seq_index", "seq_row", "seq_end_node", "target_offsets", "target_pred")
-_PRED_KEYS = ("pred_row", "pred_pos", "pred_token", "pred_weight")
 
-
-def rows_to_batch(
-    rows: Mapping[str, Any], *, pad_to_multiple_of: int = 1, pad_token_id: int = 0
-) -> Dict[str, Any]:
-    """The Rust layout (flat rows) as ``[B, L]`` tensors, ``L`` the longest row rounded up to
-    ``pad_to_multiple_of``."""
-    offsets = rows["row_offsets"]
-    lengths = np.diff(offsets)
-    b = len(lengths)
-    longest = int(lengths.max()) if b else 0
-    width = -(-longest // pad_to_multiple_of) * pad_to_multiple_of
-    cols = np.arange(width, dtype=np.int64)
-
-    def padded(name: str, fill: np.ndarray) -> torch.Tensor:
-        flat = rows[name]
-        if b == 1 and width == longest:  # one full row (a micro-batch): no copy
-            return torch.from_numpy(flat).view(1, width)
-        out = np.empty((b, width), dtype=np.int64)
-        out[:] = fill
-        for r in range(b):
-            out[r, : lengths[r]] = flat[offsets[r] : offsets[r + 1]]
-        return torch.from_numpy(out)
-
-    batch: Dict[str, Any] = {
-        "input_ids": padded("input_ids", np.int64(pad_token_id)),
-        "position_ids": padded("position_ids", np.int64(0)),
-        # Padding sees itself only: no query row is all masked (an all-masked row is NaN).
-        "tree_tout": padded("token_tout", cols + 1),
-        "tree_node": padded("token_node", np.int64(-1)),
-        "tree_node_offsets": torch.from_numpy(rows["node_offsets"]),
-    }
-    for key in _NODE_KEYS:
-        batch[f"tree_node_{key}"] = torch.from_numpy(rows[f"node_{key}"])
-    for key in _SEQ_KEYS + _PRED_KEYS:
-        batch[f"tree_{key}"] = torch.from_numpy(rows[key])
-    batch["tree_completion_lengths"] = torch.from_numpy(np.diff(rows["target_offsets"]))
-    return batch
+def as_tensors(arrays: Mapping[str, np.ndarray]) -> Dict[str, Any]:
+    """The Rust layout's batch (its arrays under this module's keys, the per-token ones
+    already ``[B, L]`` and padded) as tensors sharing the arrays' memory."""
+    return {key: torch.from_numpy(value) for key, value in arrays.items()}
 
 
 def dense_mask(batch: Mapping[str, Any], dtype: Optional[torch.dtype] = None) -> torch.Tensor:

@@ -12,7 +12,7 @@ from .. import _tokpack
 from .._checks import check_int, checked_threads
 from ..errors import ConfigError, DataError, OverlongError
 from ._inputs import Flat, as_numpy, flat_tokens, trained_flags
-from .batch import rows_to_batch
+from .batch import as_tensors
 
 _MAX_INT = 2**63 - 1
 
@@ -45,18 +45,19 @@ class TreeStats:
         return self.flat_tokens / self.unique_tokens if self.unique_tokens else 1.0
 
 
-def stats_of(rows: Mapping[str, Any], lengths: np.ndarray, width: int) -> TreeStats:
-    n_rows = len(rows["row_offsets"]) - 1
+def stats_of(out: Mapping[str, Any], lengths: np.ndarray, width: int) -> TreeStats:
+    """The figures of ``tree_pack``'s result ``out`` (one batch of every sequence)."""
+    n_rows = int(out["rows"])
     return TreeStats(
-        sequences=int(len(rows["seq_index"])),
-        trees=int(rows["trees"]),
-        nodes=int(rows["nodes"]),
-        pieces=int(rows["pieces"]),
-        split_trees=int(rows["split_trees"]),
+        sequences=int(lengths.size),
+        trees=int(out["trees"]),
+        nodes=int(out["nodes"]),
+        pieces=int(out["pieces"]),
+        split_trees=int(out["split_trees"]),
         rows=n_rows,
-        forward_tokens=int(rows["row_offsets"][-1]),
+        forward_tokens=int(out["forward_tokens"]),
         flat_tokens=int(lengths.sum()),
-        unique_tokens=int(rows["unique_tokens"]),
+        unique_tokens=int(out["unique_tokens"]),
         padded_tokens=n_rows * width,
     )
 
@@ -127,7 +128,7 @@ def pack_trees(
                 f"groups must have one id per sequence ({flat[2].size}), "
                 f"got shape {group_ids.shape}"
             )
-    rows = _tokpack.tree_pack(
+    out = _tokpack.tree_pack(
         tokens=flat[0],
         starts=flat[1],
         lengths=flat[2],
@@ -135,10 +136,12 @@ def pack_trees(
         groups=group_ids,
         max_tokens=max_tokens,
         min_shared=min_shared,
+        pad_to_multiple_of=multiple,
+        pad_token_id=check_int(pad_token_id, "pad_token_id", -_MAX_INT - 1, _MAX_INT),
         threads=checked_threads(threads),
     )
-    batch = rows_to_batch(rows, pad_to_multiple_of=multiple, pad_token_id=pad_token_id)
-    batch["tree_stats"] = stats_of(rows, flat[2], batch["input_ids"].shape[1])
+    batch = as_tensors(out["batch"])
+    batch["tree_stats"] = stats_of(out, flat[2], batch["input_ids"].shape[1])
     return batch
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -13,7 +13,7 @@ from .._checks import check_int, checked_threads
 from ..balance import Cost, cost_coefficients
 from ..errors import ConfigError, DataError
 from ._inputs import flat_tokens, trained_flags
-from .batch import rows_to_batch
+from .batch import MODEL_KEYS, as_tensors
 from .pack import TreeStats, check_caps, check_lengths
 
 _MAX_INT = 2**63 - 1
@@ -23,8 +23,9 @@ _MAX_INT = 2**63 - 1
 class TreeStep:
     """This rank's micro-batches of a step (one row of trees each, :func:`pack_step`).
 
-    ``micro_batches[m]``: a tree batch (``tokpack.tree.batch``'s keys); its sequences are the
-    rollouts ``rollout_index[m]`` (ascending), the order of its per-sequence results.
+    ``micro_batches[m]``: a tree batch (``tokpack.tree.batch``'s keys, and the ``extras``
+    given); its sequences are the rollouts ``rollout_index[m]`` (ascending), the order of its
+    per-sequence results.
     ``stats``: the whole step's figures (every rank); ``rank_tokens``: each rank's forward
     tokens."""
 
@@ -67,6 +68,26 @@ def _prompt_of(n_prompts: int, n_rollouts: int) -> np.ndarray:
     )
 
 
+def _carried(extras: Optional[Mapping[str, Any]], n_rollouts: int) -> Dict[str, torch.Tensor]:
+    """``extras`` as tensors of one entry per rollout (first dimension), names checked to
+    stay clear of the batch's own keys (``MODEL_KEYS`` and ``tree_*``)."""
+    out: Dict[str, torch.Tensor] = {}
+    for name, values in (extras or {}).items():
+        if not isinstance(name, str) or name in MODEL_KEYS or name.startswith("tree_"):
+            raise ConfigError(
+                f"extras name {name!r} must be a string that is not a tree batch's key "
+                f"({', '.join(MODEL_KEYS)} or tree_*)"
+            )
+        t = values if isinstance(values, torch.Tensor) else torch.as_tensor(np.asarray(values))
+        if t.ndim == 0 or t.shape[0] != n_rollouts:
+            raise DataError(
+                f"extras[{name!r}] must have one entry per rollout ({n_rollouts}) along its "
+                f"first dimension, got shape {tuple(t.shape)}"
+            )
+        out[name] = t
+    return out
+
+
 def pack_step(
     prompts: Any,
     completions: Any,
@@ -88,6 +109,7 @@ def pack_step(
     order: str = "descending",
     pad_to_multiple_of: int = 1,
     pad_token_id: int = 0,
+    extras: Optional[Mapping[str, Any]] = None,
     threads: Optional[int] = None,
 ) -> TreeStep:
     """A step's rollouts as rank ``rank``'s micro-batches of prefix trees.
@@ -101,7 +123,10 @@ def pack_step(
     micro-batches of at most ``max_tokens`` tokens, balanced over ``world_size`` ranks by
     :func:`tokpack.balance.micro_batches` (``cost``, ``same_count_across_dp``,
     ``min_micro_batches``, ``divisible_by``, ``order`` as there). Every rank computes the same
-    plan and lays out only its own micro-batches.
+    plan and lays out only its own micro-batches. ``extras``: per-rollout values to carry
+    (``{"advantages": [n], "rewards": [n], ...}``: arrays or tensors whose first dimension is
+    the rollouts), each micro-batch holding its rollouts' entries under the same names, in its
+    sequence order (``tree_seq_index``).
     """
     max_tokens, max_path, multiple, min_shared = check_caps(
         max_tokens, max_path, pad_to_multiple_of, min_shared
@@ -118,6 +143,7 @@ def pack_step(
     prompt_of = _prompt_of(p_flat[2].size, c_flat[2].size)
     lengths = p_flat[2][prompt_of] + c_flat[2]
     check_lengths(lengths, max_tokens, max_path)
+    carried = _carried(extras, int(lengths.size))
     out = _tokpack.tree_step(
         prompt_tokens=p_flat[0],
         prompt_starts=p_flat[1],
@@ -137,17 +163,19 @@ def pack_step(
         min_micro_batches=min_mb,
         divisible_by=divisible,
         order=order,
+        pad_to_multiple_of=multiple,
+        pad_token_id=check_int(pad_token_id, "pad_token_id", -_MAX_INT - 1, _MAX_INT),
         threads=checked_threads(threads),
     )
-    batches = []
-    for rows in out["micro_batches"]:
-        batch = rows_to_batch(rows, pad_to_multiple_of=multiple, pad_token_id=pad_token_id)
-        batches.append(batch)
-    cuts = out["rank_offsets"]
+    batches = [as_tensors(arrays) for arrays in out["micro_batches"]]
+    for batch in batches:
+        for name, values in carried.items():
+            batch[name] = values[batch["tree_seq_index"].to(values.device)]
     mb_tokens = out["mb_tokens"]
-    rank_tokens = np.array(
-        [int(mb_tokens[cuts[r] : cuts[r + 1]].sum()) for r in range(world_size)], dtype=np.int64
-    )
+    # Each rank's tokens: differences of the running total at the ranks' cuts.
+    running = np.concatenate([np.zeros(1, np.int64), np.cumsum(mb_tokens, dtype=np.int64)])
+    cuts = out["rank_offsets"]
+    rank_tokens = running[cuts[1:]] - running[cuts[:-1]]
     stats = TreeStats(
         sequences=int(lengths.size),
         trees=int(out["trees"]),
@@ -158,7 +186,7 @@ def pack_step(
         forward_tokens=int(mb_tokens.sum()),
         flat_tokens=int(lengths.sum()),
         unique_tokens=int(out["unique_tokens"]),
-        padded_tokens=int(sum(-(-int(t) // multiple) * multiple for t in mb_tokens)),
+        padded_tokens=int((-(-mb_tokens // multiple) * multiple).sum()),
     )
     return TreeStep(
         micro_batches=batches,

@@ -3,12 +3,13 @@
 //! arrays in (read in place), a dict of numpy arrays and counts out, the GIL released.
 
 use crate::errors::detached;
+use numpy::ndarray::Array2;
 use numpy::{IntoPyArray, PyReadonlyArray1};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use rustc_hash::FxHashMap;
 use tokpack_core::balance::{self, CostModel, MicroBatchConfig};
-use tokpack_core::tree::{self, Forest, Piece, Seq, Trained, TreeRows};
+use tokpack_core::tree::{self, Forest, Piece, Seq, Trained, TreeBatch};
 use tokpack_core::CoreError;
 
 /// The figures of a layout beside its arrays.
@@ -81,17 +82,26 @@ fn set_counts(d: &Bound<'_, PyDict>, counts: &Counts) -> PyResult<()> {
     d.set_item("unique_tokens", counts.unique_tokens)
 }
 
-fn to_dict<'py>(py: Python<'py>, rows: TreeRows, counts: &Counts) -> PyResult<Bound<'py, PyDict>> {
+/// A batch's arrays under `tokpack.tree.batch`'s keys, the per-token ones `[rows, width]`;
+/// every array handed over without a copy.
+fn batch_dict<'py>(py: Python<'py>, b: TreeBatch) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
+    let shape = (b.rows, b.width);
+    let block = |v: Vec<i64>| {
+        Array2::from_shape_vec(shape, v)
+            .map(|a| a.into_pyarray(py))
+            .map_err(|e| crate::errors::to_py(CoreError::Config(format!("tree batch: {e}"))))
+    };
+    d.set_item("input_ids", block(b.input_ids)?)?;
+    d.set_item("position_ids", block(b.position_ids)?)?;
+    d.set_item("tree_tout", block(b.token_tout)?)?;
+    d.set_item("tree_node", block(b.token_node)?)?;
     macro_rules! put {
-        ($($name:ident),*) => { $( d.set_item(stringify!($name), rows.$name.into_pyarray(py))?; )* };
+        ($($name:ident),*) => {
+            $( d.set_item(concat!("tree_", stringify!($name)), b.$name.into_pyarray(py))?; )*
+        };
     }
     put!(
-        row_offsets,
-        input_ids,
-        position_ids,
-        token_node,
-        token_tout,
         node_offsets,
         node_parent,
         node_depth,
@@ -106,17 +116,20 @@ fn to_dict<'py>(py: Python<'py>, rows: TreeRows, counts: &Counts) -> PyResult<Bo
         pred_row,
         pred_pos,
         pred_token,
-        pred_weight
+        pred_weight,
+        completion_lengths
     );
-    set_counts(&d, counts)?;
     Ok(d)
 }
 
 /// Sequences `tokens[starts[i]..starts[i] + lengths[i]]` (trained where `trained`, aligned with
 /// `tokens`, says; all when None) into rows of prefix trees of at most `max_tokens` tokens.
-/// Sequences of different `groups` (one id per sequence) never share; None: one group.
+/// Sequences of different `groups` (one id per sequence) never share; None: one group. The rows
+/// as one batch (`"batch"`, aligned to `pad_to_multiple_of`, padded with `pad_token_id`) with
+/// its figures.
 #[pyfunction]
-#[pyo3(signature = (*, tokens, starts, lengths, trained, groups, max_tokens, min_shared, threads))]
+#[pyo3(signature = (*, tokens, starts, lengths, trained, groups, max_tokens, min_shared,
+    pad_to_multiple_of, pad_token_id, threads))]
 #[allow(clippy::too_many_arguments)]
 pub fn tree_pack<'py>(
     py: Python<'py>,
@@ -127,6 +140,8 @@ pub fn tree_pack<'py>(
     groups: Option<PyReadonlyArray1<'py, i64>>,
     max_tokens: u64,
     min_shared: usize,
+    pad_to_multiple_of: usize,
+    pad_token_id: i64,
     threads: Option<usize>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let tokens = tokens.as_slice()?;
@@ -144,24 +159,32 @@ pub fn tree_pack<'py>(
         None => vec![(0..seqs.len() as u32).collect()],
         Some(g) => bucket(g),
     };
-    let (rows, counts) = detached(py, threads, || {
+    let (batch, counts) = detached(py, threads, || {
         let forest = tree::build(&seqs, &members, min_shared)?;
         let pieces = tree::pieces(&forest, max_tokens)?;
         let sizes: Vec<u64> = pieces.iter().map(|p| p.tokens).collect();
         let rows = tree::pack_rows(&sizes, max_tokens);
+        let laid = tree::layout(&seqs, &forest, &pieces, &rows);
         Ok((
-            tree::layout(&seqs, &forest, &pieces, &rows),
+            laid.into_batch(pad_to_multiple_of, pad_token_id),
             Counts::of(&forest, &pieces),
         ))
     })?;
-    to_dict(py, rows, &counts)
+    let d = PyDict::new(py);
+    d.set_item("rows", batch.rows)?;
+    d.set_item("forward_tokens", batch.forward_tokens)?;
+    d.set_item("batch", batch_dict(py, batch)?)?;
+    set_counts(&d, &counts)?;
+    Ok(d)
 }
 
 /// Indices by equal key, groups in order of first appearance.
 fn bucket<K: std::hash::Hash + Eq + Copy>(keys: impl IntoIterator<Item = K>) -> Vec<Vec<u32>> {
-    let mut index: FxHashMap<K, usize> = FxHashMap::default();
+    let keys = keys.into_iter();
+    let mut index: FxHashMap<K, usize> =
+        FxHashMap::with_capacity_and_hasher(keys.size_hint().0, Default::default());
     let mut out: Vec<Vec<u32>> = Vec::new();
-    for (i, k) in keys.into_iter().enumerate() {
+    for (i, k) in keys.enumerate() {
         let g = *index.entry(k).or_insert_with(|| {
             out.push(Vec::new());
             out.len() - 1
@@ -174,12 +197,12 @@ fn bucket<K: std::hash::Hash + Eq + Copy>(keys: impl IntoIterator<Item = K>) -> 
 /// A step's rollouts: rollout `i` is prompt `prompt_of[i]` then its completion. Rollouts of
 /// equal prompts form a tree; the pieces are split into micro-batches of at most `max_tokens`
 /// tokens over `dp_size` ranks by `tokpack.balance`'s planner, and rank `rank`'s micro-batches
-/// laid out, one row each (a dict each, in `micro_batches`). Also returns every rank's
-/// micro-batch tokens.
+/// laid out, one row each (a batch dict each, as `tree_pack`'s, in `micro_batches`). Also
+/// returns every rank's micro-batch tokens.
 #[pyfunction]
 #[pyo3(signature = (*, prompt_tokens, prompt_starts, prompt_lengths, prompt_of, tokens, starts,
     lengths, trained, max_tokens, min_shared, dp_size, rank, a, b, same_count, min_micro_batches,
-    divisible_by, order, threads))]
+    divisible_by, order, pad_to_multiple_of, pad_token_id, threads))]
 #[allow(clippy::too_many_arguments)]
 pub fn tree_step<'py>(
     py: Python<'py>,
@@ -201,6 +224,8 @@ pub fn tree_step<'py>(
     min_micro_batches: usize,
     divisible_by: usize,
     order: &str,
+    pad_to_multiple_of: usize,
+    pad_token_id: i64,
     threads: Option<usize>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let prompts = slices(
@@ -274,8 +299,11 @@ pub fn tree_step<'py>(
                     .collect()
             })
             .collect();
+        let laid = tree::layout_each(&seqs, &forest, &pieces, &rows);
         Ok((
-            tree::layout_each(&seqs, &forest, &pieces, &rows),
+            laid.into_iter()
+                .map(|r| r.into_batch(pad_to_multiple_of, pad_token_id))
+                .collect::<Vec<_>>(),
             Counts::of(&forest, &pieces),
             plan.mb_tokens,
             plan.rank_offsets,
@@ -284,7 +312,7 @@ pub fn tree_step<'py>(
     let d = PyDict::new(py);
     let batches = rows
         .into_iter()
-        .map(|r| to_dict(py, r, &counts))
+        .map(|r| batch_dict(py, r))
         .collect::<PyResult<Vec<_>>>()?;
     d.set_item("micro_batches", batches)?;
     d.set_item("mb_tokens", mb_tokens.into_pyarray(py))?;

@@ -39,7 +39,8 @@ pub struct TreeRows {
     pub pred_weight: Vec<i64>,
 }
 
-/// One row's arrays; its sequences' predictions numbered inside the row.
+/// One row's arrays; its sequences (ascending) with their targets as predictions numbered
+/// inside the row.
 #[derive(Default)]
 struct Row {
     input_ids: Vec<i64>,
@@ -51,11 +52,67 @@ struct Row {
     node_tin: Vec<i64>,
     node_tout: Vec<i64>,
     node_len: Vec<i64>,
-    /// (sequence, end node, its predictions)
-    seqs: Vec<(u32, i64, Vec<u32>)>,
+    seq_index: Vec<i64>,
+    seq_end_node: Vec<i64>,
+    target_offsets: Vec<i64>,
+    target_pred: Vec<i64>,
     pred_pos: Vec<i64>,
     pred_token: Vec<i64>,
     pred_weight: Vec<i64>,
+}
+
+impl Row {
+    /// Room for `tokens` tokens, `nodes` nodes, `seqs` sequences and `targets` targets: each
+    /// array is written once, never grown (a row has at most one prediction per token).
+    fn with_capacity(tokens: usize, nodes: usize, seqs: usize, targets: usize) -> Self {
+        let mut target_offsets = Vec::with_capacity(seqs + 1);
+        target_offsets.push(0);
+        Row {
+            input_ids: Vec::with_capacity(tokens),
+            position_ids: Vec::with_capacity(tokens),
+            token_node: Vec::with_capacity(tokens),
+            token_tout: Vec::with_capacity(tokens),
+            node_parent: Vec::with_capacity(nodes),
+            node_depth: Vec::with_capacity(nodes),
+            node_tin: Vec::with_capacity(nodes),
+            node_tout: Vec::with_capacity(nodes),
+            node_len: Vec::with_capacity(nodes),
+            seq_index: Vec::with_capacity(seqs),
+            seq_end_node: Vec::with_capacity(seqs),
+            target_offsets,
+            target_pred: Vec::with_capacity(targets),
+            pred_pos: Vec::with_capacity(tokens),
+            pred_token: Vec::with_capacity(tokens),
+            pred_weight: Vec::with_capacity(tokens),
+        }
+    }
+
+    /// The row alone as [`TreeRows`]: its arrays moved, not copied.
+    fn alone(self) -> TreeRows {
+        let (tokens, nodes) = (self.input_ids.len() as i64, self.node_parent.len() as i64);
+        TreeRows {
+            row_offsets: vec![0, tokens],
+            input_ids: self.input_ids,
+            position_ids: self.position_ids,
+            token_node: self.token_node,
+            token_tout: self.token_tout,
+            node_offsets: vec![0, nodes],
+            node_parent: self.node_parent,
+            node_depth: self.node_depth,
+            node_tin: self.node_tin,
+            node_tout: self.node_tout,
+            node_len: self.node_len,
+            seq_row: vec![0; self.seq_index.len()],
+            seq_index: self.seq_index,
+            seq_end_node: self.seq_end_node,
+            target_offsets: self.target_offsets,
+            target_pred: self.target_pred,
+            pred_row: vec![0; self.pred_pos.len()],
+            pred_pos: self.pred_pos,
+            pred_token: self.pred_token,
+            pred_weight: self.pred_weight,
+        }
+    }
 }
 
 /// Lays out `rows` (lists of indices into `pieces`), rows in parallel on the current pool.
@@ -75,7 +132,7 @@ pub fn layout_each(
     rows: &[Vec<u32>],
 ) -> Vec<TreeRows> {
     rows.par_iter()
-        .map(|row| merge(vec![lay_row(seqs, forest, pieces, row)]))
+        .map(|row| lay_row(seqs, forest, pieces, row).alone())
         .collect()
 }
 
@@ -108,7 +165,17 @@ impl Placed<'_> {
 }
 
 fn lay_row(seqs: &[Seq<'_>], f: &Forest, pieces: &[Piece], row: &[u32]) -> Row {
-    let mut out = Row::default();
+    let members = members_of(f, pieces, row);
+    let tokens: u64 = row.iter().map(|&pi| pieces[pi as usize].tokens).sum();
+    let nodes: u32 = row
+        .iter()
+        .map(|&pi| {
+            let p = &pieces[pi as usize];
+            p.chain.len() as u32 + p.subtrees.iter().map(|&r| f.size[r as usize]).sum::<u32>()
+        })
+        .sum();
+    let n_targets = members.iter().map(|m| seqs[m.0 as usize].len()).sum();
+    let mut out = Row::with_capacity(tokens as usize, nodes as usize, members.len(), n_targets);
     let mut placed = Vec::with_capacity(row.len());
     for &pi in row {
         let piece = &pieces[pi as usize];
@@ -147,25 +214,9 @@ fn lay_row(seqs: &[Seq<'_>], f: &Forest, pieces: &[Piece], row: &[u32]) -> Row {
             subtree_base,
         });
     }
-    let mut members: Vec<(u32, usize, u32)> = Vec::new();
-    for (k, p) in placed.iter().enumerate() {
-        if p.piece.owns_last {
-            let last = *p
-                .piece
-                .chain
-                .last()
-                .expect("a piece owning its last node has a chain");
-            members.extend(f.ends_at(last as usize).iter().map(|&s| (s, k, last)));
-        }
-        for &r in &p.piece.subtrees {
-            for w in r..r + f.size[r as usize] {
-                members.extend(f.ends_at(w as usize).iter().map(|&s| (s, k, w)));
-            }
-        }
-    }
-    members.sort_unstable();
     let mut interior = vec![NONE; out.input_ids.len()];
-    let mut boundary: FxHashMap<(i64, i64), u32> = FxHashMap::default();
+    let mut boundary: FxHashMap<(i64, i64), u32> =
+        FxHashMap::with_capacity_and_hasher(nodes as usize, Default::default());
     let mut path = Vec::new();
     for (s, k, end) in members {
         let p = &placed[k];
@@ -179,17 +230,41 @@ fn lay_row(seqs: &[Seq<'_>], f: &Forest, pieces: &[Piece], row: &[u32]) -> Row {
             }
         }
         path.reverse();
-        let preds = targets(
+        targets(
             &mut out,
             &seqs[s as usize],
             &path,
             &mut interior,
             &mut boundary,
         );
-        out.seqs
-            .push((s, *path.last().expect("a path has a node"), preds));
+        out.target_offsets.push(out.target_pred.len() as i64);
+        out.seq_index.push(i64::from(s));
+        out.seq_end_node
+            .push(*path.last().expect("a path has a node"));
     }
     out
+}
+
+/// The sequences a row's pieces own, as (sequence, piece in the row, end node), ascending.
+fn members_of(f: &Forest, pieces: &[Piece], row: &[u32]) -> Vec<(u32, usize, u32)> {
+    let mut members: Vec<(u32, usize, u32)> = Vec::new();
+    for (k, &pi) in row.iter().enumerate() {
+        let piece = &pieces[pi as usize];
+        if piece.owns_last {
+            let last = *piece
+                .chain
+                .last()
+                .expect("a piece owning its last node has a chain");
+            members.extend(f.ends_at(last as usize).iter().map(|&s| (s, k, last)));
+        }
+        for &r in &piece.subtrees {
+            for w in r..r + f.size[r as usize] {
+                members.extend(f.ends_at(w as usize).iter().map(|&s| (s, k, w)));
+            }
+        }
+    }
+    members.sort_unstable();
+    members
 }
 
 /// Appends forest node `w`'s tokens as a row node with `parent` and subtree end `tout`.
@@ -208,17 +283,16 @@ fn emit(out: &mut Row, seqs: &[Seq<'_>], f: &Forest, w: u32, parent: i64, tout: 
     out.token_tout.extend(std::iter::repeat_n(tout, n));
 }
 
-/// The predictions of sequence `seq`'s trained targets along its row-local `path`: a target
-/// inside a node has one prediction per position; one at a branch (a node's first token,
-/// predicted by its parent's last) one per (position, token).
+/// Appends to `out.target_pred` the predictions of sequence `seq`'s trained targets along its
+/// row-local `path`: a target inside a node has one prediction per position; one at a branch
+/// (a node's first token, predicted by its parent's last) one per (position, token).
 fn targets(
     out: &mut Row,
     seq: &Seq<'_>,
     path: &[i64],
     interior: &mut [u32],
     boundary: &mut FxHashMap<(i64, i64), u32>,
-) -> Vec<u32> {
-    let mut preds = Vec::new();
+) {
     let mut prev_last = -1i64;
     let from = seq.first_target() as i64;
     for &u in path {
@@ -254,11 +328,10 @@ fn targets(
                 *slot
             };
             out.pred_weight[p as usize] += 1;
-            preds.push(p);
+            out.target_pred.push(i64::from(p));
         }
         prev_last = tin + len - 1;
     }
-    preds
 }
 
 fn new_pred(
@@ -281,7 +354,9 @@ fn merge(rows: Vec<Row>) -> TreeRows {
         target_offsets: vec![0],
         ..TreeRows::default()
     };
-    let mut seqs: Vec<(u32, i64, i64, Vec<u32>, i64)> = Vec::new();
+    // (sequence, row, its targets in that row's target_pred, the row's first prediction)
+    let mut seqs: Vec<(i64, i64, i64, usize, usize, i64)> = Vec::new();
+    let mut targets: Vec<Vec<i64>> = Vec::with_capacity(rows.len());
     for (r, row) in rows.into_iter().enumerate() {
         let pred_base = t.pred_pos.len() as i64;
         t.input_ids.extend(row.input_ids);
@@ -300,19 +375,19 @@ fn merge(rows: Vec<Row>) -> TreeRows {
         t.pred_pos.extend(row.pred_pos);
         t.pred_token.extend(row.pred_token);
         t.pred_weight.extend(row.pred_weight);
-        seqs.extend(
-            row.seqs
-                .into_iter()
-                .map(|(s, end, preds)| (s, r as i64, end, preds, pred_base)),
-        );
+        for (i, (&s, &end)) in row.seq_index.iter().zip(&row.seq_end_node).enumerate() {
+            let (lo, hi) = (row.target_offsets[i], row.target_offsets[i + 1]);
+            seqs.push((s, r as i64, end, lo as usize, hi as usize, pred_base));
+        }
+        targets.push(row.target_pred);
     }
     seqs.sort_unstable_by_key(|x| x.0);
-    for (s, r, end, preds, base) in seqs {
-        t.seq_index.push(i64::from(s));
+    for (s, r, end, lo, hi, base) in seqs {
+        t.seq_index.push(s);
         t.seq_row.push(r);
         t.seq_end_node.push(end);
         t.target_pred
-            .extend(preds.iter().map(|&p| base + i64::from(p)));
+            .extend(targets[r as usize][lo..hi].iter().map(|&p| base + p));
         t.target_offsets.push(t.target_pred.len() as i64);
     }
     t

@@ -4,15 +4,17 @@
 //! [`build`] groups sequences into a [`Forest`] (a compressed trie per group, nodes in DFS
 //! order); [`pieces`] cuts trees larger than a row at subtrees, each piece carrying its path
 //! prefix; [`pack_rows`] bins pieces into rows; [`layout`] writes the rows' tokens, positions,
-//! ancestor intervals and per-sequence targets. Every step is deterministic: same inputs, same
-//! output, whatever the thread count.
+//! ancestor intervals and per-sequence targets; [`TreeRows::into_batch`] pads them into blocks.
+//! Every step is deterministic: same inputs, same output, whatever the thread count.
 
+mod batch;
 mod build;
 mod layout;
 mod pieces;
 #[cfg(test)]
 mod tests;
 
+pub use batch::TreeBatch;
 pub use build::{build, Forest};
 pub use layout::{layout, layout_each, TreeRows};
 pub use pieces::{pack_rows, pieces, Piece};

@@ -90,6 +90,48 @@ fn check(seqs: &[Seq<'_>], f: &Forest, pieces: &[Piece], rows: &[Vec<u32>], cap:
     t.input_ids.len() as u64
 }
 
+/// Checks `t` as a batch aligned to `multiple`: each row's tokens, then the padding.
+fn check_batch(t: &TreeRows, multiple: usize) {
+    let b = t.clone().into_batch(multiple, 9);
+    let rows = t.row_offsets.len() - 1;
+    let longest = (0..rows)
+        .map(|r| (t.row_offsets[r + 1] - t.row_offsets[r]) as usize)
+        .max()
+        .unwrap_or(0);
+    assert_eq!((b.rows, b.width % multiple), (rows, 0));
+    assert!(b.width >= longest && b.width < longest + multiple);
+    for r in 0..rows {
+        let (lo, hi) = (t.row_offsets[r] as usize, t.row_offsets[r + 1] as usize);
+        let at = |v: &[i64], c: usize| v[r * b.width + c];
+        for c in 0..b.width {
+            let got = [
+                at(&b.input_ids, c),
+                at(&b.position_ids, c),
+                at(&b.token_node, c),
+                at(&b.token_tout, c),
+            ];
+            let want = if lo + c < hi {
+                let k = lo + c;
+                [
+                    t.input_ids[k],
+                    t.position_ids[k],
+                    t.token_node[k],
+                    t.token_tout[k],
+                ]
+            } else {
+                [9, 0, -1, c as i64 + 1]
+            };
+            assert_eq!(got, want);
+        }
+    }
+    let lengths: Vec<i64> = t.target_offsets.windows(2).map(|w| w[1] - w[0]).collect();
+    assert_eq!(b.completion_lengths, lengths);
+    assert_eq!(
+        (b.forward_tokens, &b.pred_row),
+        (t.input_ids.len() as i64, &t.pred_row)
+    );
+}
+
 #[test]
 fn a_group_shares_its_prompt() {
     let prompt: Vec<i64> = (0..10).collect();
@@ -235,6 +277,12 @@ proptest! {
         let p = pieces(&f, cap).unwrap();
         let rows = pack_rows(&p.iter().map(|p| p.tokens).collect::<Vec<_>>(), cap);
         let forward = check(&seqs, &f, &p, &rows, cap);
+        // A row laid out on its own is that row of the rows laid out together, alone.
+        for (alone, row) in layout_each(&seqs, &f, &p, &rows).iter().zip(&rows) {
+            prop_assert_eq!(alone, &layout(&seqs, &f, &p, std::slice::from_ref(row)));
+            check_batch(alone, 1 + extra as usize % 3);
+        }
+        check_batch(&layout(&seqs, &f, &p, &rows), 1 + min_shared % 3);
         prop_assert!(forward >= f.unique_tokens());
         prop_assert!(forward <= tokens.iter().map(|t| t.len() as u64).sum::<u64>());
     }
