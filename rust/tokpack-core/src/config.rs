@@ -205,15 +205,14 @@ impl PackConfig {
     }
 
     /// This config for inputs of `kind` (`inputs` names them in messages): the pair layout
-    /// of [`pair_layout_for`]; KTO carries its `label` first, other kinds refuse that name.
+    /// of [`pair_layout_for`]; the kind's own carried columns first (`crate::kind`: KTO's
+    /// `label`, multimodal's media columns); other kinds refuse KTO's `label`.
     pub fn for_kind(&self, kind: SampleKind, inputs: &str) -> Result<Self> {
         let mut out = self.clone();
         out.pair_layout = pair_layout_for(kind, self.pair_layout, inputs)?;
         let label = crate::format::col::KTO_LABEL;
-        if kind == SampleKind::Kto {
-            out.carry.retain(|c| c != label);
-            out.carry.insert(0, label.into());
-        } else if self.carry.iter().any(|c| c == label) {
+        out.carry = kind.carry(&self.carry);
+        if !kind.spec().carried.contains(&label) && self.carry.iter().any(|c| c == label) {
             check_carry_name(label, false)?;
         }
         Ok(out)

@@ -23,6 +23,7 @@ pub mod error;
 pub mod format;
 pub mod io;
 pub mod items;
+pub mod kind;
 pub mod materialize;
 pub mod plan;
 pub mod policy;

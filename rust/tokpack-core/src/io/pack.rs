@@ -9,39 +9,29 @@
 //! Output bytes depend only on the inputs and the config: the spill layout varies with thread
 //! scheduling but is only ever addressed through the per-sample locations.
 
-use super::carry::{carried_types, carried_values, concat, with_pieces};
-use super::columns::{check_scalar_int, check_type, flatten_sequence, BatchAt, Flat, Role};
+use super::carry::{carried_values, concat, with_pieces};
+use super::columns::{flatten_sequence, BatchAt, Flat, Role};
 use super::pagecache::inputs_read_once;
 use super::pairs::{
     check_pair_config, pair_lengths, plan_pairs, PairLayout, PairLengths, SEQ_REJECTED,
 };
 use super::progress::{Phase, Progress};
+pub use super::read_columns::LabelSource;
+use super::read_columns::{open_all, resolve_columns, Columns};
 use super::source::Source;
 use super::spill::{Spill, SpillReader};
 use super::writer::{write_shard, SampleSource, ShardContext, ShardInfo};
 use crate::cuts::Cuts;
 use crate::error::{CoreError, Location, Result};
+use crate::kind::PAIR_COLUMNS;
 use crate::plan::{Plan, PlanConfig};
 use arrow::array::{ArrayRef, RecordBatch};
 use arrow::buffer::ScalarBuffer;
-use arrow::datatypes::DataType;
 use parquet::basic::Compression;
 use rayon::prelude::*;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-
-/// Where labels come from.
-#[derive(Clone, Debug)]
-pub enum LabelSource {
-    /// No labels.
-    None,
-    /// A labels column (-100 = not trained on). With `required: false` it is used when every
-    /// input has it and ignored when none has.
-    Labels { column: String, required: bool },
-    /// A 0/1 loss-mask column; labels are the tokens where it is 1, -100 elsewhere.
-    LossMask(String),
-}
 
 pub struct PackFilesConfig {
     pub paths: Vec<PathBuf>,
@@ -83,16 +73,6 @@ pub struct PackOutcome {
     pub input_fingerprints: Vec<String>,
 }
 
-/// The columns of a preference token shard: chosen tokens and labels, rejected tokens and
-/// labels, prompt length.
-pub const PAIR_COLUMNS: [&str; 5] = [
-    "chosen_input_ids",
-    "chosen_labels",
-    "rejected_input_ids",
-    "rejected_labels",
-    "prompt_length",
-];
-
 /// The spilled samples, found through each sample's spill location (and, for pairs, the
 /// rejected sequence's) and length.
 struct Spilled<'a> {
@@ -118,96 +98,6 @@ impl SampleSource for Spilled<'_> {
         };
         self.reader.read(loc, n, start, tokens, labels)
     }
-}
-
-/// The resolved columns to read from every file.
-struct Columns {
-    tokens: String,
-    labels: Option<(String, Role)>,
-    pairs: Option<PairLayout>,
-    /// Carried columns and their types.
-    carry: Vec<(String, DataType)>,
-}
-
-impl Columns {
-    fn names(&self) -> Vec<&str> {
-        let labels = self.labels.as_ref().map(|(c, _)| c.as_str());
-        let mut names = match self.pairs {
-            Some(_) => PAIR_COLUMNS.to_vec(),
-            None => std::iter::once(self.tokens.as_str())
-                .chain(labels)
-                .collect(),
-        };
-        names.extend(self.carry.iter().map(|(c, _)| c.as_str()));
-        names
-    }
-}
-
-fn resolve_labels(sources: &[Source], labels: &LabelSource) -> Result<Option<(String, Role)>> {
-    let has = |s: &Source, c: &str| s.schema.index_of(c).is_ok();
-    Ok(match labels {
-        LabelSource::None => None,
-        LabelSource::LossMask(c) => Some((c.clone(), Role::LossMask)),
-        LabelSource::Labels { column, required } => {
-            let missing: Vec<&Source> = sources.iter().filter(|s| !has(s, column)).collect();
-            if missing.is_empty() {
-                Some((column.clone(), Role::Labels))
-            } else if missing.len() == sources.len() && !required {
-                None
-            } else {
-                // Present in some files only, or asked for explicitly: name a file lacking it.
-                missing[0].column_indices(&[column.as_str()])?;
-                None
-            }
-        }
-    })
-}
-
-fn resolve_columns(
-    sources: &[Source],
-    tokens: &str,
-    labels: &LabelSource,
-    pairs: Option<PairLayout>,
-    carry: &[String],
-) -> Result<Columns> {
-    let labels = match pairs {
-        Some(_) => None,
-        None => resolve_labels(sources, labels)?,
-    };
-    let mut wanted: Vec<(&str, Role)> = match pairs {
-        Some(_) => {
-            let [ci, cl, ri, rl, _] = PAIR_COLUMNS;
-            vec![
-                (ci, Role::Tokens),
-                (cl, Role::Labels),
-                (ri, Role::Tokens),
-                (rl, Role::Labels),
-            ]
-        }
-        None => vec![(tokens, Role::Tokens)],
-    };
-    if let Some((c, role)) = &labels {
-        wanted.push((c.as_str(), *role));
-    }
-    for s in sources {
-        let file = Location::file(&s.path);
-        for &(column, role) in &wanted {
-            let idx = s.column_indices(&[column])?[0];
-            check_type(&file, column, s.schema.field(idx).data_type(), role)?;
-        }
-        if pairs.is_some() {
-            let column = PAIR_COLUMNS[4];
-            let idx = s.column_indices(&[column])?[0];
-            check_scalar_int(&file, column, s.schema.field(idx).data_type())?;
-        }
-    }
-    let types = carried_types(sources, carry)?;
-    Ok(Columns {
-        tokens: tokens.to_string(),
-        labels,
-        pairs,
-        carry: carry.iter().cloned().zip(types).collect(),
-    })
 }
 
 /// What was read of one unit (or, concatenated, of all of them): per sample its length (plain
@@ -396,29 +286,6 @@ fn read_all(
             .collect::<Result<Vec<_>>>()?
     };
     Ok((all, rows, fingerprints))
-}
-
-/// The columns `pack_files` reads from token shards `paths` (plain sequences), by its rules and
-/// with its errors (a file lacking the labels the others have is named, carried columns need
-/// one scalar type across the files): the labels column and whether it is a loss mask.
-pub fn input_columns(
-    paths: &[PathBuf],
-    tokens: &str,
-    labels: &LabelSource,
-    carry: &[String],
-) -> Result<Option<(String, bool)>> {
-    let sources = open_all(paths)?;
-    let columns = resolve_columns(&sources, tokens, labels, None, carry)?;
-    Ok(columns
-        .labels
-        .map(|(name, role)| (name, matches!(role, Role::LossMask))))
-}
-
-fn open_all(paths: &[PathBuf]) -> Result<Vec<Source>> {
-    if paths.is_empty() {
-        return Err(CoreError::Config("no input files given".into()));
-    }
-    paths.iter().map(|p| Source::open(p)).collect()
 }
 
 fn no_samples(paths: &[PathBuf]) -> CoreError {
