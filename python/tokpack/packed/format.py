@@ -21,6 +21,7 @@ from .._tokpack import (
     INDEX_COLUMNS,
     KTO_LABEL,
     MANIFEST_NAME,
+    MEDIA_COLUMNS,
     REJECTED_NAME,
     SHARD_COLUMNS,
     SIDE_DIR,
@@ -36,6 +37,8 @@ __all__ = [
     "INDEX_COLUMNS",
     "KTO_LABEL",
     "MANIFEST_NAME",
+    "MEDIA_COLUMNS",
+    "NO_SAFE_CUT",
     "REJECTED_NAME",
     "SHARD_COLUMNS",
     "SIDE_DIR",
@@ -49,6 +52,9 @@ __all__ = [
     "write_manifest",
 ]
 
+# The dropped list's reason of a multimodal sample with no safe cut (the core's other reasons
+# are its own).
+NO_SAFE_CUT = "no_safe_cut"
 SCHEMA_FILE = Path(__file__).with_name("manifest.schema.json")
 
 

@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 from .. import _tokpack
 from .._contract import PAIR_SEGMENT_ROLES
 from ..errors import CorruptOutputError
+from ..kinds import KINDS
 from ..remote import is_remote, local_path, open_packed
 from .format import read_manifest
 from .reader import PackedDir, member_path
@@ -192,7 +193,7 @@ def _check_group(packed: PackedDir, group: int, index: Dict[str, np.ndarray], fi
             raise CorruptOutputError(
                 f"{path}: row group {g}, column {name!r} disagrees with the index side file"
             )
-    problem = None if packed.pair_layout is None else pair_problem(cols, packed.pair_layout)
+    problem = pair_problem(cols, packed.pair_layout) if KINDS[packed.kind].paired else None
     for name in packed.carried:
         if not np.array_equal(cols[name][1], cols["seq_lengths"][1]):
             problem = f"carried column {name!r} does not have one entry per segment"

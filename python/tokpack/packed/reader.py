@@ -27,13 +27,13 @@ import pyarrow.parquet as pq
 
 from .. import _tokpack
 from ..errors import ConfigError, CorruptOutputError, InputNotFoundError, TokpackError
+from ..kinds import KINDS, kind_of_packed
 from .format import FORMAT, FORMAT_VERSION, MANIFEST_NAME
 
-__all__ = ["PackedDir", "decode_row_group", "member_path", "ROW_COLUMNS", "PAIR_COLUMNS"]
+__all__ = ["PackedDir", "decode_row_group", "member_path", "ROW_COLUMNS"]
 
 ROW_COLUMNS = ("input_ids", "labels", "seq_lengths", "sample_ids")
 # The columns preference outputs add (``seq_roles``: see ``_contract.SEGMENT_ROLES``).
-PAIR_COLUMNS = ("seq_roles", "num_pairs")
 
 Column = Union[Tuple[np.ndarray, np.ndarray], np.ndarray]
 # (offset, length, "xxh3_128:<hex>") of a byte range of a shard.
@@ -179,7 +179,9 @@ class PackedDir:
             raise _corrupt(root, f"missing or invalid field {exc}") from None
         # The columns every shard must have.
         needed = [c for c in ROW_COLUMNS if c != "labels" or self.has_labels]
-        needed += list(PAIR_COLUMNS if self.pair_layout is not None else ()) + self.carried
+        # The kind of samples (``tokpack.kinds``): its own shard columns are needed too.
+        self.kind = kind_of_packed(m, self.carried)
+        needed += list(KINDS[self.kind].outputs) + self.carried
         self.needed_columns = needed
         self.shard_paths: List[str] = []
         self.shard_sizes: List[int] = []

@@ -9,10 +9,10 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Dict, Mapping, Optional, Sequence, Union
 
 from ..errors import ConfigError
+from ..kinds import prompted
 from ..pack.config import PackConfig
 from ..pack.plan import MAX_ROWS, check_int
 from .formats import FORMATS, first_format, resolve_columns
-from .schema import kind_of_format
 from .template import RENDERERS, TRAIN_ON
 from .tokenizer import ENCODERS
 
@@ -109,7 +109,7 @@ class TokenizeOptions:
 
     def for_first_format(self, detected: Optional[str]) -> "TokenizeOptions":
         """:meth:`for_inputs` given the format of the run's first record (None: unknown)."""
-        if self.format != "auto" or detected is None or kind_of_format(detected) == "sft":
+        if self.format != "auto" or detected is None or not prompted(detected):
             return self
         return replace(self, format=detected)
 

@@ -252,9 +252,7 @@ impl PackConfig {
             row_group_rows: self.row_group_rows,
             compression: parse_compression(&self.compression)?,
             batch_rows,
-            cuts: None,
-            piece_values: Vec::new(),
-            pieces: None,
+            kind: SampleKind::Sft,
         })
     }
 }

@@ -25,6 +25,7 @@ pub mod io;
 pub mod items;
 pub mod kind;
 pub mod materialize;
+pub mod media;
 pub mod plan;
 pub mod policy;
 pub mod pool;
