@@ -307,7 +307,7 @@ def test_preference_pairs_are_refused_as_not_supported(cluster, tmp_path, mode):
             "rejected_labels": seqs,
         }
     )
-    with pytest.raises(tokpack.ConfigError, match=r"preference samples .* --ray\) does not"):
+    with pytest.raises(tokpack.ConfigError, match=r"preference samples .*\(--ray\) does not"):
         tokpack.ray.pack(ray.data.from_arrow(table), tmp_path / "out", 8, mode=mode)
     assert not (tmp_path / "out").exists()
 

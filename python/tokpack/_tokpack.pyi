@@ -203,16 +203,11 @@ class PackedRows:
     labels: Optional[npt.NDArray[np.int32]]
     row_offsets: npt.NDArray[np.int64]
 
-# ``(samples, offsets, starts, lengths)`` of chosen cuts (or ``ends`` of blocks).
-_Cuts = Tuple[List[int], List[int], List[int], List[int]]
-
 def plan(
     *,
     lengths: npt.NDArray[np.int32] | npt.NDArray[np.int64],
     config: PackConfig,
     threads: Optional[int],
-    cuts: Optional[_Cuts] = None,
-    blocks: Optional[_Cuts] = None,
 ) -> PlanParts: ...
 def safe_pieces(
     *, length: int, max_len: int, overlong: str, blocks: List[Tuple[int, int]]

@@ -12,6 +12,8 @@ use crate::cuts::{safe_pieces, Blocks, Cuts};
 use crate::error::{CoreError, Result};
 use crate::plan::Plan;
 use crate::policy::Overlong;
+use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
+use serde_json::value::RawValue;
 use std::collections::BTreeMap;
 
 /// One image (or video) of a sample: its object's `(key, value)` texts, its `span` `[start,
@@ -26,34 +28,42 @@ pub struct Item {
 
 /// The images of a sample, from its `media` JSON text (`[]`: none).
 pub fn parse_media(text: &str) -> std::result::Result<Vec<Item>, String> {
-    let mut s = Scanner {
-        b: text.as_bytes(),
-        i: 0,
-    };
-    let mut items = Vec::new();
-    s.expect(b'[')?;
-    if !s.eat(b']') {
-        loop {
-            items.push(item(s.object()?)?);
-            if s.eat(b']') {
-                break;
-            }
-            s.expect(b',')?;
-        }
-    }
-    s.ws();
-    if s.i != s.b.len() {
-        return Err("trailing characters after the list".into());
-    }
-    Ok(items)
+    let objects: Vec<Fields> = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    objects.into_iter().map(|f| item(f.0)).collect()
 }
 
-fn item(fields: Vec<(String, String)>) -> std::result::Result<Item, String> {
+/// An object's keys and the text of their values, in order (no value is re-written).
+struct Fields(Vec<(String, Box<RawValue>)>);
+
+impl<'de> Deserialize<'de> for Fields {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Ordered;
+        impl<'de> Visitor<'de> for Ordered {
+            type Value = Fields;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an image's object")
+            }
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                mut m: A,
+            ) -> std::result::Result<Fields, A::Error> {
+                let mut fields = Vec::new();
+                while let Some(entry) = m.next_entry()? {
+                    fields.push(entry);
+                }
+                Ok(Fields(fields))
+            }
+        }
+        d.deserialize_map(Ordered)
+    }
+}
+
+fn item(fields: Vec<(String, Box<RawValue>)>) -> std::result::Result<Item, String> {
     let get = |key: &str| {
         fields
             .iter()
-            .find(|(k, _)| k == &format!("{key:?}"))
-            .map(|(_, v)| serde_json::from_str::<serde_json::Value>(v))
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| serde_json::from_str::<serde_json::Value>(v.get()))
             .transpose()
             .map_err(|e| format!("{key}: {e}"))
     };
@@ -75,120 +85,16 @@ fn item(fields: Vec<(String, String)>) -> std::result::Result<Item, String> {
     };
     let grid = get("grid")?.ok_or("an image without a \"grid\"")?;
     let patches = ints(&grid, "grid")?.iter().product();
+    let fields = fields
+        .into_iter()
+        .map(|(k, v)| (serde_json::Value::from(k).to_string(), v.get().to_string()))
+        .collect();
     Ok(Item {
         fields,
         span,
         tokens,
         patches,
     })
-}
-
-/// A JSON scanner keeping the text of each object's keys and values (no value is re-written).
-struct Scanner<'a> {
-    b: &'a [u8],
-    i: usize,
-}
-
-impl Scanner<'_> {
-    fn ws(&mut self) {
-        while self.b.get(self.i).is_some_and(|c| c.is_ascii_whitespace()) {
-            self.i += 1;
-        }
-    }
-
-    fn eat(&mut self, c: u8) -> bool {
-        self.ws();
-        let hit = self.b.get(self.i) == Some(&c);
-        self.i += usize::from(hit);
-        hit
-    }
-
-    fn expect(&mut self, c: u8) -> std::result::Result<(), String> {
-        match self.eat(c) {
-            true => Ok(()),
-            false => Err(format!("expected {:?} at character {}", c as char, self.i)),
-        }
-    }
-
-    fn text(&self, from: usize) -> String {
-        String::from_utf8_lossy(&self.b[from..self.i]).into_owned()
-    }
-
-    fn object(&mut self) -> std::result::Result<Vec<(String, String)>, String> {
-        self.expect(b'{')?;
-        let mut fields = Vec::new();
-        if self.eat(b'}') {
-            return Ok(fields);
-        }
-        loop {
-            self.ws();
-            let at = self.i;
-            self.string()?;
-            let key = self.text(at);
-            self.expect(b':')?;
-            self.ws();
-            let at = self.i;
-            self.value()?;
-            fields.push((key, self.text(at)));
-            if self.eat(b'}') {
-                return Ok(fields);
-            }
-            self.expect(b',')?;
-        }
-    }
-
-    fn string(&mut self) -> std::result::Result<(), String> {
-        if self.b.get(self.i) != Some(&b'"') {
-            return Err(format!("expected a string at character {}", self.i));
-        }
-        self.i += 1;
-        while let Some(&c) = self.b.get(self.i) {
-            self.i += if c == b'\\' { 2 } else { 1 };
-            if c == b'"' {
-                return Ok(());
-            }
-        }
-        Err("an unterminated string".into())
-    }
-
-    fn value(&mut self) -> std::result::Result<(), String> {
-        match self.b.get(self.i) {
-            Some(b'"') => self.string(),
-            Some(b'{' | b'[') => {
-                let mut depth = 0usize;
-                while let Some(&c) = self.b.get(self.i) {
-                    match c {
-                        b'"' => {
-                            self.string()?;
-                            continue;
-                        }
-                        b'{' | b'[' => depth += 1,
-                        b'}' | b']' => depth -= 1,
-                        _ => {}
-                    }
-                    self.i += 1;
-                    if depth == 0 {
-                        return Ok(());
-                    }
-                }
-                Err("an unterminated list or object".into())
-            }
-            _ => {
-                let at = self.i;
-                while self
-                    .b
-                    .get(self.i)
-                    .is_some_and(|c| !b",}] \t\r\n".contains(c))
-                {
-                    self.i += 1;
-                }
-                match self.i > at {
-                    true => Ok(()),
-                    false => Err(format!("expected a value at character {at}")),
-                }
-            }
-        }
-    }
 }
 
 /// The tokens `[a, b)` each image takes with its markers: no cut falls inside one.

@@ -384,12 +384,15 @@ fn media_cuts_of(
     )
 }
 
+/// Each named column's values.
+type ColumnValues = Vec<(String, ArrayRef)>;
+
 /// The pieces carrying their own media and each media column's values for them, typed as the
 /// carried columns (none when no piece is cut).
 fn piece_arrays(
     (pieces, values): (Cuts, String3),
     columns: &Columns,
-) -> Result<(Option<Cuts>, Vec<(String, ArrayRef)>)> {
+) -> Result<(Option<Cuts>, ColumnValues)> {
     if pieces.samples.is_empty() {
         return Ok((None, Vec::new()));
     }
