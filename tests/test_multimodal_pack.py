@@ -334,27 +334,21 @@ def test_random_with_an_over_long_sample_names_it(tokens, tmp_path):
         pack_files(tokens, tmp_path / "r", max_len, strategy="random")
 
 
-def test_random_pieces_must_match_the_plan(tmp_path):
-    """The core refuses piece values planned from other lengths (never wrong media)."""
+def test_random_plans_once_in_the_core(tokens, tmp_path, monkeypatch):
+    """Failed before: Python planned the ``random`` pieces (``_tokpack.plan``) to give each its
+    images, then the core planned again and checked the two matched."""
     from tokpack import _tokpack
 
-    (shard,) = tokpack.synthetic.write_token_shards(
-        tmp_path / "t", 40, n_files=1, seed=1, max_length=100
-    )
-    config = tokpack.PackConfig(max_len=64, strategy="random", overlong="split")
-    (tmp_path / "o").mkdir()
-    (tmp_path / "s").mkdir()
-    with pytest.raises(tokpack.TokpackError, match="not this plan's"):
-        _tokpack.pack_files(
-            paths=[str(shard)],
-            out_dir=str(tmp_path / "o"),
-            spill_dir=str(tmp_path / "s"),
-            config=config,
-            batch_rows=16,
-            cuts=None,
-            blocks=([0], [0, 1], [2], [5]),
-            pieces=([0], [0, 1], [0], [3]),
-        )
+    def no_plan(**_: object) -> None:
+        raise AssertionError("pack_files planned from Python")
+
+    monkeypatch.setattr(_tokpack, "plan", no_plan)
+    samples = _samples(tokens)
+    max_len = sorted(s["length"] for s in samples)[len(samples) * 3 // 4]
+    out = tmp_path / "r"
+    manifest = pack_files(tokens, out, max_len, strategy="random", overlong="split", seed=3)
+    assert manifest["sample_kind"] == "multimodal"
+    _check_random(samples, out, manifest, max_len, "split", expect_cut=True)
 
 
 def test_truncation_before_an_image_is_allowed(tokens, tmp_path):
@@ -419,7 +413,7 @@ def test_text_and_multimodal_shards_are_not_packed_together(tokens, tmp_path):
     from tokpack.synthetic import write_token_shards
 
     (text,) = write_token_shards(tmp_path / "t", 10, n_files=1)
-    with pytest.raises(tokpack.SchemaError, match="text token shard among multimodal"):
+    with pytest.raises(tokpack.ConfigError, match="mix kinds of samples.*multimodal samples"):
         tokpack.pack_files([*sorted(tokens.glob("*.parquet")), text], tmp_path / "o", 4096)
 
 

@@ -326,7 +326,7 @@ def test_preference_pairs_are_refused_as_not_supported(cluster, tmp_path, mode):
             "rejected_labels": seqs,
         }
     )
-    with pytest.raises(tokpack.ConfigError, match="pairs are not supported with --ray"):
+    with pytest.raises(tokpack.ConfigError, match=r"preference samples .*\(--ray\) does not"):
         tokpack.ray.pack(ray.data.from_arrow(table), tmp_path / "out", 8, mode=mode)
     assert not (tmp_path / "out").exists()
 
@@ -899,7 +899,7 @@ def test_multimodal_shards_are_refused_naming_pack_files(cluster, tmp_path, mode
     with pytest.raises(tokpack.ConfigError, match=r"tokpack.ray.pack .* tokpack.pack_files"):
         tokpack.ray.pack([path], tmp_path / "out", 16, mode=mode)
     assert not (tmp_path / "out").exists()
-    with pytest.raises(tokpack.ConfigError, match=r"the ray dataset: multimodal data"):
+    with pytest.raises(tokpack.ConfigError, match=r"the ray dataset holds multimodal data"):
         tokpack.ray.pack(ray.data.from_arrow(table), tmp_path / "ds", 16, mode=mode)
     assert tokpack.pack_files([path], tmp_path / "ok", 16)["config"]["carry"][0] == "media"
 
@@ -964,11 +964,11 @@ def test_preference_pairs_are_refused_from_paths_and_every_dataset(cluster, tmp_
     _, pairs = _kinds_corpus(tmp_path)
     read = ray.data.read_parquet([str(pairs)])
     for ds, where in (
-        ([pairs], "pairs.parquet holds preference pairs"),
-        (read, "pairs.parquet holds preference pairs"),
+        ([pairs], "pairs.parquet holds preference samples"),
+        (read, "pairs.parquet holds preference samples"),
         (read.map_batches(_identity, batch_format="pyarrow"), "the ray dataset holds"),
     ):
-        with pytest.raises(tokpack.ConfigError, match=f"{where}.*not supported with --ray"):
+        with pytest.raises(tokpack.ConfigError, match=rf"{where}.*--ray\) does not support"):
             tokpack.ray.pack(ds, tmp_path / "out", 16, mode=mode)
         assert not (tmp_path / "out").exists()
 

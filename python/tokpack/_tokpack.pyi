@@ -23,6 +23,10 @@ __all__ = [
     "MAX_LEN",
     "MAX_ROWS",
     "SAMPLE_KINDS",
+    "MEDIA_COLUMNS",
+    "CUT_RULES",
+    "ENTRY_POINTS",
+    "KINDS",
     "shard_name",
     "index_name",
     "pair_layout_for",
@@ -81,6 +85,11 @@ KTO_LABEL: str
 MAX_LEN: int
 MAX_ROWS: int
 SAMPLE_KINDS: Tuple[str, ...]
+MEDIA_COLUMNS: Tuple[str, ...]
+CUT_RULES: Tuple[str, ...]
+ENTRY_POINTS: Tuple[str, ...]
+# Per sample kind: "inputs", "outputs", "carried", "entries" (tuples of names) and "cut".
+KINDS: Dict[str, Dict[str, Any]]
 OVERLONG_HINT: str
 STRATEGIES: Tuple[str, ...]
 OVERLONG_POLICIES: Tuple[str, ...]
@@ -176,6 +185,7 @@ class PackReport:
     input_fingerprints: List[str]
     has_labels: bool
     dropped: npt.NDArray[np.int64]
+    no_safe_cut: npt.NDArray[np.int64]
     empty: npt.NDArray[np.int64]
     shards: List[Dict[str, Any]]
     def figures(self) -> Dict[str, Any]: ...
@@ -195,16 +205,11 @@ class PackedRows:
     labels: Optional[npt.NDArray[np.int32]]
     row_offsets: npt.NDArray[np.int64]
 
-# ``(samples, offsets, starts, lengths)`` of chosen cuts (or ``ends`` of blocks).
-_Cuts = Tuple[List[int], List[int], List[int], List[int]]
-
 def plan(
     *,
     lengths: npt.NDArray[np.int32] | npt.NDArray[np.int64],
     config: PackConfig,
     threads: Optional[int],
-    cuts: Optional[_Cuts] = None,
-    blocks: Optional[_Cuts] = None,
 ) -> PlanParts: ...
 def safe_pieces(
     *, length: int, max_len: int, overlong: str, blocks: List[Tuple[int, int]]
@@ -314,10 +319,7 @@ def pack_files(
     batch_rows: int,
     threads: Optional[int] = None,
     progress: Optional[Progress] = None,
-    cuts: Optional[_Cuts] = None,
-    piece_values: Optional[Dict[str, Any]] = None,
-    blocks: Optional[_Cuts] = None,
-    pieces: Optional[_Cuts] = None,
+    kind: str = "sft",
 ) -> PackReport: ...
 def read_lengths(
     *,

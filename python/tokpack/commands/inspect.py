@@ -12,6 +12,7 @@ from .._contract import SEGMENT_ROLES
 from .._io.manifest import cache_problem
 from .._io.tables import table
 from ..errors import ConfigError, CorruptOutputError
+from ..kinds import KINDS
 from ..multimodal.stats import (
     PATCHES,
     render_row_patches,
@@ -97,7 +98,7 @@ def _rows(packed: PackedDir) -> Iterator[Tuple[str, Dict[str, Any]]]:
     """(shard file, row) of every packed row, read one row group at a time through the checked
     reader (a damaged shard is reported, not shown)."""
     cols = ["input_ids", "seq_lengths", "sample_ids", "num_tokens", "num_loss_tokens"]
-    cols += ["seq_roles"] if packed.pair_layout is not None else []
+    cols += ["seq_roles"] if KINDS[packed.kind].paired else []
     for group in range(packed.num_groups):
         file = Path(packed.shard_paths[int(packed.group_shard[group])]).name
         decoded = packed.decode(group, cols)

@@ -142,15 +142,15 @@ class MultimodalCollator:
         return batch
 
 
-def _checked_grids(grids: Any, items: List[Dict[str, Any]], kind: str) -> Any:
+def _checked_grids(grids: Any, items: List[Dict[str, Any]], media_type: str) -> Any:
     """The processor's grids, refused (``DataError`` naming the file) where one differs from
     the grid the sample was tokenized for."""
     expected = torch.tensor([m["grid"] for m in items], dtype=grids.dtype)
     if not torch.equal(grids, expected):
         bad = int((grids != expected).any(dim=1).nonzero()[0])
-        ref = items[bad]["ref"] if kind == "image" else items[bad]["frames"][0]["ref"]
+        ref = items[bad]["ref"] if media_type == "image" else items[bad]["frames"][0]["ref"]
         raise DataError(
-            f"{describe_ref(ref)}: the {kind} processor gives grid {grids[bad].tolist()}, the"
+            f"{describe_ref(ref)}: the {media_type} processor gives grid {grids[bad].tolist()}, the"
             f" sample was tokenized for {items[bad]['grid']}: tokenize with this processor's"
             " settings"
         )

@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 
 from .._io.inputs import TOKEN_SUFFIXES, is_parquet, resolve_inputs
 from .._io.tables import table
+from ..kinds import KINDS
 from ..packed.reader import PackedDir, segment_sums
-from .tokenize import MEDIA_COLUMNS
 
 __all__ = [
     "vision_stats",
@@ -26,7 +26,8 @@ __all__ = [
 ]
 
 # The per-segment column of vision-encoder patches (``t * h * w`` of each image, summed).
-PATCHES = MEDIA_COLUMNS[2]
+MEDIA = KINDS["multimodal"].carried  # media, vision_tokens, vision_patches
+PATCHES = MEDIA[2]
 
 
 def vision_stats(inputs: Union[str, Sequence[str]]) -> Optional[Dict[str, Any]]:
@@ -38,10 +39,10 @@ def vision_stats(inputs: Union[str, Sequence[str]]) -> Optional[Dict[str, Any]]:
     out.update({"vision_tokens": 0, "vision_patches": 0, "max_vision_tokens": 0})
     found = False
     for path in files:
-        if not {"length", *MEDIA_COLUMNS} <= set(pq.read_schema(path).names):
+        if not {"length", *MEDIA} <= set(pq.read_schema(path).names):
             continue
         found = True
-        t = pq.read_table(path, columns=["length", *MEDIA_COLUMNS])
+        t = pq.read_table(path, columns=["length", *MEDIA])
         vision = t.column("vision_tokens")
         out["samples"] += t.num_rows
         out["samples_with_images"] += pc.sum(pc.greater(vision, 0)).as_py() or 0

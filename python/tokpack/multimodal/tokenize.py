@@ -39,19 +39,19 @@ import contextlib
 import io
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pyarrow as pa
 
-from .. import _tokpack
 from .._checks import MAX_LEN, check_int
 from .._contract import IGNORE_INDEX, OVERLONG_HINT, OVERLONG_POLICIES
 from .._io.arrays import list_array
 from .._io.inputs import RAW_SUFFIXES, resolve_inputs
 from ..errors import ConfigError, DataError, InputNotFoundError, InvalidRecordError
+from ..kinds import KINDS, MULTIMODAL_KEY
 from ..packed.mixture import _positive as positive_number
 from ..tokenize.encoder import overlong_error
 from ..tokenize.formats import Record, read_records
@@ -63,14 +63,13 @@ from ..tokenize.template import ChatTemplate, resolve_template
 from ..tokenize.tokenizer import LoadedTokenizer, load_tokenizer, read_json_object
 from .family import detect_family
 from .media import describe_ref, media_hash, resolve_image
+from .pieces import MultimodalSample, image_blocks, piece, safe_pieces
 from .vision import VisionRules, image_size, read_preprocessor_config
 
 __all__ = [
     "VisionTokens",
     "MultimodalSample",
     "MultimodalEncoder",
-    "MEDIA_COLUMNS",
-    "MULTIMODAL_KEY",
     "OVERLONG",
     "token_schema",
     "tokenize_files",
@@ -78,14 +77,13 @@ __all__ = [
 ]
 
 OVERLONG = OVERLONG_POLICIES
+MULTIMODAL = KINDS["multimodal"]
 # The per-sample columns a packed directory carries for the multimodal readers.
-MEDIA_COLUMNS = ("media", "vision_tokens", "vision_patches")
-MULTIMODAL_KEY = b"tokpack.multimodal"
 
 
 def token_schema(family: str = "qwen2-vl") -> pa.Schema:
-    """The token shards' schema: the SFT columns, then ``MEDIA_COLUMNS``; its metadata names
-    the model family."""
+    """The token shards' schema: the SFT columns, then the multimodal kind's media columns
+    (``tokpack.kinds``); its metadata names the model family."""
     media = [("media", pa.string()), ("vision_tokens", pa.int32()), ("vision_patches", pa.int32())]
     return pa.schema(list(TOKEN_SCHEMA) + media, metadata={MULTIMODAL_KEY: family.encode()})
 
@@ -98,24 +96,6 @@ class VisionTokens:
     image_pad: str = "<|image_pad|>"
     end: str = "<|vision_end|>"
     video_pad: str = "<|video_pad|>"
-
-
-@dataclass
-class MultimodalSample:
-    """One sample: ids and labels with expanded image pads, and its images (``media``)."""
-
-    input_ids: np.ndarray
-    labels: np.ndarray
-    media: List[Dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def vision_tokens(self) -> int:
-        # ``tokens``: a Qwen3-VL video's pads (its span also holds its timestamps' text)
-        return sum(int(m.get("tokens", m["span"][1])) for m in self.media)
-
-    @property
-    def vision_patches(self) -> int:
-        return sum(int(np.prod(m["grid"])) for m in self.media)
 
 
 @dataclass
@@ -433,7 +413,7 @@ class MultimodalEncoder:
             counts.truncated += 1
         else:
             counts.split += 1
-        return [_piece(sample, start, end) for start, end in pieces]
+        return [piece(sample, start, end) for start, end in pieces]
 
 
 def _media_parts(messages: List[Any], record: Record, column: str) -> Tuple[int, int]:
@@ -470,45 +450,6 @@ def _json_beside(vision: Union[str, os.PathLike], name: str) -> Optional[Dict[st
     base = Path(vision)
     file = (base if base.is_dir() else base.parent) / name
     return read_json_object(file) if file.is_file() else None
-
-
-def image_blocks(media: Sequence[Dict[str, Any]]) -> List[Tuple[int, int]]:
-    """The tokens ``[a, b)`` each image takes with its ``vision_start`` and ``vision_end``
-    markers: a sample is never cut inside one."""
-    return [(m["span"][0] - 1, m["span"][0] + m["span"][1] + 1) for m in media]
-
-
-def safe_pieces(
-    n: int, max_len: int, overlong: str, blocks: Sequence[Tuple[int, int]]
-) -> List[Tuple[int, int]]:
-    """``(start, end)`` of the pieces a sample of ``n > max_len`` tokens keeps under
-    ``overlong`` ``truncate`` (one piece from 0) or ``split`` (pieces tiling it), each cut at
-    the last safe boundary: never inside a block. ``[]`` when there is no safe cut (an image
-    alone longer than ``max_len``, or one starting a piece it cannot fit): the sample is
-    dropped. The one rule of tokenize-time and pack-time cuts, the core's
-    (``tokpack_core::cuts::safe_pieces``; the ``random`` strategy cuts by it too)."""
-    return _tokpack.safe_pieces(
-        length=n,
-        max_len=max_len,
-        overlong=overlong,
-        blocks=[tuple(b) for b in blocks],  # type: ignore[misc]
-    )
-
-
-def piece_media(media: Sequence[Dict[str, Any]], start: int, end: int) -> List[Dict[str, Any]]:
-    """The images of tokens ``start:end`` of a sample (whole, with their markers), their spans
-    rebased to the piece."""
-    out = []
-    for m in media:
-        s = m["span"][0]
-        if start < s and s + m["span"][1] < end:
-            out.append({**m, "span": [s - start, m["span"][1]]})
-    return out
-
-
-def _piece(sample: MultimodalSample, start: int, end: int) -> MultimodalSample:
-    media = piece_media(sample.media, start, end)
-    return MultimodalSample(sample.input_ids[start:end], sample.labels[start:end], media)
 
 
 # --- files ------------------------------------------------------------------------------------
@@ -614,8 +555,8 @@ def tokenize_files(
             shards = _ShardWriter(tmp, shard_rows, token_schema(family)).write_all(batches)
         return {
             "kind": "tokenize",
-            "sample_kind": "sft",
-            "multimodal": {"family": encoder.family.name, "columns": list(MEDIA_COLUMNS)},
+            "sample_kind": MULTIMODAL.name,
+            "multimodal": {"family": encoder.family.name, "columns": list(MULTIMODAL.carried)},
             "inputs": described,
             "tokenizer": {"path": str(encoder.tokenizer.path.resolve())},
             "template": encoder.template_info,

@@ -22,7 +22,6 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from .. import _tokpack
 from .._checks import checked_threads
@@ -41,21 +40,19 @@ from .._io.scratch import SPILL_PREFIX, check_work_dir, remove_dead, scratch_dir
 from .._io.store import cached_run, destination
 from .._tokpack import pair_layout_for
 from ..errors import OverlongError
-from ..multimodal.pack import dropped_reasons, media_config, media_cuts
+from ..kinds import KINDS, kind_of_records, kind_of_shards
 from ..multimodal.stats import packed_vision_figures
-from ..multimodal.tokenize import MEDIA_COLUMNS
 from ..packed.format import (
     DROPPED_NAME,
     FORMAT,
     FORMAT_VERSION,
-    KTO_LABEL,
     MANIFEST_NAME,
+    NO_SAFE_CUT,
     packed_manifest,
     write_dropped,
 )
 from ..tokenize.encoder import RecordEncoder
 from ..tokenize.options import TokenizeOptions
-from ..tokenize.schema import kind_of_files, kind_of_format
 from ..tokenize.writer import REJECTED_NAME, stream_into, write_arrow
 from .config import PackConfig, pack_config, refuse_unsupported
 from .diskspace import check_disk_space
@@ -83,7 +80,7 @@ def read_lengths(
     to take in a row (0 for a pair it drops as empty)."""
     threads = checked_threads(threads)
     paths = resolve_inputs(inputs, TOKEN_SUFFIXES)
-    layout = pair_layout_for(kind_of_files(paths), pair_layout, shown_path(paths[0]))
+    layout = pair_layout_for(kind_of_shards(paths), pair_layout, shown_path(paths[0]))
     lengths, _ = run_with_progress(
         lambda p: _tokpack.read_lengths(
             paths=[str(x) for x in paths],
@@ -174,16 +171,17 @@ def pack_files(
         if config.overlong == "error" and options.max_len is None:
             # Checked while tokenizing, where the sample's raw file and line are known.
             options = replace(options, max_len=config.max_len)
-        # Carried columns are the records' fields, staged with the tokens (KTO's label is there).
-        kind = kind_of_format(options.format)
+        # Carried columns are the records' fields, staged with the tokens (the kind's own, as
+        # KTO's label, are there).
+        kind = kind_of_records(options.format)
         config = config.for_kind(kind, shown_path(paths[0]))
-        carried = [c for c in config.carry if (kind, c) != ("kto", KTO_LABEL)]
+        carried = [c for c in config.carry if c not in KINDS[kind].carried]
         options = replace(options, carry=(*options.carry, *carried))
         encoding = RecordEncoder(tokenizer, options)
     else:
         paths = resolve_inputs(inputs, TOKEN_SUFFIXES, output_dir=dest.place, folders=folders)
-        kind = kind_of_files(paths)
-        config = media_config(paths, config.for_kind(kind, shown_path(paths[0])))
+        kind = kind_of_shards(paths)
+        config = config.for_kind(kind, shown_path(paths[0]))
     recorded = config.to_dict()
     if encoding is not None:
         recorded["tokenize"] = encoding.config()
@@ -211,32 +209,29 @@ def pack_files(
                     "renderer": tokens.renderer_info,
                     "rejected_file": REJECTED_NAME if tokens.stats.rejected else None,
                 }
-                if config.pair_layout is not None and config.overlong == "error":
-                    _check_pairs_fit(staged, paths, config.max_len, config.pair_layout)
-            # Multimodal shards: where over-long samples may be cut (never inside an image).
-            cuts = media_cuts(paths, config, threads) if encoding is None else None
-            report = run_with_progress(
-                lambda p: _tokpack.pack_files(
-                    paths=[str(x) for x in sources],
-                    out_dir=str(tmp),
-                    spill_dir=str(spill),
-                    config=config,
-                    batch_rows=BATCH_ROWS,
-                    threads=threads,
-                    progress=p,
-                    **(cuts.core_args() if cuts is not None else {}),
-                ),
-                progress,
-            )
+            with _named_by_record(staged, paths, config, KINDS[kind].paired):
+                report = run_with_progress(
+                    lambda p: _tokpack.pack_files(
+                        paths=[str(x) for x in sources],
+                        out_dir=str(tmp),
+                        spill_dir=str(spill),
+                        config=config,
+                        batch_rows=BATCH_ROWS,
+                        threads=threads,
+                        progress=p,
+                        kind=kind,
+                    ),
+                    progress,
+                )
             if encoding is None:  # taken while the inputs were read: no second pass over them
                 add_fingerprints(described, paths, report.input_fingerprints)
             with writing(tmp / DROPPED_NAME):
                 dropped = write_dropped(
-                    tmp / DROPPED_NAME, report, paths, staged, reasons=dropped_reasons(cuts)
+                    tmp / DROPPED_NAME, report, paths, staged, reasons=_dropped_reasons(report)
                 )
         wall = time.perf_counter() - started
         manifest = packed_manifest(recorded, described, report, wall, dropped)
-        if set(MEDIA_COLUMNS) <= set(config.carry):  # the vision-encoder cost of the rows
+        if KINDS[kind].cut == "safe-blocks":  # the vision-encoder cost of the rows
             shards = [tmp / shard["file"] for shard in report.shards]
             manifest["figures"].update(packed_vision_figures(shards))
         manifest["sample_kind"] = kind
@@ -248,7 +243,7 @@ def pack_files(
         return manifest
 
     def preflight(tmp: Path, spill: Path) -> None:
-        tokens, labels = _read_columns(config)
+        tokens, labels = _read_columns(config, KINDS[kind].paired)
         check_disk_space(paths, tokens, labels, config.compression != "none", tmp, spill)
 
     if out is not None and encoding is None and not (out / MANIFEST_NAME).exists():
@@ -289,30 +284,41 @@ def _spill_in(tmp: Path, spill_dir: Optional[Path]) -> Iterator[Path]:
         shutil.rmtree(spill, ignore_errors=True)
 
 
-def _read_columns(config: PackConfig) -> Tuple[List[str], List[str]]:
-    """The token and label (or loss mask) columns the packer reads."""
-    if config.pair_layout is not None:
+def _read_columns(config: PackConfig, paired: bool) -> Tuple[List[str], List[str]]:
+    """The token and label (or loss mask) columns the packer reads (a pair's two sequences'
+    when ``paired``)."""
+    if paired:
         return ["chosen_input_ids", "rejected_input_ids"], ["chosen_labels", "rejected_labels"]
     labels = [c for c in (config.labels_column, config.loss_mask_column) if c is not None]
     return [config.tokens_column], labels
 
 
-def _check_pairs_fit(staged: Path, paths: List[Path], max_len: int, layout: str) -> None:
-    """One-step pack of preference records with ``overlong="error"``: the first pair whose row
-    footprint exceeds ``max_len``, named by its raw record (the packer would name the staged
-    file). The tokenizer checked each sequence alone."""
-    with pa.memory_map(os.fsencode(staged)) as source:
-        table = pa.ipc.open_file(source).read_all()
-    lengths = [pc.list_value_length(table.column(f"{r}_input_ids")) for r in ("chosen", "rejected")]
-    footprint = lengths[0].to_numpy().astype(np.int64) + lengths[1].to_numpy()
-    if layout == "shared-prompt":
-        footprint -= table.column("prompt_length").to_numpy()
-    over = np.flatnonzero(footprint > max_len)
-    if len(over):
-        i = int(over[0])
-        path = paths[table.column("source_file")[i].as_py()]
-        where = f"{'row ' if is_parquet(path) else ''}{table.column('source_line')[i].as_py()}"
+def _dropped_reasons(report: Any) -> Dict[str, Tuple[int, ...]]:
+    """The dropped list's reasons besides the core's: multimodal samples with no safe cut."""
+    found = tuple(int(s) for s in report.no_safe_cut)
+    return {NO_SAFE_CUT: found} if found else {}
+
+
+@contextlib.contextmanager
+def _named_by_record(
+    staged: Optional[Path], paths: List[Path], config: PackConfig, paired: bool
+) -> Iterator[None]:
+    """A one-step pack's over-long error names the raw record (its file and line), not the
+    staged file's row: the staged file's ``source_file`` / ``source_line`` of that row, read
+    alone. (The tokenizer checked each sequence; a pair's footprint in its row is the core's.)"""
+    try:
+        yield
+    except OverlongError as exc:
+        row = getattr(exc, "index", None)
+        if staged is None or row is None:
+            raise
+        with pa.memory_map(os.fsencode(staged)) as source:
+            table = pa.ipc.open_file(source).read_all().select(["source_file", "source_line"])
+        file, line = (table.column(c)[row].as_py() for c in ("source_file", "source_line"))
+        path = paths[file]
+        where = f"{'row ' if is_parquet(path) else ''}{line}"
+        what = f"pair of {exc.length} tokens in a row ({config.pair_layout} layout)"
         raise OverlongError(
-            f"{shown_path(path)}:{where}: pair of {footprint[i]} tokens in a row ({layout}"
-            f' layout), more than max_len={max_len}; pass overlong="truncate" or "drop"'
-        )
+            f"{shown_path(path)}:{where}: {what if paired else f'sample of {exc.length} tokens'},"
+            f' more than max_len={exc.max_len}; pass overlong="truncate" or "drop"'
+        ) from None

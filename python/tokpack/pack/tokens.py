@@ -11,7 +11,7 @@ import pyarrow as pa
 from .. import _tokpack
 from .._checks import checked_threads
 from .._io.arrays import as_arrow_column, list_array
-from ..multimodal.pack import refuse_multimodal
+from ..kinds import kind_of_columns, refuse_kind
 from ..packed.format import SHARD_COLUMNS
 from .config import PackConfig, pack_config
 from .plan import Plan
@@ -64,12 +64,7 @@ def pack_tokens(
     """
     fields = dict(strategy=strategy, overlong=overlong, seed=seed, row_order=row_order)
     config = pack_config(max_len, config, fields)
-    refuse_multimodal(
-        "tokpack.pack_tokens (in memory, no media columns)",
-        "tokpack.pack_files on its token shards (tokpack pack), which carries each segment's"
-        " images and never cuts inside one",
-        columns=_column_names(input_ids),
-    )
+    refuse_kind("pack_tokens", kind_of_columns(_column_names(input_ids)), "the table")
     rows = _tokpack.pack_tokens(
         input_ids=as_arrow_column(input_ids, INPUT_IDS),
         labels=None if labels is None else as_arrow_column(labels, LABELS),

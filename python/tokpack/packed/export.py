@@ -36,7 +36,7 @@ from .._io.outdir import atomic_output_files, output_file, writing
 from .._io.overlap import Place, check_apart, local_place, uri_place
 from .._io.store import object_output_files
 from ..errors import ConfigError, CorruptOutputError, DataError
-from ..multimodal.pack import refuse_multimodal
+from ..kinds import refuse_kind
 from .reader import PackedDir, segment_sums
 from .remote import open_packed
 
@@ -89,22 +89,7 @@ def _packed_dir(packed_dir: PathLike, target: str) -> PackedDir:
     the ids alone would train on image pads without their images). On object storage (a URI) it
     is read through the readers' cache (``tokpack.remote``)."""
     packed = open_packed(packed_dir)
-    kind = packed.manifest.get("sample_kind")
-    if kind is None:  # written without the field (before it, or by Ray): from the layout
-        kind = "preference" if packed.pair_layout is not None else "sft"
-        kind = "kto" if "label" in packed.carried else kind
-    if kind != "sft":
-        raise ConfigError(
-            f"{shown_path(packed_dir)}: holds {kind} samples; {target} has no way to represent "
-            f"them (it would train on every sequence as an independent document, rejected ones "
-            "included): export SFT or pretraining outputs only"
-        )
-    refuse_multimodal(
-        f"export to {target} (token ids only, no images)",
-        "the packed directory itself with tokpack.multimodal.MultimodalCollator",
-        columns=packed.carried,
-        where=shown_path(packed_dir),
-    )
+    refuse_kind("export", packed.kind, shown_path(packed_dir))
     return packed
 
 

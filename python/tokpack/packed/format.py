@@ -23,6 +23,7 @@ from .._tokpack import (
     INDEX_COLUMNS,
     KTO_LABEL,
     MANIFEST_NAME,
+    MEDIA_COLUMNS,
     REJECTED_NAME,
     SHARD_COLUMNS,
     SIDE_DIR,
@@ -39,6 +40,8 @@ __all__ = [
     "KTO_LABEL",
     "MANIFEST_NAME",
     "PAIR_SHARD_COLUMNS",
+    "MEDIA_COLUMNS",
+    "NO_SAFE_CUT",
     "REJECTED_NAME",
     "ROW_COLUMNS",
     "SHARD_COLUMNS",
@@ -49,12 +52,15 @@ __all__ = [
     "write_dropped",
 ]
 
+# The dropped list's reason of a multimodal sample with no safe cut (the core's other reasons
+# are its own).
+NO_SAFE_CUT = "no_safe_cut"
 SCHEMA_FILE = Path(__file__).with_name("manifest.schema.json")
 
 # Groups of the core's SHARD_COLUMNS (in its order; tests/test_contract.py pins them): the
 # per-segment lists every reader decodes (``input_ids``, ``labels``, ``seq_lengths``,
 # ``sample_ids``), and what preference outputs add (``seq_roles``, ``num_pairs``; not the core's
-# ``io::pack::PAIR_COLUMNS``, which are a preference *input*'s).
+# ``kind::PAIR_COLUMNS``, which are a preference *input*'s).
 ROW_COLUMNS = SHARD_COLUMNS[:4]
 PAIR_SHARD_COLUMNS = SHARD_COLUMNS[8:]
 

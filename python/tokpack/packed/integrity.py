@@ -25,6 +25,7 @@ from .._contract import PAIR_SEGMENT_ROLES
 from .._io.manifest import cache_problem, member_path, read_manifest, side_file_problem
 from .._io.uri import is_remote, local_path
 from ..errors import CorruptOutputError
+from ..kinds import KINDS
 from .format import INDEX_COLUMNS
 from .reader import PackedDir
 from .remote import open_packed
@@ -119,7 +120,7 @@ def _check_group(packed: PackedDir, group: int, index: Dict[str, np.ndarray], fi
             raise CorruptOutputError(
                 f"{path}: row group {g}, column {name!r} disagrees with the index side file"
             )
-    problem = None if packed.pair_layout is None else pair_problem(cols, packed.pair_layout)
+    problem = pair_problem(cols, packed.pair_layout) if KINDS[packed.kind].paired else None
     for name in packed.carried:
         if not np.array_equal(cols[name][1], cols["seq_lengths"][1]):
             problem = f"carried column {name!r} does not have one entry per segment"

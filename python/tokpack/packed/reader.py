@@ -28,7 +28,8 @@ import pyarrow.parquet as pq
 from .. import _tokpack
 from .._io.manifest import member_path
 from ..errors import ConfigError, CorruptOutputError, InputNotFoundError, TokpackError
-from .format import FORMAT, FORMAT_VERSION, MANIFEST_NAME, PAIR_SHARD_COLUMNS, ROW_COLUMNS
+from ..kinds import KINDS, kind_of_packed
+from .format import FORMAT, FORMAT_VERSION, MANIFEST_NAME, ROW_COLUMNS
 
 __all__ = ["PackedDir", "decode_row_group"]
 
@@ -158,7 +159,9 @@ class PackedDir:
             raise _corrupt(root, f"missing or invalid field {exc}") from None
         # The columns every shard must have.
         needed = [c for c in ROW_COLUMNS if c != "labels" or self.has_labels]
-        needed += list(PAIR_SHARD_COLUMNS if self.pair_layout is not None else ()) + self.carried
+        # The kind of samples (``tokpack.kinds``): its own shard columns are needed too.
+        self.kind = kind_of_packed(m, self.carried)
+        needed += list(KINDS[self.kind].outputs) + self.carried
         self.needed_columns = needed
         self.shard_paths: List[str] = []
         self.shard_sizes: List[int] = []

@@ -29,16 +29,13 @@ from ray.data.block import BlockAccessor
 
 from .. import _tokpack
 from .._io.inputs import shown_path
-from ..errors import ConfigError, CorruptInputError, DataError, SchemaError, TokpackError
-from ..multimodal.pack import refuse_multimodal
+from ..errors import CorruptInputError, DataError, SchemaError, TokpackError
+from ..kinds import KIND_KEY, KINDS, kind_of_schema, kind_of_shards, refuse_kind
 from ..pack.config import PackConfig
-from ..tokenize.schema import KIND_KEY, KINDS, kind_of_files, kind_of_schema, token_schema
 from ._read import declared_schemas
 
 # Ray packs token lists only: multimodal shards' media columns would be lost (one check, for
 # files and datasets).
-RAY_ENTRY = "tokpack.ray.pack (pack --ray)"
-RAY_INSTEAD = "tokpack.pack_files (tokpack pack without --ray), which carries the media"
 
 # A dataset made with ``ray.data.read_json(..., include_paths=True)`` names each row's file
 # (:func:`tokpack.ray.tokenize`'s rejected records give it).
@@ -244,20 +241,13 @@ def dataset_source(total: int) -> Tuple[List[str], List[int]]:
     return [DATASET_SOURCE], [total]
 
 
-def refuse_pairs(why: str) -> None:
-    raise ConfigError(
-        f"{why}: preference pairs are not supported with --ray (tokpack.ray), use tokpack pack"
-    )
-
-
 def file_columns(paths: List[Any], config: PackConfig) -> Tuple[str, PackConfig, Columns]:
     """The kind of samples of the token files ``paths``, ``config`` for that kind, and the
     columns to read, by ``tokpack pack``'s rules and with its errors (one kind; labels used when
     the inputs have them, a file without them among files with them named; KTO's ``label``
     carried)."""
-    kind = kind_of_files(paths)
-    if kind == "preference":
-        refuse_pairs(f"{shown_path(paths[0])} holds preference pairs")
+    kind = kind_of_shards(paths)
+    refuse_kind("ray", kind, shown_path(paths[0]))
     config = config.for_kind(kind, shown_path(paths[0]))
     labels = _tokpack.input_columns(paths=[str(p) for p in paths], config=config)
     schema = pq.read_schema(paths[0])
@@ -275,11 +265,9 @@ def dataset_columns(
     mask when given; else the labels column when the dataset has it (a name other than
     ``"labels"`` must exist); KTO's ``label`` carried. Preference pairs are refused."""
     schema = dataset_schema(ds, refs)
-    refuse_multimodal(RAY_ENTRY, RAY_INSTEAD, columns=schema.names, where="the ray dataset")
     found = kind_of_schema(schema)
     kind = "sft" if found is None else found[0]
-    if found is not None and kind == "preference":
-        refuse_pairs(f"the ray dataset holds preference pairs ({found[1]})")
+    refuse_kind("ray", kind, "the ray dataset")
     config = config.for_kind(kind, DATASET_SOURCE)
     for name in config.carry:
         if name not in schema.names:
@@ -306,7 +294,7 @@ def dataset_schema(ds: Any, refs: List[Any]) -> pa.Schema:
         if not isinstance(declared, pa.Schema):
             continue
         kind = (declared.metadata or {}).get(KIND_KEY, b"").decode(errors="replace")
-        if kind in KINDS and set(token_schema(kind).names) <= set(schema.names):
+        if kind in KINDS and set(KINDS[kind].inputs) <= set(schema.names):
             return schema.with_metadata({**(schema.metadata or {}), KIND_KEY: kind.encode()})
     return schema
 

@@ -19,7 +19,6 @@ from .._io.objects import is_object_uri
 from .._io.outdir import output_target, writing
 from .._io.store import LocalOut, committed_output, local_path, read_manifest_at
 from ..errors import ConfigError, CorruptOutputError
-from ..multimodal.pack import refuse_multimodal
 from ..pack.config import PackConfig, pack_config, refuse_unsupported
 from ..pack.plan import plan as make_plan
 from ..packed.format import (
@@ -29,8 +28,6 @@ from ..packed.format import (
     write_dropped,
 )
 from ._blocks import (
-    RAY_ENTRY,
-    RAY_INSTEAD,
     dataset_columns,
     file_columns,
     file_units,
@@ -115,7 +112,6 @@ def pack(
     refs: List[Any] = []
     files: Optional[Tuple[List[str], List[int]]] = None  # the input files and their rows
     if paths is not None:  # (checked before the output is touched)
-        refuse_multimodal(RAY_ENTRY, RAY_INSTEAD, files=paths)
         kind, config, columns = file_columns(paths, config)
         refs, file_rows = file_units(paths)
         files = ([str(p) for p in paths], file_rows)

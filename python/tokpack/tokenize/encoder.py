@@ -24,7 +24,9 @@ import pyarrow as pa
 
 from .._contract import OVERLONG_HINT
 from .._io.inputs import is_parquet
+from .._tokpack import KTO_LABEL
 from ..errors import ConfigError, InvalidRecordError, OverlongError
+from ..kinds import kind, kind_of_records
 from .formats import Record, parse_record
 from .masks import IGNORE_INDEX, labels_from_spans
 from .options import TokenizeOptions
@@ -39,7 +41,7 @@ from .samples import (
     TokenizeStats,
     Tokens,
 )
-from .schema import PAIR_ROLES, kind_of_format, token_schema
+from .schema import token_schema
 from .template import ChatTemplate, resolve_template
 from .tokenizer import LoadedTokenizer, load_tokenizer
 
@@ -56,8 +58,9 @@ class RecordEncoder:
         self, tokenizer: Union[PathLike, LoadedTokenizer], options: TokenizeOptions
     ) -> None:
         self.options = options
-        self.kind = kind_of_format(options.format)
-        if self.kind != "sft" and options.overlong == "split":
+        self.kind = kind_of_records(options.format)
+        self.spec = kind(self.kind)
+        if self.spec.prompted and options.overlong == "split":
             raise ConfigError(
                 f"overlong 'split' cannot apply to {self.kind} samples (a prompt and its "
                 "completions stay together); choose 'error', 'truncate' or 'drop'"
@@ -68,7 +71,7 @@ class RecordEncoder:
                 f"carry: {', '.join(map(repr, clash))} would replace a column of the {self.kind}"
                 " token shards; a carried record field needs another name"
             )
-        if self.kind != "sft" and options.train_on != "assistant":
+        if self.spec.prompted and options.train_on != "assistant":
             raise ConfigError(
                 f"train_on {options.train_on!r} does not apply to {self.kind} samples: they are "
                 "trained on their completions, as TRL trains them"
@@ -173,7 +176,7 @@ class RecordEncoder:
                 reject(record.to_rejection(item.reason))
                 continue
             prepared.extend(item)
-            fmt = self.kind if self.kind != "sft" else "text" if item[0].spans is None else "chat"
+            fmt = self.kind if self.spec.prompted else "text" if item[0].spans is None else "chat"
             stats.formats[fmt] = stats.formats.get(fmt, 0) + 1
         return prepared
 
@@ -246,7 +249,7 @@ class RecordEncoder:
         """Whether chunks of ``inputs`` go through :meth:`encode_jsonl`: JSONL chat records
         (format ``messages``, or ``auto`` for SFT) rendered and encoded in Rust."""
         return (
-            self.kind == "sft"
+            not self.spec.prompted
             and not self.options.carry  # carried fields are read from records parsed in Python
             and self.options.format in ("auto", "messages")
             and self.template.rust is not None
@@ -345,7 +348,7 @@ class RecordEncoder:
         """The chunk's samples with EOS, over-long policy and sources; None if none is left."""
         if not chunk:
             return None
-        if self.kind != "sft":
+        if self.spec.prompted:
             return self._finish_pairs(chunk, encoded.pairs(), stats)
         # The encoder's flat arrays as they are when no sample needs an EOS or a max_len policy
         # (the usual case).
@@ -399,7 +402,7 @@ class RecordEncoder:
         As TRL (``common_prefix_length``), the prompt is the tokens the encoded prompt shares
         with every prompt+completion, and each sequence (the whole prompt+completion) is
         labelled from there on."""
-        width = 1 + (len(PAIR_ROLES) if self.kind == "preference" else 1)
+        width = self.spec.sequences
         sequences: List[Tuple[np.ndarray, np.ndarray]] = []
         prompt_lengths: List[int] = []
         kept_items: List[Prepared] = []
@@ -422,7 +425,7 @@ class RecordEncoder:
         done = Tokens.from_pairs(sequences)
         done.kind = self.kind
         done.prompt_lengths = np.array(prompt_lengths, dtype=np.int32)
-        if self.kind == "kto":
+        if KTO_LABEL in self.spec.carried:
             done.kto_labels = np.array([p.label for p in kept_items], dtype=bool)
         return self._finished(done, [p.record for p in kept_items], stats)
 

@@ -36,7 +36,7 @@ from typing import (
 from .._checks import check_choice
 from .._io.inputs import input_error, is_parquet, require_file, shown_path
 from ..errors import ConfigError, InvalidRecordError
-from .schema import kind_of_format
+from ..kinds import prompted
 
 __all__ = [
     "FORMATS",
@@ -314,7 +314,7 @@ def parse_record(record: Record, fmt: str, columns: Mapping[str, str]) -> Sample
                 )
                 + f" field (fields: {', '.join(map(repr, list(value)[:8])) or 'none'})"
             )
-        if kind_of_format(detected) != "sft":
+        if prompted(detected):
             # One run writes one kind of token shard; its kind comes from its first record.
             raise record.fail(
                 f"a {detected} record among SFT records (the format was detected from the "
@@ -331,10 +331,9 @@ def parse_record(record: Record, fmt: str, columns: Mapping[str, str]) -> Sample
         if not text:
             raise record.fail(f"{columns['text']!r} is empty")
         return Sample(record, text=text)
-    if fmt == "preference":
-        return _preference(record, value, columns)
-    if fmt == "kto":
-        return _kto(record, value, columns)
+    parse = {"preference": _preference, "kto": _kto}.get(fmt)
+    if parse is not None:
+        return parse(record, value, columns)
     check_choice("format", fmt, FORMATS)
     raise AssertionError(f"format {fmt!r} has no parser")  # (a FORMATS name without a branch)
 

@@ -13,8 +13,8 @@ from .._checks import MAX_ROWS, check_choice, check_int
 from .._contract import OVERLONG_POLICIES
 from .._tokpack import PackConfig
 from ..errors import ConfigError
+from ..kinds import prompted
 from .formats import DEFAULT_COLUMNS, FORMATS, first_format, resolve_columns
-from .schema import kind_of_format
 from .template import RENDERERS, TRAIN_ON
 from .tokenizer import ENCODERS
 
@@ -107,7 +107,7 @@ class TokenizeOptions:
 
     def for_first_format(self, detected: Optional[str]) -> "TokenizeOptions":
         """:meth:`for_inputs` given the format of the run's first record (None: unknown)."""
-        if self.format != "auto" or detected is None or kind_of_format(detected) == "sft":
+        if self.format != "auto" or detected is None or not prompted(detected):
             return self
         return replace(self, format=detected)
 

@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import ConfigError
+from ..kinds import kind
 from .formats import Record
 from .masks import IGNORE_INDEX
 from .schema import PAIR_ROLES, token_schema
@@ -132,7 +133,7 @@ class Tokens:
     @property
     def roles(self) -> int:
         """Sequences per sample."""
-        return len(PAIR_ROLES) if self.kind == "preference" else 1
+        return len(PAIR_ROLES) if kind(self.kind).paired else 1
 
     def count(self, stats: TokenizeStats) -> "Tokens":
         """Adds these finished samples to ``stats`` (a sample is untrained when one of its
@@ -161,7 +162,7 @@ class Tokens:
         labels = pa.ListArray.from_arrays(off, int32_array(self.labels))
         lengths = np.diff(self.offsets).reshape(-1, self.roles).sum(axis=1)
         columns = {"length": int32_array(lengths)}
-        if self.kind == "preference":
+        if self.roles > 1:
             for i, role in enumerate(PAIR_ROLES):  # each role's sequences, out of the interleaved
                 pick = from_numpy(np.arange(i, len(lengths) * self.roles, self.roles), np.int64)
                 columns[f"{role}_input_ids"] = ids.take(pick)

@@ -12,41 +12,30 @@
   completion, labelled on the completion), plus ``prompt_length`` (int32) and ``label`` (bool:
   the completion is desirable).
 
-The ``preference`` and ``kto`` schemas name their kind in the metadata key ``tokpack.kind``,
-which ``pack`` reads to refuse what it cannot pack yet (``sft`` shards carry no metadata).
+The ``preference`` and ``kto`` schemas name their kind in the metadata key ``tokpack.kind``
+(``sft`` shards carry no metadata), which :func:`tokpack.kinds.kind_of_shards` reads.
 """
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Sequence, Tuple
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from .._io.inputs import shown_path
-from ..errors import ConfigError
+from ..kinds import KIND_KEY
 
 __all__ = [
-    "KINDS",
     "PAIR_ROLES",
-    "KIND_KEY",
     "TOKEN_SCHEMA",
     "PREFERENCE_SCHEMA",
     "KTO_SCHEMA",
     "SOURCE_SCHEMA",
-    "kind_of_format",
     "token_schema",
     "describe",
-    "kind_of_schema",
-    "kind_of_files",
 ]
 
-KINDS = ("sft", "preference", "kto")
 # The sequences of one preference row, in order.
 PAIR_ROLES = ("chosen", "rejected")
-KIND_KEY = b"tokpack.kind"
 
 _IDS = pa.list_(pa.int32())
 
@@ -76,11 +65,6 @@ _SCHEMAS = {"sft": TOKEN_SCHEMA, "preference": PREFERENCE_SCHEMA, "kto": KTO_SCH
 _SOURCE_FIELDS = [pa.field("source_file", pa.int32()), pa.field("source_line", pa.int64())]
 
 
-def kind_of_format(fmt: str) -> str:
-    """The kind of samples a record format gives (``auto`` gives SFT records)."""
-    return fmt if fmt in _SCHEMAS else "sft"
-
-
 def token_schema(
     kind: str, sources: bool = False, carried: Sequence[Tuple[str, pa.DataType]] = ()
 ) -> pa.Schema:
@@ -102,35 +86,3 @@ def describe(schema: pa.Schema) -> Dict[str, str]:
         f.name: f"list<{f.type.value_type}>" if pa.types.is_list(f.type) else str(f.type)
         for f in schema
     }
-
-
-def kind_of_schema(schema: pa.Schema) -> Optional[Tuple[str, str]]:
-    """``(kind, why)`` for a token file whose samples are not plain SFT sequences (by its
-    ``tokpack.kind`` metadata or its pair columns), else None."""
-    kind = (schema.metadata or {}).get(KIND_KEY, b"").decode(errors="replace")
-    if kind in ("preference", "kto"):
-        return kind, f"its metadata says tokpack.kind={kind!r}"
-    names = set(schema.names)
-    if {"chosen_input_ids", "rejected_input_ids"} <= names:
-        return "preference", "it has chosen_input_ids and rejected_input_ids columns"
-    return None
-
-
-def kind_of_files(paths: List[Path]) -> str:
-    """The kind of samples the token shards ``paths`` hold (``sft``, ``preference`` or ``kto``),
-    one for all of them."""
-    kinds: Dict[str, Path] = {}
-    for path in paths:
-        try:
-            with pa.OSFile(os.fsencode(path)) as source:
-                parquet = source.read(4) == b"PAR1"  # by its magic bytes, as the packer
-                source.seek(0)
-                schema = pq.read_schema(source) if parquet else pa.ipc.open_file(source).schema
-        except Exception:  # unreadable or not Arrow: the packer reports it, naming the file
-            continue
-        found = kind_of_schema(schema)
-        kinds.setdefault("sft" if found is None else found[0], path)
-    if len(kinds) > 1:
-        shown = ", ".join(f"{shown_path(p)} holds {k} samples" for k, p in kinds.items())
-        raise ConfigError(f"the inputs mix kinds of samples ({shown}); pack each kind apart")
-    return next(iter(kinds), "sft")

@@ -21,7 +21,7 @@ from .._checks import MAX_SEED, check_choice, check_int
 from ..balance import Cost
 from ..balance.packed import checked_balance, deal_batches, packed_cost, row_compute
 from ..errors import ConfigError
-from ..multimodal.tokenize import MEDIA_COLUMNS
+from ..kinds import KINDS
 from ..packed.format import ROW_COLUMNS
 from ..packed.mixture import MAX_STREAM_ROWS
 from ..packed.order import TAILS, RankSplit
@@ -108,15 +108,14 @@ class RowStream(torch.utils.data.IterableDataset):
         ]
         # Multimodal sources mixed with text ones: a text row has no image, so it gets empty
         # media per segment (the media columns are never dropped, and one collator takes both).
+        media = KINDS["multimodal"].carried
         self._no_media = [
-            [c for c in MEDIA_COLUMNS if c not in p.carried]
-            if any(MEDIA_COLUMNS[0] in q.carried for q in self.sources)
+            [c for c in media if c not in p.carried]
+            if any(media[0] in q.carried for q in self.sources)
             else []
             for p in self.sources
         ]
-        self._columns += [
-            c for c in MEDIA_COLUMNS if any(self._no_media) and c not in self._columns
-        ]
+        self._columns += [c for c in media if any(self._no_media) and c not in self._columns]
         # Per-row counts for the global normalisers: read once here, before workers copy it.
         self._counts: Optional[List[RowCounts]] = (
             None if self.grad_accum_steps is None else self._row_counts()
@@ -445,7 +444,7 @@ def _with_media(row: Dict[str, Any], missing: List[str], copy: bool) -> Dict[str
     if missing and "seq_lengths" in row:  # (a collator reading no segments reads no media)
         n = len(row["seq_lengths"])
         for c in missing:
-            if c == MEDIA_COLUMNS[0]:
+            if c == KINDS["multimodal"].carried[0]:
                 row[c] = ["[]"] * n
             else:
                 zeros = np.zeros(n, dtype=np.int32)

@@ -220,8 +220,9 @@ impl PackConfig {
     }
 
     /// This config for inputs of `kind` (`inputs` names them in messages): the pair layout
-    /// of [`pair_layout_for`] and the plan options pairs allow ([`check_pair_config`]); KTO
-    /// carries its `label` first, other kinds refuse that name.
+    /// of [`pair_layout_for`] and the plan options pairs allow ([`check_pair_config`]); the
+    /// kind's own carried columns first (`crate::kind`: KTO's `label`, multimodal's media
+    /// columns); other kinds refuse KTO's `label`.
     pub fn for_kind(&self, kind: SampleKind, inputs: &str) -> Result<Self> {
         let mut out = self.clone();
         out.pair_layout = pair_layout_for(kind, self.pair_layout, inputs)?;
@@ -229,10 +230,8 @@ impl PackConfig {
             check_pair_config(&self.plan)?;
         }
         let label = crate::format::col::KTO_LABEL;
-        if kind == SampleKind::Kto {
-            out.carry.retain(|c| c != label);
-            out.carry.insert(0, label.into());
-        } else if self.carry.iter().any(|c| c == label) {
+        out.carry = kind.carry(&self.carry);
+        if !kind.spec().carried.contains(&label) && self.carry.iter().any(|c| c == label) {
             check_carry_name(label, false)?;
         }
         Ok(out)
@@ -272,9 +271,7 @@ impl PackConfig {
             row_group_rows: self.row_group_rows,
             compression: parse_compression(&self.compression)?,
             batch_rows,
-            cuts: None,
-            piece_values: Vec::new(),
-            pieces: None,
+            kind: SampleKind::Sft,
         })
     }
 }

@@ -51,7 +51,15 @@ pub mod col {
     pub const OFFSET: &str = "offset";
     /// KTO's desirable / undesirable label, carried per segment.
     pub const KTO_LABEL: &str = "label";
+    /// A multimodal sample's images (JSON list), pad tokens and vision-encoder patches,
+    /// carried per segment.
+    pub const MEDIA: &str = "media";
+    pub const VISION_TOKENS: &str = "vision_tokens";
+    pub const VISION_PATCHES: &str = "vision_patches";
 }
+
+/// The media columns of multimodal token shards, carried per segment into packed shards.
+pub const MEDIA_COLUMNS: [&str; 3] = [col::MEDIA, col::VISION_TOKENS, col::VISION_PATCHES];
 
 pub const SHARD_COLUMNS: [&str; 10] = [
     col::INPUT_IDS,

@@ -107,11 +107,13 @@ named!(
         /// The planner's own order (best-fit decreasing: longest samples first).
         Plan = "plan",
     }
-    /// What one input sample is: a plain sequence, a preference pair or a KTO record.
+    /// What one input sample is: a plain sequence, a preference pair, a KTO record or a
+    /// sequence with images (`crate::kind` says what each kind is, for every path).
     SampleKind, "sample kind", {
         Sft = "sft",
         Preference = "preference",
         Kto = "kto",
+        Multimodal = "multimodal",
     }
     /// How `balance::partition` splits items.
     PartitionMethod, "partition method", {

@@ -28,6 +28,9 @@ pub struct PackReport {
     /// reports of parts and merged reports).
     #[serde(default)]
     pub input_fingerprints: Vec<String>,
+    /// Multimodal samples among `dropped` for having no safe cut (`crate::media`), ascending.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub no_safe_cut: Vec<i64>,
     /// The most segments of a row, when the plan had a segment cap.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_row_segments: Option<u64>,
@@ -82,6 +85,7 @@ impl PackReport {
             split: cat(|p| &p.split),
             shards,
             input_fingerprints: Vec::new(),
+            no_safe_cut: cat(|p| &p.no_safe_cut),
             max_row_segments: parts.iter().filter_map(|p| p.max_row_segments).max(),
             alignment_padding_tokens: parts
                 .iter()
@@ -141,6 +145,7 @@ impl From<PackOutcome> for PackReport {
             alignment_padding_tokens,
             shards: o.shards,
             input_fingerprints: o.input_fingerprints,
+            no_safe_cut: o.no_safe_cut,
         }
     }
 }

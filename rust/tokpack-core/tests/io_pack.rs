@@ -50,9 +50,7 @@ fn config(dir: &Path, inputs: Vec<PathBuf>, name: &str) -> PackFilesConfig {
         row_group_rows: 2,
         compression: parse_compression("zstd").unwrap(),
         batch_rows: 2,
-        cuts: None,
-        piece_values: Vec::new(),
-        pieces: None,
+        kind: tokpack_core::SampleKind::Sft,
     }
 }
 

@@ -340,6 +340,11 @@ impl PyPackReport {
     fn empty<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i64>> {
         PyArray1::from_slice(py, &self.0.empty)
     }
+    /// Multimodal samples dropped for having no safe cut (among ``dropped``).
+    #[getter]
+    fn no_safe_cut<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i64>> {
+        PyArray1::from_slice(py, &self.0.no_safe_cut)
+    }
     /// The shards' manifest entries.
     #[getter]
     fn shards<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {

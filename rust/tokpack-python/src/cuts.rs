@@ -1,29 +1,10 @@
-//! Chosen cuts and blocks as Python passes them (`tokpack_core::cuts`), and the safe-cut rule
-//! the multimodal tokenizer shares with the packer (`safe_pieces`).
+//! The safe-cut rule the multimodal tokenizer shares with the packer (`tokpack_core::cuts`).
 
 use crate::errors::to_py;
 use pyo3::prelude::*;
-use tokpack_core::cuts::{self, Blocks};
+use tokpack_core::cuts;
 use tokpack_core::policy::{check_range, Overlong, MAX_LEN};
-use tokpack_core::{CoreError, Cuts};
-
-/// `(samples, offsets, starts, lengths)` of chosen cuts, or `(samples, offsets, starts, ends)`
-/// of blocks, as Python passes them.
-pub type CutsArg = (Vec<i64>, Vec<usize>, Vec<i64>, Vec<i64>);
-
-/// The core's cuts of `cuts` with `blocks` (None without either).
-pub fn cuts_of(cuts: Option<CutsArg>, blocks: Option<CutsArg>) -> PyResult<Option<Cuts>> {
-    if cuts.is_none() && blocks.is_none() {
-        return Ok(None);
-    }
-    let (samples, offsets, starts, lengths) =
-        cuts.unwrap_or_else(|| (vec![], vec![0], vec![], vec![]));
-    let mut out = Cuts::new(samples, offsets, starts, lengths).map_err(to_py)?;
-    if let Some((samples, offsets, starts, ends)) = blocks {
-        out = out.with_blocks(Blocks::new(samples, offsets, starts, ends).map_err(to_py)?);
-    }
-    Ok(Some(out))
-}
+use tokpack_core::CoreError;
 
 /// `(start, end)` of the pieces a sample of `length > max_len` tokens keeps under `overlong`
 /// (`"truncate"` or `"split"`), never cut inside one of `blocks` (`(start, end)` spans); `[]`

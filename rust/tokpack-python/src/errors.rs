@@ -2,6 +2,7 @@
 //! and catch them; each error kind has its own class under `tokpack.TokpackError`.
 
 use pyo3::exceptions::PyKeyboardInterrupt;
+use pyo3::types::PyAnyMethods;
 use pyo3::{PyErr, PyResult, Python};
 use std::io::ErrorKind;
 use tokpack_core::{pool, CoreError};
@@ -20,7 +21,13 @@ pub fn to_py(err: CoreError) -> PyErr {
     let message = err.to_string();
     match err {
         CoreError::Config(_) => ConfigError::new_err(message),
-        CoreError::Overlong { .. } | CoreError::OverCap { .. } => OverlongError::new_err(message),
+        CoreError::Overlong {
+            index,
+            length,
+            max_len,
+            ..
+        } => overlong(message, index, length, max_len),
+        CoreError::OverCap { .. } => OverlongError::new_err(message),
         CoreError::Data { .. } => DataError::new_err(message),
         CoreError::Unreadable { source, .. } => match source.kind() {
             ErrorKind::NotFound | ErrorKind::NotADirectory => InputNotFoundError::new_err(message),
@@ -37,6 +44,23 @@ pub fn to_py(err: CoreError) -> PyErr {
 /// A bad argument the binding finds itself, as the core's config errors are raised.
 pub fn config_error(what: impl Into<String>) -> PyErr {
     to_py(CoreError::Config(what.into()))
+}
+
+/// An OverlongError with the sample's `index`, `length` and `max_len` as attributes (a one-step
+/// pack names the raw record of the staged row `index`).
+fn overlong(message: String, index: usize, length: i64, max_len: u32) -> PyErr {
+    let err = OverlongError::new_err(message);
+    Python::attach(|py| {
+        let value = err.value(py);
+        let set = [
+            ("index", index as i64),
+            ("length", length),
+            ("max_len", max_len.into()),
+        ]
+        .into_iter()
+        .try_for_each(|(name, v)| value.setattr(name, v));
+        set.map_or_else(|e| e, |()| err.clone_ref(py))
+    })
 }
 
 /// Runs `f` with the GIL released on a pool of `threads` threads (`pool::install`); its error

@@ -1,9 +1,7 @@
 //! Files on disk: `pack_files`, `read_lengths` and the shared reader primitive `read_row_group`.
 //! Rust work runs with the GIL released; progress is polled through a `Progress` object.
 
-use crate::arrow_in::Chunks;
 use crate::config::{PyPackConfig, PyPackReport};
-use crate::cuts::{cuts_of, CutsArg};
 use crate::errors::{detached, to_py};
 use numpy::{IntoPyArray, PyArray1};
 use pyo3::prelude::*;
@@ -56,14 +54,11 @@ pub fn input_columns(
         .map_err(to_py)
 }
 
-/// Packs token shards into `out_dir` as `config` says (a config `for_kind` of the inputs);
-/// returns the job's report. `cuts` chooses the pieces of some over-long samples
-/// (`tokpack_core::cuts`) and `piece_values` (column name: Arrow array, one value per piece)
-/// what carried columns hold for them; `blocks` the spans the `random` strategy never cuts
-/// inside; `pieces` the pieces `piece_values` are for when not `cuts`' (`random`'s, planned
-/// beforehand).
+/// Packs token shards of `kind` (`"sft"`, ...: the samples' kind, `tokpack.kinds`) into
+/// `out_dir` as `config` says (a config `for_kind` of the inputs); returns the job's report.
+/// Multimodal samples are cut only at safe blocks, planned once in the core.
 #[pyfunction]
-#[pyo3(signature = (*, paths, out_dir, spill_dir, config, batch_rows, threads=None, progress=None, cuts=None, piece_values=None, blocks=None, pieces=None))]
+#[pyo3(signature = (*, paths, out_dir, spill_dir, config, batch_rows, threads=None, progress=None, kind="sft"))]
 #[allow(clippy::too_many_arguments)]
 pub fn pack_files(
     py: Python<'_>,
@@ -74,24 +69,13 @@ pub fn pack_files(
     batch_rows: usize,
     threads: Option<usize>,
     progress: Option<&Bound<'_, Progress>>,
-    cuts: Option<CutsArg>,
-    piece_values: Option<&Bound<'_, PyDict>>,
-    blocks: Option<CutsArg>,
-    pieces: Option<CutsArg>,
+    kind: &str,
 ) -> PyResult<PyPackReport> {
     let mut job = config
         .0
         .files_job(paths, out_dir, spill_dir, batch_rows)
         .map_err(to_py)?;
-    job.cuts = cuts_of(cuts, blocks)?.map(Arc::new);
-    job.pieces = cuts_of(pieces, None)?.map(Arc::new);
-    if let Some(values) = piece_values {
-        for (name, array) in values.iter() {
-            let name: String = name.extract()?;
-            let array = Chunks::import(&array)?.column(&name)?;
-            job.piece_values.push((name, array));
-        }
-    }
+    job.kind = kind.parse().map_err(to_py)?;
     let progress = progress_of(progress);
     let outcome = detached(py, threads, || io::pack_files(&job, &progress))?;
     Ok(PyPackReport(outcome.into()))

@@ -20,6 +20,7 @@ mod _tokpack {
     use pyo3::types::{IntoPyDict, PyDict, PyTuple};
     use tokpack_core::bpe::{LLAMA3_REGEX, QWEN2_REGEX};
     use tokpack_core::format;
+    use tokpack_core::kind::{CutRule, Entry};
     use tokpack_core::policy::{
         self, MicroBatchOrder, OverCap, Overlong, PairLayout, PartitionMethod, RowOrder,
         SampleKind, Strategy,
@@ -64,6 +65,23 @@ mod _tokpack {
         m.add("PAIR_LAYOUTS", names(PairLayout::NAMES)?)?;
         m.add("ROW_ORDERS", names(RowOrder::NAMES)?)?;
         m.add("SAMPLE_KINDS", names(SampleKind::NAMES)?)?;
+        m.add("MEDIA_COLUMNS", names(&format::MEDIA_COLUMNS)?)?;
+        m.add("CUT_RULES", names(CutRule::NAMES)?)?;
+        m.add("ENTRY_POINTS", names(Entry::NAMES)?)?;
+        // The kinds' room (`tokpack_core::kind`, read by `tokpack/kinds.py`).
+        let kinds = PyDict::new(m.py());
+        for &kind in SampleKind::ALL {
+            let spec = kind.spec();
+            let entries: Vec<&str> = spec.entries.iter().map(|e| e.name()).collect();
+            let entry = PyDict::new(m.py());
+            entry.set_item("inputs", names(spec.inputs)?)?;
+            entry.set_item("outputs", names(spec.outputs)?)?;
+            entry.set_item("carried", names(spec.carried)?)?;
+            entry.set_item("cut", spec.cut.name())?;
+            entry.set_item("entries", names(&entries)?)?;
+            kinds.set_item(kind.name(), entry)?;
+        }
+        m.add("KINDS", kinds)?;
         m.add("SEGMENT_ROLES", names(&policy::SEGMENT_ROLES)?)?;
         let roles = PyDict::new(m.py());
         for &layout in PairLayout::ALL {

@@ -3,7 +3,6 @@
 
 use crate::arrow_in::Chunks;
 use crate::config::PyPackConfig;
-use crate::cuts::{cuts_of, CutsArg};
 use crate::errors::{detached, to_py};
 use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1};
 use pyo3::prelude::*;
@@ -57,28 +56,23 @@ impl PlanParts {
 }
 
 /// Plans the packing of `lengths` (a contiguous int32 or int64 numpy array, read in place)
-/// with `config`'s plan options, and the chosen `cuts` and `blocks` of some samples
-/// (`tokpack_core::cuts`, as `pack_files` takes them).
+/// with `config`'s plan options.
 #[pyfunction]
-#[pyo3(signature = (*, lengths, config, threads, cuts=None, blocks=None))]
+#[pyo3(signature = (*, lengths, config, threads))]
 pub fn plan(
     py: Python<'_>,
     lengths: &Bound<'_, PyAny>,
     config: &PyPackConfig,
     threads: Option<usize>,
-    cuts: Option<CutsArg>,
-    blocks: Option<CutsArg>,
 ) -> PyResult<PlanParts> {
     let config = config.0.plan;
-    let cuts = cuts_of(cuts, blocks)?;
-    let cuts = cuts.as_ref();
     let plan = if let Ok(arr) = lengths.extract::<PyReadonlyArray1<i64>>() {
         let slice = arr.as_slice()?;
-        detached(py, threads, || tokpack_core::plan_cut(slice, &config, cuts))?
+        detached(py, threads, || tokpack_core::plan(slice, &config))?
     } else {
         let arr = lengths.extract::<PyReadonlyArray1<i32>>()?;
         let slice = arr.as_slice()?;
-        detached(py, threads, || tokpack_core::plan_cut(slice, &config, cuts))?
+        detached(py, threads, || tokpack_core::plan(slice, &config))?
     };
     Ok(PlanParts::new(py, plan, &config))
 }

@@ -19,6 +19,7 @@ pub mod pack;
 mod pagecache;
 pub mod pairs;
 pub mod progress;
+mod read_columns;
 pub mod shard;
 pub mod source;
 pub mod spill;
@@ -27,11 +28,10 @@ pub mod writer;
 pub use checked::{read_checked_row_group, GroupCheck};
 pub use filebytes::{bytes_checksum, file_checksum, ByteRange};
 pub use fingerprint::file_fingerprint;
-pub use pack::{
-    input_columns, pack_files, read_lengths, LabelSource, PackFilesConfig, PackOutcome,
-};
+pub use pack::{pack_files, read_lengths, LabelSource, PackFilesConfig, PackOutcome};
 pub use pairs::PairLayout;
 pub use progress::{Phase, Progress};
+pub use read_columns::input_columns;
 pub use shard::{write_held_shard, HeldSamples};
 pub use source::{read_row_group, Source};
 pub use writer::{parse_compression, ShardInfo};

@@ -9,37 +9,32 @@
 //! Output bytes depend only on the inputs and the config: the spill layout varies with thread
 //! scheduling but is only ever addressed through the per-sample locations.
 
-use super::carry::{carried_types, carried_values, concat, with_pieces};
-use super::columns::{check_scalar_int, check_type, flatten_sequence, BatchAt, Flat, Role};
+use super::carry::{carried_values, concat, with_pieces};
+use super::columns::{flatten_sequence, BatchAt, Flat, Role};
 use super::pagecache::inputs_read_once;
 use super::pairs::{pair_lengths, plan_pairs, PairLayout, PairLengths, SEQ_REJECTED};
 use super::progress::{Phase, Progress};
+pub use super::read_columns::LabelSource;
+use super::read_columns::{open_all, resolve_columns, Columns};
 use super::source::Source;
 use super::spill::{Spill, SpillReader};
 use super::writer::{write_shard, SampleSource, ShardContext, ShardInfo};
 use crate::cuts::Cuts;
-use crate::error::{CoreError, Location, Result};
+use crate::error::{Context, CoreError, Location, Result};
+use crate::format::{col, MEDIA_COLUMNS};
+use crate::kind::CutRule;
+use crate::kind::PAIR_COLUMNS;
+use crate::media::{media_cuts, parse_media, MediaCuts, String3};
 use crate::plan::{Plan, PlanConfig};
-use arrow::array::{ArrayRef, RecordBatch};
+use crate::policy::{SampleKind, Strategy};
+use arrow::array::{Array, ArrayRef, AsArray, Int64Array, RecordBatch, StringArray};
 use arrow::buffer::ScalarBuffer;
-use arrow::datatypes::DataType;
+use arrow::datatypes::{DataType, Int64Type};
 use parquet::basic::Compression;
 use rayon::prelude::*;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-
-/// Where labels come from.
-#[derive(Clone, Debug)]
-pub enum LabelSource {
-    /// No labels.
-    None,
-    /// A labels column (-100 = not trained on). With `required: false` it is used when every
-    /// input has it and ignored when none has.
-    Labels { column: String, required: bool },
-    /// A 0/1 loss-mask column; labels are the tokens where it is 1, -100 elsewhere.
-    LossMask(String),
-}
 
 pub struct PackFilesConfig {
     pub paths: Vec<PathBuf>,
@@ -61,15 +56,9 @@ pub struct PackFilesConfig {
     pub compression: Compression,
     /// Rows decoded at a time inside a unit (bounds the memory of reading).
     pub batch_rows: usize,
-    /// The pieces of some over-long samples, chosen by the caller ([`crate::cuts`]; plain
-    /// samples only), and the values of carried columns for each piece (by column name; a
-    /// column not named here carries its sample's value to every piece).
-    pub cuts: Option<Arc<Cuts>>,
-    pub piece_values: Vec<(String, ArrayRef)>,
-    /// The pieces `piece_values` are given for, when they are not `cuts`' (the `random`
-    /// strategy's: every piece of every sample the plan cuts, from a plan made beforehand with
-    /// the same lengths and cuts; checked against this plan).
-    pub pieces: Option<Arc<Cuts>>,
+    /// The kind of samples (`crate::kind`): multimodal samples are cut only at safe blocks,
+    /// planned here once ([`crate::media`]), each piece carrying its own media.
+    pub kind: SampleKind,
 }
 
 pub struct PackOutcome {
@@ -80,17 +69,9 @@ pub struct PackOutcome {
     pub shards: Vec<ShardInfo>,
     /// Each input file's content fingerprint (`super::fingerprint`), taken while reading it.
     pub input_fingerprints: Vec<String>,
+    /// Multimodal samples dropped for having no safe cut (ascending).
+    pub no_safe_cut: Vec<i64>,
 }
-
-/// The columns of a preference token shard: chosen tokens and labels, rejected tokens and
-/// labels, prompt length.
-pub const PAIR_COLUMNS: [&str; 5] = [
-    "chosen_input_ids",
-    "chosen_labels",
-    "rejected_input_ids",
-    "rejected_labels",
-    "prompt_length",
-];
 
 /// The spilled samples, found through each sample's spill location (and, for pairs, the
 /// rejected sequence's) and length.
@@ -117,96 +98,6 @@ impl SampleSource for Spilled<'_> {
         };
         self.reader.read(loc, n, start, tokens, labels)
     }
-}
-
-/// The resolved columns to read from every file.
-struct Columns {
-    tokens: String,
-    labels: Option<(String, Role)>,
-    pairs: Option<PairLayout>,
-    /// Carried columns and their types.
-    carry: Vec<(String, DataType)>,
-}
-
-impl Columns {
-    fn names(&self) -> Vec<&str> {
-        let labels = self.labels.as_ref().map(|(c, _)| c.as_str());
-        let mut names = match self.pairs {
-            Some(_) => PAIR_COLUMNS.to_vec(),
-            None => std::iter::once(self.tokens.as_str())
-                .chain(labels)
-                .collect(),
-        };
-        names.extend(self.carry.iter().map(|(c, _)| c.as_str()));
-        names
-    }
-}
-
-fn resolve_labels(sources: &[Source], labels: &LabelSource) -> Result<Option<(String, Role)>> {
-    let has = |s: &Source, c: &str| s.schema.index_of(c).is_ok();
-    Ok(match labels {
-        LabelSource::None => None,
-        LabelSource::LossMask(c) => Some((c.clone(), Role::LossMask)),
-        LabelSource::Labels { column, required } => {
-            let missing: Vec<&Source> = sources.iter().filter(|s| !has(s, column)).collect();
-            if missing.is_empty() {
-                Some((column.clone(), Role::Labels))
-            } else if missing.len() == sources.len() && !required {
-                None
-            } else {
-                // Present in some files only, or asked for explicitly: name a file lacking it.
-                missing[0].column_indices(&[column.as_str()])?;
-                None
-            }
-        }
-    })
-}
-
-fn resolve_columns(
-    sources: &[Source],
-    tokens: &str,
-    labels: &LabelSource,
-    pairs: Option<PairLayout>,
-    carry: &[String],
-) -> Result<Columns> {
-    let labels = match pairs {
-        Some(_) => None,
-        None => resolve_labels(sources, labels)?,
-    };
-    let mut wanted: Vec<(&str, Role)> = match pairs {
-        Some(_) => {
-            let [ci, cl, ri, rl, _] = PAIR_COLUMNS;
-            vec![
-                (ci, Role::Tokens),
-                (cl, Role::Labels),
-                (ri, Role::Tokens),
-                (rl, Role::Labels),
-            ]
-        }
-        None => vec![(tokens, Role::Tokens)],
-    };
-    if let Some((c, role)) = &labels {
-        wanted.push((c.as_str(), *role));
-    }
-    for s in sources {
-        let file = Location::file(&s.path);
-        for &(column, role) in &wanted {
-            let idx = s.column_indices(&[column])?[0];
-            check_type(&file, column, s.schema.field(idx).data_type(), role)?;
-        }
-        if pairs.is_some() {
-            let column = PAIR_COLUMNS[4];
-            let idx = s.column_indices(&[column])?[0];
-            check_scalar_int(&file, column, s.schema.field(idx).data_type())?;
-        }
-    }
-    let types = carried_types(sources, carry)?;
-    Ok(Columns {
-        tokens: tokens.to_string(),
-        labels,
-        pairs,
-        carry: carry.iter().cloned().zip(types).collect(),
-    })
 }
 
 /// What was read of one unit (or, concatenated, of all of them): per sample its length (plain
@@ -397,29 +288,6 @@ fn read_all(
     Ok((all, rows, fingerprints))
 }
 
-/// The columns `pack_files` reads from token shards `paths` (plain sequences), by its rules and
-/// with its errors (a file lacking the labels the others have is named, carried columns need
-/// one scalar type across the files): the labels column and whether it is a loss mask.
-pub fn input_columns(
-    paths: &[PathBuf],
-    tokens: &str,
-    labels: &LabelSource,
-    carry: &[String],
-) -> Result<Option<(String, bool)>> {
-    let sources = open_all(paths)?;
-    let columns = resolve_columns(&sources, tokens, labels, None, carry)?;
-    Ok(columns
-        .labels
-        .map(|(name, role)| (name, matches!(role, Role::LossMask))))
-}
-
-fn open_all(paths: &[PathBuf]) -> Result<Vec<Source>> {
-    if paths.is_empty() {
-        return Err(CoreError::Config("no input files given".into()));
-    }
-    paths.iter().map(|p| Source::open(p)).collect()
-}
-
 fn no_samples(paths: &[PathBuf]) -> CoreError {
     let names: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
     CoreError::data(format!("the inputs hold no samples: {}", names.join(", ")))
@@ -468,57 +336,76 @@ pub fn read_lengths(
     Ok((lengths, rows))
 }
 
-/// The samples `pieces` holds are the ones `plan` cuts (truncated or split), and each of their
-/// segments is one of their pieces: the values given for them are the plan's.
-fn check_pieces(plan: &Plan, pieces: &Cuts) -> Result<()> {
-    let mut cut: Vec<i64> = plan.split.iter().chain(&plan.truncated).copied().collect();
-    cut.sort_unstable();
-    let mismatch = |what: String| {
-        CoreError::data(format!(
-            "the pieces given with piece values are not this plan's ({what}); were they planned \
-             from other lengths?"
-        ))
+/// The media cuts of multimodal samples read (`read`), from their carried `media` and
+/// `vision_tokens` columns; `bad(sample, why)` names a sample whose media is not a list.
+fn media_cuts_of(
+    read: &UnitOut,
+    columns: &Columns,
+    plan: &PlanConfig,
+    bad: impl Fn(usize, String) -> CoreError,
+) -> Result<Option<MediaCuts>> {
+    let column = |name: &str, to: &DataType| -> Result<ArrayRef> {
+        let k = columns.carry.iter().position(|(c, _)| c == name);
+        let k = k.ok_or_else(|| CoreError::Config(format!("{name:?} is not carried")))?;
+        let values = concat(&read.carried[k], &columns.carry[k].1)?;
+        arrow::compute::cast(&values, to).corrupt(&Location::default(), "cannot read media")
     };
-    if cut != pieces.samples {
-        // The first sample of one list not in the other (both ascend).
-        let has = |list: &[i64], s: &i64| list.binary_search(s).is_ok();
-        let only_one = |s: &&i64| has(&cut, s) != has(&pieces.samples, s);
-        let first = cut.iter().chain(&pieces.samples).filter(only_one).min();
-        return Err(mismatch(format!(
-            "sample {} is cut by one and not by the other",
-            first.copied().unwrap_or_default()
-        )));
+    let media = column(col::MEDIA, &DataType::Utf8)?;
+    let media = media.as_string::<i32>();
+    let vision = column(col::VISION_TOKENS, &DataType::Int64)?;
+    let vision = vision.as_primitive::<Int64Type>();
+    let random = plan.strategy == Strategy::Random;
+    media_cuts(
+        &read.lengths,
+        |i| {
+            let with_images = vision.is_valid(i) && vision.value(i) > 0;
+            with_images.then(|| parse_media(media.value(i)).map_err(|e| bad(i, e)))
+        },
+        i64::from(plan.max_len),
+        plan.overlong,
+        random,
+    )
+}
+
+/// Each named column's values.
+type ColumnValues = Vec<(String, ArrayRef)>;
+
+/// The pieces carrying their own media and each media column's values for them, typed as the
+/// carried columns (none when no piece is cut).
+fn piece_arrays(
+    (pieces, values): (Cuts, String3),
+    columns: &Columns,
+) -> Result<(Option<Cuts>, ColumnValues)> {
+    if pieces.samples.is_empty() {
+        return Ok((None, Vec::new()));
     }
-    for k in 0..plan.sample_ids.len() {
-        let (s, start) = (plan.sample_ids[k], plan.starts[k]);
-        let length = pieces.piece_at(s, start).map(|i| pieces.lengths[i]);
-        if pieces.pieces_of(s).is_some() && length != Some(plan.lengths[k]) {
-            return Err(mismatch(format!(
-                "sample {s} has a segment of {} tokens at {start}",
-                plan.lengths[k]
-            )));
-        }
-    }
-    Ok(())
+    let (media, tokens, patches) = values;
+    let arrays: [ArrayRef; 3] = [
+        Arc::new(StringArray::from(media)),
+        Arc::new(Int64Array::from(tokens)),
+        Arc::new(Int64Array::from(patches)),
+    ];
+    let typed = MEDIA_COLUMNS
+        .iter()
+        .zip(arrays)
+        .map(|(name, array)| {
+            let (_, to) = columns
+                .carry
+                .iter()
+                .find(|(c, _)| c == name)
+                .expect("carried");
+            let array = arrow::compute::cast(&array, to);
+            Ok((
+                name.to_string(),
+                array.corrupt(&Location::default(), "media values")?,
+            ))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok((Some(pieces), typed))
 }
 
 /// Packs the token shards `config.paths` into `config.out_dir`. Call inside `pool::install`.
 pub fn pack_files(config: &PackFilesConfig, progress: &Progress) -> Result<PackOutcome> {
-    if config.pairs.is_some() && config.cuts.is_some() {
-        return Err(CoreError::Config(
-            "cuts: chosen pieces are for plain samples; a preference pair is never cut".into(),
-        ));
-    }
-    let pieces = config.pieces.as_ref().or(config.cuts.as_ref());
-    if let Some((name, _)) = config
-        .piece_values
-        .iter()
-        .find(|(n, _)| pieces.is_none() || !config.carry.contains(n))
-    {
-        return Err(CoreError::Config(format!(
-            "cuts: piece values for {name:?}, which is not a carried column of chosen cuts"
-        )));
-    }
     let mut sources = open_all(&config.paths)?;
     let read_once = inputs_read_once(sources.iter().map(|s| s.parts.size).sum());
     for source in &mut sources {
@@ -545,6 +432,18 @@ pub fn pack_files(config: &PackFilesConfig, progress: &Progress) -> Result<PackO
         return Err(no_samples(&config.paths));
     }
     progress.start(Phase::Planning, 1);
+    let media = match config.kind.spec().cut {
+        CutRule::SafeBlocks => {
+            media_cuts_of(&read, &columns, &config.plan, |i, what| CoreError::Data {
+                at: Box::new(Location {
+                    column: Some(col::MEDIA.into()),
+                    ..locate(&sources, &input_rows, i)
+                }),
+                what,
+            })?
+        }
+        _ => None,
+    };
     let locate_overlong = |mut e: CoreError, column: Option<&str>| {
         if let CoreError::Overlong { at, index, .. } = &mut e {
             **at = Location {
@@ -561,22 +460,24 @@ pub fn pack_files(config: &PackFilesConfig, progress: &Progress) -> Result<PackO
             (plan, Some(pairs))
         }
         None => {
-            let plan = crate::plan::plan_cut(&read.lengths, &config.plan, config.cuts.as_deref())
+            let cuts = media.as_ref().map(|m| &m.cuts);
+            let plan = crate::plan::plan_cut(&read.lengths, &config.plan, cuts)
                 .map_err(|e| locate_overlong(e, Some(&config.tokens_column)))?;
             (plan, None)
         }
     };
-    if let Some(given) = &config.pieces {
-        check_pieces(&plan, given)?;
-    }
+    let (pieces, piece_values) = match &media {
+        Some(m) => m.pieces(&plan).and_then(|p| piece_arrays(p, &columns))?,
+        None => (None, Vec::new()),
+    };
+    let pieces = pieces.map(Arc::new);
     let carried = columns
         .carry
         .iter()
         .zip(std::mem::take(&mut read.carried))
         .map(|((name, data_type), chunks)| {
-            let values = config.piece_values.iter().find(|(n, _)| n == name);
-            let values = values.map(|(_, v)| v);
-            with_pieces(name, concat(&chunks, data_type)?, pieces, values)
+            let values = piece_values.iter().find(|(n, _)| n == name).map(|(_, v)| v);
+            with_pieces(name, concat(&chunks, data_type)?, pieces.as_ref(), values)
         })
         .collect::<Result<Vec<_>>>()?;
     progress.advance(1);
@@ -618,5 +519,6 @@ pub fn pack_files(config: &PackFilesConfig, progress: &Progress) -> Result<PackO
         has_labels,
         shards,
         input_fingerprints,
+        no_safe_cut: media.map(|m| m.no_safe_cut).unwrap_or_default(),
     })
 }
