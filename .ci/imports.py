@@ -38,6 +38,7 @@ LAYERS: list[list[str]] = [
     ["_tokpack", "errors"],
     ["_contract", "_checks"],
     ["_io"],
+    ["kinds"],
     ["packed"],
     ["remote"],
     ["tokenize"],

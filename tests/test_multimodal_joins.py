@@ -83,8 +83,7 @@ def test_mixture_of_multimodal_and_text_directories(corpus):
     batch). Text rows now carry empty media per segment: one collator takes both."""
     torch = pytest.importorskip("torch")
     from tests._vl_factory import image_processor
-    from tokpack.multimodal import MultimodalCollator
-    from tokpack.torch import PackedMixture
+    from tokpack.torch import MultimodalCollator, PackedMixture
 
     root, samples, _ = corpus
     sources = {"vl": root / "packed", "text": root / "text-packed"}
@@ -115,8 +114,7 @@ def test_multimodal_rows_from_object_storage_through_workers(corpus, s3, tmp_pat
     the local directory gives."""
     torch = pytest.importorskip("torch")
     from tests._vl_factory import image_processor
-    from tokpack.multimodal import MultimodalCollator
-    from tokpack.torch import PackedIterableDataset
+    from tokpack.torch import MultimodalCollator, PackedIterableDataset
 
     root, _, max_len = corpus
     prefix = "tokpack-test/vl-joins"

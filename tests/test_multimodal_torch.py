@@ -29,14 +29,13 @@ from tests._vl_factory import (  # noqa: E402
 )
 from tokpack import DataError, InputNotFoundError  # noqa: E402
 from tokpack.multimodal import (  # noqa: E402
-    MultimodalCollator,
     pack_files,
     packed_positions,
     sample_positions,
     tokenize_files,
 )
 from tokpack.multimodal.media import MediaReader  # noqa: E402
-from tokpack.torch import PackedDataset  # noqa: E402
+from tokpack.torch import MultimodalCollator, PackedDataset  # noqa: E402
 
 
 @pytest.fixture(scope="module")

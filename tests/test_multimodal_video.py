@@ -37,14 +37,13 @@ from tests._vl_factory import (  # noqa: E402
 )
 from tokpack import ConfigError, InputNotFoundError, InvalidRecordError  # noqa: E402
 from tokpack.multimodal import (  # noqa: E402
-    MultimodalCollator,
     VisionRules,
     pack_files,
     sample_positions,
     tokenize_files,
 )
 from tokpack.multimodal.media import MediaReader  # noqa: E402
-from tokpack.torch import PackedDataset  # noqa: E402
+from tokpack.torch import MultimodalCollator, PackedDataset  # noqa: E402
 
 try:
     import torchvision  # noqa: F401

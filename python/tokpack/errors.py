@@ -41,7 +41,13 @@ class DataError(TokpackError, ValueError):
 
 
 class OverlongError(DataError):
-    """A sample is longer than ``max_len`` and the overlong policy is ``"error"``."""
+    """A sample is longer than ``max_len`` and the overlong policy is ``"error"``. Raised by
+    the packer, it also holds the sample's ``index`` (across the inputs), ``length`` and the
+    ``max_len``."""
+
+    index: int
+    length: int
+    max_len: int
 
 
 class InputNotFoundError(TokpackError, FileNotFoundError):

@@ -96,7 +96,7 @@ EXTRAS: Dict[str, Dict[str, Any]] = {
     "multimodal": dict(
         what="multimodal data (a 'media' column of images per sample)",
         instead=f"{_PACK} on its token shards, which carries each segment's images and never"
-        " cuts inside one, and tokpack.multimodal.MultimodalCollator",
+        " cuts inside one, and tokpack.torch.MultimodalCollator",
         collator="MultimodalCollator",
         sequences=1,
     ),

@@ -3,8 +3,8 @@ their vision tokens expanded from the image headers, packed with their media car
 segment, and collated with per-segment mRoPE positions, the images' ``pixel_values`` and the
 videos' ``pixel_values_videos``.
 
-``tokpack.multimodal`` imports neither torch nor transformers; ``MultimodalCollator`` (torch)
-is imported on first use (and is not in ``__all__``: ``import *`` does not import torch).
+``tokpack.multimodal`` imports neither torch nor transformers; the collator is
+``tokpack.torch.MultimodalCollator`` (the torch side, which stands above this package).
 """
 
 from __future__ import annotations
@@ -21,10 +21,8 @@ _LAZY = {
     "sample_positions": "positions",
     "packed_positions": "positions",
     "row_vision_patches": "stats",
-    "MultimodalCollator": "collate",
 }
-# The lazy names but the collator's (``import *`` must not import torch).
-__all__ = [name for name in _LAZY if name != "MultimodalCollator"]
+__all__ = list(_LAZY)
 
 
 def __getattr__(name: str):

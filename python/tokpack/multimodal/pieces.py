@@ -48,7 +48,7 @@ def safe_pieces(
     dropped. The one rule of tokenize-time and pack-time cuts, the core's
     (``tokpack_core::cuts::safe_pieces``; the ``random`` strategy cuts by it too)."""
     return _tokpack.safe_pieces(
-        length=n, max_len=max_len, overlong=overlong, blocks=[tuple(b) for b in blocks]
+        length=n, max_len=max_len, overlong=overlong, blocks=[(a, b) for a, b in blocks]
     )
 
 

@@ -18,6 +18,7 @@ from .device import DeviceLoader
 from .iterable import PackedIterableDataset
 from .mixture import PackedMixture
 from .models import ModelPacking, model_inputs, packing_support
+from .multimodal import MultimodalCollator
 from .pairs import sequence_logps
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "PackedMixture",
     "PackedBatchSampler",
     "PackedCollator",
+    "MultimodalCollator",
     "DeviceLoader",
     "FORMATS",
     "IGNORE_INDEX",

@@ -9,9 +9,9 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 import torch
 
+from .._checks import MAX_LEN, check_int
 from .._contract import IGNORE_INDEX
 from ..errors import ConfigError, DataError
-from .._checks import MAX_LEN, check_int
 from ..packed.format import SHARD_COLUMNS
 from .pairs import row_tensor
 from .static import STATIC_FORMATS, StaticShapes

@@ -22,11 +22,11 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError, DataError
-from ..torch._transport import ship
-from ..torch.collate import PackedCollator
-from .media import MediaReader, describe_ref
-from .positions import packed_positions
-from .vision import VisionRules
+from ..multimodal.media import MediaReader, describe_ref
+from ..multimodal.positions import packed_positions
+from ..multimodal.vision import VisionRules
+from ._transport import ship
+from .collate import PackedCollator
 
 __all__ = ["MultimodalCollator"]
 
