@@ -65,6 +65,36 @@ def test_media_is_carried_per_segment(tokens, tmp_path):
     tokpack.verify(tmp_path / "packed")
 
 
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"max_segments_per_row": 2},
+        {"max_segments_per_row": 3, "strategy": "ffd"},
+        {"align_segments": 16},
+    ],
+)
+def test_media_with_static_shape_options(tokens, tmp_path, options):
+    """The join of the multimodal kind and the static-shape plan options (the cap repair moves
+    segments between rows): every sample once with its own media, no row over the cap."""
+    samples = _samples(tokens)
+    max_len = 16 * (max(s["length"] for s in samples) // 8 + 1)  # (a multiple of the alignment)
+    manifest = pack_files(tokens, tmp_path / "packed", max_len, **options)
+    assert manifest["sample_kind"] == "multimodal"
+    assert manifest["figures"]["samples_packed"] == len(samples)
+    cap = options.get("max_segments_per_row", max_len)
+    seen = []
+    for row in _rows(tmp_path / "packed"):
+        assert len(row["sample_ids"]) <= cap and row["num_tokens"] <= max_len
+        offset = 0
+        for sid, n, media in zip(row["sample_ids"], row["seq_lengths"], row["media"]):
+            assert row["input_ids"][offset : offset + n] == samples[sid]["input_ids"]
+            assert media == samples[sid]["media"]
+            offset += n
+            seen.append(sid)
+    assert sorted(seen) == list(range(len(samples)))
+    tokpack.verify(tmp_path / "packed")
+
+
 def _rows(out):
     return pq.read_table(sorted(out.glob("part-*.parquet"))).to_pylist()
 
