@@ -55,7 +55,7 @@ def test_records_give_their_kind():
     assert kind_of_records("kto") == "kto"
     assert {kind_of_records(f) for f in ("auto", "messages", "text", "alpaca")} == {"sft"}
     assert kind("preference").prompted and not kind("sft").prompted
-    with pytest.raises(ConfigError, match="unknown sample kind 'tree'"):
+    with pytest.raises(ConfigError, match='unknown sample kind "tree"'):
         kind("tree")
 
 

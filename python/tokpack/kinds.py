@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import _tokpack
+from ._checks import check_choice
 from ._io.inputs import shown_path
 from .errors import ConfigError
 
@@ -121,11 +122,7 @@ KINDS: Dict[str, Kind] = {
 
 def kind(name: str) -> Kind:
     """The kind ``name`` (one of :data:`SAMPLE_KINDS`)."""
-    try:
-        return KINDS[name]
-    except KeyError:
-        quoted = ", ".join(repr(k) for k in SAMPLE_KINDS)
-        raise ConfigError(f"unknown sample kind {name!r}; expected one of {quoted}") from None
+    return KINDS[check_choice("sample kind", name, SAMPLE_KINDS)]
 
 
 def kind_of_records(fmt: str) -> str:
