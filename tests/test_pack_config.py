@@ -191,7 +191,10 @@ def test_report_merge_derives_the_figures_once():
     from tokpack.ray._shards import accounting
 
     parts = [tokpack.plan([5, 3, 7], 8, strategy="padding"), tokpack.plan([6, 6], 8)]
-    reports = [accounting(p, [], [p.n_samples], True, base) for p, base in zip(parts, (0, 3))]
+    reports = [
+        accounting(p, tokpack.PackConfig(8), [], [p.n_samples], True, base)
+        for p, base in zip(parts, (0, 3))
+    ]
     merged = tokpack.PackReport.merge(reports, [], [5])
     whole = tokpack.plan([5, 3, 7, 6, 6], 8, strategy="padding")
     figures = merged.figures()
