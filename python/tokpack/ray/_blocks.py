@@ -34,9 +34,6 @@ from ..kinds import KIND_KEY, KINDS, kind_of_schema, kind_of_shards, refuse_kind
 from ..pack.config import PackConfig
 from ._read import declared_schemas
 
-# Ray packs token lists only: multimodal shards' media columns would be lost (one check, for
-# files and datasets).
-
 # A dataset made with ``ray.data.read_json(..., include_paths=True)`` names each row's file
 # (:func:`tokpack.ray.tokenize`'s rejected records give it).
 PATH_COLUMN = "path"
