@@ -357,17 +357,8 @@ def atomic_output_files(
 
     def check() -> None:
         for final, name in zip(finals, shown):
-            if not os.path.lexists(final):
-                continue
-            if not force:
-                raise OutputExistsError(f"{name}: exists (pass force=True / --force to replace it)")
-            if final.is_dir():
-                raise OutputExistsError(f"{name}: is a directory")
-            if not owned(final):
-                raise OutputExistsError(
-                    f"{name}: refusing to replace a file tokpack did not write; remove it "
-                    "yourself or choose another name"
-                )
+            if os.path.lexists(final):
+                check_replace(name, force, final.is_dir(), lambda f=final: owned(f), "a file")
 
     check()
     for final in finals:
@@ -391,6 +382,22 @@ def atomic_output_files(
             for tmp in tmps:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
+
+
+def check_replace(
+    name: str, force: bool, is_dir: bool, owned: Callable[[], bool], what: str
+) -> None:
+    """Refuses to replace the existing output file (or object: ``what``) ``name`` unless
+    ``force`` and it is a file that tokpack wrote (``owned()``)."""
+    if not force:
+        raise OutputExistsError(f"{name}: exists (pass force=True / --force to replace it)")
+    if is_dir:
+        raise OutputExistsError(f"{name}: is a directory")
+    if not owned():
+        raise OutputExistsError(
+            f"{name}: refusing to replace {what} tokpack did not write; remove it yourself or "
+            "choose another name"
+        )
 
 
 @contextlib.contextmanager

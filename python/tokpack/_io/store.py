@@ -59,6 +59,7 @@ from .outdir import (
     add_fingerprints,
     atomic_output_dir,
     cache_key,
+    check_replace,
     describe_inputs,
     foreign_names,
     is_tokpack_manifest,
@@ -484,17 +485,9 @@ def object_output_files(
 
     def check() -> None:
         for (_, key, name), info in zip(stores, fs.get_file_info([k for _, k, _ in stores])):
-            if info.type == pafs.FileType.NotFound:
-                continue
-            if not force:
-                raise OutputExistsError(f"{name}: exists (pass force=True / --force to replace it)")
-            if info.type != pafs.FileType.File:
-                raise OutputExistsError(f"{name}: is a directory")
-            if not owned(fs, key):
-                raise OutputExistsError(
-                    f"{name}: refusing to replace an object tokpack did not write; remove it "
-                    "yourself or choose another name"
-                )
+            if info.type != pafs.FileType.NotFound:
+                is_dir = info.type != pafs.FileType.File
+                check_replace(name, force, is_dir, lambda k=key: owned(fs, k), "an object")
 
     check()
     with scratch_dir("tokpack-export-") as d:
