@@ -1,5 +1,6 @@
-//! The core's serde structs (reports, manifest entries) as Python data and back, converted
-//! directly through `serde_json::Value` (its maps keep field order: `preserve_order`).
+//! The core's serde structs (reports, manifest entries) as Python data (through `pythonize`:
+//! dicts in field order, lists, ints and floats as they are in Rust, strings, None) and back,
+//! checked through `serde_json::Value`, whose errors name the field and type that do not fit.
 
 use crate::errors::config_error;
 use pyo3::prelude::*;
@@ -7,34 +8,9 @@ use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use serde::{de::DeserializeOwned, Serialize};
 use serde_json::{Map, Number, Value};
 
-/// `value` as Python data: dicts in field order, lists, ints, floats, strings, None.
+/// `value` as Python data.
 pub fn to_python<'py>(py: Python<'py>, value: &impl Serialize) -> PyResult<Bound<'py, PyAny>> {
-    let value = serde_json::to_value(value).map_err(|e| config_error(e.to_string()))?;
-    value_to_py(py, &value)
-}
-
-fn value_to_py<'py>(py: Python<'py>, value: &Value) -> PyResult<Bound<'py, PyAny>> {
-    Ok(match value {
-        Value::Null => py.None().into_bound(py),
-        Value::Bool(b) => PyBool::new(py, *b).to_owned().into_any(),
-        Value::Number(n) => match (n.as_u64(), n.as_i64()) {
-            (Some(u), _) => u.into_pyobject(py)?.into_any(),
-            (None, Some(i)) => i.into_pyobject(py)?.into_any(),
-            _ => PyFloat::new(py, n.as_f64().unwrap_or(f64::NAN)).into_any(),
-        },
-        Value::String(s) => PyString::new(py, s).into_any(),
-        Value::Array(items) => {
-            let items: PyResult<Vec<_>> = items.iter().map(|v| value_to_py(py, v)).collect();
-            PyList::new(py, items?)?.into_any()
-        }
-        Value::Object(map) => {
-            let d = PyDict::new(py);
-            for (k, v) in map {
-                d.set_item(k, value_to_py(py, v)?)?;
-            }
-            d.into_any()
-        }
-    })
+    pythonize::pythonize(py, value).map_err(|e| config_error(e.to_string()))
 }
 
 /// Python data (numpy arrays and scalars too, by their `tolist()`) as a `T`; a ConfigError
