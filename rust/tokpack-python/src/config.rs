@@ -45,6 +45,10 @@ fn optional_string(value: &Bound<'_, PyAny>, name: &str) -> PyResult<Option<Stri
     (!value.is_none()).then(|| string(value, name)).transpose()
 }
 
+fn optional_integer(value: &Bound<'_, PyAny>, name: &str) -> PyResult<Option<i128>> {
+    (!value.is_none()).then(|| integer(value, name)).transpose()
+}
+
 fn carry(value: &Bound<'_, PyAny>) -> PyResult<Vec<String>> {
     if value.is_none() {
         return Ok(Vec::new());
@@ -68,56 +72,45 @@ fn carry(value: &Bound<'_, PyAny>) -> PyResult<Vec<String>> {
     value.try_iter()?.map(name).collect()
 }
 
-/// The fields of `kwargs` over `fields` (an unknown name is refused as a Python signature
-/// words it).
-fn apply(fields: &mut PackFields, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
-    let Some(kwargs) = kwargs else { return Ok(()) };
-    for (key, value) in kwargs.iter() {
-        let key: String = key.extract()?;
-        let v = &value;
-        match key.as_str() {
-            "max_len" => fields.max_len = integer(v, "max_len")?,
-            "strategy" => fields.strategy = string(v, "strategy")?,
-            "overlong" => fields.overlong = string(v, "overlong")?,
-            "seed" => fields.seed = integer(v, "seed")?,
-            "row_order" => fields.row_order = string(v, "row_order")?,
-            "max_segments_per_row" => {
-                fields.max_segments_per_row = (!v.is_none())
-                    .then(|| integer(v, "max_segments_per_row"))
-                    .transpose()?
-            }
-            "align_segments" => fields.align_segments = integer(v, "align_segments")?,
-            "tokens_column" => fields.tokens_column = string(v, "tokens_column")?,
-            "labels_column" => fields.labels_column = optional_string(v, "labels_column")?,
-            "loss_mask_column" => fields.loss_mask_column = optional_string(v, "loss_mask_column")?,
-            "pair_layout" => fields.pair_layout = optional_string(v, "pair_layout")?,
-            "carry" => fields.carry = carry(v)?,
-            "rows_per_shard" => fields.rows_per_shard = integer(v, "rows_per_shard")?,
-            "row_group_rows" => fields.row_group_rows = integer(v, "row_group_rows")?,
-            "compression" => fields.compression = string(v, "compression")?,
-            _ => {
-                return Err(config_error(format!(
-                    "PackConfig got an unexpected keyword argument {key:?}"
-                )))
-            }
-        }
-    }
-    Ok(())
-}
-
 /// The pack options, checked once when made: ``PackConfig(max_len, **fields)``; the fields,
 /// their defaults and choices are listed in ``PackConfig.FIELDS``.
 #[pyclass(frozen, eq, hash, name = "PackConfig", module = "tokpack._tokpack")]
 #[derive(PartialEq, Eq, Hash)]
 pub struct PyPackConfig(pub PackConfig);
 
-/// The `#[pymethods]` of `PyPackConfig` with a getter for each `name -> type = value of c`
-/// (`c`: the core config), and `scalars`, which sets those fields in a dict, in order.
+/// The `#[pymethods]` of `PyPackConfig` from one line per field but `carry`, `name: parse ->
+/// type = value of c` (`parse`: the checker of its argument, `c`: the core config), with `if`
+/// the condition on which the manifest records it (else always): a getter for each; `apply`,
+/// which sets the `PackFields` of keyword arguments (an unknown name is refused as a Python
+/// signature words it); and `set_fields`, which sets them in a dict, in order (those with an
+/// `if` only where they apply, or with `all`, so the cache keys of SFT outputs stay what they
+/// were).
 macro_rules! pack_config_methods {
-    ($($name:ident -> $ty:ty = |$c:ident| $value:expr;)* { $($methods:tt)* }) => {
+    ($($name:ident: $parse:ident -> $ty:ty = |$c:ident| $value:expr $(, if $when:expr)?;)*
+     { $($methods:tt)* }) => {
         impl PyPackConfig {
-            fn scalars(&self, d: &Bound<'_, PyDict>) -> PyResult<()> {
-                $(d.set_item(stringify!($name), self.$name())?;)*
+            fn apply(f: &mut PackFields, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
+                for (key, v) in kwargs.into_iter().flat_map(|kwargs| kwargs.iter()) {
+                    match key.extract::<String>()?.as_str() {
+                        $(stringify!($name) => f.$name = $parse(&v, stringify!($name))?,)*
+                        "carry" => f.carry = carry(&v)?,
+                        key => {
+                            return Err(config_error(format!(
+                                "PackConfig got an unexpected keyword argument {key:?}"
+                            )))
+                        }
+                    }
+                }
+                Ok(())
+            }
+
+            fn set_fields(&self, d: &Bound<'_, PyDict>, all: bool) -> PyResult<()> {
+                $(
+                    let $c = &self.0;
+                    $(if all || $when)? {
+                        d.set_item(stringify!($name), $value)?;
+                    }
+                )*
                 Ok(())
             }
         }
@@ -139,18 +132,7 @@ macro_rules! pack_config_methods {
 impl PyPackConfig {
     fn fields_dict<'py>(&self, py: Python<'py>, all: bool) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
-        self.scalars(&d)?;
-        // Only where they apply (and always with `all`), so the cache keys of SFT outputs stay
-        // what they were.
-        if all || self.0.plan.max_segments.is_some() {
-            d.set_item("max_segments_per_row", self.max_segments_per_row())?;
-        }
-        if all || self.0.plan.align > 1 {
-            d.set_item("align_segments", self.align_segments())?;
-        }
-        if all || self.0.pair_layout.is_some() {
-            d.set_item("pair_layout", self.pair_layout())?;
-        }
+        self.set_fields(&d, all)?;
         if all || !self.0.carry.is_empty() {
             d.set_item("carry", PyList::new(py, &self.0.carry)?)?;
         }
@@ -168,23 +150,28 @@ impl PyPackConfig {
 }
 
 pack_config_methods! {
-    max_len -> u32 = |c| c.plan.max_len;
-    strategy -> &'static str = |c| c.plan.strategy.name();
-    overlong -> &'static str = |c| c.plan.overlong.name();
-    seed -> u64 = |c| c.plan.seed;
-    row_order -> &'static str = |c| c.plan.row_order.name();
-    tokens_column -> &str = |c| &c.tokens_column;
-    labels_column -> Option<&str> = |c| c.labels_column.as_deref();
-    loss_mask_column -> Option<&str> = |c| c.loss_mask_column.as_deref();
-    rows_per_shard -> usize = |c| c.rows_per_shard;
-    row_group_rows -> usize = |c| c.row_group_rows;
-    compression -> &str = |c| &c.compression;
+    max_len: integer -> u32 = |c| c.plan.max_len;
+    strategy: string -> &'static str = |c| c.plan.strategy.name();
+    overlong: string -> &'static str = |c| c.plan.overlong.name();
+    seed: integer -> u64 = |c| c.plan.seed;
+    row_order: string -> &'static str = |c| c.plan.row_order.name();
+    tokens_column: string -> &str = |c| &c.tokens_column;
+    labels_column: optional_string -> Option<&str> = |c| c.labels_column.as_deref();
+    loss_mask_column: optional_string -> Option<&str> = |c| c.loss_mask_column.as_deref();
+    rows_per_shard: integer -> usize = |c| c.rows_per_shard;
+    row_group_rows: integer -> usize = |c| c.row_group_rows;
+    compression: string -> &str = |c| &c.compression;
+    max_segments_per_row: optional_integer -> Option<u32> = |c| c.plan.max_segments,
+        if c.plan.max_segments.is_some();
+    align_segments: integer -> u32 = |c| c.plan.align, if c.plan.align > 1;
+    pair_layout: optional_string -> Option<&'static str> = |c| c.pair_layout.map(|l| l.name()),
+        if c.pair_layout.is_some();
 {
     #[new]
     #[pyo3(signature = (max_len, **fields))]
     fn new(max_len: &Bound<'_, PyAny>, fields: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
         let mut f = PackFields::defaults(integer(max_len, "max_len")?);
-        apply(&mut f, fields)?;
+        Self::apply(&mut f, fields)?;
         PackConfig::new(f).map(Self).map_err(to_py)
     }
 
@@ -207,18 +194,6 @@ pack_config_methods! {
         Ok(PyTuple::new(py, rows?)?.unbind())
     }
 
-    #[getter]
-    fn max_segments_per_row(&self) -> Option<u32> {
-        self.0.plan.max_segments
-    }
-    #[getter]
-    fn align_segments(&self) -> u32 {
-        self.0.plan.align
-    }
-    #[getter]
-    fn pair_layout(&self) -> Option<&'static str> {
-        self.0.pair_layout.map(|l| l.name())
-    }
     #[getter]
     fn carry<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         PyTuple::new(py, &self.0.carry)
