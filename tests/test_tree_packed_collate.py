@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from tokpack import DataError, PackingError
 from tokpack.torch import PackedCollator
 from tokpack.torch import model_inputs as flat_model_inputs
+from tokpack.torch.static import StaticShapes
 from tokpack.tree import PackedTreeCollator, dense_mask, pack_trees
 
 from .tree_packed_rows import rows_of
@@ -211,11 +212,23 @@ def test_flat_collators_and_model_inputs_refuse_tree_rows():
         PackedCollator("flash"),
         PackedCollator(return_pairs=True),
         PackedCollator("per_sample"),
+        PackedCollator(static=StaticShapes(2, 16, 4)),
     ):
         with pytest.raises(PackingError, match="PackedTreeCollator"):
             collator(rows)
     with pytest.raises(PackingError, match=r"tokpack\.tree\.model_inputs"):
         flat_model_inputs(batch)
+
+
+def test_the_multimodal_collator_refuses_tree_rows():
+    pytest.importorskip("transformers")
+    from tokpack.torch import MultimodalCollator
+
+    from ._vl_factory import image_processor
+
+    rows = rows_of(pack_trees([[1, 2, 3, 4], [1, 2, 5]], max_tokens=8))
+    with pytest.raises(PackingError, match="PackedTreeCollator"):
+        MultimodalCollator(image_processor())(rows)
 
 
 def test_the_collator_pickles_and_checks_its_options():
