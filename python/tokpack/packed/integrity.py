@@ -29,6 +29,7 @@ from ..kinds import KINDS
 from .format import INDEX_COLUMNS
 from .reader import PackedDir
 from .remote import open_packed
+from .tree_integrity import tree_problem
 
 __all__ = ["verify"]
 
@@ -100,9 +101,12 @@ def _read_index(packed: PackedDir, k: int) -> Dict[str, np.ndarray]:
     return index
 
 
-def _check_group(packed: PackedDir, group: int, index: Dict[str, np.ndarray], first: int) -> None:
+def _check_group(
+    packed: PackedDir, group: int, index: Dict[str, np.ndarray], first: int
+) -> Dict[str, Any]:
     """Decode every column of a row group (its checksums are checked on the way) and compare the
-    per-row counts with the list columns and with the index side file."""
+    per-row counts with the list columns and with the index side file; a tree directory's rows
+    are checked as trees (``tree_integrity``). The decoded columns."""
     shard = int(packed.group_shard[group])
     g = int(packed.group_index[group])
     path = packed.shard_paths[shard]
@@ -126,6 +130,35 @@ def _check_group(packed: PackedDir, group: int, index: Dict[str, np.ndarray], fi
             problem = f"carried column {name!r} does not have one entry per segment"
     if problem is not None:
         raise CorruptOutputError(f"{path}: row group {g}: {problem}")
+    found = tree_problem(cols) if packed.kind == "tree" else None
+    if found is not None:
+        row, column, what = found
+        raise CorruptOutputError(
+            f"{path}: row group {g}, row {first + row} of the shard: column {column!r} {what}"
+        )
+    return cols
+
+
+def _check_tree_samples(packed: PackedDir, held: List[np.ndarray]) -> None:
+    """A tree directory holds each sample whole, once: its rows' sample ids and the dropped
+    list's are every input sample exactly once."""
+    m = packed.manifest
+    dropped_file = packed.side_path(m["dropped_file"], "dropped_file")
+    table = read_side_file(
+        dropped_file, m.get("dropped_size"), m.get("dropped_checksum"), "dropped list"
+    )
+    dropped = table.column("sample_id").to_numpy().astype(np.int64)
+    ids = np.concatenate(held + [dropped]) if held else dropped
+    count = np.bincount(ids[ids >= 0], minlength=int(m["figures"]["samples_in"]))
+    n = int(m["figures"]["samples_in"])
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= n):
+        raise CorruptOutputError(f"{packed.shown}: a sample id lies outside 0..{n - 1}")
+    if (count != 1).any():
+        s = int(np.argmax(count != 1))
+        where = "held by no row nor the dropped list" if count[s] == 0 else "held more than once"
+        raise CorruptOutputError(
+            f"{packed.shown}: sample {s} is {where} (a tree directory holds each sample once)"
+        )
 
 
 def pair_problem(cols: Dict[str, Any], layout: str) -> Optional[str]:
@@ -249,13 +282,16 @@ def verify(
 def _verify_packed(packed: PackedDir, full: bool) -> Dict[str, Any]:
     _check_figures(packed)
     shards: List[Dict[str, Any]] = packed.manifest["shards"]
+    held: List[np.ndarray] = []  # a tree directory's sample ids
     for k, shard in enumerate(shards):
         index = _read_index(packed, k)
         if not full:
             continue
         first = 0
         for group in np.flatnonzero(packed.group_shard == k):
-            _check_group(packed, int(group), index, first)
+            cols = _check_group(packed, int(group), index, first)
+            if packed.kind == "tree":
+                held.append(np.asarray(cols["sample_ids"][0], dtype=np.int64))
             first += int(packed.group_rows[group])
         # The row groups and the footer cover all but the leading magic bytes; the whole-file
         # checksum covers those too.
@@ -269,6 +305,8 @@ def _verify_packed(packed: PackedDir, full: bool) -> Dict[str, Any]:
                 f"{path}: does not match its checksum (it hashes to {checksum}, the manifest"
                 f" says {shard['checksum']})"
             )
+    if full and packed.kind == "tree":
+        _check_tree_samples(packed, held)
     return {
         "ok": True,
         "path": packed.shown,

@@ -36,6 +36,11 @@ def row_counts(packed: PackedDir) -> RowCounts:
     parts = [_read_index(packed, k) for k in range(len(packed.shard_paths))]
     tokens = np.concatenate([p["num_tokens"] for p in parts]).astype(np.int64)
     samples = np.concatenate([p["num_seqs"] for p in parts]).astype(np.int64)
+    if packed.kind == "tree":
+        # A tree row's loss terms are its sequences' trained targets (a sequence's first token
+        # is never one), as its num_loss_tokens counts them.
+        loss = np.concatenate([p["num_loss_tokens"] for p in parts]).astype(np.int64)
+        return RowCounts(tokens, samples, loss)
     if not packed.has_labels:
         return RowCounts(tokens, samples, tokens - samples)
     trained = np.concatenate([p["num_loss_tokens"] for p in parts]).astype(np.int64)

@@ -11,7 +11,7 @@ import torch
 
 from .._checks import MAX_LEN, check_int
 from .._contract import IGNORE_INDEX
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError, DataError, PackingError
 from ..packed.format import SHARD_COLUMNS
 from .pairs import row_tensor
 from .static import STATIC_FORMATS, StaticShapes
@@ -61,6 +61,23 @@ def _host_rows(rows: Sequence[Mapping[str, Any]]):
             return None
         host.append((x, y, s))
     return [list(column) for column in zip(*host)]
+
+
+# The column of a packed tree directory's rows (sample kind ``tree``) that marks them: each
+# token's node. Such rows hold sequences sharing prefixes, stored once.
+TREE_ROW_KEY = "tree_node"
+TREE_COLLATOR = "tokpack.tree.PackedTreeCollator"
+
+
+def refuse_tree_rows(rows: Sequence[Mapping[str, Any]], who: str) -> None:
+    """PackingError when ``rows`` are a tree directory's: a flat batch of them would give a
+    sequence the tokens of its siblings (its tokens are on a path of the tree, not a run)."""
+    if any(TREE_ROW_KEY in row for row in rows):
+        raise PackingError(
+            f"{who} got the rows of a packed tree directory (sample kind 'tree'): their"
+            " sequences share prefixes stored once, which a flat batch would mix; collate them"
+            f" with {TREE_COLLATOR} (and train with tokpack.tree.model_inputs)"
+        )
 
 
 def _check_splits(

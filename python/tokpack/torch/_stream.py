@@ -42,6 +42,33 @@ _PREFETCH_EVERY = 4
 Collate = Callable[[List[Dict[str, torch.Tensor]]], Dict[str, Any]]
 
 
+def check_tree_sources(sources: Sequence[PackedDir], collate_fn: Optional[Collate]) -> None:
+    """Tree directories (sample kind ``tree``) are read by a tree collator only, and alone or
+    with other tree directories: ConfigError naming the directory otherwise. A flat collator
+    would mix the sequences of a tree row; a mixture of tree and flat rows has no collator."""
+    trees = [p for p in sources if p.kind == "tree"]
+    if not trees:
+        if getattr(collate_fn, "reads_tree_rows", False):
+            raise ConfigError(
+                f"{type(collate_fn).__name__} reads packed tree directories; {sources[0].shown}"
+                f" holds {sources[0].kind} rows: collate them with tokpack.torch.PackedCollator"
+            )
+        return
+    flat = [p for p in sources if p.kind != "tree"]
+    if flat:
+        raise ConfigError(
+            f"{trees[0].shown} holds tree rows and {flat[0].shown} {flat[0].kind} rows: one"
+            " stream cannot mix them (no collator batches both); mix tree directories with tree"
+            " directories only"
+        )
+    if collate_fn is not None and not getattr(collate_fn, "reads_tree_rows", False):
+        raise ConfigError(
+            f"{trees[0].shown} holds tree rows (sequences sharing prefixes stored once), which"
+            f" {type(collate_fn).__name__} would mix: use collate_fn="
+            "tokpack.tree.PackedTreeCollator()"
+        )
+
+
 class RowStream(torch.utils.data.IterableDataset):
     """Base of the streaming datasets (see :class:`PackedIterableDataset` for the contract).
 
@@ -76,6 +103,7 @@ class RowStream(torch.utils.data.IterableDataset):
             raise ConfigError(
                 f"one epoch of {shown} has {rows} rows, fewer than world_size={self.world_size}"
             )
+        check_tree_sources(self.sources, collate_fn)
         self.collate_fn = collate_fn
         if grad_accum_steps is not None:
             grad_accum_steps = check_int(grad_accum_steps, "grad_accum_steps", 1, MAX_STREAM_ROWS)

@@ -27,6 +27,7 @@ from ._batch import (
     _count_trained,
     _host_rows,
     _per_sample_weights,
+    refuse_tree_rows,
 )
 from ._transport import ship
 from .attention import layer_type_masks
@@ -225,6 +226,7 @@ class PackedCollator:
         process), for collators that add fields to it."""
         if len(rows) == 0:
             raise DataError("PackedCollator got an empty batch")
+        refuse_tree_rows(rows, "PackedCollator")
         host = None
         if self.static is None and self.format in ("hf", "flash") and self.cp_size == 1:
             host = None if self.return_pairs else _host_rows(rows)

@@ -48,6 +48,8 @@ class PackedDataset(torch.utils.data.Dataset):
     (int32, when the corpus has labels), ``seq_lengths`` (int32) and ``sample_ids`` (int64). They
     are the caller's own copies: writing into them does not change later reads. ``i`` is an
     integer (``int``, a numpy integer or a 0-d integer tensor); anything else is a TypeError.
+    A tree directory's rows (sample kind ``tree``) hold its tree columns instead of ``labels``:
+    collate them with ``tokpack.tree.PackedTreeCollator`` (flat collators refuse them).
 
     Every row group is checked against the checksums of the manifest when it is decoded: a
     damaged shard, or a directory rebuilt since the dataset was opened, raises

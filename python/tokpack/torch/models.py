@@ -343,5 +343,12 @@ def _model_dtype(model_or_config: Any) -> Any:
 def model_inputs(batch: Mapping[str, Any]) -> Dict[str, Any]:
     """``batch`` without tokpack's bookkeeping keys (:data:`BOOKKEEPING_KEYS`: the loss
     normalisers, the resume ``position``, ``sample_ids``, ...), so ``model(**model_inputs(batch))``
-    gets only what the model reads. Carried columns (``--carry``) are left in: pop them first."""
+    gets only what the model reads. Carried columns (``--carry``) are left in: pop them first.
+    A tree batch (``tokpack.tree``) is refused: its attention is a mask this does not build."""
+    if "tree_tout" in batch:
+        raise PackingError(
+            "tokpack.torch.model_inputs got a tree batch (tokpack.tree): without its tree mask"
+            " a model would let every branch see the others; use tokpack.tree.model_inputs("
+            "batch, model)"
+        )
     return {k: v for k, v in batch.items() if k not in BOOKKEEPING_KEYS}

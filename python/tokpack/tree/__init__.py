@@ -8,7 +8,9 @@ data-parallel rank. A batch carries the tree attention as intervals (``tree_tout
 is visible from query ``q`` iff ``k <= q < tree_tout[k]``), as a dense mask
 (:func:`dense_mask`) or a FlexAttention ``BlockMask`` (:func:`block_mask`);
 :func:`sequence_logps`, :func:`token_logps` and :func:`tree_loss` give each sequence's result
-as if it ran alone. See ``docs/guide/trees.md``.
+as if it ran alone. A packed tree directory (``tokpack pack`` of tree token shards) is read by
+``tokpack.torch.PackedDataset`` with :class:`PackedTreeCollator`, into the same batches. See
+``docs/guide/trees.md``.
 
 >>> from tokpack.tree import pack_trees
 >>> batch = pack_trees([[1, 2, 3, 4, 5], [1, 2, 3, 6]], max_tokens=16)
@@ -29,9 +31,11 @@ from .batch import attention_pairs, block_mask, dense_mask
 from .loss import prediction_logps, sequence_logps, token_logps, tree_loss
 from .models import check_tree_model, model_inputs, tree_refusal
 from .pack import TreeCollator, TreeStats, pack_trees
+from .packed import PackedTreeCollator
 from .step import TreeStep, pack_step
 
 __all__ = [
+    "PackedTreeCollator",
     "TreeCollator",
     "TreeStats",
     "TreeStep",
