@@ -546,7 +546,7 @@ def _grpo(record: Record, value: Dict[str, Any], columns: Mapping[str, str]) -> 
     """A GRPO-style record: a prompt and its completions (a group), all strings or all lists
     of messages; its ``rewards`` / ``advantages``, when given, one number per completion."""
     name = columns["completions"]
-    given = value[name] if name in value else None
+    given = _field(record, value, name)
     if not isinstance(given, list) or not given:
         raise record.fail(f"{name!r} must be a non-empty list of completions")
     completions = [_piece(record, f"{name}[{i}]", c, empty_ok=True) for i, c in enumerate(given)]
