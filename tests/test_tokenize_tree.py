@@ -22,8 +22,14 @@ from tokpack.tokenize import TREE_SCHEMA, tokenize_to_batches
 from tokpack.tokenize.schema import KIND_KEY
 from tokpack.tokenize.writer import REJECTED_NAME
 
-from ._tokenizer_factory import CHATML_GEN, CHATML_PLAIN, build_tokenizer, hf_tokenizer
-from ._tokenizer_factory import sentence, write_jsonl
+from ._tokenizer_factory import (
+    CHATML_GEN,
+    CHATML_PLAIN,
+    build_tokenizer,
+    hf_tokenizer,
+    sentence,
+    write_jsonl,
+)
 
 pytest.importorskip("tokenizers")
 

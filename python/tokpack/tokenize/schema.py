@@ -17,8 +17,9 @@
   GRPO run whose records give ``rewards`` / ``advantages`` adds ``reward`` / ``advantage``
   (float64, one per sequence), after the source columns.
 
-The ``preference``, ``kto`` and ``tree`` schemas name their kind in the metadata key ``tokpack.kind``
-(``sft`` shards carry no metadata), which :func:`tokpack.kinds.kind_of_shards` reads.
+The ``preference``, ``kto`` and ``tree`` schemas name their kind in the metadata key
+``tokpack.kind`` (``sft`` shards carry no metadata), which
+:func:`tokpack.kinds.kind_of_shards` reads.
 """
 
 from __future__ import annotations
