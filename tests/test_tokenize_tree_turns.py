@@ -221,3 +221,19 @@ def test_cli_each_turn(tmp_path, tok, capsys):
     manifest = json.loads((out / "__tokpack__" / "_manifest.json").read_text())
     assert manifest["sample_kind"] == "sft" and "each_turn" not in manifest["config"]
     assert "completions" not in manifest["config"]["columns"]
+
+
+def test_an_empty_render_is_named_as_without_each_turn(tmp_path):
+    """A chat the template renders as no text is rejected, with a turn or without (was: an
+    error object in place of the chat's texts)."""
+    assistant_only = (
+        "{% for message in messages %}{% if message['role'] == 'assistant' %}{% generation %}"
+        "{{ message['content'] + '<|im_end|>' }}{% endgeneration %}{% endif %}{% endfor %}"
+    )
+    tok_dir = build_tokenizer(tmp_path / "tok", assistant_only)
+    path = write_jsonl(tmp_path / "chats.jsonl", [{"messages": [{"role": "user", "content": "a"}]}])
+    for each_turn in (False, True):
+        with pytest.raises(
+            InvalidRecordError, match="chats.jsonl:1: the chat template rendered an empty"
+        ):
+            _rows(path, tok_dir, each_turn=each_turn, threads=1)

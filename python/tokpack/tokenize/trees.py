@@ -69,7 +69,7 @@ def _turns(
     if not trained:
         text, spans = texts[0]
         last = chat.messages[-1].get("role") == "assistant"
-        return [Prepared(record, text, spans, last)] if text else [_empty(record)]
+        return [Prepared(record, text, spans, last)] if text else _empty(record)
     out = []
     for turn, (text, spans) in enumerate(texts, start=1):
         if not text:
