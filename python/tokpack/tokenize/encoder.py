@@ -9,6 +9,7 @@ tokenized per turn are samples of the tree kind (:mod:`tokpack.tokenize.trees`).
 
 from __future__ import annotations
 
+from functools import partial
 from typing import (
     Any,
     Dict,
@@ -47,6 +48,8 @@ from .template import ChatTemplate, resolve_template
 from .tokenizer import LoadedTokenizer, load_tokenizer
 from .trees import common_prefix, each_turn_prepared, finish_tree
 
+# An over-long tree sequence's remedies ('split' is refused for trees).
+_TREE_HINT = 'pass overlong="truncate" or "drop", or filter it out first'
 # The columns whose presence makes a record of format "auto" other than a chat (detect_format).
 _DETECTED = ("chosen", "rejected", "prompt", "completion", "label")
 
@@ -365,9 +368,8 @@ class RecordEncoder:
         if not chunk:
             return None
         if self.tree:
-            trees = finish_tree(
-                chunk, encoded.pairs(), stats, self.grpo, self._with_eos, self._apply_max_len
-            )
+            fit = partial(self._apply_max_len, hint=_TREE_HINT)
+            trees = finish_tree(chunk, encoded.pairs(), stats, self.grpo, self._with_eos, fit)
             return None if trees is None else self._finished(*trees, stats)
         if self.prompted:
             return self._finish_pairs(chunk, encoded.pairs(), stats)
@@ -490,7 +492,12 @@ class RecordEncoder:
         return None
 
     def _apply_max_len(
-        self, record: Record, ids: np.ndarray, labels: np.ndarray, stats: TokenizeStats
+        self,
+        record: Record,
+        ids: np.ndarray,
+        labels: np.ndarray,
+        stats: TokenizeStats,
+        hint: str = OVERLONG_HINT,
     ) -> List[Tuple[np.ndarray, np.ndarray]]:
         max_len = self.options.max_len
         n = len(ids)
@@ -499,7 +506,7 @@ class RecordEncoder:
         stats.overlong += 1
         overlong = self.options.overlong
         if overlong == "error":
-            raise overlong_error(record, n, max_len, OVERLONG_HINT)
+            raise overlong_error(record, n, max_len, hint)
         if overlong == "truncate":
             stats.truncated += 1
             return [(ids[:max_len], labels[:max_len])]
