@@ -301,3 +301,15 @@ def test_cli_detects_grpo_and_carries_record_fields(tmp_path, tok_dir, capsys):
     table = pq.read_table(out)
     assert table.schema.names == names
     assert table.column("id").to_pylist() == [r["id"] for r in records for _ in r["completions"]]
+
+
+def test_a_ray_dataset_of_grpo_records_is_refused(tok_dir):
+    """Its blocks number no records, so no group would be the run's (``tokpack tokenize
+    --ray`` numbers them where they are read)."""
+    pytest.importorskip("ray")
+    import tokpack.ray
+
+    with pytest.raises(ConfigError, match="tokpack.ray.tokenize holds tree samples.*does not support"):
+        tokpack.ray.tokenize(None, tok_dir, format="grpo")
+    with pytest.raises(ConfigError, match="tokpack.ray.tokenize holds tree samples.*does not support"):
+        tokpack.ray.tokenize(None, tok_dir, format="messages", each_turn=True)
