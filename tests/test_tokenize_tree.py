@@ -309,7 +309,8 @@ def test_a_ray_dataset_of_grpo_records_is_refused(tok_dir):
     pytest.importorskip("ray")
     import tokpack.ray
 
-    with pytest.raises(ConfigError, match="tokpack.ray.tokenize holds tree samples.*does not support"):
+    refused = "tokpack.ray.tokenize holds tree samples.*does not support"
+    with pytest.raises(ConfigError, match=refused):
         tokpack.ray.tokenize(None, tok_dir, format="grpo")
-    with pytest.raises(ConfigError, match="tokpack.ray.tokenize holds tree samples.*does not support"):
+    with pytest.raises(ConfigError, match=refused):
         tokpack.ray.tokenize(None, tok_dir, format="messages", each_turn=True)
