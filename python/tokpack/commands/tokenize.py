@@ -125,8 +125,11 @@ def run(args: argparse.Namespace) -> int:
         (c["untrained_samples"], "samples without trained tokens"),
     ]
     extra = [f"{n:,} {what}" for n, what in notes if n]
+    made = f"{c['samples_out']:,} samples"
+    if manifest.get("sample_kind") == "tree":  # (rows: sequences, grouped by record)
+        made = f"{c['samples_out']:,} sequences of {c['samples_in']:,} records (tree kind)"
     body = (
-        f"{c['samples_out']:,} samples in {len(manifest['shards'])} shard(s), "
+        f"{made} in {len(manifest['shards'])} shard(s), "
         f"{c['tokens']:,} tokens, {c['trained_share']:.1%} trained; template "
         f"{manifest['template']['source']}"
     )

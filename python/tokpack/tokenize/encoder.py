@@ -4,10 +4,12 @@ byte-level BPE in Rust with the GIL released when it reproduces the tokenizer, o
 ``tokenizers`` with labels from its offsets), applies the over-long policy and gives back its
 :class:`~tokpack.tokenize.samples.Tokens`, counts and rejected records. Preference and KTO
 records become the texts TRL tokenizes (the prompt, then the prompt with each completion);
-:meth:`RecordEncoder.finish` makes one sample of each record's texts."""
+:meth:`RecordEncoder.finish` makes one sample of each record's texts. GRPO records and chats
+tokenized per turn are samples of the tree kind (:mod:`tokpack.tokenize.trees`)."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import (
     Any,
     Dict,
@@ -26,8 +28,8 @@ from .._contract import OVERLONG_HINT
 from .._io.inputs import is_parquet
 from .._tokpack import KTO_LABEL
 from ..errors import ConfigError, InvalidRecordError, OverlongError
-from ..kinds import kind, kind_of_records
-from .formats import Record, parse_record
+from ..kinds import kind
+from .formats import PER_COMPLETION, TREE, Record, parse_record
 from .masks import IGNORE_INDEX, labels_from_spans
 from .options import TokenizeOptions
 from .samples import (
@@ -44,7 +46,10 @@ from .samples import (
 from .schema import token_schema
 from .template import ChatTemplate, resolve_template
 from .tokenizer import LoadedTokenizer, load_tokenizer
+from .trees import common_prefix, each_turn_prepared, finish_tree
 
+# An over-long tree sequence's remedies ('split' is refused for trees).
+_TREE_HINT = 'pass overlong="truncate" or "drop", or filter it out first'
 # The columns whose presence makes a record of format "auto" other than a chat (detect_format).
 _DETECTED = ("chosen", "rejected", "prompt", "completion", "label")
 
@@ -58,20 +63,27 @@ class RecordEncoder:
         self, tokenizer: Union[PathLike, LoadedTokenizer], options: TokenizeOptions
     ) -> None:
         self.options = options
-        self.kind = kind_of_records(options.format)
+        self.kind = options.kind
         self.spec = kind(self.kind)
-        if self.spec.prompted and options.overlong == "split":
+        self.tree = self.kind == TREE
+        self.prompted = self.spec.prompted and not self.tree
+        self.grpo = options.format == "grpo"
+        _check_tree(options, self.tree)
+        # A GRPO run's per-completion columns (present when its records give them).
+        self.optional = tuple(PER_COMPLETION.values()) if self.grpo else ()
+        if self.prompted and options.overlong == "split":
             raise ConfigError(
                 f"overlong 'split' cannot apply to {self.kind} samples (a prompt and its "
                 "completions stay together); choose 'error', 'truncate' or 'drop'"
             )
-        clash = [c for c in options.carry if c in token_schema(self.kind, sources=True).names]
+        names = (*token_schema(self.kind, sources=True).names, *self.optional)
+        clash = [c for c in options.carry if c in names]
         if clash:
             raise ConfigError(
                 f"carry: {', '.join(map(repr, clash))} would replace a column of the {self.kind}"
                 " token shards; a carried record field needs another name"
             )
-        if self.spec.prompted and options.train_on != "assistant":
+        if self.prompted and options.train_on != "assistant":
             raise ConfigError(
                 f"train_on {options.train_on!r} does not apply to {self.kind} samples: they are "
                 "trained on their completions, as TRL trains them"
@@ -122,7 +134,8 @@ class RecordEncoder:
         """The schema of the batches (:mod:`tokpack.tokenize.schema`); a carried field is of
         type ``carried[name]``, null while no sample has shown it."""
         types = carried or {}
-        fields = [(c, types.get(c, pa.null())) for c in self.options.carry]
+        fields = [(c, types[c]) for c in self.optional if c in types]
+        fields += [(c, types.get(c, pa.null())) for c in self.options.carry]
         return token_schema(self.kind, sources, fields)
 
     def config(self) -> Dict[str, Any]:
@@ -159,14 +172,19 @@ class RecordEncoder:
         chats = [item for item in parsed if isinstance(item, Chat)]
         pairs = [item for item in parsed if isinstance(item, PairChat)]
         train_on = self.options.train_on
-        rendered = iter(
-            self.template.trained_spans_many([(c.messages, c.record) for c in chats], train_on)
-        )
+        if self.options.each_turn:
+            render = lambda convs: self.template.trained_spans_many(convs, train_on)  # noqa: E731
+            turns = iter(each_turn_prepared(chats, self.template.has_generation, render))
+        else:
+            rendered = iter(
+                self.template.trained_spans_many([(c.messages, c.record) for c in chats], train_on)
+            )
         pair_texts = iter(self._render_pairs(pairs))
         prepared = []
         for record, item in zip(records, parsed):
             if isinstance(item, Chat):
-                item = self._chat_prepared(item, next(rendered))
+                each = self.options.each_turn
+                item = next(turns) if each else self._chat_prepared(item, next(rendered))
             elif isinstance(item, PairChat):
                 item = next(pair_texts)
             if isinstance(item, InvalidRecordError):
@@ -176,7 +194,8 @@ class RecordEncoder:
                 reject(record.to_rejection(item.reason))
                 continue
             prepared.extend(item)
-            fmt = self.kind if self.spec.prompted else "text" if item[0].spans is None else "chat"
+            fmt = self.kind if self.prompted else "grpo" if self.grpo else "chat"
+            fmt = "text" if fmt == "chat" and item[0].spans is None else fmt
             stats.formats[fmt] = stats.formats.get(fmt, 0) + 1
         return prepared
 
@@ -249,7 +268,7 @@ class RecordEncoder:
         """Whether chunks of ``inputs`` go through :meth:`encode_jsonl`: JSONL chat records
         (format ``messages``, or ``auto`` for SFT) rendered and encoded in Rust."""
         return (
-            not self.spec.prompted
+            self.kind == "sft"
             and not self.options.carry  # carried fields are read from records parsed in Python
             and self.options.format in ("auto", "messages")
             and self.template.rust is not None
@@ -348,7 +367,11 @@ class RecordEncoder:
         """The chunk's samples with EOS, over-long policy and sources; None if none is left."""
         if not chunk:
             return None
-        if self.spec.prompted:
+        if self.tree:
+            fit = partial(self._apply_max_len, hint=_TREE_HINT)
+            trees = finish_tree(chunk, encoded.pairs(), stats, self.grpo, self._with_eos, fit)
+            return None if trees is None else self._finished(*trees, stats)
+        if self.prompted:
             return self._finish_pairs(chunk, encoded.pairs(), stats)
         # The encoder's flat arrays as they are when no sample needs an EOS or a max_len policy
         # (the usual case).
@@ -378,12 +401,8 @@ class RecordEncoder:
     ) -> Optional[Tokens]:
         pieces: List[Tuple[np.ndarray, np.ndarray]] = []
         records: List[Record] = []
-        eos_id = self._eos_id
         for item, (ids, labels) in zip(chunk, encoded):
-            add_eos = item.spans is None if self.options.add_eos is None else self.options.add_eos
-            if add_eos and eos_id is not None and (not len(ids) or ids[-1] != eos_id):
-                ids = np.append(ids, np.int32(eos_id))
-                labels = np.append(labels, np.int32(eos_id if item.eos_trained else IGNORE_INDEX))
+            ids, labels = self._with_eos(item, ids, labels)
             stats.samples_in += 1
             kept = self._apply_max_len(item.record, ids, labels, stats)
             pieces.extend(kept)
@@ -391,6 +410,17 @@ class RecordEncoder:
         if not pieces:
             return None
         return self._finished(Tokens.from_pairs(pieces), records, stats)
+
+    def _with_eos(
+        self, item: Prepared, ids: np.ndarray, labels: np.ndarray
+    ) -> Tuple[np.ndarray, np.ndarray]:
+        """``ids`` and ``labels`` with the EOS token appended where ``add_eos`` asks for it."""
+        add_eos = item.spans is None if self.options.add_eos is None else self.options.add_eos
+        eos_id = self._eos_id
+        if add_eos and eos_id is not None and (not len(ids) or ids[-1] != eos_id):
+            ids = np.append(ids, np.int32(eos_id))
+            labels = np.append(labels, np.int32(eos_id if item.eos_trained else IGNORE_INDEX))
+        return ids, labels
 
     def _finish_pairs(
         self,
@@ -409,7 +439,7 @@ class RecordEncoder:
         for at in range(0, len(chunk), width):
             item, prompt = chunk[at], encoded[at][0]
             full = [ids for ids, _ in encoded[at + 1 : at + width]]
-            n = min(_common_prefix(prompt, ids) for ids in full)
+            n = min(common_prefix(prompt, ids) for ids in full)
             stats.samples_in += 1
             kept = self._pair_max_len(item.record, n, full, stats)
             if kept is None:
@@ -434,8 +464,10 @@ class RecordEncoder:
         fields (per field, each sample's value; None without any), counted in ``stats``."""
         done.files = np.fromiter((r.file_index for r in records), np.int32, len(records))
         done.lines = np.fromiter((r.line for r in records), np.int64, len(records))
-        carry = range(len(self.options.carry))
-        done.carried = [[r.carried[i] for r in records] for i in carry] if carry else None
+        carried = dict(done.carried or {})
+        for i, name in enumerate(self.options.carry):
+            carried[name] = [r.carried[i] for r in records]
+        done.carried = carried or None
         return done.count(stats)
 
     def _pair_max_len(
@@ -460,7 +492,12 @@ class RecordEncoder:
         return None
 
     def _apply_max_len(
-        self, record: Record, ids: np.ndarray, labels: np.ndarray, stats: TokenizeStats
+        self,
+        record: Record,
+        ids: np.ndarray,
+        labels: np.ndarray,
+        stats: TokenizeStats,
+        hint: str = OVERLONG_HINT,
     ) -> List[Tuple[np.ndarray, np.ndarray]]:
         max_len = self.options.max_len
         n = len(ids)
@@ -469,7 +506,7 @@ class RecordEncoder:
         stats.overlong += 1
         overlong = self.options.overlong
         if overlong == "error":
-            raise overlong_error(record, n, max_len, OVERLONG_HINT)
+            raise overlong_error(record, n, max_len, hint)
         if overlong == "truncate":
             stats.truncated += 1
             return [(ids[:max_len], labels[:max_len])]
@@ -503,11 +540,26 @@ def overlong_error(record: Record, n: int, max_len: int, hint: str) -> OverlongE
     return OverlongError(f"{where}: sample of {n} tokens, more than max_len={max_len}; {hint}")
 
 
-def _common_prefix(ids: np.ndarray, other: np.ndarray) -> int:
-    """How many leading tokens the two share."""
-    n = min(len(ids), len(other))
-    differ = np.flatnonzero(ids[:n] != other[:n])
-    return int(differ[0]) if len(differ) else n
+def _check_tree(options: TokenizeOptions, tree: bool) -> None:
+    """The options a run of tree samples (GRPO records, ``each_turn`` chats) takes."""
+    if options.each_turn and options.format in ("preference", "kto", "grpo"):
+        raise ConfigError(
+            f"each_turn applies to chats, not to {options.format} records (a GRPO record's "
+            "completions are its tree already)"
+        )
+    if not tree:
+        return
+    what = "GRPO records" if options.format == "grpo" else "each_turn samples"
+    if options.overlong == "split":
+        raise ConfigError(
+            f"overlong 'split' cannot apply to {what} (a piece would lose the prefix its "
+            "sequence shares with its group); choose 'error', 'truncate' or 'drop'"
+        )
+    if options.train_on != "assistant":
+        raise ConfigError(
+            f"train_on {options.train_on!r} does not apply to {what}: each sequence is trained"
+            " on its own completion / assistant turn only"
+        )
 
 
 def _encode_part(tokenizer: Any, part: List[Prepared]) -> List[Tuple[np.ndarray, np.ndarray]]:

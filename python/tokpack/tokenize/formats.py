@@ -1,7 +1,9 @@
 """Input files and record formats: JSONL (also ``.jsonl.gz``) and Parquet, holding OpenAI-style
 ``messages``, ShareGPT ``conversations``, Alpaca ``instruction``/``input``/``output`` or plain
-``text`` records (SFT), or TRL's preference (``prompt``/``chosen``/``rejected``) and unpaired
-preference (KTO: ``prompt``/``completion``/``label``) records.
+``text`` records (SFT), TRL's preference (``prompt``/``chosen``/``rejected``) and unpaired
+preference (KTO: ``prompt``/``completion``/``label``) records, or GRPO-style records (a
+``prompt`` and its ``completions``, with optional per-completion ``rewards`` / ``advantages``:
+samples of the tree kind, one sequence per completion).
 
 Reading and parsing are separate so a bad record is reported with its file and line and, with
 ``skip_invalid``, set aside without stopping the run: every record read ends up either as one
@@ -14,6 +16,7 @@ import contextlib
 import gzip
 import io
 import json
+import math
 import os
 import re
 import zlib
@@ -36,7 +39,7 @@ from typing import (
 from .._checks import check_choice
 from .._io.inputs import input_error, is_parquet, require_file, shown_path
 from ..errors import ConfigError, InvalidRecordError
-from ..kinds import prompted
+from ..kinds import kind_of_records
 
 __all__ = [
     "FORMATS",
@@ -46,12 +49,19 @@ __all__ = [
     "read_records",
     "detect_format",
     "first_format",
+    "kind_of_format",
     "parse_record",
     "resolve_columns",
     "shown_path",
 ]
 
-FORMATS = ("auto", "messages", "sharegpt", "alpaca", "text", "preference", "kto")
+FORMATS = ("auto", "messages", "sharegpt", "alpaca", "text", "preference", "kto", "grpo")
+
+# The kind of samples tree-kind token shards hold (prefix trees: sequences of a group share
+# prefixes): GRPO records, and chats tokenized with TokenizeOptions.each_turn.
+TREE = "tree"
+# A GRPO record's per-completion fields -> the per-sequence column each becomes (float64).
+PER_COMPLETION = {"rewards": "reward", "advantages": "advantage"}
 
 # Logical field -> column (JSON key) it is read from; users override any of them.
 DEFAULT_COLUMNS: Dict[str, str] = {
@@ -67,6 +77,9 @@ DEFAULT_COLUMNS: Dict[str, str] = {
     "rejected": "rejected",
     "completion": "completion",
     "label": "label",
+    "completions": "completions",
+    "rewards": "rewards",
+    "advantages": "advantages",
 }
 
 CHAT_ROLES = frozenset({"system", "user", "assistant", "tool"})
@@ -102,6 +115,9 @@ class Record:
     decoded: bool = True
     file_index: int = 0  # position of ``path`` among the run's inputs
     carried: Tuple[Any, ...] = ()  # its values of TokenizeOptions.carry, once parsed
+    index: int = 0  # position among the run's records (from 0): a tree sample's group
+    # A GRPO record's per-completion values, by column (PER_COMPLETION), once parsed.
+    values: Optional[Dict[str, List[float]]] = None
 
     def decode(self) -> None:
         if self.decoded:
@@ -135,9 +151,10 @@ class Record:
 @dataclass
 class Sample:
     """A parsed record: a chat (``messages``, role/content dicts) or a plain ``text``; or, for
-    the preference and KTO formats, a ``prompt`` and its ``completions`` (chosen then rejected,
-    or the one KTO completion), all strings (TRL's standard shape) or all message lists
-    (conversational), with the KTO ``label``."""
+    the preference, KTO and GRPO formats, a ``prompt`` and its ``completions`` (chosen then
+    rejected, the one KTO completion, or a GRPO record's completions, its per-completion values
+    on the record), all strings (TRL's standard shape) or all message lists (conversational),
+    with the KTO ``label``."""
 
     record: Record
     messages: Optional[List[Dict[str, Any]]] = None
@@ -269,6 +286,8 @@ def detect_format(value: Any, columns: Mapping[str, str]) -> Optional[str]:
         return None
     if columns["chosen"] in value and columns["rejected"] in value:
         return "preference"
+    if columns["prompt"] in value and isinstance(value.get(columns["completions"]), list):
+        return "grpo"
     if all(columns[k] in value for k in ("prompt", "completion", "label")):
         return "kto"
     if columns["messages"] in value:
@@ -314,7 +333,7 @@ def parse_record(record: Record, fmt: str, columns: Mapping[str, str]) -> Sample
                 )
                 + f" field (fields: {', '.join(map(repr, list(value)[:8])) or 'none'})"
             )
-        if prompted(detected):
+        if kind_of_format(detected) != "sft":
             # One run writes one kind of token shard; its kind comes from its first record.
             raise record.fail(
                 f"a {detected} record among SFT records (the format was detected from the "
@@ -331,11 +350,18 @@ def parse_record(record: Record, fmt: str, columns: Mapping[str, str]) -> Sample
         if not text:
             raise record.fail(f"{columns['text']!r} is empty")
         return Sample(record, text=text)
-    parse = {"preference": _preference, "kto": _kto}.get(fmt)
+    parse = {"preference": _preference, "kto": _kto, "grpo": _grpo}.get(fmt)
     if parse is not None:
         return parse(record, value, columns)
     check_choice("format", fmt, FORMATS)
     raise AssertionError(f"format {fmt!r} has no parser")  # (a FORMATS name without a branch)
+
+
+def kind_of_format(fmt: str) -> str:
+    """The kind of samples records of format ``fmt`` give: ``tree`` for GRPO records, else as
+    :func:`tokpack.kinds.kind_of_records` (a run of a kind other than SFT tokenizes one format,
+    named or detected from its first record)."""
+    return TREE if fmt == "grpo" else kind_of_records(fmt)
 
 
 def _field(record: Record, value: Dict[str, Any], name: str) -> Any:
@@ -448,7 +474,11 @@ def _alpaca(record: Record, value: Dict[str, Any], columns: Mapping[str, str]) -
 
 def _part(record: Record, value: Dict[str, Any], name: str, empty_ok: bool = False) -> Any:
     """Field ``name`` of a preference / KTO record: a string or a list of messages."""
-    part = _field(record, value, name)
+    return _piece(record, name, _field(record, value, name), empty_ok)
+
+
+def _piece(record: Record, name: str, part: Any, empty_ok: bool = False) -> Any:
+    """``part`` (field or item ``name``): a string or a list of messages."""
     if isinstance(part, list):
         return _chat_messages(record, name, _turn_list(record, name, part))
     if not isinstance(part, str):
@@ -458,8 +488,8 @@ def _part(record: Record, value: Dict[str, Any], name: str, empty_ok: bool = Fal
     return part
 
 
-def _same_shape(record: Record, parts: Mapping[str, Any]) -> None:
-    if len({isinstance(part, str) for part in parts.values()}) > 1:
+def _same_shape(record: Record, parts: Mapping[str, Any], *more: Any) -> None:
+    if len({isinstance(part, str) for part in (*parts.values(), *more)}) > 1:
         raise record.fail(
             f"{', '.join(map(repr, parts))} must all be strings or all lists of messages"
         )
@@ -510,3 +540,40 @@ def _kto(record: Record, value: Dict[str, Any], columns: Mapping[str, str]) -> S
     if not isinstance(label, bool):
         raise record.fail(f"{columns['label']!r} must be true or false, not {label!r}")
     return Sample(record, prompt=prompt, completions=[completion], label=label)
+
+
+def _grpo(record: Record, value: Dict[str, Any], columns: Mapping[str, str]) -> Sample:
+    """A GRPO-style record: a prompt and its completions (a group), all strings or all lists
+    of messages; its ``rewards`` / ``advantages``, when given, one number per completion."""
+    name = columns["completions"]
+    given = _field(record, value, name)
+    if not isinstance(given, list) or not given:
+        raise record.fail(f"{name!r} must be a non-empty list of completions")
+    completions = [_piece(record, f"{name}[{i}]", c, empty_ok=True) for i, c in enumerate(given)]
+    prompt = _part(record, value, columns["prompt"], empty_ok=True)
+    _same_shape(record, {columns["prompt"]: prompt, name: completions[0]}, *completions)
+    record.values = {}
+    for field, column in PER_COMPLETION.items():
+        numbers = value.get(columns[field])
+        if numbers is None:
+            continue
+        if not isinstance(numbers, list) or len(numbers) != len(completions):
+            got = f"{len(numbers)} values" if isinstance(numbers, list) else type(numbers).__name__
+            raise record.fail(
+                f"{columns[field]!r} must be a list of one number per completion "
+                f"({len(completions)} in {name!r}), got {got}"
+            )
+        bad = next((i for i, x in enumerate(numbers) if not _finite(x)), None)
+        if bad is not None:
+            raise record.fail(f"{columns[field]}[{bad}] is not a finite number: {numbers[bad]!r}")
+        record.values[column] = [float(x) for x in numbers]
+    return Sample(record, prompt=prompt, completions=completions)
+
+
+def _finite(x: Any) -> bool:
+    if not isinstance(x, (int, float)) or isinstance(x, bool):
+        return False
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # an integer beyond floats
+        return False

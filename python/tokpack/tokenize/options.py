@@ -13,8 +13,15 @@ from .._checks import MAX_ROWS, check_choice, check_int
 from .._contract import OVERLONG_POLICIES
 from .._tokpack import PackConfig
 from ..errors import ConfigError
-from ..kinds import prompted
-from .formats import DEFAULT_COLUMNS, FORMATS, first_format, resolve_columns
+from .formats import (
+    DEFAULT_COLUMNS,
+    FORMATS,
+    PER_COMPLETION,
+    TREE,
+    first_format,
+    kind_of_format,
+    resolve_columns,
+)
 from .template import RENDERERS, TRAIN_ON
 from .tokenizer import ENCODERS
 
@@ -31,9 +38,13 @@ class TokenizeOptions:
     Attributes:
         chat_template: a Jinja file overriding the tokenizer config's template.
         format: ``"auto"`` (per record), ``"messages"``, ``"sharegpt"``, ``"alpaca"``,
-            ``"text"``, ``"preference"`` or ``"kto"`` (a run is of one kind, see
-            :meth:`for_inputs`).
+            ``"text"``, ``"preference"``, ``"kto"`` or ``"grpo"`` (a prompt and its
+            ``completions``, with optional ``rewards`` / ``advantages``: one tree-kind sample
+            per completion, grouped by record) (a run is of one kind, see :meth:`for_inputs`).
         train_on: ``"assistant"`` (default), ``"last"`` or ``"all"``.
+        each_turn: a chat with k trained assistant turns becomes k samples of the tree kind
+            (sample j: the chat up to assistant turn j, rendered on those messages, trained
+            on turn j only), grouped by chat; needs ``train_on="assistant"``.
         max_len, overlong: over-long samples follow the packer's policies (``"error"``,
             ``"truncate"``, ``"drop"``, ``"split"``).
         add_eos: append the EOS token (None: to plain-text samples only; preference and KTO
@@ -69,6 +80,7 @@ class TokenizeOptions:
     encoder: str = "auto"
     renderer: str = "auto"
     carry: Sequence[str] = ()
+    each_turn: bool = False
 
     def __post_init__(self) -> None:
         for name, allowed in CHOICES.items():
@@ -86,6 +98,14 @@ class TokenizeOptions:
         ):
             raise ConfigError(f"carry must be a list of field names, got {self.carry!r}")
         object.__setattr__(self, "carry", tuple(dict.fromkeys(self.carry)))
+        if not isinstance(self.each_turn, bool):
+            raise ConfigError(f"each_turn must be True or False, got {self.each_turn!r}")
+
+    @property
+    def kind(self) -> str:
+        """The kind of samples these options give (``tree`` for GRPO records and with
+        ``each_turn``)."""
+        return TREE if self.each_turn else kind_of_format(self.format)
 
     @classmethod
     def of(
@@ -98,8 +118,8 @@ class TokenizeOptions:
         return cls(**{**(options or {}), **overrides})
 
     def for_inputs(self, inputs: Sequence[Union[str, os.PathLike]]) -> "TokenizeOptions":
-        """These options for a run over ``inputs``: with ``format="auto"``, the preference or
-        KTO format when the first record is one (a run writes one kind of token shard, so SFT
+        """These options for a run over ``inputs``: with ``format="auto"``, the preference, KTO
+        or GRPO format when the first record is one (a run writes one kind of token shard, so SFT
         records then are invalid, and the other way round); otherwise unchanged."""
         if self.format != "auto":
             return self
@@ -107,7 +127,7 @@ class TokenizeOptions:
 
     def for_first_format(self, detected: Optional[str]) -> "TokenizeOptions":
         """:meth:`for_inputs` given the format of the run's first record (None: unknown)."""
-        if self.format != "auto" or detected is None or not prompted(detected):
+        if self.format != "auto" or detected is None or kind_of_format(detected) == "sft":
             return self
         return replace(self, format=detected)
 
@@ -120,6 +140,12 @@ class TokenizeOptions:
             data["carry"] = list(self.carry)
         else:  # only where it applies: the cache keys of other outputs stay what they were
             del data["carry"]
+        if not self.each_turn:
+            del data["each_turn"]
+        if self.kind != TREE:  # (the same: the GRPO fields only in the runs that read them)
+            for name in ("completions", *PER_COMPLETION):
+                if data["columns"][name] == DEFAULT_COLUMNS[name]:
+                    del data["columns"][name]
         return data
 
 
@@ -129,8 +155,8 @@ class TokenizeOptions:
 FLAGS: Dict[str, Tuple[Optional[str], Dict[str, Any]]] = {
     "chat_template": ("Jinja chat template (default: the tokenizer's)", {"metavar": "FILE"}),
     "format": (
-        "record format (default auto: per record; preference (chosen/rejected) or kto "
-        "(prompt/completion/label) when the first record is one)",
+        "record format (default auto: per record; preference (chosen/rejected), kto "
+        "(prompt/completion/label) or grpo (prompt/completions) when the first record is one)",
         {},
     ),
     "train_on": ("tokens with labels: assistant turns (default), the last one, or all", {}),
@@ -156,8 +182,13 @@ FLAGS: Dict[str, Tuple[Optional[str], Dict[str, Any]]] = {
         "number or string a record",
         {"nargs": "+", "metavar": "FIELD"},
     ),
+    "each_turn": (
+        "one sample per assistant turn of each chat (the chat up to that turn, trained on it "
+        "alone), written as tree-kind token shards grouped by chat (the history shared)",
+        {},
+    ),
 }
-OWN = ("max_len", "overlong", "carry")
+OWN = ("max_len", "overlong", "carry", "each_turn")
 
 
 def _flagged(shared: bool) -> List[str]:

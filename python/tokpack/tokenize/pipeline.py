@@ -44,7 +44,7 @@ from .._io.inputs import RAW_SUFFIXES, is_parquet, resolve_inputs, shown_path
 from .._io.progress import Progress
 from ..errors import ConfigError, InvalidRecordError
 from .encoder import RecordEncoder
-from .formats import Record, read_records
+from .formats import PER_COMPLETION, Record, read_records
 from .options import TokenizeOptions
 from .samples import (
     ChunkResult,
@@ -129,8 +129,10 @@ class TokenStream:
         self.rejected: List[Dict[str, Any]] = []
         self._on_reject = on_reject if on_reject is not None else self.rejected.append
         self._used = False
-        # Each carried field's type, and where it was first seen, once a sample has it.
+        # Each carried field's type, and where it was first seen, once a sample has it; a
+        # GRPO run's per-completion columns none of its records gives, with the first record.
         self._carried: Dict[str, Tuple[pa.DataType, str]] = {}
+        self._absent: Dict[str, str] = {}
 
     def config(self) -> Dict[str, Any]:
         """Everything besides the input bytes that determines the output (for the cache key)."""
@@ -144,9 +146,11 @@ class TokenStream:
 
     def _carried_types(self, tokens: Tokens) -> List[Tuple[str, pa.DataType]]:
         """Each carried field with its type in this run: the type of its first value, which
-        every later value must have (else an InvalidRecordError naming both records)."""
-        out = []
-        for name, values in zip(self.encoding.options.carry, tokens.carried or ()):
+        every later value must have (else an InvalidRecordError naming both records); first,
+        the per-completion columns of a GRPO run that its records give (:meth:`_given`)."""
+        out = [(n, pa.float64()) for n in self.encoding.optional if self._given(n, tokens)]
+        for name in self.encoding.options.carry:
+            values = (tokens.carried or {})[name]
             types = [next(t for kind, t in _CARRIED_TYPES if isinstance(v, kind)) for v in values]
             if name not in self._carried:
                 path, line, row = self._source(tokens, 0)
@@ -163,6 +167,33 @@ class TokenStream:
             out.append((name, first))
         return out
 
+    def _given(self, name: str, tokens: Tokens) -> bool:
+        """Whether the run's records give the per-completion column ``name``: as its first
+        sample does; every record gives it, or none does (else an InvalidRecordError naming
+        the record and the first one)."""
+        given = [v is not None for v in (tokens.carried or {})[name]]
+        if name not in self._carried and name not in self._absent:
+            path, line, row = self._source(tokens, 0)
+            where = f"{path}:{'row ' * row}{line}"
+            if given[0]:
+                self._carried[name] = (pa.float64(), where)
+            else:
+                self._absent[name] = where
+        has = name in self._carried
+        odd = next((j for j, g in enumerate(given) if g != has), None)
+        if odd is not None:
+            field = next(f for f, c in PER_COMPLETION.items() if c == name)
+            field = (self.encoding.options.columns or {}).get(field, field)
+            first = self._carried[name][1] if has else self._absent[name]
+            path, line, row = self._source(tokens, odd)
+            reason = (
+                f"{'no ' if has else ''}{field!r} {'field' if has else 'given'}, unlike the "
+                f"run's first record ({first}): the records of a run all give {field!r} or "
+                "none does"
+            )
+            raise InvalidRecordError(path, line, reason, row=row)
+        return has
+
     def _source(self, tokens: Tokens, j: int) -> Tuple[str, int, bool]:
         """The file (as shown), line or row, and whether it is a row, of sample ``j``."""
         assert tokens.files is not None and tokens.lines is not None
@@ -178,6 +209,7 @@ class TokenStream:
         for index, path in enumerate(self.inputs):
             for record in read_records(path, on_bytes, decode=decode):
                 record.file_index = index
+                record.index = self.stats.records
                 self.stats.records += 1
                 yield record
 
@@ -356,19 +388,21 @@ def _die_with_parent(parent: int) -> None:
 
 def _pack_records(records: List[Record]) -> Any:
     """Records to send to a worker: undecoded JSONL lines of one file travel as two lists
-    (a list of dataclasses costs several times more to pickle)."""
+    (a list of dataclasses costs several times more to pickle), with the first one's position
+    in the run (the chunk's records are consecutive)."""
     first = records[0]
     if all(not r.decoded and r.file_index == first.file_index for r in records):
-        return (first.path, first.file_index, [r.line for r in records], [r.raw for r in records])
+        lines, raws = [r.line for r in records], [r.raw for r in records]
+        return (first.path, first.file_index, lines, raws, first.index)
     return records
 
 
 def _unpack_records(packed: Any) -> List[Record]:
     if isinstance(packed, tuple):
-        path, index, lines, raws = packed
+        path, index, lines, raws, at = packed
         return [
-            Record(path, n, False, raw, None, decoded=False, file_index=index)
-            for n, raw in zip(lines, raws)
+            Record(path, n, False, raw, None, decoded=False, file_index=index, index=at + i)
+            for i, (n, raw) in enumerate(zip(lines, raws))
         ]
     return packed
 

@@ -22,7 +22,6 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import ConfigError
-from ..kinds import kind
 from .formats import Record
 from .masks import IGNORE_INDEX
 from .schema import PAIR_ROLES, token_schema
@@ -35,12 +34,16 @@ RejectSink = Callable[[Dict[str, Any]], None]
 @dataclass
 class TokenizeStats:
     """Accounting of a run: every record read is a sample, split into pieces, truncated, dropped
-    as over-long, or rejected (``records == samples_in + rejected``)."""
+    as over-long, or rejected (``records == samples_in + rejected``). A sample of the tree kind
+    (a GRPO record, a chat with ``each_turn``) is ``sequences`` sequences, to which the
+    over-long counts then refer (``samples_out == sequences - dropped``); ``sequences`` is 0 for
+    the other kinds."""
 
     records: int = 0
     rejected: int = 0
     samples_in: int = 0
     samples_out: int = 0
+    sequences: int = 0
     formats: Dict[str, int] = field(default_factory=dict)
     overlong: int = 0
     truncated: int = 0
@@ -103,7 +106,8 @@ class Tokens:
     sample of ``kind`` (:mod:`tokpack.tokenize.schema`) is :attr:`roles` consecutive sequences
     (a preference pair: chosen then rejected) and sample ``j`` comes from input file
     ``files[j]``, JSONL line (from 1) or Parquet row (from 0) ``lines[j]``, with, for preference
-    and KTO samples, its ``prompt_lengths[j]`` (and KTO ``kto_labels[j]``). Plain arrays travel
+    and KTO samples, its ``prompt_lengths[j]`` (and KTO ``kto_labels[j]``), for tree samples
+    its ``groups[j]``. Plain arrays travel
     from worker processes cheaply (an Arrow batch would import pandas on both sides to be
     pickled)."""
 
@@ -115,8 +119,10 @@ class Tokens:
     kind: str = "sft"
     prompt_lengths: Optional[np.ndarray] = None
     kto_labels: Optional[np.ndarray] = None
-    # Per carried record field (TokenizeOptions.carry), each sample's value.
-    carried: Optional[List[List[Any]]] = None
+    groups: Optional[np.ndarray] = None
+    # Per carried column (TokenizeOptions.carry, a GRPO run's per-completion values), each
+    # sample's value (a GRPO value: None for a record without it).
+    carried: Optional[Dict[str, List[Any]]] = None
 
     def __post_init__(self) -> None:
         if self.offsets[-1] >= 2**31:  # Arrow list offsets are int32
@@ -132,8 +138,9 @@ class Tokens:
 
     @property
     def roles(self) -> int:
-        """Sequences per sample."""
-        return len(PAIR_ROLES) if kind(self.kind).paired else 1
+        """Sequences per row (a preference pair's two, by its schema's columns)."""
+        paired = f"{PAIR_ROLES[0]}_input_ids" in token_schema(self.kind).names
+        return len(PAIR_ROLES) if paired else 1
 
     def count(self, stats: TokenizeStats) -> "Tokens":
         """Adds these finished samples to ``stats`` (a sample is untrained when one of its
@@ -173,12 +180,14 @@ class Tokens:
             columns["prompt_length"] = int32_array(self.prompt_lengths)
         if self.kto_labels is not None:
             columns["label"] = pa.array(self.kto_labels.tolist(), pa.bool_())
+        if self.groups is not None:
+            columns["group"] = from_numpy(self.groups, np.int64)
         if sources:
             assert self.files is not None and self.lines is not None
             columns["source_file"] = int32_array(self.files)
             columns["source_line"] = from_numpy(self.lines, np.int64)
-        for (name, type_), values in zip(carried, self.carried or ()):
-            columns[name] = pa.array(values, type_)
+        for name, type_ in carried:
+            columns[name] = pa.array((self.carried or {})[name], type_)
         schema = token_schema(self.kind, sources, carried)
         return pa.RecordBatch.from_arrays([columns[name] for name in schema.names], schema=schema)
 

@@ -11,9 +11,15 @@
 - ``kto`` (format ``kto``: TRL's unpaired preference data): the ``sft`` columns (prompt then
   completion, labelled on the completion), plus ``prompt_length`` (int32) and ``label`` (bool:
   the completion is desirable).
+- ``tree`` (format ``grpo``, or chats with ``each_turn``: prefix trees): the ``sft`` columns,
+  one sequence per row, plus ``group`` (int64): sequences of one group may share prefixes (a
+  GRPO prompt's completions, the turns of one chat), those of different groups never do. A
+  GRPO run whose records give ``rewards`` / ``advantages`` adds ``reward`` / ``advantage``
+  (float64, one per sequence), after the source columns.
 
-The ``preference`` and ``kto`` schemas name their kind in the metadata key ``tokpack.kind``
-(``sft`` shards carry no metadata), which :func:`tokpack.kinds.kind_of_shards` reads.
+The ``preference``, ``kto`` and ``tree`` schemas name their kind in the metadata key
+``tokpack.kind`` (``sft`` shards carry no metadata), which
+:func:`tokpack.kinds.kind_of_shards` reads.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ __all__ = [
     "TOKEN_SCHEMA",
     "PREFERENCE_SCHEMA",
     "KTO_SCHEMA",
+    "TREE_SCHEMA",
     "SOURCE_SCHEMA",
     "token_schema",
     "describe",
@@ -57,7 +64,13 @@ PREFERENCE_SCHEMA = _schema(
 KTO_SCHEMA = _schema(
     "kto", list(TOKEN_SCHEMA) + [("prompt_length", pa.int32()), ("label", pa.bool_())]
 )
-_SCHEMAS = {"sft": TOKEN_SCHEMA, "preference": PREFERENCE_SCHEMA, "kto": KTO_SCHEMA}
+TREE_SCHEMA = _schema("tree", list(TOKEN_SCHEMA) + [("group", pa.int64())])
+_SCHEMAS = {
+    "sft": TOKEN_SCHEMA,
+    "preference": PREFERENCE_SCHEMA,
+    "kto": KTO_SCHEMA,
+    "tree": TREE_SCHEMA,
+}
 
 # Where each sample comes from (``sources=True``): the index of its input file and its JSONL line
 # (from 1) or Parquet row (from 0). One-step pack stages these columns, which the packer does not
