@@ -166,6 +166,9 @@ pack_config_methods! {
     align_segments: integer -> u32 = |c| c.plan.align, if c.plan.align > 1;
     pair_layout: optional_string -> Option<&'static str> = |c| c.pair_layout.map(|l| l.name()),
         if c.pair_layout.is_some();
+    tree_group: optional_string -> Option<&str> = |c| c.tree_group.as_deref(),
+        if c.tree_group.is_some();
+    tree_min_shared: integer -> u32 = |c| c.tree_min_shared, if c.tree_min_shared > 1;
 {
     #[new]
     #[pyo3(signature = (max_len, **fields))]
@@ -237,9 +240,11 @@ pack_config_methods! {
         Self::of_fields(&all)
     }
 
-    /// This config for inputs of ``kind`` (``"sft"``, ``"preference"``, ``"kto"``; ``inputs``
-    /// names them in messages): preference pairs get a pair layout, KTO carries its ``label``
-    /// first; a pair layout on other samples, or ``label`` carried from them, is refused.
+    /// This config for inputs of ``kind`` (``"sft"``, ``"preference"``, ``"kto"``, ...;
+    /// ``inputs`` names them in messages): preference pairs get a pair layout, KTO carries its
+    /// ``label`` first, trees their group column (and refuse what cuts a sequence); a pair
+    /// layout on other samples, ``label`` carried from them, or ``tree_group`` on other than
+    /// trees, is refused.
     fn for_kind(&self, kind: &str, inputs: &str) -> PyResult<Self> {
         let kind: SampleKind = kind.parse().map_err(to_py)?;
         self.0.for_kind(kind, inputs).map(Self).map_err(to_py)
