@@ -29,6 +29,7 @@ import signal
 import stat
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Union
 
@@ -358,7 +359,7 @@ def atomic_output_files(
     def check() -> None:
         for final, name in zip(finals, shown):
             if os.path.lexists(final):
-                check_replace(name, force, final.is_dir(), lambda f=final: owned(f), "a file")
+                check_replace(name, force, final.is_dir(), partial(owned, final), "a file")
 
     check()
     for final in finals:

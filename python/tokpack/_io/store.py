@@ -33,6 +33,7 @@ import secrets
 import shutil
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import (
     Any,
@@ -487,7 +488,7 @@ def object_output_files(
         for (_, key, name), info in zip(stores, fs.get_file_info([k for _, k, _ in stores])):
             if info.type != pafs.FileType.NotFound:
                 is_dir = info.type != pafs.FileType.File
-                check_replace(name, force, is_dir, lambda k=key: owned(fs, k), "an object")
+                check_replace(name, force, is_dir, partial(owned, fs, key), "an object")
 
     check()
     with scratch_dir("tokpack-export-") as d:
