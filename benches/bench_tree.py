@@ -237,7 +237,9 @@ def on_disk(quick):
             comps.append(rng.integers(0, VOCAB, r))
             group.append(i)
     ids = [np.concatenate([p, c]).astype(np.int32) for p, c in zip(prompts, comps)]
-    labels = [np.concatenate([np.full(len(p), -100), c]).astype(np.int32) for p, c in zip(prompts, comps)]
+    labels = [
+        np.concatenate([np.full(len(p), -100), c]).astype(np.int32) for p, c in zip(prompts, comps)
+    ]
     order = rng.permutation(len(ids))  # rows of a group need not be contiguous
     table = pa.table(
         {
@@ -272,7 +274,8 @@ def main():
     torch.set_num_threads(1)
     if args.disk_only:
         disk = on_disk(args.quick)
-        print(f"goal: on-disk ratio >= 0.98 of ideal: {disk:.4f}  {'ok' if disk >= 0.98 else 'MISSED'}")
+        verdict = "ok" if disk >= 0.98 else "MISSED"
+        print(f"goal: on-disk ratio >= 0.98 of ideal: {disk:.4f}  {verdict}")
         return
     worst = forward_tokens(args.quick)
     t8, t64, speedup = step_time(args.quick)

@@ -55,8 +55,8 @@ def test_records_give_their_kind():
     assert kind_of_records("kto") == "kto"
     assert {kind_of_records(f) for f in ("auto", "messages", "text", "alpaca")} == {"sft"}
     assert kind("preference").prompted and not kind("sft").prompted
-    with pytest.raises(ConfigError, match='unknown sample kind "tree"'):
-        kind("tree")
+    with pytest.raises(ConfigError, match='unknown sample kind "trie"'):
+        kind("trie")
 
 
 def test_packed_directories_without_the_field():

@@ -33,25 +33,34 @@ def grpo_groups(
     rows = []
     for g in range(groups):
         p = rng.integers(1, vocab, rng.integers(*prompt)).tolist()
-        completions = [rng.integers(1, vocab, rng.integers(*completion)).tolist() for _ in range(size)]
+        completions = [
+            rng.integers(1, vocab, rng.integers(*completion)).tolist() for _ in range(size)
+        ]
         if size >= 3:
             completions[1] = list(completions[0])  # identical
             completions[2] = completions[0][: max(1, len(completions[0]) // 2)]  # a prefix
         for c in completions:
             ids = p + c
             labels = [IGNORE] * len(p) + c
-            rows.append(dict(input_ids=ids, labels=labels, group=g * 7 + 3, reward=float(rng.random())))
+            rows.append(
+                dict(input_ids=ids, labels=labels, group=g * 7 + 3, reward=float(rng.random()))
+            )
     order = rng.permutation(len(rows))
     return [rows[i] for i in order]
 
 
-def write_shard(path: Path, rows: Sequence[Dict[str, Any]], kind: Optional[str] = "tree", group_type: Any = pa.int64()) -> Path:
+def write_shard(
+    path: Path,
+    rows: Sequence[Dict[str, Any]],
+    kind: Optional[str] = "tree",
+    group_type: Any = None,
+) -> Path:
     table = pa.table(
         {
             "input_ids": pa.array([r["input_ids"] for r in rows], pa.list_(pa.int32())),
             "labels": pa.array([r["labels"] for r in rows], pa.list_(pa.int32())),
             "length": pa.array([len(r["input_ids"]) for r in rows], pa.int32()),
-            "group": pa.array([r["group"] for r in rows], group_type),
+            "group": pa.array([r["group"] for r in rows], group_type or pa.int64()),
             "reward": pa.array([r.get("reward", 0.0) for r in rows], pa.float64()),
         }
     )
@@ -66,7 +75,9 @@ def read_rows(out: Path) -> pa.Table:
     return pa.concat_tables([pq.read_table(s) for s in shards])
 
 
-def check_rows(out: Path, rows: Sequence[Dict[str, Any]], max_len: int, has_labels: bool = True) -> Dict[str, Any]:
+def check_rows(
+    out: Path, rows: Sequence[Dict[str, Any]], max_len: int, has_labels: bool = True
+) -> Dict[str, Any]:
     """Asserts the theorems of tree rows against the input ``rows``; returns the manifest."""
     manifest = json.loads((out / "__tokpack__" / "_manifest.json").read_text())
     assert manifest["sample_kind"] == "tree"
@@ -132,7 +143,9 @@ def check_rows(out: Path, rows: Sequence[Dict[str, Any]], max_len: int, has_labe
 
 @pytest.fixture
 def grpo(tmp_path: Path) -> List[Dict[str, Any]]:
-    return grpo_groups(np.random.default_rng(7), groups=9, size=5, prompt=(5, 30), completion=(1, 25))
+    return grpo_groups(
+        np.random.default_rng(7), groups=9, size=5, prompt=(5, 30), completion=(1, 25)
+    )
 
 
 def test_tree_shards_pack_into_rows_whose_paths_are_the_sequences(tmp_path: Path, grpo) -> None:
@@ -153,7 +166,9 @@ def test_tree_shards_pack_into_rows_whose_paths_are_the_sequences(tmp_path: Path
 
 
 def test_trees_larger_than_a_row_are_cut_into_pieces(tmp_path: Path) -> None:
-    rows = grpo_groups(np.random.default_rng(3), groups=4, size=8, prompt=(10, 20), completion=(10, 30))
+    rows = grpo_groups(
+        np.random.default_rng(3), groups=4, size=8, prompt=(10, 20), completion=(10, 30)
+    )
     src = write_shard(tmp_path / "in.parquet", rows)
     manifest = tokpack.pack_files(src, tmp_path / "out", 60, strategy="ffd", row_group_rows=3)
     check_rows(tmp_path / "out", rows, 60)
@@ -189,9 +204,15 @@ def test_bytes_do_not_depend_on_threads(tmp_path: Path, grpo) -> None:
     outs = []
     for threads in (1, 2):
         out = tmp_path / f"out{threads}"
-        tokpack.pack_files(src, out, 48, threads=threads, rows_per_shard=4, row_group_rows=2, overlong="truncate")
+        tokpack.pack_files(
+            src, out, 48, threads=threads, rows_per_shard=4, row_group_rows=2, overlong="truncate"
+        )
         outs.append(out)
-    files = sorted(p.relative_to(outs[0]) for p in outs[0].rglob("*") if p.is_file() and "manifest" not in p.name)
+    files = sorted(
+        p.relative_to(outs[0])
+        for p in outs[0].rglob("*")
+        if p.is_file() and "manifest" not in p.name
+    )
     assert len(files) > 4
     for name in files:
         assert (outs[0] / name).read_bytes() == (outs[1] / name).read_bytes(), name
@@ -258,7 +279,11 @@ def test_refusals(tmp_path: Path, grpo) -> None:
         with pytest.raises(ConfigError, match=match):
             tokpack.pack_files(src, tmp_path / "out", 64, **fields)
     assert not (tmp_path / "out").exists()
-    bad = write_shard(tmp_path / "bad.parquet", [dict(r, group=float(r["group"])) for r in grpo], group_type=pa.float64())
+    bad = write_shard(
+        tmp_path / "bad.parquet",
+        [dict(r, group=float(r["group"])) for r in grpo],
+        group_type=pa.float64(),
+    )
     with pytest.raises(SchemaError, match=r"bad\.parquet.*group"):
         tokpack.pack_files(bad, tmp_path / "out", 64)
     shifted = [dict(r, labels=r["input_ids"][1:] + [IGNORE]) for r in grpo]
@@ -273,7 +298,9 @@ def test_pack_tokens_refuses_trees(grpo) -> None:
     with pytest.raises(ConfigError, match="pack_tokens"):
         tokpack.pack_tokens(table, 64)
     with pytest.raises(ConfigError, match="pack_tokens"):
-        tokpack.pack_tokens([r["input_ids"] for r in grpo], config=tokpack.PackConfig(64, tree_group="group"))
+        tokpack.pack_tokens(
+            [r["input_ids"] for r in grpo], config=tokpack.PackConfig(64, tree_group="group")
+        )
 
 
 def test_export_refuses_trees(tmp_path: Path, grpo) -> None:
@@ -310,6 +337,16 @@ def test_cli_summary_shows_forward_against_flat(tmp_path: Path, grpo, capsys) ->
     from tokpack.cli import main
 
     src = write_shard(tmp_path / "in.parquet", grpo)
-    assert main(["pack", str(src), str(tmp_path / "out"), "--max-len", "64", "--carry", "reward"]) == 0
+    args = [
+        "pack",
+        str(src),
+        "-o",
+        str(tmp_path / "out"),
+        "--max-len",
+        "64",
+        "--tree-min-shared",
+        "2",
+    ]
+    assert main(args) == 0
     out = capsys.readouterr().out
     assert "forward tokens vs flat" in out

@@ -73,8 +73,10 @@ def _tree_rows(f: Dict[str, Any]) -> List[List[str]]:
     if "tree_forward_tokens" not in f:
         return []
     return [
-        ["sequences / tree nodes / pieces", f"{f['tree_sequences']:,} / {f['tree_nodes']:,} / "
-         f"{f['tree_pieces']:,}"],
+        [
+            "sequences / tree nodes / pieces",
+            f"{f['tree_sequences']:,} / {f['tree_nodes']:,} / {f['tree_pieces']:,}",
+        ],
         [
             "forward tokens vs flat (rows)",
             f"{f['tree_forward_tokens']:,} vs {f['tree_flat_tokens']:,} "

@@ -301,7 +301,7 @@ fn no_samples(paths: &[PathBuf]) -> CoreError {
 }
 
 /// The file and row of global sample `index`.
-pub(super) fn locate(sources: &[Source], rows: &[u64], index: usize) -> Location {
+fn locate(sources: &[Source], rows: &[u64], index: usize) -> Location {
     let mut base = 0u64;
     for (s, &n) in sources.iter().zip(rows) {
         if (index as u64) < base + n {
@@ -559,9 +559,9 @@ fn pack_tree_files(
         .map(|((name, t), chunks)| with_pieces(name, concat(&chunks, t)?, None, None))
         .collect::<Result<Vec<_>>>()?;
     let reader = spill.into_reader();
+    let locate = |i: usize| locate(sources, &input_rows, i);
     let data = super::trees::Spilled {
-        sources,
-        input_rows: &input_rows,
+        locate: &locate,
         lengths: &read.lengths,
         locations: &read.locations,
         reader: &reader,

@@ -68,8 +68,8 @@ pub(super) fn check_group_column(sources: &[Source], column: &str) -> Result<()>
 
 /// The samples read and spilled, as `super::pack` holds them.
 pub(super) struct Spilled<'a> {
-    pub sources: &'a [Source],
-    pub input_rows: &'a [u64],
+    /// The file and row of a sample.
+    pub locate: &'a (dyn Fn(usize) -> Location + Sync),
     pub lengths: &'a [i64],
     pub locations: &'a [u64],
     pub reader: &'a SpillReader,
@@ -133,7 +133,7 @@ impl Spilled<'_> {
     fn at(&self, sample: usize, column: Option<&str>) -> Location {
         Location {
             column: column.map(str::to_string),
-            ..super::pack::locate(self.sources, self.input_rows, sample)
+            ..(self.locate)(sample)
         }
     }
 
