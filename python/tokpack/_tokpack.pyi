@@ -125,6 +125,8 @@ class PackConfig:
         labels_column: Optional[str] = "labels",
         loss_mask_column: Optional[str] = None,
         pair_layout: Optional[str] = None,
+        tree_group: Optional[str] = None,
+        tree_min_shared: int = 1,
         carry: Optional[Sequence[str]] = None,
         rows_per_shard: int = 16384,
         row_group_rows: int = 1024,
@@ -141,6 +143,8 @@ class PackConfig:
     labels_column: Optional[str]
     loss_mask_column: Optional[str]
     pair_layout: Optional[str]
+    tree_group: Optional[str]
+    tree_min_shared: int
     carry: Tuple[str, ...]
     rows_per_shard: int
     row_group_rows: int

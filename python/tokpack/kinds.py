@@ -101,6 +101,13 @@ EXTRAS: Dict[str, Dict[str, Any]] = {
         collator="MultimodalCollator",
         sequences=1,
     ),
+    "tree": dict(
+        what="tree samples (sequences of a group sharing prefixes, packed as prefix trees)",
+        instead=f"{_PACK}, which packs each group's sequences as prefix trees, and"
+        " tokpack.tree.PackedTreeCollator",
+        collator="tokpack.tree.PackedTreeCollator",
+        sequences=1,
+    ),
 }
 # How the refusal names each entry point.
 ENTRY_NAMES = {

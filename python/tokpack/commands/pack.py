@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 from .._io.tables import table
 from ..pack import config as pack_config
@@ -61,10 +61,26 @@ def summary(manifest: Dict[str, Any]) -> str:
             "padding saved vs one sample per row",
             f"{saved:,} tokens ({saved / max(unpacked, 1):.1%})",
         ],
+        *_tree_rows(f),
         ["shards", f"{len(manifest['shards'])}"],
         ["wall time", f"{f['wall_time_s']:.1f} s"],
     ]
     return table(["figure", "value"], rows)
+
+
+def _tree_rows(f: Dict[str, Any]) -> List[List[str]]:
+    """Prefix trees' lines of the summary: what sharing saved against packing flat."""
+    if "tree_forward_tokens" not in f:
+        return []
+    return [
+        ["sequences / tree nodes / pieces", f"{f['tree_sequences']:,} / {f['tree_nodes']:,} / "
+         f"{f['tree_pieces']:,}"],
+        [
+            "forward tokens vs flat (rows)",
+            f"{f['tree_forward_tokens']:,} vs {f['tree_flat_tokens']:,} "
+            f"({f['tree_token_ratio']:.3f}; rows {f['rows']:,} vs {f['tree_flat_rows']:,})",
+        ],
+    ]
 
 
 def run(args: argparse.Namespace) -> int:

@@ -127,10 +127,14 @@ def pack_files(
             ownership rule.
         max_len, fields: the :class:`tokpack.PackConfig` of the job (``strategy``,
             ``overlong``, ``seed``, ``tokens_column``, ``labels_column``, ``loss_mask_column``,
-            ``pair_layout``, ``carry``, ``rows_per_shard``, ``row_group_rows``,
-            ``compression``), or ``config=`` (not both). Labels are carried along when every
-            input has them; preference inputs are packed pair by pair in ``pair_layout``; KTO
-            inputs carry ``label`` always.
+            ``pair_layout``, ``tree_group``, ``tree_min_shared``, ``carry``,
+            ``rows_per_shard``, ``row_group_rows``, ``compression``), or ``config=`` (not
+            both). Labels are carried along when every input has them; preference inputs are
+            packed pair by pair in ``pair_layout``; KTO inputs carry ``label`` always. Tree
+            token shards (``tokpack.kind = "tree"`` metadata), or any token shards given
+            ``tree_group`` (the column grouping sequences that share prefixes), are packed as
+            prefix trees: each packed row is a row of tree pieces (``docs/format.md``), each
+            sequence's path in one row, its group carried.
         threads: as in :func:`tokpack.plan`; the output is byte-identical for every value.
         force: rebuild even when ``output_dir`` is already current (a cache hit).
         verify_cache: before trusting a cache hit, check every shard's checksum (always checked:
@@ -180,7 +184,7 @@ def pack_files(
         encoding = RecordEncoder(tokenizer, options)
     else:
         paths = resolve_inputs(inputs, TOKEN_SUFFIXES, output_dir=dest.place, folders=folders)
-        kind = kind_of_shards(paths)
+        kind = tree_kind(kind_of_shards(paths), config)
         config = config.for_kind(kind, shown_path(paths[0]))
     recorded = config.to_dict()
     if encoding is not None:
@@ -264,6 +268,13 @@ def pack_files(
         fingerprinted=encoding is None,
     )
     return {**manifest, "cache_hit": hit, "rebuilt_because": rebuilt_because}
+
+
+def tree_kind(kind: str, config: PackConfig) -> str:
+    """The kind token shards of ``kind`` are packed as: SFT shards named a group column by
+    ``tree_group`` (``--tree-group``) are packed as prefix trees (``kind="tree"``); tree shards
+    are by their metadata (``tokpack.kind = "tree"``) whatever the config says."""
+    return "tree" if kind == "sft" and config.tree_group is not None else kind
 
 
 @contextlib.contextmanager

@@ -11,7 +11,7 @@ import pyarrow as pa
 from .. import _tokpack
 from .._checks import checked_threads
 from .._io.arrays import as_arrow_column, list_array
-from ..kinds import kind_of_columns, refuse_kind
+from ..kinds import kind_of_columns, kind_of_schema, refuse_kind
 from ..packed.format import SHARD_COLUMNS
 from .config import PackConfig, pack_config
 from .plan import Plan
@@ -64,7 +64,7 @@ def pack_tokens(
     """
     fields = dict(strategy=strategy, overlong=overlong, seed=seed, row_order=row_order)
     config = pack_config(max_len, config, fields)
-    refuse_kind("pack_tokens", kind_of_columns(_column_names(input_ids)), "the table")
+    refuse_kind("pack_tokens", _kind_of(input_ids, config), "the table")
     rows = _tokpack.pack_tokens(
         input_ids=as_arrow_column(input_ids, INPUT_IDS),
         labels=None if labels is None else as_arrow_column(labels, LABELS),
@@ -74,6 +74,19 @@ def pack_tokens(
     plan = Plan._from_rust(rows.plan)
     table = packed_table(plan, rows.tokens, rows.labels, rows.row_offsets)
     return (table, plan) if return_plan else table
+
+
+def _kind_of(data: Any, config: PackConfig) -> str:
+    """The kind of samples of ``data``: a pyarrow table's by its metadata or columns
+    (``kind_of_schema``), others' by their column names; prefix trees when ``config`` groups
+    the sequences (``tree_group``)."""
+    if config.tree_group is not None:
+        return "tree"
+    schema = getattr(data, "schema", None)
+    if isinstance(schema, pa.Schema):
+        found = kind_of_schema(schema)
+        return "sft" if found is None else found[0]
+    return kind_of_columns(_column_names(data))
 
 
 def _column_names(data: Any) -> list:

@@ -69,6 +69,17 @@ pub const FIELDS: &[(&str, &[&str], &str)] = &[
       (separate, the default), or the prompt once then both completions (shared-prompt)",
     ),
     (
+        "tree_group",
+        &[],
+        "the int64 column grouping sequences that share prefixes (a prompt's completions, a \
+      chat's turns): packs the token shards as prefix trees (tree token shards: \"group\")",
+    ),
+    (
+        "tree_min_shared",
+        &[],
+        "prefix trees: a shared prefix shorter than this many tokens is not shared",
+    ),
+    (
         "carry",
         &[],
         "scalar per-sample columns kept as per-segment lists (KTO's label always is)",
@@ -110,6 +121,9 @@ pub struct PackFields {
     pub loss_mask_column: Option<String>,
     /// None: not given (the default layout for preference pairs, nothing for other samples).
     pub pair_layout: Option<String>,
+    /// None: not given (`group` for tree token shards; other shards stay what they are).
+    pub tree_group: Option<String>,
+    pub tree_min_shared: i128,
     pub carry: Vec<String>,
     pub row_order: String,
     pub rows_per_shard: i128,
@@ -131,6 +145,8 @@ impl PackFields {
             labels_column: Some("labels".into()),
             loss_mask_column: None,
             pair_layout: None,
+            tree_group: None,
+            tree_min_shared: 1,
             carry: Vec::new(),
             row_order: RowOrder::Shuffled.name().into(),
             rows_per_shard: 16384,
@@ -147,6 +163,9 @@ pub struct PackConfig {
     pub labels_column: Option<String>,
     pub loss_mask_column: Option<String>,
     pub pair_layout: Option<PairLayout>,
+    /// The group column of sequences packed as prefix trees, when given.
+    pub tree_group: Option<String>,
+    pub tree_min_shared: u32,
     pub carry: Vec<String>,
     pub rows_per_shard: usize,
     pub row_group_rows: usize,
@@ -180,6 +199,12 @@ impl PackConfig {
             .transpose()?
             .map(|n| n as u32);
         let align = check_range("align_segments", f.align_segments, 1, MAX_LEN)? as u32;
+        let tree_min_shared = check_range("tree_min_shared", f.tree_min_shared, 1, MAX_LEN)? as u32;
+        if f.tree_group.as_deref() == Some("") {
+            return Err(CoreError::Config(
+                "tree_group must be a column name, got ''".into(),
+            ));
+        }
         check_row_group_tokens(row_group_rows, max_len)?;
         let plan = PlanConfig {
             max_len,
@@ -212,6 +237,8 @@ impl PackConfig {
             labels_column: f.labels_column,
             loss_mask_column: f.loss_mask_column,
             pair_layout: f.pair_layout.as_deref().map(str::parse).transpose()?,
+            tree_group: f.tree_group,
+            tree_min_shared,
             carry,
             rows_per_shard: rows_per_shard as usize,
             row_group_rows: row_group_rows as usize,
@@ -229,12 +256,73 @@ impl PackConfig {
         if kind == SampleKind::Preference {
             check_pair_config(&self.plan)?;
         }
+        if kind == SampleKind::Tree {
+            self.check_tree()?;
+            // The group column first, by its name (`group` unless `tree_group` names another).
+            let group = self.tree_group_column();
+            out.carry = std::iter::once(group.to_string())
+                .chain(self.carry.iter().filter(|c| *c != group).cloned())
+                .collect();
+            if self.carry.iter().any(|c| c == crate::format::col::KTO_LABEL) {
+                check_carry_name(crate::format::col::KTO_LABEL, false)?;
+            }
+            return Ok(out);
+        }
+        if let Some(group) = &self.tree_group {
+            return Err(CoreError::Config(format!(
+                "tree_group {group:?} packs token shards as prefix trees (tokpack.pack_files, \
+                 tokpack pack); {inputs} holds {} samples, which are not",
+                kind.name()
+            )));
+        }
         let label = crate::format::col::KTO_LABEL;
         out.carry = kind.carry(&self.carry);
         if !kind.spec().carried.contains(&label) && self.carry.iter().any(|c| c == label) {
             check_carry_name(label, false)?;
         }
         Ok(out)
+    }
+
+    /// The column grouping the sequences of prefix trees.
+    pub fn tree_group_column(&self) -> &str {
+        self.tree_group.as_deref().unwrap_or(crate::format::col::GROUP)
+    }
+
+    /// The options prefix trees cannot honour, refused by name with the fix: a sequence is one
+    /// path of one row (never split, never cut at a row's end), and a row's parts are pieces of
+    /// trees, not segments.
+    fn check_tree(&self) -> Result<()> {
+        let refuse = |what: String| Err(CoreError::Config(format!("{what} (packing prefix trees)")));
+        if self.plan.overlong == Overlong::Split {
+            return refuse(
+                "overlong \"split\" cuts a sample into pieces in several rows, and a tree's \
+                 sequence is one path of one row: pass overlong \"truncate\", \"drop\" or \
+                 \"error\""
+                    .into(),
+            );
+        }
+        if self.plan.strategy == Strategy::Random {
+            return refuse(
+                "strategy \"random\" cuts samples at row ends, and a tree's sequence is one \
+                 path of one row: pass strategy \"bfd\", \"ffd\", \"next_fit\" or \"padding\""
+                    .into(),
+            );
+        }
+        if self.plan.max_segments.is_some() {
+            return refuse(
+                "max_segments_per_row caps segments, and rows of prefix trees hold pieces of \
+                 trees: leave it unset"
+                    .into(),
+            );
+        }
+        if self.plan.align > 1 {
+            return refuse(
+                "align_segments pads segments, and rows of prefix trees hold pieces of trees \
+                 laid out token by token: leave it at 1"
+                    .into(),
+            );
+        }
+        Ok(())
     }
 
     /// How labels are read: the loss mask when given, else the labels column (required when
@@ -272,6 +360,8 @@ impl PackConfig {
             compression: parse_compression(&self.compression)?,
             batch_rows,
             kind: SampleKind::Sft,
+            tree_group: self.tree_group_column().to_string(),
+            tree_min_shared: self.tree_min_shared as usize,
         })
     }
 }

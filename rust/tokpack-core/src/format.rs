@@ -56,7 +56,41 @@ pub mod col {
     pub const MEDIA: &str = "media";
     pub const VISION_TOKENS: &str = "vision_tokens";
     pub const VISION_PATCHES: &str = "vision_patches";
+    /// A tree token shard's group (sequences of one group may share prefixes), carried per
+    /// sequence.
+    pub const GROUP: &str = "group";
+    /// Tree rows (`crate::tree::TreeRows`' row-local arrays): per token its node; per node its
+    /// parent (-1: a root), depth (position of its first token), token interval, length; per
+    /// sequence its end node; per sequence its targets (indices of predictions); per
+    /// prediction its position, the token it scores and how many sequences train it.
+    pub const TREE_NODE: &str = "tree_node";
+    pub const TREE_NODE_PARENT: &str = "tree_node_parent";
+    pub const TREE_NODE_DEPTH: &str = "tree_node_depth";
+    pub const TREE_NODE_TIN: &str = "tree_node_tin";
+    pub const TREE_NODE_TOUT: &str = "tree_node_tout";
+    pub const TREE_NODE_LEN: &str = "tree_node_len";
+    pub const TREE_SEQ_END_NODE: &str = "tree_seq_end_node";
+    pub const TREE_TARGET_PRED: &str = "tree_target_pred";
+    pub const TREE_PRED_POS: &str = "tree_pred_pos";
+    pub const TREE_PRED_TOKEN: &str = "tree_pred_token";
+    pub const TREE_PRED_WEIGHT: &str = "tree_pred_weight";
 }
+
+/// The columns packed shards of prefix trees add after the common ones (which have no `labels`
+/// there: each sequence's targets are its predictions), in order, all list<int32>.
+pub const TREE_COLUMNS: [&str; 11] = [
+    col::TREE_NODE,
+    col::TREE_NODE_PARENT,
+    col::TREE_NODE_DEPTH,
+    col::TREE_NODE_TIN,
+    col::TREE_NODE_TOUT,
+    col::TREE_NODE_LEN,
+    col::TREE_SEQ_END_NODE,
+    col::TREE_TARGET_PRED,
+    col::TREE_PRED_POS,
+    col::TREE_PRED_TOKEN,
+    col::TREE_PRED_WEIGHT,
+];
 
 /// The media columns of multimodal token shards, carried per segment into packed shards.
 pub const MEDIA_COLUMNS: [&str; 3] = [col::MEDIA, col::VISION_TOKENS, col::VISION_PATCHES];
@@ -85,7 +119,7 @@ pub const INDEX_COLUMNS: [&str; 4] = [
 /// tokpack itself from KTO inputs): two columns of one name, or one a reader takes for another
 /// meaning.
 pub fn is_reserved(name: &str) -> bool {
-    SHARD_COLUMNS.contains(&name) || name == col::KTO_LABEL
+    SHARD_COLUMNS.contains(&name) || TREE_COLUMNS.contains(&name) || name == col::KTO_LABEL
 }
 
 /// A carried column's name: non-empty and not reserved (`kto`: `label` is KTO's own).
@@ -97,9 +131,10 @@ pub fn check_carry_name(name: &str, kto: bool) -> Result<()> {
     }
     if is_reserved(name) && !(kto && name == col::KTO_LABEL) {
         return Err(CoreError::Config(format!(
-            "carry: '{name}' is a column of packed shards (reserved: {}, {}); rename the input \
-             column to carry it",
+            "carry: '{name}' is a column of packed shards (reserved: {}, {}, {}); rename the \
+             input column to carry it",
             SHARD_COLUMNS.join(", "),
+            TREE_COLUMNS.join(", "),
             col::KTO_LABEL
         )));
     }
@@ -120,5 +155,6 @@ mod tests {
         assert!(check_carry_name("label", false).is_err());
         assert!(check_carry_name("label", true).is_ok());
         assert!(check_carry_name("source", false).is_ok());
+        assert!(check_carry_name("tree_pred_pos", false).is_err());
     }
 }

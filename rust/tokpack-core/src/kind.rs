@@ -3,7 +3,7 @@
 //! it. `_tokpack.KINDS` exports this table to Python (`tokpack/kinds.py`), so a new kind is one
 //! variant of `SampleKind` and one entry of [`SampleKind::spec`] here, plus its collator.
 
-use crate::format::{col, MEDIA_COLUMNS};
+use crate::format::{col, MEDIA_COLUMNS, TREE_COLUMNS};
 use crate::policy::{named, SampleKind};
 
 named!(
@@ -16,6 +16,9 @@ named!(
         /// Only at the boundaries of its blocks (an image with its markers), planned by
         /// `crate::cuts`.
         SafeBlocks = "safe-blocks",
+        /// Only truncated at `max_len` (its end dropped); never split into pieces or cut across
+        /// rows (a tree's sequence: its path is one row's).
+        Truncate = "truncate",
     }
     /// The entry points a kind may be given to.
     Entry, "entry point", {
@@ -108,6 +111,15 @@ impl SampleKind {
                 outputs: &[],
                 carried: &MEDIA_COLUMNS,
                 cut: CutRule::SafeBlocks,
+                entries: &[Pack, Tokenize],
+            },
+            // Sequences of one `group` share prefixes (`crate::tree`): each packed row is one
+            // row of prefix trees (`crate::io::trees`), its group carried per sequence.
+            SampleKind::Tree => KindSpec {
+                inputs: &["input_ids", "labels", "length", col::GROUP],
+                outputs: &TREE_COLUMNS,
+                carried: &[col::GROUP],
+                cut: CutRule::Truncate,
                 entries: &[Pack, Tokenize],
             },
         }

@@ -107,13 +107,15 @@ named!(
         /// The planner's own order (best-fit decreasing: longest samples first).
         Plan = "plan",
     }
-    /// What one input sample is: a plain sequence, a preference pair, a KTO record or a
-    /// sequence with images (`crate::kind` says what each kind is, for every path).
+    /// What one input sample is: a plain sequence, a preference pair, a KTO record, a
+    /// sequence with images or a sequence of a group sharing prefixes, packed as prefix trees
+    /// (`crate::kind` says what each kind is, for every path).
     SampleKind, "sample kind", {
         Sft = "sft",
         Preference = "preference",
         Kto = "kto",
         Multimodal = "multimodal",
+        Tree = "tree",
     }
     /// How `balance::partition` splits items.
     PartitionMethod, "partition method", {

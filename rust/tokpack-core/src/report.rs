@@ -1,7 +1,7 @@
 //! `PackReport`: the one owner of a pack job's outcome (counts, the ids of the samples not
 //! packed whole, the shards written) and of the figures derived from it, computed here only.
 
-use crate::io::{PackOutcome, ShardInfo};
+use crate::io::{PackOutcome, ShardInfo, TreeCounts};
 use crate::plan::{efficiency, lower_bound};
 use serde::{Deserialize, Serialize};
 
@@ -37,6 +37,24 @@ pub struct PackReport {
     /// The padding segment alignment adds inside the rows, when the plan aligned segments.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub alignment_padding_tokens: Option<u64>,
+    /// Prefix trees' counts, when the samples were packed as trees.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tree: Option<TreeCounts>,
+}
+
+/// The figures of prefix trees: the sequences and the tries' nodes, the pieces planned, the
+/// forward tokens (the rows' tokens, each shared prefix once per row) against the tokens and
+/// rows of the same sequences packed flat, and their ratio.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TreeFigures {
+    pub tree_sequences: u64,
+    pub tree_nodes: u64,
+    pub tree_pieces: u64,
+    pub tree_forward_tokens: u64,
+    pub tree_flat_tokens: u64,
+    pub tree_flat_rows: u64,
+    /// Forward over flat tokens (1.0: nothing shared).
+    pub tree_token_ratio: f64,
 }
 
 /// The manifest's `figures` (but the wall time).
@@ -62,6 +80,9 @@ pub struct Figures {
     /// Only with `align_segments` above 1.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub alignment_padding_tokens: Option<u64>,
+    /// Only for prefix trees.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub tree: Option<TreeFigures>,
 }
 
 impl PackReport {
@@ -91,6 +112,16 @@ impl PackReport {
                 .iter()
                 .filter_map(|p| p.alignment_padding_tokens)
                 .reduce(|a, b| a + b),
+            tree: parts
+                .iter()
+                .filter_map(|p| p.tree.clone())
+                .reduce(|a, b| TreeCounts {
+                    sequences: a.sequences + b.sequences,
+                    nodes: a.nodes + b.nodes,
+                    pieces: a.pieces + b.pieces,
+                    flat_tokens: a.flat_tokens + b.flat_tokens,
+                    flat_rows: a.flat_rows + b.flat_rows,
+                }),
         }
     }
 
@@ -119,6 +150,19 @@ impl PackReport {
             lower_bound: lower_bound(self.tokens, self.max_len),
             max_row_segments: self.max_row_segments,
             alignment_padding_tokens: self.alignment_padding_tokens,
+            tree: self.tree.as_ref().map(|t| TreeFigures {
+                tree_sequences: t.sequences,
+                tree_nodes: t.nodes,
+                tree_pieces: t.pieces,
+                tree_forward_tokens: self.tokens,
+                tree_flat_tokens: t.flat_tokens,
+                tree_flat_rows: t.flat_rows,
+                tree_token_ratio: if t.flat_tokens == 0 {
+                    1.0
+                } else {
+                    self.tokens as f64 / t.flat_tokens as f64
+                },
+            }),
         }
     }
 }
@@ -146,6 +190,7 @@ impl From<PackOutcome> for PackReport {
             shards: o.shards,
             input_fingerprints: o.input_fingerprints,
             no_safe_cut: o.no_safe_cut,
+            tree: o.tree,
         }
     }
 }

@@ -51,6 +51,8 @@ fn config(dir: &Path, inputs: Vec<PathBuf>, name: &str) -> PackFilesConfig {
         compression: parse_compression("zstd").unwrap(),
         batch_rows: 2,
         kind: tokpack_core::SampleKind::Sft,
+        tree_group: "group".into(),
+        tree_min_shared: 1,
     }
 }
 

@@ -91,6 +91,8 @@ fn apply(fields: &mut PackFields, kwargs: Option<&Bound<'_, PyDict>>) -> PyResul
             "labels_column" => fields.labels_column = optional_string(v, "labels_column")?,
             "loss_mask_column" => fields.loss_mask_column = optional_string(v, "loss_mask_column")?,
             "pair_layout" => fields.pair_layout = optional_string(v, "pair_layout")?,
+            "tree_group" => fields.tree_group = optional_string(v, "tree_group")?,
+            "tree_min_shared" => fields.tree_min_shared = integer(v, "tree_min_shared")?,
             "carry" => fields.carry = carry(v)?,
             "rows_per_shard" => fields.rows_per_shard = integer(v, "rows_per_shard")?,
             "row_group_rows" => fields.row_group_rows = integer(v, "row_group_rows")?,
@@ -150,6 +152,12 @@ impl PyPackConfig {
         }
         if all || self.0.pair_layout.is_some() {
             d.set_item("pair_layout", self.pair_layout())?;
+        }
+        if all || self.0.tree_group.is_some() {
+            d.set_item("tree_group", self.tree_group())?;
+        }
+        if all || self.0.tree_min_shared > 1 {
+            d.set_item("tree_min_shared", self.tree_min_shared())?;
         }
         if all || !self.0.carry.is_empty() {
             d.set_item("carry", PyList::new(py, &self.0.carry)?)?;
@@ -219,6 +227,15 @@ pack_config_methods! {
     fn pair_layout(&self) -> Option<&'static str> {
         self.0.pair_layout.map(|l| l.name())
     }
+    /// The column grouping sequences packed as prefix trees, when given.
+    #[getter]
+    fn tree_group(&self) -> Option<&str> {
+        self.0.tree_group.as_deref()
+    }
+    #[getter]
+    fn tree_min_shared(&self) -> u32 {
+        self.0.tree_min_shared
+    }
     #[getter]
     fn carry<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         PyTuple::new(py, &self.0.carry)
@@ -262,9 +279,11 @@ pack_config_methods! {
         Self::of_fields(&all)
     }
 
-    /// This config for inputs of ``kind`` (``"sft"``, ``"preference"``, ``"kto"``; ``inputs``
-    /// names them in messages): preference pairs get a pair layout, KTO carries its ``label``
-    /// first; a pair layout on other samples, or ``label`` carried from them, is refused.
+    /// This config for inputs of ``kind`` (``"sft"``, ``"preference"``, ``"kto"``, ...;
+    /// ``inputs`` names them in messages): preference pairs get a pair layout, KTO carries its
+    /// ``label`` first, trees their group column (and refuse what cuts a sequence); a pair
+    /// layout on other samples, ``label`` carried from them, or ``tree_group`` on other than
+    /// trees, is refused.
     fn for_kind(&self, kind: &str, inputs: &str) -> PyResult<Self> {
         let kind: SampleKind = kind.parse().map_err(to_py)?;
         self.0.for_kind(kind, inputs).map(Self).map_err(to_py)

@@ -23,6 +23,7 @@ mod read_columns;
 pub mod shard;
 pub mod source;
 pub mod spill;
+pub mod trees;
 pub mod writer;
 
 pub use checked::{read_checked_row_group, GroupCheck};
@@ -34,4 +35,5 @@ pub use progress::{Phase, Progress};
 pub use read_columns::input_columns;
 pub use shard::{write_held_shard, HeldSamples};
 pub use source::{read_row_group, Source};
+pub use trees::TreeCounts;
 pub use writer::{parse_compression, ShardInfo};

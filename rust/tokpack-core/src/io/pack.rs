@@ -18,7 +18,8 @@ pub use super::read_columns::LabelSource;
 use super::read_columns::{open_all, resolve_columns, Columns};
 use super::source::Source;
 use super::spill::{Spill, SpillReader};
-use super::writer::{write_shard, SampleSource, ShardContext, ShardInfo};
+use super::trees::{check_group_column, pack_trees, TreeCounts, TreeJob};
+use super::writer::{write_shard, SampleSource, ShardContext, ShardInfo, ShardOut};
 use crate::cuts::Cuts;
 use crate::error::{Context, CoreError, Location, Result};
 use crate::format::{col, MEDIA_COLUMNS};
@@ -59,6 +60,10 @@ pub struct PackFilesConfig {
     /// The kind of samples (`crate::kind`): multimodal samples are cut only at safe blocks,
     /// planned here once ([`crate::media`]), each piece carrying its own media.
     pub kind: SampleKind,
+    /// Prefix trees ([`SampleKind::Tree`]): the column grouping the sequences, and the shortest
+    /// prefix shared (`crate::tree::build`'s `min_shared`).
+    pub tree_group: String,
+    pub tree_min_shared: usize,
 }
 
 pub struct PackOutcome {
@@ -71,6 +76,8 @@ pub struct PackOutcome {
     pub input_fingerprints: Vec<String>,
     /// Multimodal samples dropped for having no safe cut (ascending).
     pub no_safe_cut: Vec<i64>,
+    /// Prefix trees' figures ([`SampleKind::Tree`]).
+    pub tree: Option<TreeCounts>,
 }
 
 /// The spilled samples, found through each sample's spill location (and, for pairs, the
@@ -294,7 +301,7 @@ fn no_samples(paths: &[PathBuf]) -> CoreError {
 }
 
 /// The file and row of global sample `index`.
-fn locate(sources: &[Source], rows: &[u64], index: usize) -> Location {
+pub(super) fn locate(sources: &[Source], rows: &[u64], index: usize) -> Location {
     let mut base = 0u64;
     for (s, &n) in sources.iter().zip(rows) {
         if (index as u64) < base + n {
@@ -419,6 +426,9 @@ pub fn pack_files(config: &PackFilesConfig, progress: &Progress) -> Result<PackO
         &config.carry,
     )?;
     let has_labels = columns.pairs.is_some() || columns.labels.is_some();
+    if config.kind == SampleKind::Tree {
+        check_group_column(&sources, &config.tree_group)?;
+    }
     let spill = Spill::create(&config.spill_dir, rayon::current_num_threads(), has_labels)?;
     let (mut read, input_rows, input_fingerprints) = read_all(
         &sources,
@@ -430,6 +440,13 @@ pub fn pack_files(config: &PackFilesConfig, progress: &Progress) -> Result<PackO
     )?;
     if read.rows == 0 {
         return Err(no_samples(&config.paths));
+    }
+    if config.kind == SampleKind::Tree {
+        return pack_tree_files(config, &sources, &columns, read, input_rows, spill, progress)
+            .map(|o| PackOutcome {
+                input_fingerprints,
+                ..o
+            });
     }
     progress.start(Phase::Planning, 1);
     let media = match config.kind.spec().cut {
@@ -520,5 +537,59 @@ pub fn pack_files(config: &PackFilesConfig, progress: &Progress) -> Result<PackO
         shards,
         input_fingerprints,
         no_safe_cut: media.map(|m| m.no_safe_cut).unwrap_or_default(),
+        tree: None,
+    })
+}
+
+/// The read and spilled samples of tree token shards packed as prefix trees
+/// (`super::trees`); their shards have no `labels` column (the targets are the trees').
+fn pack_tree_files(
+    config: &PackFilesConfig,
+    sources: &[Source],
+    columns: &Columns,
+    mut read: UnitOut,
+    input_rows: Vec<u64>,
+    spill: Spill,
+    progress: &Progress,
+) -> Result<PackOutcome> {
+    let carried = columns
+        .carry
+        .iter()
+        .zip(std::mem::take(&mut read.carried))
+        .map(|((name, t), chunks)| with_pieces(name, concat(&chunks, t)?, None, None))
+        .collect::<Result<Vec<_>>>()?;
+    let reader = spill.into_reader();
+    let data = super::trees::Spilled {
+        sources,
+        input_rows: &input_rows,
+        lengths: &read.lengths,
+        locations: &read.locations,
+        reader: &reader,
+        has_labels: columns.labels.is_some(),
+        carried: &carried,
+        tokens_column: &config.tokens_column,
+        labels_column: columns.labels.as_ref().map(|(c, _)| c.as_str()),
+    };
+    let job = TreeJob {
+        plan: &config.plan,
+        min_shared: config.tree_min_shared,
+        out: ShardOut {
+            dir: &config.out_dir,
+            row_group_rows: config.row_group_rows,
+            compression: config.compression,
+            progress,
+        },
+        rows_per_shard: config.rows_per_shard,
+    };
+    let packed = pack_trees(&data, &job, progress)?;
+    progress.start(Phase::Done, 0);
+    Ok(PackOutcome {
+        input_rows,
+        plan: packed.plan,
+        has_labels: false,
+        shards: packed.shards,
+        input_fingerprints: Vec::new(),
+        no_safe_cut: Vec::new(),
+        tree: Some(packed.counts),
     })
 }

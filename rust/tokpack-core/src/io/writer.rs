@@ -74,7 +74,7 @@ pub fn parse_compression(name: &str) -> Result<Compression> {
     })
 }
 
-fn list_field(name: &str, child: DataType) -> Field {
+pub(crate) fn list_field(name: &str, child: DataType) -> Field {
     Field::new(
         name,
         DataType::List(Arc::new(Field::new("item", child, true))),
@@ -197,7 +197,7 @@ pub struct ShardContext<'a> {
     pub progress: &'a Progress,
 }
 
-fn list(offsets: &[i32], values: ArrayRef) -> ArrayRef {
+pub(crate) fn list(offsets: &[i32], values: ArrayRef) -> ArrayRef {
     let field = Arc::new(Field::new("item", values.data_type().clone(), true));
     let offsets = OffsetBuffer::new(offsets.to_vec().into());
     Arc::new(ListArray::new(field, offsets, values, None))
@@ -205,10 +205,38 @@ fn list(offsets: &[i32], values: ArrayRef) -> ArrayRef {
 
 /// Writes shard `shard` holding plan rows `rows`.
 pub fn write_shard(ctx: &ShardContext, shard: usize, rows: Range<usize>) -> Result<ShardInfo> {
+    let schema = shard_schema(ctx.has_labels, ctx.pairs.is_some(), ctx.carried);
+    let out = ShardOut {
+        dir: ctx.dir,
+        row_group_rows: ctx.row_group_rows,
+        compression: ctx.compression,
+        progress: ctx.progress,
+    };
+    write_rows(&out, shard, rows, &schema, |range, index, info| {
+        row_group(ctx, &schema, range, index, info)
+    })
+}
+
+/// Where and how shards are written, whatever their rows hold.
+pub(crate) struct ShardOut<'a> {
+    pub dir: &'a Path,
+    pub row_group_rows: usize,
+    pub compression: Compression,
+    pub progress: &'a Progress,
+}
+
+/// Writes shard `shard` of `schema` holding rows `rows`, each row group's batch made by
+/// `batch` (which records each row in the index and the shard's counts, [`IndexColumns::row`]).
+pub(crate) fn write_rows(
+    ctx: &ShardOut,
+    shard: usize,
+    rows: Range<usize>,
+    schema: &SchemaRef,
+    make: impl Fn(Range<usize>, &mut IndexColumns, &mut ShardInfo) -> Result<RecordBatch>,
+) -> Result<ShardInfo> {
     let name = shard_name(shard);
     let index_file = index_name(shard);
     let path = ctx.dir.join(&name);
-    let schema = shard_schema(ctx.has_labels, ctx.pairs.is_some(), ctx.carried);
     let props = WriterProperties::builder()
         .set_compression(ctx.compression)
         .set_max_row_group_row_count(Some(ctx.row_group_rows))
@@ -234,7 +262,7 @@ pub fn write_shard(ctx: &ShardContext, shard: usize, rows: Range<usize>) -> Resu
     while start < rows.end {
         ctx.progress.check()?;
         let end = (start + ctx.row_group_rows).min(rows.end);
-        let batch = row_group(ctx, &schema, start..end, &mut index, &mut info)?;
+        let batch = make(start..end, &mut index, &mut info)?;
         writer.write(&batch).output(&path)?;
         writer.flush().output(&path)?;
         writer.sync().output(&path)?;
@@ -283,11 +311,24 @@ fn check_group_range(
 }
 
 #[derive(Default)]
-struct IndexColumns {
+pub(crate) struct IndexColumns {
     offset: Vec<i64>,
     num_tokens: Vec<i32>,
     num_seqs: Vec<i32>,
     num_loss_tokens: Vec<i32>,
+}
+
+impl IndexColumns {
+    /// Records the shard's next row (`tokens` tokens, `seqs` sequences, `loss` loss tokens)
+    /// in the index and in `info`'s counts.
+    pub(crate) fn row(&mut self, info: &mut ShardInfo, tokens: i32, seqs: i32, loss: i32) {
+        self.offset.push(info.tokens as i64);
+        self.num_tokens.push(tokens);
+        self.num_seqs.push(seqs);
+        self.num_loss_tokens.push(loss);
+        info.tokens += tokens as u64;
+        info.loss_tokens += loss as u64;
+    }
 }
 
 /// Writes the index side file; returns its size and checksum (the manifest records both, so
