@@ -263,7 +263,11 @@ impl PackConfig {
             out.carry = std::iter::once(group.to_string())
                 .chain(self.carry.iter().filter(|c| *c != group).cloned())
                 .collect();
-            if self.carry.iter().any(|c| c == crate::format::col::KTO_LABEL) {
+            if self
+                .carry
+                .iter()
+                .any(|c| c == crate::format::col::KTO_LABEL)
+            {
                 check_carry_name(crate::format::col::KTO_LABEL, false)?;
             }
             return Ok(out);
@@ -285,14 +289,17 @@ impl PackConfig {
 
     /// The column grouping the sequences of prefix trees.
     pub fn tree_group_column(&self) -> &str {
-        self.tree_group.as_deref().unwrap_or(crate::format::col::GROUP)
+        self.tree_group
+            .as_deref()
+            .unwrap_or(crate::format::col::GROUP)
     }
 
     /// The options prefix trees cannot honour, refused by name with the fix: a sequence is one
     /// path of one row (never split, never cut at a row's end), and a row's parts are pieces of
     /// trees, not segments.
     fn check_tree(&self) -> Result<()> {
-        let refuse = |what: String| Err(CoreError::Config(format!("{what} (packing prefix trees)")));
+        let refuse =
+            |what: String| Err(CoreError::Config(format!("{what} (packing prefix trees)")));
         if self.plan.overlong == Overlong::Split {
             return refuse(
                 "overlong \"split\" cuts a sample into pieces in several rows, and a tree's \

@@ -442,11 +442,13 @@ pub fn pack_files(config: &PackFilesConfig, progress: &Progress) -> Result<PackO
         return Err(no_samples(&config.paths));
     }
     if config.kind == SampleKind::Tree {
-        return pack_tree_files(config, &sources, &columns, read, input_rows, spill, progress)
-            .map(|o| PackOutcome {
-                input_fingerprints,
-                ..o
-            });
+        return pack_tree_files(
+            config, &sources, &columns, read, input_rows, spill, progress,
+        )
+        .map(|o| PackOutcome {
+            input_fingerprints,
+            ..o
+        });
     }
     progress.start(Phase::Planning, 1);
     let media = match config.kind.spec().cut {

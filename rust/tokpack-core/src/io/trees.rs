@@ -148,7 +148,9 @@ impl Spilled<'_> {
             let labels_out = self.has_labels.then_some(labels.as_mut_slice());
             self.reader
                 .read(self.locations[id], n, 0, &mut tokens, labels_out)?;
-            if let Some(j) = (0..labels.len()).find(|&j| !matches!(labels[j], IGNORE_INDEX) && labels[j] != tokens[j]) {
+            if let Some(j) = (0..labels.len())
+                .find(|&j| !matches!(labels[j], IGNORE_INDEX) && labels[j] != tokens[j])
+            {
                 return Err(CoreError::Data {
                     at: Box::new(self.at(id, self.labels_column)),
                     what: format!(
@@ -161,8 +163,7 @@ impl Spilled<'_> {
             let trained = labels.iter().map(|&l| l != IGNORE_INDEX).collect();
             Ok((tokens.into_iter().map(i64::from).collect(), trained))
         };
-        let read: Vec<(Vec<i64>, Vec<bool>)> =
-            ids.par_iter().map(one).collect::<Result<_>>()?;
+        let read: Vec<(Vec<i64>, Vec<bool>)> = ids.par_iter().map(one).collect::<Result<_>>()?;
         let (tokens, trained) = read.into_iter().unzip();
         Ok(Loaded {
             tokens,
@@ -190,11 +191,7 @@ pub(super) struct Packed {
 }
 
 /// Packs the spilled sequences as prefix trees into `job.out.dir`.
-pub(super) fn pack_trees(
-    data: &Spilled,
-    job: &TreeJob,
-    progress: &Progress,
-) -> Result<Packed> {
+pub(super) fn pack_trees(data: &Spilled, job: &TreeJob, progress: &Progress) -> Result<Packed> {
     let plan_cfg = job.plan;
     let max_len = plan_cfg.max_len as usize;
     let n = data.lengths.len();
@@ -326,7 +323,8 @@ fn pass_one(data: &Spilled, job: &TreeJob, groups: &Groups, progress: &Progress)
         nodes: 0,
     };
     for (g, (sizes, nodes)) in per_group.into_iter().enumerate() {
-        out.group_of.extend(std::iter::repeat_n(g as u32, sizes.len()));
+        out.group_of
+            .extend(std::iter::repeat_n(g as u32, sizes.len()));
         out.sizes.extend(sizes);
         out.group_start.push(out.sizes.len());
         out.nodes += nodes;
