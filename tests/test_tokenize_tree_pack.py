@@ -72,3 +72,23 @@ def test_each_turn_chats_pack_as_prefix_trees_from_the_cli(tmp_path, tok_dir, ca
     assert manifest["sample_kind"] == "tree"
     assert f["tree_sequences"] == tokenized["counts"]["samples_out"]
     assert f["tree_forward_tokens"] < f["tree_flat_tokens"]
+
+
+@pytest.mark.parametrize("source", ["grpo", "each_turn"])
+def test_one_step_pack_of_tree_records_packs_prefix_trees(tmp_path, tok_dir, source):
+    # A one-step pack (tokenizer=) of GRPO records or per-turn chats took its kind from the
+    # record format alone: it packed them flat, as SFT samples, the trees lost.
+    if source == "grpo":
+        path = write_jsonl(tmp_path / "r.jsonl", grpo_records(40, "conversational", seed=13))
+        tokenize = {}
+    else:
+        path = write_jsonl(tmp_path / "r.jsonl", chats(40, seed=14))
+        tokenize = {"each_turn": True}
+    manifest = tokpack.pack_files(
+        path, tmp_path / "packed", 512, tokenizer=tok_dir, tokenize=tokenize, threads=1
+    )
+    assert manifest["sample_kind"] == "tree"
+    f = manifest["figures"]
+    assert f["samples_packed"] == f["tree_sequences"] > 40
+    assert f["tree_forward_tokens"] < f["tree_flat_tokens"]
+    tokpack.verify(tmp_path / "packed")

@@ -132,10 +132,14 @@ def kind(name: str) -> Kind:
     return KINDS[check_choice("sample kind", name, SAMPLE_KINDS)]
 
 
+# The record formats whose samples are not SFT sequences, and their kind.
+RECORD_KINDS = {"preference": "preference", "kto": "kto", "grpo": "tree"}
+
+
 def kind_of_records(fmt: str) -> str:
-    """The kind of samples a record format gives (its name for ``preference`` and ``kto``;
-    every other format, ``auto`` included, gives SFT records)."""
-    return fmt if fmt in KINDS else "sft"
+    """The kind of samples a record format gives (``preference``, ``kto``; ``tree`` for GRPO
+    records; every other format, ``auto`` included, gives SFT records)."""
+    return RECORD_KINDS.get(fmt, "sft")
 
 
 def prompted(fmt: str) -> bool:

@@ -40,7 +40,7 @@ from .._io.scratch import SPILL_PREFIX, check_work_dir, remove_dead, scratch_dir
 from .._io.store import cached_run, destination
 from .._tokpack import pair_layout_for
 from ..errors import OverlongError
-from ..kinds import KINDS, kind_of_records, kind_of_shards
+from ..kinds import KINDS, kind_of_shards
 from ..multimodal.stats import packed_vision_figures
 from ..packed.format import (
     DROPPED_NAME,
@@ -177,7 +177,7 @@ def pack_files(
             options = replace(options, max_len=config.max_len)
         # Carried columns are the records' fields, staged with the tokens (the kind's own, as
         # KTO's label, are there).
-        kind = kind_of_records(options.format)
+        kind = options.kind
         config = config.for_kind(kind, shown_path(paths[0]))
         carried = [c for c in config.carry if c not in KINDS[kind].carried]
         options = replace(options, carry=(*options.carry, *carried))

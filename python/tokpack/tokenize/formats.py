@@ -49,7 +49,6 @@ __all__ = [
     "read_records",
     "detect_format",
     "first_format",
-    "kind_of_format",
     "parse_record",
     "resolve_columns",
     "shown_path",
@@ -333,7 +332,7 @@ def parse_record(record: Record, fmt: str, columns: Mapping[str, str]) -> Sample
                 )
                 + f" field (fields: {', '.join(map(repr, list(value)[:8])) or 'none'})"
             )
-        if kind_of_format(detected) != "sft":
+        if kind_of_records(detected) != "sft":
             # One run writes one kind of token shard; its kind comes from its first record.
             raise record.fail(
                 f"a {detected} record among SFT records (the format was detected from the "
@@ -355,13 +354,6 @@ def parse_record(record: Record, fmt: str, columns: Mapping[str, str]) -> Sample
         return parse(record, value, columns)
     check_choice("format", fmt, FORMATS)
     raise AssertionError(f"format {fmt!r} has no parser")  # (a FORMATS name without a branch)
-
-
-def kind_of_format(fmt: str) -> str:
-    """The kind of samples records of format ``fmt`` give: ``tree`` for GRPO records, else as
-    :func:`tokpack.kinds.kind_of_records` (a run of a kind other than SFT tokenizes one format,
-    named or detected from its first record)."""
-    return TREE if fmt == "grpo" else kind_of_records(fmt)
 
 
 def _field(record: Record, value: Dict[str, Any], name: str) -> Any:

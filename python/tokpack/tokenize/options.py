@@ -13,13 +13,13 @@ from .._checks import MAX_ROWS, check_choice, check_int
 from .._contract import OVERLONG_POLICIES
 from .._tokpack import PackConfig
 from ..errors import ConfigError
+from ..kinds import kind_of_records
 from .formats import (
     DEFAULT_COLUMNS,
     FORMATS,
     PER_COMPLETION,
     TREE,
     first_format,
-    kind_of_format,
     resolve_columns,
 )
 from .template import RENDERERS, TRAIN_ON
@@ -105,7 +105,7 @@ class TokenizeOptions:
     def kind(self) -> str:
         """The kind of samples these options give (``tree`` for GRPO records and with
         ``each_turn``)."""
-        return TREE if self.each_turn else kind_of_format(self.format)
+        return TREE if self.each_turn else kind_of_records(self.format)
 
     @classmethod
     def of(
@@ -127,7 +127,7 @@ class TokenizeOptions:
 
     def for_first_format(self, detected: Optional[str]) -> "TokenizeOptions":
         """:meth:`for_inputs` given the format of the run's first record (None: unknown)."""
-        if self.format != "auto" or detected is None or kind_of_format(detected) == "sft":
+        if self.format != "auto" or detected is None or kind_of_records(detected) == "sft":
             return self
         return replace(self, format=detected)
 
