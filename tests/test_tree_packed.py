@@ -241,8 +241,9 @@ def test_a_mixture_of_tree_directories_reads_both(packed, tmp_path):
             seen[batch["sources"][rows[k]]].append(i)
         # Sequences by sample id (each source's own ids).
         assert batch["tree_seq_index"].tolist() == sorted(batch["tree_seq_index"].tolist())
-    assert sorted(seen[0]) == list(range(len(samples)))
-    assert sorted(seen[1]) == list(range(len(other)))
+    # stop="all": each source delivers every row at least once (the smaller one wraps around).
+    assert sorted(set(seen[0])) == list(range(len(samples)))
+    assert sorted(set(seen[1])) == list(range(len(other)))
 
 
 def test_export_is_refused(packed, tmp_path):
