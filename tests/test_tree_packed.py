@@ -275,3 +275,20 @@ def test_verify_names_a_damaged_tree_column(packed, monkeypatch):
         tokpack.verify(out)
     with pytest.raises(CorruptOutputError, match=r"'tree_node_depth'"):
         tokpack.verify(out)
+
+
+def test_compute_balance_costs_tree_rows_by_their_tokens_positions(packed):
+    # Tree rows were costed by seq_lengths (every sequence whole, as if flat): their shared
+    # tokens counted once per sequence. A token at position p costs a + b (2p + 1) (a flat
+    # segment of L tokens: a L + b L^2).
+    from tokpack.balance.packed import row_compute
+    from tokpack.packed.reader import PackedDir
+
+    out, _, _, _ = packed
+    ds = PackedDataset(out)
+    a, b = 3.0, 0.5
+    got = row_compute(PackedDir(out), (a, b))
+    collate = PackedTreeCollator()
+    for i in range(len(ds)):
+        pos = collate([ds[i]])["position_ids"][0, : len(ds[i]["input_ids"])].double()
+        assert got[i] == pytest.approx(float(a * pos.numel() + b * (2 * pos + 1).sum()))

@@ -1,13 +1,14 @@
 """Balanced optimizer steps of packed rows: the compute of a packed directory's rows
 (``Σ a·L + b·L²`` over each row's segments: the attention of a packed row is per segment, read
 from its ``seq_lengths`` column only; with a cost ``(a, b, c)``, plus ``c`` per vision-encoder
-patch of the row's images, read from its ``vision_patches`` column) and the deal of one
+patch of the row's images, read from its ``vision_patches`` column; a prefix-tree row's
+tokens each by their position, :func:`tree_compute`) and the deal of one
 step's rows to ranks and batches that ``PackedBatchSampler(balance="compute")`` and ``tokpack
 stats`` share."""
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -65,6 +66,9 @@ def row_compute(packed: PackedDir, cost: Any = "attention") -> np.ndarray:
     a, b, *vision = packed_cost(cost)
     parts = []
     for g in range(packed.num_groups):
+        if packed.kind == "tree":
+            parts.append(tree_compute(packed.decode(g, ["tree_node_depth", "tree_node_len"]), a, b))
+            continue
         lengths, offsets = packed.decode(g, ["seq_lengths"])["seq_lengths"]
         parts.append(segment_compute(lengths, offsets, (a, b)))
     compute = np.concatenate(parts) if parts else np.zeros(0, np.float64)
@@ -76,6 +80,17 @@ def row_compute(packed: PackedDir, cost: Any = "attention") -> np.ndarray:
             )
         compute += vision[0] * packed.row_sums(VISION_PATCHES)
     return compute
+
+
+def tree_compute(cols: Dict[str, Any], a: float, b: float) -> np.ndarray:
+    """Per-row compute of prefix-tree rows: ``a`` per token and ``b`` per (2 x position + 1) of
+    each token, what a flat segment's ``b L^2`` counts for its tokens; a node of ``n`` tokens
+    from position ``d`` counts ``n^2 + 2 n d`` (a tree's shared tokens are computed once)."""
+    depth, offsets = cols["tree_node_depth"]
+    n = np.asarray(cols["tree_node_len"][0], dtype=np.float64)
+    per_node = a * n + b * (n * n + 2.0 * n * np.asarray(depth, dtype=np.float64))
+    cum = np.concatenate([[0.0], np.cumsum(per_node)])
+    return cum[offsets[1:]] - cum[offsets[:-1]]
 
 
 def segment_compute(
