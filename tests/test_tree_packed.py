@@ -292,3 +292,19 @@ def test_compute_balance_costs_tree_rows_by_their_tokens_positions(packed):
     for i in range(len(ds)):
         pos = collate([ds[i]])["position_ids"][0, : len(ds[i]["input_ids"])].double()
         assert got[i] == pytest.approx(float(a * pos.numel() + b * (2 * pos + 1).sum()))
+
+
+def test_inspect_shows_each_sequence_by_its_path(packed, capsys):
+    # inspect printed a tree row's sequences as contiguous slices of the row (they are not:
+    # shared tokens are stored once), the slices running past the row's end.
+    from tokpack.cli import main
+
+    out, samples, _, _ = packed
+    assert main(["inspect", str(out), "--rows", "4"]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("  sample ")]
+    assert len(lines) >= 4
+    for line in lines:
+        sid, rest = line[len("  sample ") :].split(":", 1)
+        head = rest.rsplit(":", 1)[1].replace("...", "").split()
+        assert [int(t) for t in head] == list(samples[int(sid)][0][:8])
+        assert f"{len(samples[int(sid)][0])} tokens" in rest

@@ -85,6 +85,9 @@ def run(args: argparse.Namespace) -> int:
             f"\n{file}: {row['num_tokens']} tokens ({row['num_loss_tokens']} trained on), "
             f"{len(row['seq_lengths'])} {'segments' if row.get('seq_roles') else 'samples'}"
         )
+        if packed.kind == "tree":
+            _print_tree_row(row)
+            continue
         pos = 0
         for n, s, role in zip(row["seq_lengths"], row["sample_ids"], roles):
             head = " ".join(map(str, ids[pos : pos + min(n, 8)]))
@@ -94,11 +97,32 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+TREE_SHOWN = ("tree_node_parent", "tree_node_tin", "tree_node_len", "tree_seq_end_node")
+
+
+def _print_tree_row(row: Dict[str, Any]) -> None:
+    """A prefix-tree row's sequences: each one's path of nodes (a shared node once in the row)
+    and its first tokens, followed from its end node to the root."""
+    ids, parent = row["input_ids"], row["tree_node_parent"]
+    for n, s, end in zip(row["seq_lengths"], row["sample_ids"], row["tree_seq_end_node"]):
+        chain = [end]
+        while parent[chain[-1]] >= 0:
+            chain.append(parent[chain[-1]])
+        path = [
+            t
+            for k in reversed(chain)
+            for t in ids[row["tree_node_tin"][k] :][: row["tree_node_len"][k]]
+        ]
+        head = " ".join(map(str, path[:8]))
+        print(f"  sample {s}: {n} tokens, nodes {chain[::-1]}: {head}{' ...' if n > 8 else ''}")
+
+
 def _rows(packed: PackedDir) -> Iterator[Tuple[str, Dict[str, Any]]]:
     """(shard file, row) of every packed row, read one row group at a time through the checked
     reader (a damaged shard is reported, not shown)."""
     cols = ["input_ids", "seq_lengths", "sample_ids", "num_tokens", "num_loss_tokens"]
     cols += ["seq_roles"] if KINDS[packed.kind].paired else []
+    cols += list(TREE_SHOWN) if packed.kind == "tree" else []
     for group in range(packed.num_groups):
         file = Path(packed.shard_paths[int(packed.group_shard[group])]).name
         decoded = packed.decode(group, cols)
