@@ -22,6 +22,7 @@ from tokpack.torch import (
 )
 from tokpack.tree import PackedTreeCollator, model_inputs, sequence_logps, token_logps, tree_loss
 
+from .test_tree_models import tiny
 from .test_tree_packed_collate import check_batch
 
 transformers = pytest.importorskip("transformers")
@@ -101,25 +102,6 @@ def test_the_directory_is_a_tree_kind_one(packed):
     assert tokens < sum(len(s[0]) for s in samples)
 
 
-def tiny(family, impl="sdpa"):
-    torch.manual_seed(0)
-    common = dict(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-    )
-    if family == "llama":
-        config, cls = transformers.LlamaConfig(**common), transformers.LlamaForCausalLM
-    else:
-        config = transformers.Qwen3Config(head_dim=8, **common)
-        cls = transformers.Qwen3ForCausalLM
-    return cls._from_config(config, attn_implementation=impl).to(torch.float64).eval()
-
-
 def alone(model, tokens, trained):
     ids = torch.tensor(tokens)[None]
     with torch.no_grad():
@@ -131,7 +113,7 @@ def alone(model, tokens, trained):
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_each_sequence_of_a_packed_tree_directory_is_exact(packed, family):
     out, samples, reward, _ = packed
-    model = tiny(family)
+    model = tiny(family, "sdpa")
     flags = flags_of(samples)
     loader = torch.utils.data.DataLoader(
         PackedDataset(out), batch_size=3, collate_fn=PackedTreeCollator(), num_workers=2
@@ -160,7 +142,7 @@ def test_each_sequence_of_a_packed_tree_directory_is_exact(packed, family):
 
 def test_a_flat_causal_mask_misses(packed):
     out, samples, _, _ = packed
-    model = tiny("llama")
+    model = tiny("llama", "sdpa")
     ds = PackedDataset(out)
     batch = PackedTreeCollator()([ds[r] for r in range(len(ds))])
     with torch.no_grad():

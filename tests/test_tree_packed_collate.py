@@ -17,6 +17,7 @@ from tokpack.torch import model_inputs as flat_model_inputs
 from tokpack.torch.static import StaticShapes
 from tokpack.tree import PackedTreeCollator, dense_mask, pack_trees
 
+from .test_tree_layout import path_of
 from .tree_packed_rows import rows_of
 
 
@@ -88,22 +89,6 @@ def test_sample_ids_and_carried_columns_come_in_the_batch_order():
     assert got["name"] == names
     for i in range(len(seqs)):
         assert path_tokens(got, i) == seqs[i]
-
-
-def path_of(batch, i):
-    """Sequence ``i``'s (row, packed indices) from its end node up the parents."""
-    row = int(batch["tree_seq_row"][i])
-    base = int(batch["tree_node_offsets"][row])
-    u = int(batch["tree_seq_end_node"][i])
-    nodes = []
-    while u >= 0:
-        nodes.append(base + u)
-        u = int(batch["tree_node_parent"][base + u])
-    idx = []
-    for n in reversed(nodes):
-        tin, length = int(batch["tree_node_tin"][n]), int(batch["tree_node_len"][n])
-        idx += range(tin, tin + length)
-    return row, idx
 
 
 def path_tokens(batch, i):
