@@ -292,9 +292,9 @@ def test_refusals(tmp_path: Path, grpo) -> None:
 
 
 def test_pack_tokens_refuses_trees(grpo) -> None:
-    table = pa.table({"input_ids": [r["input_ids"] for r in grpo]}).replace_schema_metadata(
-        {"tokpack.kind": "tree"}
-    )
+    ids = [r["input_ids"] for r in grpo]
+    table = pa.table({"input_ids": ids, "group": list(range(len(ids)))})
+    table = table.replace_schema_metadata({"tokpack.kind": "tree"})
     with pytest.raises(ConfigError, match="pack_tokens"):
         tokpack.pack_tokens(table, 64)
     with pytest.raises(ConfigError, match="pack_tokens"):

@@ -11,7 +11,7 @@ import pyarrow as pa
 from .. import _tokpack
 from .._checks import checked_threads
 from .._io.arrays import as_arrow_column, list_array
-from ..kinds import kind_of_columns, kind_of_schema, refuse_kind
+from ..kinds import KINDS, kind_of_columns, kind_of_schema, refuse_kind
 from ..packed.format import SHARD_COLUMNS
 from .config import PackConfig, pack_config
 from .plan import Plan
@@ -84,8 +84,11 @@ def _kind_of(data: Any, config: PackConfig) -> str:
         return "tree"
     schema = getattr(data, "schema", None)
     if isinstance(schema, pa.Schema):
+        # By its metadata only with the columns that make it a tree (a table whose media
+        # columns were selected away keeps a multimodal shard's metadata: SFT by its columns).
         found = kind_of_schema(schema)
-        return "sft" if found is None else found[0]
+        if found is not None and found[0] == "tree" and KINDS["tree"].carried[0] in schema.names:
+            return "tree"
     return kind_of_columns(_column_names(data))
 
 
