@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import tokpack
-from tokpack.errors import ConfigError, OutputExistsError, OverlongError, SchemaError
+from tokpack.errors import ConfigError, DataError, OutputExistsError, OverlongError, SchemaError
 
 IGNORE = -100
 
@@ -76,9 +76,15 @@ def read_rows(out: Path) -> pa.Table:
 
 
 def check_rows(
-    out: Path, rows: Sequence[Dict[str, Any]], max_len: int, has_labels: bool = True
+    out: Path,
+    rows: Sequence[Dict[str, Any]],
+    max_len: int,
+    has_labels: bool = True,
+    max_path: Optional[int] = None,
 ) -> Dict[str, Any]:
-    """Asserts the theorems of tree rows against the input ``rows``; returns the manifest."""
+    """Asserts the theorems of tree rows against the input ``rows`` (truncated to ``max_path``,
+    default ``max_len``); returns the manifest."""
+    cap = max_len if max_path is None else max_path
     manifest = json.loads((out / "__tokpack__" / "_manifest.json").read_text())
     assert manifest["sample_kind"] == "tree"
     table = read_rows(out).to_pylist()
@@ -116,7 +122,7 @@ def check_rows(
                 u = parent[u]
             path.reverse()
             tokens = [t for u in path for t in ids[tin[u] : tin[u] + nlen[u]]]
-            want = rows[s]["input_ids"][:max_len]
+            want = rows[s]["input_ids"][:cap]
             assert tokens == want, f"sample {s}"
             assert row["seq_lengths"][i] == len(want)
             assert row["group"][i] == rows[s]["group"]
@@ -124,7 +130,7 @@ def check_rows(
                 assert row["reward"][i] == rows[s]["reward"]
             # Its targets: each trained token j >= 1, scored at the position of token j - 1.
             positions = [tin[u] + k for u in path for k in range(nlen[u])]
-            labels = rows[s]["labels"][:max_len] if has_labels else want
+            labels = rows[s]["labels"][:cap] if has_labels else want
             expected = [
                 (positions[j - 1], want[j]) for j in range(1, len(want)) if labels[j] != IGNORE
             ]
@@ -301,6 +307,10 @@ def test_pack_tokens_refuses_trees(grpo) -> None:
         tokpack.pack_tokens(
             [r["input_ids"] for r in grpo], config=tokpack.PackConfig(64, tree_group="group")
         )
+    with pytest.raises(ConfigError, match="pack_tokens"):
+        tokpack.pack_tokens(
+            [r["input_ids"] for r in grpo], config=tokpack.PackConfig(64, tree_max_path=8)
+        )
 
 
 def test_export_refuses_trees(tmp_path: Path, grpo) -> None:
@@ -350,3 +360,51 @@ def test_cli_summary_shows_forward_against_flat(tmp_path: Path, grpo, capsys) ->
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "forward tokens vs flat" in out
+
+
+def test_tree_max_path_caps_each_sequence_below_the_row(tmp_path: Path, grpo) -> None:
+    # The second cap: rows of max_len tokens, each root-to-leaf path (the model's context) at
+    # most tree_max_path.
+    src = write_shard(tmp_path / "in.parquet", grpo)
+    n_long = sum(len(r["input_ids"]) > 20 for r in grpo)
+    assert 0 < n_long < len(grpo)
+    with pytest.raises(DataError, match=r"in\.parquet.*tree_max_path=20"):
+        tokpack.pack_files(src, tmp_path / "err", 64, tree_max_path=20)
+    assert not (tmp_path / "err").exists()
+    m = tokpack.pack_files(src, tmp_path / "trunc", 64, tree_max_path=20, overlong="truncate")
+    check_rows(tmp_path / "trunc", grpo, 64, max_path=20)
+    assert m["figures"]["samples_truncated"] == n_long
+    assert m["config"]["tree_max_path"] == 20
+    m = tokpack.pack_files(src, tmp_path / "drop", 64, tree_max_path=20, overlong="drop")
+    check_rows(tmp_path / "drop", grpo, 64, max_path=20)
+    assert m["figures"]["samples_dropped"] == n_long
+    # Rows still hold more than one path's worth of tokens.
+    assert max(read_rows(tmp_path / "drop").column("num_tokens").to_pylist()) > 20
+    with pytest.raises(ConfigError, match="tree_max_path"):
+        tokpack.PackConfig(64, tree_max_path=65)
+    sft = tmp_path / "sft.parquet"
+    pq.write_table(pq.read_table(src).drop_columns(["group"]).replace_schema_metadata(None), sft)
+    with pytest.raises(ConfigError, match="tree_max_path=20 caps the paths of prefix trees"):
+        tokpack.pack_files(sft, tmp_path / "sft", 64, tree_max_path=20)
+    from tokpack.cli import main
+
+    out = tmp_path / "cli"
+    assert (
+        main(
+            [
+                "pack",
+                str(src),
+                "-o",
+                str(out),
+                "--max-len",
+                "64",
+                "--tree-max-path",
+                "20",
+                "--overlong",
+                "drop",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
+    check_rows(out, grpo, 64, max_path=20)

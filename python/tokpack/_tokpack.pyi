@@ -127,6 +127,7 @@ class PackConfig:
         pair_layout: Optional[str] = None,
         tree_group: Optional[str] = None,
         tree_min_shared: int = 1,
+        tree_max_path: Optional[int] = None,
         carry: Optional[Sequence[str]] = None,
         rows_per_shard: int = 16384,
         row_group_rows: int = 1024,
@@ -145,6 +146,7 @@ class PackConfig:
     pair_layout: Optional[str]
     tree_group: Optional[str]
     tree_min_shared: int
+    tree_max_path: Optional[int]
     carry: Tuple[str, ...]
     rows_per_shard: int
     row_group_rows: int

@@ -56,7 +56,7 @@ def refuse_unsupported(
 
 
 # Integer fields whose default is None (unset), so their type is not read off the default.
-_OPTIONAL_INTS = ("max_segments_per_row",)
+_OPTIONAL_INTS = ("max_segments_per_row", "tree_max_path")
 
 
 def _flag(name: str) -> str:

@@ -80,8 +80,8 @@ def _kind_of(data: Any, config: PackConfig) -> str:
     """The kind of samples of ``data``: a pyarrow table's by its metadata or columns
     (``kind_of_schema``), others' by their column names; prefix trees when ``config`` groups
     the sequences (``tree_group``)."""
-    if config.tree_group is not None:
-        return "tree"
+    if config.tree_group is not None or config.tree_max_path is not None:
+        return "tree"  # (the options of prefix trees)
     schema = getattr(data, "schema", None)
     if isinstance(schema, pa.Schema):
         # By its metadata only with the columns that make it a tree (a table whose media

@@ -80,6 +80,11 @@ pub const FIELDS: &[(&str, &[&str], &str)] = &[
         "prefix trees: a shared prefix shorter than this many tokens is not shared",
     ),
     (
+        "tree_max_path",
+        &[],
+        "prefix trees: the longest root-to-leaf path, the model's context (default: max_len);       a longer sequence is over-long (--overlong: drop, truncate or error)",
+    ),
+    (
         "carry",
         &[],
         "scalar per-sample columns kept as per-segment lists (KTO's label always is)",
@@ -124,6 +129,8 @@ pub struct PackFields {
     /// None: not given (`group` for tree token shards; other shards stay what they are).
     pub tree_group: Option<String>,
     pub tree_min_shared: i128,
+    /// None: `max_len`.
+    pub tree_max_path: Option<i128>,
     pub carry: Vec<String>,
     pub row_order: String,
     pub rows_per_shard: i128,
@@ -147,6 +154,7 @@ impl PackFields {
             pair_layout: None,
             tree_group: None,
             tree_min_shared: 1,
+            tree_max_path: None,
             carry: Vec::new(),
             row_order: RowOrder::Shuffled.name().into(),
             rows_per_shard: 16384,
@@ -166,6 +174,8 @@ pub struct PackConfig {
     /// The group column of sequences packed as prefix trees, when given.
     pub tree_group: Option<String>,
     pub tree_min_shared: u32,
+    /// The longest root-to-leaf path of prefix trees, when not `max_len`.
+    pub tree_max_path: Option<u32>,
     pub carry: Vec<String>,
     pub rows_per_shard: usize,
     pub row_group_rows: usize,
@@ -200,6 +210,11 @@ impl PackConfig {
             .map(|n| n as u32);
         let align = check_range("align_segments", f.align_segments, 1, MAX_LEN)? as u32;
         let tree_min_shared = check_range("tree_min_shared", f.tree_min_shared, 1, MAX_LEN)? as u32;
+        let tree_max_path = f
+            .tree_max_path
+            .map(|n| check_range("tree_max_path", n, 1, max_len.into()))
+            .transpose()?
+            .map(|n| n as u32);
         if f.tree_group.as_deref() == Some("") {
             return Err(CoreError::Config(
                 "tree_group must be a column name, got ''".into(),
@@ -239,6 +254,7 @@ impl PackConfig {
             pair_layout: f.pair_layout.as_deref().map(str::parse).transpose()?,
             tree_group: f.tree_group,
             tree_min_shared,
+            tree_max_path,
             carry,
             rows_per_shard: rows_per_shard as usize,
             row_group_rows: row_group_rows as usize,
@@ -271,6 +287,13 @@ impl PackConfig {
                 check_carry_name(crate::format::col::KTO_LABEL, false)?;
             }
             return Ok(out);
+        }
+        if let Some(n) = self.tree_max_path {
+            return Err(CoreError::Config(format!(
+                "tree_max_path={n} caps the paths of prefix trees; {inputs} holds {} samples, \
+                 which are not packed as trees (max_len caps their rows)",
+                kind.name()
+            )));
         }
         if let Some(group) = &self.tree_group {
             return Err(CoreError::Config(format!(
@@ -369,6 +392,7 @@ impl PackConfig {
             kind: SampleKind::Sft,
             tree_group: self.tree_group_column().to_string(),
             tree_min_shared: self.tree_min_shared as usize,
+            tree_max_path: self.tree_max_path.unwrap_or(self.plan.max_len),
         })
     }
 }

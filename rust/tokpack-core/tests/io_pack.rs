@@ -53,6 +53,7 @@ fn config(dir: &Path, inputs: Vec<PathBuf>, name: &str) -> PackFilesConfig {
         kind: tokpack_core::SampleKind::Sft,
         tree_group: "group".into(),
         tree_min_shared: 1,
+        tree_max_path: 1 << 30,
     }
 }
 

@@ -169,6 +169,8 @@ pack_config_methods! {
     tree_group: optional_string -> Option<&str> = |c| c.tree_group.as_deref(),
         if c.tree_group.is_some();
     tree_min_shared: integer -> u32 = |c| c.tree_min_shared, if c.tree_min_shared > 1;
+    tree_max_path: optional_integer -> Option<u32> = |c| c.tree_max_path,
+        if c.tree_max_path.is_some();
 {
     #[new]
     #[pyo3(signature = (max_len, **fields))]

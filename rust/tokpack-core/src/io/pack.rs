@@ -64,6 +64,8 @@ pub struct PackFilesConfig {
     /// prefix shared (`crate::tree::build`'s `min_shared`).
     pub tree_group: String,
     pub tree_min_shared: usize,
+    /// The longest root-to-leaf path (at most `plan.max_len`): a longer sequence is over-long.
+    pub tree_max_path: u32,
 }
 
 pub struct PackOutcome {
@@ -575,6 +577,7 @@ fn pack_tree_files(
     let job = TreeJob {
         plan: &config.plan,
         min_shared: config.tree_min_shared,
+        max_path: config.tree_max_path.min(config.plan.max_len),
         out: ShardOut {
             dir: &config.out_dir,
             row_group_rows: config.row_group_rows,

@@ -84,6 +84,9 @@ pub(super) struct Spilled<'a> {
 pub(super) struct TreeJob<'a> {
     pub plan: &'a PlanConfig,
     pub min_shared: usize,
+    /// The longest root-to-leaf path (`tree_max_path`, at most `max_len`): a longer sequence
+    /// is over-long, and a truncated one keeps this many tokens.
+    pub max_path: u32,
     pub out: ShardOut<'a>,
     pub rows_per_shard: usize,
 }
@@ -193,7 +196,7 @@ pub(super) struct Packed {
 /// Packs the spilled sequences as prefix trees into `job.out.dir`.
 pub(super) fn pack_trees(data: &Spilled, job: &TreeJob, progress: &Progress) -> Result<Packed> {
     let plan_cfg = job.plan;
-    let max_len = plan_cfg.max_len as usize;
+    let max_len = job.max_path as usize;
     let n = data.lengths.len();
     let (mut dropped, mut empty, mut truncated) = (Vec::new(), Vec::new(), Vec::new());
     let mut kept = Vec::with_capacity(n);
@@ -209,6 +212,17 @@ pub(super) fn pack_trees(data: &Spilled, job: &TreeJob, progress: &Progress) -> 
                     kept.push(i);
                 }
                 // `split` is refused with the config (`PackConfig::for_kind`).
+                Overlong::Error | Overlong::Split if job.max_path < plan_cfg.max_len => {
+                    return Err(CoreError::Data {
+                        at: Box::new(data.at(i, Some(data.tokens_column))),
+                        what: format!(
+                            "sample {i} has {len} tokens, more than tree_max_path={} (the \
+                             longest path of a tree); pass overlong=\"truncate\" or \"drop\", \
+                             or raise tree_max_path",
+                            job.max_path
+                        ),
+                    })
+                }
                 Overlong::Error | Overlong::Split => {
                     return Err(CoreError::Overlong {
                         at: Box::new(data.at(i, Some(data.tokens_column))),
@@ -298,13 +312,13 @@ fn group(data: &Spilled, mut kept: Vec<usize>) -> Result<Groups> {
 
 /// Pass 1: each group's trie cut into pieces, only their sizes kept.
 fn pass_one(data: &Spilled, job: &TreeJob, groups: &Groups, progress: &Progress) -> Result<Pieces> {
-    let max_len = job.plan.max_len as usize;
+    let (max_len, max_path) = (job.plan.max_len as usize, job.max_path as usize);
     let per_group: Vec<(Vec<i64>, u64)> = (0..groups.len())
         .into_par_iter()
         .map(|g| {
             progress.check()?;
             let ids = groups.of(g);
-            let loaded = data.load(ids, max_len)?;
+            let loaded = data.load(ids, max_path)?;
             let seqs = loaded.seqs();
             let all: Vec<u32> = (0..ids.len() as u32).collect();
             let forest = tree::build(&seqs, &[all], job.min_shared)?;
@@ -419,7 +433,7 @@ impl RowGroups<'_> {
             .map(|&g| self.groups.of(g as usize).iter().map(local).collect())
             .collect();
         let max_len = self.job.plan.max_len as usize;
-        let loaded = self.data.load(&ids, max_len)?;
+        let loaded = self.data.load(&ids, self.job.max_path as usize)?;
         let seqs = loaded.seqs();
         let forest = tree::build(&seqs, &local_groups, self.job.min_shared)?;
         let laid_pieces = tree::pieces(&forest, max_len as u64)?;
