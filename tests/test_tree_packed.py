@@ -22,7 +22,7 @@ from tokpack.torch import (
 )
 from tokpack.tree import PackedTreeCollator, model_inputs, sequence_logps, token_logps, tree_loss
 
-from .test_tree_models import tiny
+from .test_tree_models import alone, tiny
 from .test_tree_packed_collate import check_batch
 
 transformers = pytest.importorskip("transformers")
@@ -100,14 +100,6 @@ def test_the_directory_is_a_tree_kind_one(packed):
     # Trees were cut across rows, and the rows hold fewer tokens than the sequences.
     tokens = sum(int(ds[r]["input_ids"].numel()) for r in range(len(ds)))
     assert tokens < sum(len(s[0]) for s in samples)
-
-
-def alone(model, tokens, trained):
-    ids = torch.tensor(tokens)[None]
-    with torch.no_grad():
-        logits = model(input_ids=ids, use_cache=False).logits[0]
-    lp = torch.log_softmax(logits[:-1], -1).gather(-1, ids[0, 1:, None])[:, 0]
-    return lp[[j - 1 for j in range(1, len(tokens)) if trained[j]]]
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])

@@ -78,6 +78,16 @@ def _columns(rows: Sequence[Mapping[str, Any]]) -> Dict[str, List[np.ndarray]]:
     return out
 
 
+def _same(got: np.ndarray, want: np.ndarray, name: str, other: str, why: str = "") -> None:
+    """Column ``name``'s per-row entry counts ``got`` are ``want`` (what ``other`` gives), else
+    a DataError naming the first row that differs."""
+    if not np.array_equal(got, want):
+        r = int(np.argmax(got != want))
+        raise DataError(
+            f"row {r}: column {name!r} has {int(got[r])} entries, {other} {int(want[r])}{why}"
+        )
+
+
 def _lengths(parts: List[np.ndarray]) -> np.ndarray:
     return np.fromiter((p.size for p in parts), dtype=np.int64, count=len(parts))
 
@@ -96,13 +106,7 @@ def _check_sizes(cols: Dict[str, List[np.ndarray]]) -> Tuple[np.ndarray, ...]:
     for names, what in groups + ((PER_PRED, "predictions"),):
         first = _lengths(cols[names[0]])
         for name in names[1:]:
-            got = _lengths(cols[name])
-            if not np.array_equal(got, first):
-                r = int(np.argmax(got != first))
-                raise DataError(
-                    f"row {r}: column {name!r} has {int(got[r])} entries, {names[0]!r} has"
-                    f" {int(first[r])} (one per {what[:-1]})"
-                )
+            _same(_lengths(cols[name]), first, name, f"{names[0]!r} has", f" (one per {what[:-1]})")
         sizes.append(first)
     tokens, nodes, seqs, preds = sizes
     loss = cols["seq_loss_tokens"]
@@ -111,12 +115,7 @@ def _check_sizes(cols: Dict[str, List[np.ndarray]]) -> Tuple[np.ndarray, ...]:
             raise DataError(f"row {r}: column 'seq_loss_tokens' holds {int(s.min())}")
     want = np.fromiter((int(s.sum()) for s in loss), dtype=np.int64, count=len(loss))
     targets = _lengths(cols[TARGETS])
-    if not np.array_equal(targets, want):
-        r = int(np.argmax(targets != want))
-        raise DataError(
-            f"row {r}: column {TARGETS!r} has {int(targets[r])} entries, 'seq_loss_tokens' sum"
-            f" to {int(want[r])}"
-        )
+    _same(targets, want, TARGETS, "'seq_loss_tokens' sum to")
     return tokens, nodes, seqs, targets, preds
 
 

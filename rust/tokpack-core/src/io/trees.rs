@@ -19,14 +19,16 @@ use super::carry::{per_segment, Carried};
 use super::progress::{Phase, Progress};
 use super::source::Source;
 use super::spill::SpillReader;
-use super::writer::{list, list_field, write_rows, IndexColumns, ShardInfo, ShardOut};
+use super::writer::{
+    boundary_fields, list, list_field, write_rows, IndexColumns, ShardInfo, ShardOut,
+};
 use crate::error::{Context, CoreError, Location, Result};
 use crate::format::{col, TREE_COLUMNS};
 use crate::plan::{Plan, PlanConfig};
 use crate::policy::{Overlong, IGNORE_INDEX};
 use crate::tree::{self, Seq, Trained, TreeRows};
 use arrow::array::{Array, ArrayRef, AsArray, Int32Array, Int64Array, RecordBatch};
-use arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef};
+use arrow::datatypes::{DataType, Int64Type, Schema, SchemaRef};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
@@ -349,15 +351,8 @@ fn pass_one(data: &Spilled, job: &TreeJob, groups: &Groups, progress: &Progress)
 /// The packed-shard schema of tree rows: the common columns (no `labels`), the tree columns,
 /// then one list column per carried column, one value per sequence.
 pub fn tree_schema(carried: &[Carried]) -> SchemaRef {
-    let mut fields = vec![
-        list_field(col::INPUT_IDS, DataType::Int32),
-        list_field(col::SEQ_LENGTHS, DataType::Int32),
-        list_field(col::SAMPLE_IDS, DataType::Int64),
-        Field::new(col::NUM_TOKENS, DataType::Int32, false),
-        Field::new(col::NUM_SEQS, DataType::Int32, false),
-        Field::new(col::NUM_LOSS_TOKENS, DataType::Int32, false),
-        list_field(col::SEQ_LOSS_TOKENS, DataType::Int32),
-    ];
+    let mut fields = vec![list_field(col::INPUT_IDS, DataType::Int32)];
+    fields.extend(boundary_fields());
     fields.extend(TREE_COLUMNS.iter().map(|c| list_field(c, DataType::Int32)));
     fields.extend(
         carried

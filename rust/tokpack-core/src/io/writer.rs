@@ -82,6 +82,19 @@ pub(crate) fn list_field(name: &str, child: DataType) -> Field {
     )
 }
 
+/// The per-row boundary columns every packed shard has after its tokens (and labels):
+/// `seq_lengths`, `sample_ids`, the row's counts and `seq_loss_tokens`.
+pub(crate) fn boundary_fields() -> [Field; 6] {
+    [
+        list_field(col::SEQ_LENGTHS, DataType::Int32),
+        list_field(col::SAMPLE_IDS, DataType::Int64),
+        Field::new(col::NUM_TOKENS, DataType::Int32, false),
+        Field::new(col::NUM_SEQS, DataType::Int32, false),
+        Field::new(col::NUM_LOSS_TOKENS, DataType::Int32, false),
+        list_field(col::SEQ_LOSS_TOKENS, DataType::Int32),
+    ]
+}
+
 /// The packed-shard schema (see PACKED_FORMAT / README): with `pairs`, the preference columns
 /// `seq_roles` and `num_pairs`; then one list column per carried column.
 pub fn shard_schema(has_labels: bool, pairs: bool, carried: &[Carried]) -> SchemaRef {
@@ -89,14 +102,7 @@ pub fn shard_schema(has_labels: bool, pairs: bool, carried: &[Carried]) -> Schem
     if has_labels {
         fields.push(list_field(col::LABELS, DataType::Int32));
     }
-    fields.extend([
-        list_field(col::SEQ_LENGTHS, DataType::Int32),
-        list_field(col::SAMPLE_IDS, DataType::Int64),
-        Field::new(col::NUM_TOKENS, DataType::Int32, false),
-        Field::new(col::NUM_SEQS, DataType::Int32, false),
-        Field::new(col::NUM_LOSS_TOKENS, DataType::Int32, false),
-        list_field(col::SEQ_LOSS_TOKENS, DataType::Int32),
-    ]);
+    fields.extend(boundary_fields());
     if pairs {
         fields.extend([
             list_field(col::SEQ_ROLES, DataType::Int8),
