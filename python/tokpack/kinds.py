@@ -38,6 +38,7 @@ __all__ = [
     "kind_of_columns",
     "kind_of_shards",
     "kind_of_packed",
+    "packing_kind",
     "refuse_kind",
 ]
 
@@ -47,6 +48,9 @@ ENTRY_POINTS: Tuple[str, ...] = tuple(_tokpack.ENTRY_POINTS)
 # ``tokpack.multimodal`` (the model family of multimodal shards); SFT shards carry none.
 KIND_KEY = b"tokpack.kind"
 MULTIMODAL_KEY = b"tokpack.multimodal"
+# Each segment's trained targets (a shard column the readers decode for prefix trees only).
+SEQ_LOSS_TOKENS = "seq_loss_tokens"
+assert SEQ_LOSS_TOKENS in _tokpack.SHARD_COLUMNS
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,19 @@ class Kind:
     def paired(self) -> bool:
         """A sample is a pair of sequences packed whole in one row (never cut)."""
         return self.cut == "never"
+
+    @property
+    def trees(self) -> bool:
+        """Its packed rows are prefix trees: the sequences of a group share their common
+        prefixes, stored once (the ``tree_*`` columns), so a row's tokens are not its
+        sequences' tokens end to end. Readers, checks and collators of flat rows refuse them."""
+        return "tree_node" in self.outputs
+
+    @property
+    def read(self) -> Tuple[str, ...]:
+        """The columns of its packed shards a reader needs beyond the common ones: its own
+        outputs, and for prefix trees how each sequence's targets split (``seq_loss_tokens``)."""
+        return self.outputs + ((SEQ_LOSS_TOKENS,) if self.trees else ())
 
 
 _PACK = "tokpack.pack_files (tokpack pack)"
@@ -201,6 +218,13 @@ def kind_of_packed(manifest: Mapping[str, Any], carried: Iterable[str]) -> str:
     if manifest.get("config", {}).get("pair_layout") is not None:
         return "preference"
     return next((k.name for k in KINDS.values() if k.carried and set(k.carried) <= carried), "sft")
+
+
+def packing_kind(found: str, tree_group: Optional[str]) -> str:
+    """The kind token shards holding ``found`` samples are packed as: SFT shards named a group
+    column by ``tree_group`` (``--tree-group``) are packed as prefix trees; tree shards are by
+    their metadata (``tokpack.kind = "tree"``) whatever the config says."""
+    return "tree" if found == "sft" and tree_group is not None else found
 
 
 def refuse_kind(entry: str, name: str, where: str) -> None:

@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from ..errors import ConfigError
+from ..kinds import KINDS
 from ..packed.reader import PackedDir
 from . import Cost, _max_over_mean, cost_coefficients, partition
 
@@ -66,7 +67,7 @@ def row_compute(packed: PackedDir, cost: Any = "attention") -> np.ndarray:
     a, b, *vision = packed_cost(cost)
     parts = []
     for g in range(packed.num_groups):
-        if packed.kind == "tree":
+        if KINDS[packed.kind].trees:
             parts.append(tree_compute(packed.decode(g, ["tree_node_depth", "tree_node_len"]), a, b))
             continue
         lengths, offsets = packed.decode(g, ["seq_lengths"])["seq_lengths"]

@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
             f"\n{file}: {row['num_tokens']} tokens ({row['num_loss_tokens']} trained on), "
             f"{len(row['seq_lengths'])} {'segments' if row.get('seq_roles') else 'samples'}"
         )
-        if packed.kind == "tree":
+        if KINDS[packed.kind].trees:
             _print_tree_row(row)
             continue
         pos = 0
@@ -122,7 +122,7 @@ def _rows(packed: PackedDir) -> Iterator[Tuple[str, Dict[str, Any]]]:
     reader (a damaged shard is reported, not shown)."""
     cols = ["input_ids", "seq_lengths", "sample_ids", "num_tokens", "num_loss_tokens"]
     cols += ["seq_roles"] if KINDS[packed.kind].paired else []
-    cols += list(TREE_SHOWN) if packed.kind == "tree" else []
+    cols += list(TREE_SHOWN) if KINDS[packed.kind].trees else []
     for group in range(packed.num_groups):
         file = Path(packed.shard_paths[int(packed.group_shard[group])]).name
         decoded = packed.decode(group, cols)

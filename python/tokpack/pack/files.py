@@ -40,7 +40,7 @@ from .._io.scratch import SPILL_PREFIX, check_work_dir, remove_dead, scratch_dir
 from .._io.store import cached_run, destination
 from .._tokpack import pair_layout_for
 from ..errors import OverlongError
-from ..kinds import KINDS, kind_of_shards
+from ..kinds import KINDS, kind_of_shards, packing_kind
 from ..multimodal.stats import packed_vision_figures
 from ..packed.format import (
     DROPPED_NAME,
@@ -184,7 +184,7 @@ def pack_files(
         encoding = RecordEncoder(tokenizer, options)
     else:
         paths = resolve_inputs(inputs, TOKEN_SUFFIXES, output_dir=dest.place, folders=folders)
-        kind = tree_kind(kind_of_shards(paths), config)
+        kind = packing_kind(kind_of_shards(paths), config.tree_group)
         config = config.for_kind(kind, shown_path(paths[0]))
     recorded = config.to_dict()
     if encoding is not None:
@@ -268,13 +268,6 @@ def pack_files(
         fingerprinted=encoding is None,
     )
     return {**manifest, "cache_hit": hit, "rebuilt_because": rebuilt_because}
-
-
-def tree_kind(kind: str, config: PackConfig) -> str:
-    """The kind token shards of ``kind`` are packed as: SFT shards named a group column by
-    ``tree_group`` (``--tree-group``) are packed as prefix trees (``kind="tree"``); tree shards
-    are by their metadata (``tokpack.kind = "tree"``) whatever the config says."""
-    return "tree" if kind == "sft" and config.tree_group is not None else kind
 
 
 @contextlib.contextmanager

@@ -130,7 +130,7 @@ def _check_group(
             problem = f"carried column {name!r} does not have one entry per segment"
     if problem is not None:
         raise CorruptOutputError(f"{path}: row group {g}: {problem}")
-    found = tree_problem(cols) if packed.kind == "tree" else None
+    found = tree_problem(cols) if KINDS[packed.kind].trees else None
     if found is not None:
         row, column, what = found
         raise CorruptOutputError(
@@ -290,7 +290,7 @@ def _verify_packed(packed: PackedDir, full: bool) -> Dict[str, Any]:
         first = 0
         for group in np.flatnonzero(packed.group_shard == k):
             cols = _check_group(packed, int(group), index, first)
-            if packed.kind == "tree":
+            if KINDS[packed.kind].trees:
                 held.append(np.asarray(cols["sample_ids"][0], dtype=np.int64))
             first += int(packed.group_rows[group])
         # The row groups and the footer cover all but the leading magic bytes; the whole-file
@@ -305,7 +305,7 @@ def _verify_packed(packed: PackedDir, full: bool) -> Dict[str, Any]:
                 f"{path}: does not match its checksum (it hashes to {checksum}, the manifest"
                 f" says {shard['checksum']})"
             )
-    if full and packed.kind == "tree":
+    if full and KINDS[packed.kind].trees:
         _check_tree_samples(packed, held)
     return {
         "ok": True,

@@ -29,11 +29,7 @@ from .. import _tokpack
 from .._io.manifest import member_path
 from ..errors import ConfigError, CorruptOutputError, InputNotFoundError, TokpackError
 from ..kinds import KINDS, kind_of_packed
-from .format import FORMAT, FORMAT_VERSION, MANIFEST_NAME, ROW_COLUMNS, SHARD_COLUMNS
-
-# Each segment's loss tokens (a shard column the readers decode for trees only).
-SEQ_LOSS_TOKENS = "seq_loss_tokens"
-assert SEQ_LOSS_TOKENS in SHARD_COLUMNS
+from .format import FORMAT, FORMAT_VERSION, MANIFEST_NAME, ROW_COLUMNS
 
 __all__ = ["PackedDir", "decode_row_group"]
 
@@ -165,10 +161,7 @@ class PackedDir:
         needed = [c for c in ROW_COLUMNS if c != "labels" or self.has_labels]
         # The kind of samples (``tokpack.kinds``): its own shard columns are needed too.
         self.kind = kind_of_packed(m, self.carried)
-        needed += list(KINDS[self.kind].outputs) + self.carried
-        if self.kind == "tree":
-            # A tree row's targets, per sequence: how its tree_target_pred splits.
-            needed.append(SEQ_LOSS_TOKENS)
+        needed += list(KINDS[self.kind].read) + self.carried
         self.needed_columns = needed
         self.shard_paths: List[str] = []
         self.shard_sizes: List[int] = []

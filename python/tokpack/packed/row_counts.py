@@ -17,6 +17,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .._contract import IGNORE_INDEX
+from ..kinds import KINDS
 from .integrity import _read_index
 from .reader import PackedDir, segment_sums
 
@@ -36,7 +37,7 @@ def row_counts(packed: PackedDir) -> RowCounts:
     parts = [_read_index(packed, k) for k in range(len(packed.shard_paths))]
     tokens = np.concatenate([p["num_tokens"] for p in parts]).astype(np.int64)
     samples = np.concatenate([p["num_seqs"] for p in parts]).astype(np.int64)
-    if packed.kind == "tree":
+    if KINDS[packed.kind].trees:
         # A tree row's loss terms are its sequences' trained targets (a sequence's first token
         # is never one), as its num_loss_tokens counts them.
         loss = np.concatenate([p["num_loss_tokens"] for p in parts]).astype(np.int64)

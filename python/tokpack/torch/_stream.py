@@ -46,7 +46,7 @@ def check_tree_sources(sources: Sequence[PackedDir], collate_fn: Optional[Collat
     """Tree directories (sample kind ``tree``) are read by a tree collator only, and alone or
     with other tree directories: ConfigError naming the directory otherwise. A flat collator
     would mix the sequences of a tree row; a mixture of tree and flat rows has no collator."""
-    trees = [p for p in sources if p.kind == "tree"]
+    trees = [p for p in sources if KINDS[p.kind].trees]
     if not trees:
         if getattr(collate_fn, "reads_tree_rows", False):
             raise ConfigError(
@@ -54,7 +54,7 @@ def check_tree_sources(sources: Sequence[PackedDir], collate_fn: Optional[Collat
                 f" holds {sources[0].kind} rows: collate them with tokpack.torch.PackedCollator"
             )
         return
-    flat = [p for p in sources if p.kind != "tree"]
+    flat = [p for p in sources if not KINDS[p.kind].trees]
     if flat:
         raise ConfigError(
             f"{trees[0].shown} holds tree rows and {flat[0].shown} {flat[0].kind} rows: one"
