@@ -74,3 +74,17 @@ def test_the_readers_column_groups_are_the_shard_columns_they_name():
     assert format.ROW_COLUMNS == ("input_ids", "labels", "seq_lengths", "sample_ids")
     assert format.PAIR_SHARD_COLUMNS == ("seq_roles", "num_pairs")
     assert format.INDEX_COLUMNS == ("offset", "num_tokens", "num_seqs", "num_loss_tokens")
+
+
+def test_the_tree_column_groups_are_the_tree_kinds_outputs_they_name():
+    """``packed.tree_integrity``'s groups are slices of the core's tree outputs (the collator
+    and ``verify`` read by them): a column moved in the core must update them."""
+    from tokpack.packed import tree_integrity as tree
+
+    assert tree.TREE_TOKEN_COLUMNS == ("tree_node",)
+    assert tree.TREE_NODE_COLUMNS == tuple(
+        f"tree_node_{x}" for x in ("parent", "depth", "tin", "tout", "len")
+    )
+    assert tree.TREE_SEQ_COLUMNS == ("tree_seq_end_node",)
+    assert tree.TREE_TARGETS == "tree_target_pred"
+    assert tree.TREE_PRED_COLUMNS == ("tree_pred_pos", "tree_pred_token", "tree_pred_weight")

@@ -19,17 +19,27 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
-__all__ = ["TREE_NODE_COLUMNS", "tree_problem"]
+from ..kinds import KINDS
 
-TREE_NODE_COLUMNS = (
-    "tree_node_parent",
-    "tree_node_depth",
-    "tree_node_tin",
-    "tree_node_tout",
-    "tree_node_len",
-)
-_PER_SEQ = ("sample_ids", "seq_loss_tokens", "tree_seq_end_node")
-_PER_PRED = ("tree_pred_pos", "tree_pred_token", "tree_pred_weight")
+__all__ = [
+    "TREE_TOKEN_COLUMNS",
+    "TREE_NODE_COLUMNS",
+    "TREE_SEQ_COLUMNS",
+    "TREE_TARGETS",
+    "TREE_PRED_COLUMNS",
+    "tree_problem",
+]
+
+# The tree kind's own shard columns (the core's, in its order; tests/test_contract.py pins the
+# groups) by what they hold an entry per: token, node, sequence, target, prediction.
+_TREE = KINDS["tree"].outputs
+TREE_TOKEN_COLUMNS = _TREE[:1]  # tree_node
+TREE_NODE_COLUMNS = _TREE[1:6]  # tree_node_{parent,depth,tin,tout,len}
+TREE_SEQ_COLUMNS = _TREE[6:7]  # tree_seq_end_node
+TREE_TARGETS = _TREE[7]  # tree_target_pred
+TREE_PRED_COLUMNS = _TREE[8:]  # tree_pred_{pos,token,weight}
+_PER_SEQ = ("sample_ids", "seq_loss_tokens", *TREE_SEQ_COLUMNS)
+_PER_PRED = TREE_PRED_COLUMNS
 
 
 class _Bad(Exception):

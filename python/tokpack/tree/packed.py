@@ -22,6 +22,13 @@ import torch
 from .._checks import check_int
 from ..errors import DataError
 from ..packed.format import SHARD_COLUMNS
+from ..packed.tree_integrity import (
+    TREE_NODE_COLUMNS,
+    TREE_PRED_COLUMNS,
+    TREE_SEQ_COLUMNS,
+    TREE_TARGETS,
+    TREE_TOKEN_COLUMNS,
+)
 from ..torch._transport import ship
 from .batch import as_tensors
 
@@ -30,17 +37,11 @@ __all__ = ["PackedTreeCollator", "TREE_ROW_COLUMNS"]
 _MAX_INT = 2**63 - 1
 
 # The columns of a packed tree row the collator reads, by what they are indexed by.
-PER_TOKEN = ("input_ids", "tree_node")
-PER_NODE = (
-    "tree_node_parent",
-    "tree_node_depth",
-    "tree_node_tin",
-    "tree_node_tout",
-    "tree_node_len",
-)
-PER_SEQ = ("sample_ids", "seq_lengths", "seq_loss_tokens", "tree_seq_end_node")
-PER_PRED = ("tree_pred_pos", "tree_pred_token", "tree_pred_weight")
-TARGETS = "tree_target_pred"
+PER_TOKEN = ("input_ids", *TREE_TOKEN_COLUMNS)
+PER_NODE = TREE_NODE_COLUMNS
+PER_SEQ = ("sample_ids", "seq_lengths", "seq_loss_tokens", *TREE_SEQ_COLUMNS)
+PER_PRED = TREE_PRED_COLUMNS
+TARGETS = TREE_TARGETS
 #: Every column of a packed tree row the collator reads.
 TREE_ROW_COLUMNS: Tuple[str, ...] = PER_TOKEN + PER_NODE + PER_SEQ + (TARGETS,) + PER_PRED
 # Not carried: the shard's own columns (counts, ...) and the tree's.
