@@ -44,12 +44,17 @@ def write_json_atomic(path: Union[str, os.PathLike], data: Dict[str, Any]) -> No
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
+    write_json(tmp, data)
+    os.replace(tmp, path)
+
+
+def write_json(path: Union[str, os.PathLike], data: Dict[str, Any]) -> None:
+    """``data`` as JSON (indented, keys sorted) in the file ``path``, on disk when it returns."""
+    with open(path, "w", encoding="utf-8") as f:
         json.dump(data, f, indent=2, sort_keys=True)
         f.write("\n")
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def write_manifest(out_dir: Union[str, os.PathLike], manifest: Dict[str, Any]) -> None:

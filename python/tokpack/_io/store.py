@@ -442,11 +442,11 @@ def read_manifest_at(output_dir: Union[str, os.PathLike], filesystem: Any = None
 
 @contextlib.contextmanager
 def object_output_files(
-    shown: Sequence[str], *, force: bool, owned: Callable[[pafs.FileSystem, str], bool]
+    shown: Sequence[str], *, force: bool, owned: Callable[[str, pafs.FileSystem], bool]
 ) -> Iterator[List[Path]]:
     """``outdir.atomic_output_files`` for files on object storage (URIs of one store): yields a
     local temporary path for each; on normal exit uploads each whole, in order. An existing
-    object is replaced only with ``force`` and only when ``owned(fs, key)`` says tokpack wrote
+    object is replaced only with ``force`` and only when ``owned(key, fs)`` says tokpack wrote
     it (checked before the work and again before the uploads)."""
     stores = []
     for name in shown:
@@ -460,7 +460,7 @@ def object_output_files(
         for (_, key, name), info in zip(stores, fs.get_file_info([k for _, k, _ in stores])):
             if info.type != pafs.FileType.NotFound:
                 is_dir = info.type != pafs.FileType.File
-                check_replace(name, force, is_dir, partial(owned, fs, key), "an object")
+                check_replace(name, force, is_dir, partial(owned, key, fs), "an object")
 
     check()
     with scratch_dir("tokpack-export-") as d:
