@@ -125,11 +125,14 @@ class Source:
         return f"{self.prefix}/{name}"
 
     def _call(self, name: str, what: str, read: Callable[[], T]) -> T:
-        """``read()`` with retries of transient errors; errors name ``name``'s URI."""
+        """``read()`` with retries of transient errors (counted, with the bytes it returns);
+        errors name ``name``'s URI."""
         for attempt in range(self.retries + 1):
             try:
                 result = read()
                 count("requests")
+                if isinstance(result, bytes):
+                    count("bytes_fetched", len(result))
                 return result
             except FileNotFoundError:
                 raise InputNotFoundError(f"{self.uri(name)}: no such object") from None
@@ -164,9 +167,7 @@ class Source:
             with self.fs.open_input_stream(self.key(name)) as f:
                 return f.read()
 
-        data = self._call(name, "read", read)
-        count("bytes_fetched", len(data))
-        return data
+        return self._call(name, "read", read)
 
     def read_range(self, name: str, offset: int, length: int) -> bytes:
         """``length`` bytes of object ``name`` from ``offset`` (one ranged GET)."""
@@ -180,9 +181,7 @@ class Source:
                 )
             return data
 
-        data = self._call(name, f"read bytes {offset}..{offset + length}", read)
-        count("bytes_fetched", len(data))
-        return data
+        return self._call(name, f"read bytes {offset}..{offset + length}", read)
 
     def _file(self, name: str) -> Any:
         """An open random-access file of object ``name``, kept per process (opening one asks

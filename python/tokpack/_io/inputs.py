@@ -159,19 +159,14 @@ def _local_files(path: Path, suffixes: Tuple[str, ...], out: Optional[Place]) ->
     return [path]
 
 
-def _before_magic(place: Place) -> Place:
-    """The folder of a glob's place: its components before the first with a wildcard."""
-    first = next(i for i, p in enumerate(place.parts) if glob.has_magic(p))
-    return Place(place.store, place.parts[:first], place.shown)
-
-
 def _object_places(uri: str, copies: List[Path]) -> List[Tuple[Place, bool]]:
     """What an object-storage input reads: its objects, and the prefix it lists (a prefix, or
     a glob's folder before its first wildcard) unless it names one object."""
     objects = [uri_place(str(uri_of(c))) for c in copies]
     given = uri_place(uri)
-    if glob.has_magic(uri):
-        given = _before_magic(given)
+    if glob.has_magic(uri):  # (its folder: the components before the first with a wildcard)
+        first = next(i for i, p in enumerate(given.parts) if glob.has_magic(p))
+        given = Place(given.store, given.parts[:first], given.shown)
     elif len(objects) == 1 and objects[0].parts == given.parts:
         return [(objects[0], False)]
     return [(given, True)] + [(o, False) for o in objects]

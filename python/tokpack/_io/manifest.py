@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path, PurePosixPath
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -44,12 +44,17 @@ def write_json_atomic(path: Union[str, os.PathLike], data: Dict[str, Any]) -> No
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
+    write_json(tmp, data)
+    os.replace(tmp, path)
+
+
+def write_json(path: Union[str, os.PathLike], data: Dict[str, Any]) -> None:
+    """``data`` as JSON (indented, keys sorted) in the file ``path``, on disk when it returns."""
+    with open(path, "w", encoding="utf-8") as f:
         json.dump(data, f, indent=2, sort_keys=True)
         f.write("\n")
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def write_manifest(out_dir: Union[str, os.PathLike], manifest: Dict[str, Any]) -> None:
@@ -73,6 +78,22 @@ def member_path(root: Union[str, os.PathLike], name: Any, what: str = "file") ->
             " or a '..' component); refusing to read it"
         )
     return root / name
+
+
+def listed_files(manifest: Dict[str, Any]) -> List[Tuple[Any, Any, Any]]:
+    """``(name, size, checksum)`` of every file ``manifest`` lists, as it records them: each
+    shard and its index, the dropped list, the rejected records (no size or checksum); KeyError
+    or TypeError when it is malformed."""
+    m, found = manifest, []
+    for shard in m["shards"]:
+        found.append((shard["file"], shard.get("size"), shard.get("checksum")))
+        if "index" in shard:
+            found.append((shard["index"], shard.get("index_size"), shard.get("index_checksum")))
+    if m.get("dropped_file"):
+        found.append((m["dropped_file"], m.get("dropped_size"), m.get("dropped_checksum")))
+    if m.get("rejected_file"):
+        found.append((m["rejected_file"], None, None))
+    return found
 
 
 def side_file_problem(

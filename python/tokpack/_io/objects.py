@@ -37,7 +37,7 @@ import pyarrow.fs as pafs
 
 from .. import _tokpack
 from ..errors import InputNotFoundError, TokpackError
-from .pids import pid_alive
+from .pids import remove_dead_temporaries
 from .uri import cache_home, is_remote, store_of
 
 __all__ = [
@@ -163,30 +163,26 @@ def _objects(uri: str, suffixes: Tuple[str, ...]) -> Tuple[pafs.FileSystem, List
         if info.type == pafs.FileType.File:
             return fs, [info]
         if info.type == pafs.FileType.Directory:
-            selector = pafs.FileSelector(path.rstrip("/"), recursive=True)
-            found = [
-                i
-                for i in fs.get_file_info(selector)
-                if i.type == pafs.FileType.File
-                and i.path.lower().endswith(suffixes)
-                and not any(
-                    part.startswith(("_", "."))
-                    for part in i.path[len(path.rstrip("/")) + 1 :].split("/")
-                )
-            ]
-            if not found:
-                raise InputNotFoundError(f"{uri}: no {' / '.join(suffixes)} objects inside")
-            return fs, sorted(found, key=lambda i: i.path)
-        if glob.has_magic(path):
+            base, none = path.rstrip("/"), f"no {' / '.join(suffixes)} objects inside"
+
+            def wanted(i: pafs.FileInfo) -> bool:
+                hidden = any(p.startswith(("_", ".")) for p in i.path[len(base) + 1 :].split("/"))
+                return i.path.lower().endswith(suffixes) and not hidden
+
+        elif glob.has_magic(path):
             base = path[: min(path.index(c) for c in "*?[" if c in path)].rsplit("/", 1)[0]
+            none = "no object matches"
+
+            def wanted(i: pafs.FileInfo) -> bool:
+                return fnmatch.fnmatchcase(i.path, path)
+
+        if info.type == pafs.FileType.Directory or glob.has_magic(path):
             selector = pafs.FileSelector(base, recursive=True, allow_not_found=True)
             found = [
-                i
-                for i in fs.get_file_info(selector)
-                if i.type == pafs.FileType.File and fnmatch.fnmatchcase(i.path, path)
+                i for i in fs.get_file_info(selector) if i.type == pafs.FileType.File and wanted(i)
             ]
             if not found:
-                raise InputNotFoundError(f"{uri}: no object matches")
+                raise InputNotFoundError(f"{uri}: {none}")
             return fs, sorted(found, key=lambda i: i.path)
     except OSError as exc:
         raise InputNotFoundError(f"{uri}: cannot list ({exc})") from None
@@ -256,11 +252,4 @@ def _remove_dead_downloads(copy: Path) -> None:
     """Removes the temporaries of downloads of ``copy`` (and of its record) left by runs that
     died (``.NAME.tmp-PID-TAG``: their pid is gone), as ``outdir`` does for OUT_DIR's."""
     names = rf"\.{re.escape(copy.name)}(?:{re.escape(_SOURCE_SUFFIX)})?\.tmp-(\d+)-[0-9a-f]{{8}}"
-    pattern = re.compile(names)
-    with contextlib.suppress(OSError), os.scandir(copy.parent) as entries:
-        for entry in list(entries):
-            found = pattern.fullmatch(entry.name)
-            if found is not None and entry.is_file(follow_symlinks=False):
-                if not pid_alive(int(found[1])):
-                    with contextlib.suppress(OSError):
-                        os.unlink(entry.path)
+    remove_dead_temporaries(copy.parent, re.compile(names))

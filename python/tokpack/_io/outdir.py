@@ -31,7 +31,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Union
 
 import pyarrow as pa
 
@@ -47,7 +47,7 @@ from ..errors import (
 from .inputs import input_error, shown_path
 from .manifest import MANIFEST_NAME, read_manifest, write_json_atomic  # noqa: F401 (re-exported)
 from .objects import object_fingerprint
-from .pids import pid_alive
+from .pids import remove_dead_temporaries
 
 # Side files (manifest, indexes, accounting) live in SIDE_DIR, a subdirectory Parquet readers
 # skip: pyarrow.dataset ignores names starting with "_", Hugging Face datasets ignores directories
@@ -87,9 +87,7 @@ def describe_inputs(
     ``threads`` threads, default all cores: the hashing releases the GIL). Without
     ``contents`` local files get no fingerprint yet: the run that reads them takes it
     (:func:`add_fingerprints`)."""
-    workers = max(1, min(len(paths), threads or _tokpack.default_threads()))
-    with ThreadPoolExecutor(workers) as pool:
-        return list(pool.map(lambda p: _describe(Path(p), contents), paths))
+    return _pooled(lambda p: _describe(Path(p), contents), paths, threads)
 
 
 def add_fingerprints(
@@ -105,10 +103,16 @@ def add_fingerprints(
     for i in [i for i in missing if i < len(taken)]:
         described[i]["fingerprint"] = taken[i]
     missing = [i for i in missing if i >= len(taken)]
-    workers = max(1, min(len(missing), threads or _tokpack.default_threads()))
+    for i, fp in zip(missing, _pooled(lambda i: fingerprint_file(paths[i]), missing, threads)):
+        described[i]["fingerprint"] = fp
+
+
+def _pooled(work: Callable[[Any], Any], items: Sequence[Any], threads: Optional[int]) -> List[Any]:
+    """``work`` of each item, in order, on ``threads`` threads (default all cores: the hashing
+    releases the GIL)."""
+    workers = max(1, min(len(items), threads or _tokpack.default_threads()))
     with ThreadPoolExecutor(workers) as pool:
-        for i, fp in zip(missing, pool.map(lambda i: fingerprint_file(paths[i]), missing)):
-            described[i]["fingerprint"] = fp
+        return list(pool.map(work, items))
 
 
 def cache_key(kind: str, inputs: List[Dict[str, Any]], config: Dict[str, Any]) -> str:
@@ -120,21 +124,12 @@ def cache_key(kind: str, inputs: List[Dict[str, Any]], config: Dict[str, Any]) -
 def _clean_stale(out_dir: Path) -> None:
     """Removes temporaries and the lock file left by runs that died (their pid is gone), so the
     next run leaves none behind, a cache hit included."""
-    parent = out_dir.parent
-    if not parent.is_dir():
-        return
-    prefix = f".{out_dir.name}"
+    parent, prefix = out_dir.parent, f".{out_dir.name}"
     # ``.NAME.tmp-PID-TAG`` / ``.NAME.old-PID-TAG``: a run's temporaries, by its pid.
     tags = "|".join(re.escape(tag) for tag in (_TMP_TAG, _OLD_TAG))
-    temporary = re.compile(rf"{re.escape(prefix)}(?:{tags})(\d+)(?:-.*)?", re.DOTALL)
-    for entry in parent.iterdir():
-        found = temporary.fullmatch(entry.name)
-        if found is not None and not pid_alive(int(found[1])):
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry, ignore_errors=True)
-            else:
-                with contextlib.suppress(OSError):
-                    entry.unlink()
+    remove_dead_temporaries(
+        parent, re.compile(rf"{re.escape(prefix)}(?:{tags})(\d+)(?:-.*)?", re.DOTALL)
+    )
     _remove_stale_lock(parent / f"{prefix}{_LOCK_SUFFIX}")
 
 
@@ -239,13 +234,10 @@ def foreign_names(
     its manifest (None when there is none): the shards the manifest lists and the side folder
     are tokpack's; ``ours`` adds what a destination's own runs leave (an object store's staging
     names, see ``ray._store``). An output is replaced only when this is empty."""
-    listed = {SIDE_DIR}
+    listed: Set[str] = set()
     if is_tokpack_manifest(manifest):
-        for shard in manifest.get("shards") or []:
-            if isinstance(shard, dict) and isinstance(shard.get("file"), str):
-                listed.add(shard["file"])
-    else:
-        listed = set()
+        shards = [s for s in manifest.get("shards") or [] if isinstance(s, dict)]
+        listed = {SIDE_DIR} | {s["file"] for s in shards if isinstance(s.get("file"), str)}
     return [
         n
         for n in names
@@ -345,21 +337,23 @@ def output_file(path: Union[str, os.PathLike]) -> Path:
 
 @contextlib.contextmanager
 def atomic_output_files(
-    finals: Sequence[Path], shown: Sequence[str], *, force: bool, owned: Callable[[Path], bool]
+    shown: Sequence[str], *, force: bool, owned: Callable[[str], bool]
 ) -> Iterator[List[Path]]:
-    """Yields a temporary path next to each of ``finals`` (real paths from
+    """Yields a temporary path next to each of the files ``shown`` (their real paths, from
     :func:`output_file`); on normal exit renames each into place, in order, else removes them.
-    An existing final is replaced only with ``force`` and only when ``owned(final)`` says
+    An existing one is replaced only with ``force`` and only when ``owned(real path)`` says
     tokpack wrote it (checked before the work and again just before the renames); a replaced
     file's mode and group are kept. Runs writing the same first file are serialised by its lock
     (see :func:`_output_lock`). Several files are committed by several renames: a writer whose
     files must match (``export megatron``'s pair) names them all, with checksums, in the first
     one, so a pair torn by a kill between renames is detected."""
 
+    finals = [output_file(name) for name in shown]
+
     def check() -> None:
         for final, name in zip(finals, shown):
             if os.path.lexists(final):
-                check_replace(name, force, final.is_dir(), partial(owned, final), "a file")
+                check_replace(name, force, final.is_dir(), partial(owned, str(final)), "a file")
 
     check()
     for final in finals:

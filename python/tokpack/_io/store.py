@@ -31,8 +31,6 @@ import os
 import re
 import secrets
 import shutil
-from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import (
@@ -53,7 +51,7 @@ import pyarrow.fs as pafs
 from .. import _tokpack
 from ..errors import ConfigError, CorruptOutputError, OutputError, OutputExistsError
 from . import manifest as _manifest  # (its write_manifest looked up at each call)
-from .manifest import cache_problem
+from .manifest import cache_problem, listed_files
 from .outdir import (
     MANIFEST_NAME,
     SIDE_DIR,
@@ -79,28 +77,14 @@ _OURS = re.compile(rf"(part-\d{{5}}\.parquet|{SIDE_DIR}/.+|\.group-\d+/.+)")
 _STAGED = re.compile(rf"({SIDE_DIR}/.+|\.group-\d+/.+)")
 
 
-class Out(ABC):
-    """The output of a run as tasks and the driver see it (picklable: sent to tasks)."""
-
-    @abstractmethod
-    def scratch(self) -> ContextManager[Path]:
-        """A fresh local directory (with the side folder) for one task's files."""
-
-    @abstractmethod
-    def publish(self, scratch: Path, names: Sequence[str], dest: str = "") -> None:
-        """Puts ``scratch/name`` at ``dest/name`` of the output, each whole or not at all."""
-
-    @abstractmethod
-    def move(self, src: str, dst: str) -> None:
-        """Renames a published file (local mode numbers its shards once all groups are done)."""
-
-    @abstractmethod
-    def remove(self, folder: str) -> None:
-        """Removes a folder of published files."""
-
-
-class LocalOut(Out):
-    """The run's temporary directory ``tmp`` on a file system every node sees."""
+class LocalOut:
+    """The output of a Ray run as tasks and the driver see it (an :class:`Out`, picklable: sent
+    to tasks): the run's temporary directory ``tmp`` on a file system every node sees, or a
+    prefix of object storage (:class:`StoreOut`). ``scratch()`` gives a fresh local directory
+    (with the side folder) for one task's files; ``publish(scratch, names, dest)`` puts
+    ``scratch/name`` at ``dest/name`` of the output, each whole or not at all; ``move(src,
+    dst)`` renames a published file (local mode numbers its shards once all groups are done);
+    ``remove(folder)`` removes a folder of published files."""
 
     def __init__(self, tmp: Union[str, Path]) -> None:
         self.tmp = str(tmp)
@@ -131,11 +115,49 @@ class LocalOut(Out):
         shutil.rmtree(Path(self.tmp, folder))
 
 
-class StoreOut(Out):
-    """A prefix of an object store (``fs``: a ``pyarrow.fs.FileSystem``)."""
+class LocalDir:
+    """An output directory of ``pack`` / ``tokenize`` (:func:`destination`) on this machine, as
+    :class:`StoreOut` is one on object storage. Both have ``shown`` (as the user wrote it),
+    ``local`` (the real path, as ``outdir.output_target`` gives it; None on object storage),
+    ``place`` (where it is for the overlap rule: ``resolve_inputs(output_dir=...)``),
+    ``manifest()`` (the one there, parsed, or None: missing or unreadable), ``problem()`` (why
+    the output a matching manifest describes cannot be trusted, or None) and ``building()``
+    (a local directory to build the output in, committed when the block ends)."""
+
+    def __init__(self, local: Path, shown: str) -> None:
+        self.local, self.shown = local, shown
+
+    @property
+    def place(self) -> Place:
+        return local_place(self.local, self.shown)
+
+    def manifest(self) -> Any:
+        with contextlib.suppress(CorruptOutputError):
+            return read_manifest(self.local)
+        return None
+
+    def problem(self, manifest: Dict[str, Any], full: bool = False) -> Optional[str]:
+        return cache_problem(self.local, manifest, full=full)
+
+    def building(self, staging: Any) -> ContextManager[Path]:
+        return atomic_output_dir(self.local)
+
+
+class StoreOut:
+    """A prefix of an object store (``fs``: a ``pyarrow.fs.FileSystem``): a :class:`Destination`
+    and the :class:`Out` of a Ray run."""
+
+    local = None
 
     def __init__(self, fs: pafs.FileSystem, prefix: str, shown: str) -> None:
         self.fs, self.prefix, self.shown = fs, prefix.rstrip("/"), shown
+
+    @property
+    def place(self) -> Place:
+        return store_place(self.fs, self.prefix, self.shown)
+
+    def building(self, staging: Any) -> ContextManager[Path]:
+        return _committed(self, staging, build_first=True)
 
     def key(self, name: str) -> str:
         return f"{self.prefix}/{name}"
@@ -184,12 +206,10 @@ class StoreOut(Out):
             if info.type == kind
         )
 
-    def _manifest(self) -> Any:
-        """The manifest under the prefix, parsed, or None (missing or unreadable)."""
-        try:
+    def manifest(self) -> Any:
+        with contextlib.suppress(CorruptOutputError):
             return read_manifest(self.prefix, self.fs)
-        except CorruptOutputError:
-            return None
+        return None
 
     def claim(self) -> bool:
         """Checks that the prefix may be replaced (``_outdir.foreign_names``: empty, or
@@ -198,7 +218,7 @@ class StoreOut(Out):
         it was marked already (by a run that died)."""
         names = self.names()
         if names:
-            manifest = self._manifest()
+            manifest = self.manifest()
             writing = RUN_MARKER in names
             if not is_tokpack_manifest(manifest) and not writing:
                 raise OutputExistsError(
@@ -239,19 +259,7 @@ class StoreOut(Out):
         describes cannot be trusted (an object missing or of another size; with ``full``, one
         whose bytes do not match its checksum), or None."""
         try:
-            listed = []
-            for shard in manifest["shards"]:
-                listed.append((shard["file"], shard.get("size"), shard.get("checksum")))
-                if "index" in shard:
-                    listed.append(
-                        (shard["index"], shard.get("index_size"), shard.get("index_checksum"))
-                    )
-            for key, size, checksum in (
-                ("dropped_file", "dropped_size", "dropped_checksum"),
-                ("rejected_file", None, None),
-            ):
-                if manifest.get(key):
-                    listed.append((manifest[key], manifest.get(size), manifest.get(checksum)))  # type: ignore[arg-type]
+            listed = listed_files(manifest)
         except (KeyError, TypeError) as exc:
             return f"the manifest is malformed (field {exc})"
         infos = self.fs.get_file_info([self.key(str(name)) for name, _, _ in listed])
@@ -270,7 +278,7 @@ class StoreOut(Out):
         return None
 
 
-def check_no_overlap(target: str, inputs: Sequence[str], shown: str, local: bool) -> None:
+def check_no_overlap(dest: Destination, inputs: Sequence[str]) -> None:
     """``overlap.check_apart`` for a Ray run: refuses an output that is one of the dataset's
     inputs (files or folders), holds one (replacing it would delete the run's own inputs) or
     lies inside one (each rerun would read the previous output). Local paths are compared by
@@ -278,11 +286,16 @@ def check_no_overlap(target: str, inputs: Sequence[str], shown: str, local: bool
     dataset names its inputs on the output's file system)."""
 
     def place(path: str, name: str) -> Place:
-        if local:
+        if dest.local is not None:
             return local_place(local_path(path) or path, name)
         return Place("store", tuple(p for p in path.split("://", 1)[-1].split("/") if p), name)
 
-    check_apart(place(target, shown), [(place(str(name), str(name)), True) for name in inputs])
+    target = dest.prefix if isinstance(dest, StoreOut) else str(dest.local)
+    check_apart(place(target, dest.shown), [(place(str(n), str(n)), True) for n in inputs])
+
+
+Destination = Union[LocalDir, StoreOut]
+Out = Union[LocalOut, StoreOut]
 
 
 @contextlib.contextmanager
@@ -295,19 +308,15 @@ def committed_output(
     driver's files are uploaded with the manifest last (the commit), then the claim removed; on
     failure this run's objects are removed. Either way an output holding one of ``inputs``
     (the dataset's input files) is refused before anything is touched."""
-    local_dir = local_path(output_dir, filesystem)
-    if local_dir is not None:
-        check_no_overlap(str(output_target(local_dir)), inputs, str(output_dir), local=True)
-        with atomic_output_dir(local_dir) as tmp:
-            (tmp / SIDE_DIR).mkdir(exist_ok=True)
-            yield LocalOut(tmp), tmp
+    dest = destination(output_dir, filesystem)
+    check_no_overlap(dest, inputs)
+    if isinstance(dest, StoreOut):
+        with _committed(dest) as local:
+            yield dest, local
         return
-    store = store_of(output_dir, filesystem)
-    assert store is not None
-    out = StoreOut(*store)
-    check_no_overlap(out.prefix, inputs, out.shown, local=False)
-    with _committed(out) as local:
-        yield out, local
+    with atomic_output_dir(dest.local) as tmp:
+        (tmp / SIDE_DIR).mkdir(exist_ok=True)
+        yield LocalOut(tmp), tmp
 
 
 @contextlib.contextmanager
@@ -342,25 +351,6 @@ def _committed(out: "StoreOut", staging: Any = None, build_first: bool = False) 
             raise
 
 
-@dataclass(frozen=True)
-class Destination:
-    """An output directory: ``local`` (its real path, as ``outdir.output_target`` gives it) or
-    ``store`` (``(fs, prefix, shown)`` on object storage); ``shown`` as the user wrote it.
-    ``place`` is where it is for the overlap rule (``resolve_inputs(output_dir=...)``)."""
-
-    shown: str
-    local: Optional[Path] = None
-    store: Optional[Tuple[pafs.FileSystem, str, str]] = None
-
-    @property
-    def place(self) -> Place:
-        if self.local is not None:
-            return local_place(self.local, self.shown)
-        assert self.store is not None
-        fs, prefix, _ = self.store
-        return store_place(fs, prefix, self.shown)
-
-
 def destination(output_dir: Union[str, os.PathLike], filesystem: Any = None) -> Destination:
     """Where ``output_dir`` is: a local path, a ``file://`` URI or a path on a local
     ``filesystem=`` is local; a URI of another scheme (``s3://``, ``gs://``, ``abfs://``,
@@ -369,8 +359,8 @@ def destination(output_dir: Union[str, os.PathLike], filesystem: Any = None) -> 
     try:
         local_dir = local_path(output_dir, filesystem)
         if local_dir is not None:
-            return Destination(shown, local=output_target(local_dir))
-        return Destination(shown, store=store_of(output_dir, filesystem))
+            return LocalDir(output_target(local_dir), shown)
+        return StoreOut(*store_of(output_dir, filesystem))  # type: ignore[misc]
     except ValueError as exc:  # ArrowInvalid: an unknown scheme, a malformed URI
         raise ConfigError(f"{shown}: not a usable output location ({exc})") from None
 
@@ -401,14 +391,8 @@ def cached_run(
     directory), then the prefix is claimed (refused unless tokpack's, before any work),
     cleared and the files uploaded, the manifest last; a run that fails leaves the previous
     output as it was."""
-    out = None if dest.store is None else StoreOut(*dest.store)
-    existing = None
-    if not force:
-        try:
-            existing = read_manifest(dest.local) if out is None else out._manifest()  # type: ignore[arg-type]
-        except CorruptOutputError:  # rebuilt
-            existing = None
-        existing = existing if is_tokpack_manifest(existing) else None
+    existing = None if force else dest.manifest()
+    existing = existing if is_tokpack_manifest(existing) else None
     # The inputs' content is hashed before the work only when the output may be current: its
     # manifest has this config and lists these inputs with these sizes. Otherwise ``build``
     # (``fingerprinted``) takes the fingerprints while it reads the inputs, which are then read
@@ -418,21 +402,11 @@ def cached_run(
         add_fingerprints(described, inputs, threads=threads)
     rebuilt_because = None
     if existing is not None and all("fingerprint" in d for d in described):
-        key = cache_key(kind, described, config)
-        if existing.get("cache_key") == key:
-            if out is None:
-                assert dest.local is not None
-                rebuilt_because = cache_problem(dest.local, existing, full=verify)
-            else:
-                rebuilt_because = out.problem(existing, full=verify)
+        if existing.get("cache_key") == cache_key(kind, described, config):
+            rebuilt_because = dest.problem(existing, full=verify)
             if rebuilt_because is None:
                 return existing, True, None
-    if out is None:
-        assert dest.local is not None
-        outputs = atomic_output_dir(dest.local)
-    else:
-        outputs = _committed(out, staging, build_first=True)
-    with outputs as tmp:
+    with dest.building(staging) as tmp:
         manifest = {"tokpack_version": _tokpack.__version__, "cache_key": ""}
         manifest.update(build(tmp, described))
         # Those a build that reads the inputs left out.
@@ -462,19 +436,17 @@ def read_manifest_at(output_dir: Union[str, os.PathLike], filesystem: Any = None
     local_dir = local_path(output_dir, filesystem)
     if local_dir is not None:
         return read_manifest(local_dir), None, local_dir
-    store = store_of(output_dir, filesystem)
-    assert store is not None
-    fs, prefix, _ = store
-    return read_manifest(prefix.rstrip("/"), fs), fs, prefix.rstrip("/")
+    out = StoreOut(*store_of(output_dir, filesystem))  # type: ignore[misc]
+    return read_manifest(out.prefix, out.fs), out.fs, out.prefix
 
 
 @contextlib.contextmanager
 def object_output_files(
-    shown: Sequence[str], *, force: bool, owned: Callable[[pafs.FileSystem, str], bool]
+    shown: Sequence[str], *, force: bool, owned: Callable[[str, pafs.FileSystem], bool]
 ) -> Iterator[List[Path]]:
     """``outdir.atomic_output_files`` for files on object storage (URIs of one store): yields a
     local temporary path for each; on normal exit uploads each whole, in order. An existing
-    object is replaced only with ``force`` and only when ``owned(fs, key)`` says tokpack wrote
+    object is replaced only with ``force`` and only when ``owned(key, fs)`` says tokpack wrote
     it (checked before the work and again before the uploads)."""
     stores = []
     for name in shown:
@@ -488,7 +460,7 @@ def object_output_files(
         for (_, key, name), info in zip(stores, fs.get_file_info([k for _, k, _ in stores])):
             if info.type != pafs.FileType.NotFound:
                 is_dir = info.type != pafs.FileType.File
-                check_replace(name, force, is_dir, partial(owned, fs, key), "an object")
+                check_replace(name, force, is_dir, partial(owned, key, fs), "an object")
 
     check()
     with scratch_dir("tokpack-export-") as d:

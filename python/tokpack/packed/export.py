@@ -15,7 +15,6 @@ complete; memory grows with the number of samples (the Megatron index), not the 
 
 from __future__ import annotations
 
-import json
 import os
 import struct
 from pathlib import Path
@@ -30,9 +29,9 @@ from .._checks import check_choice
 from .._contract import IGNORE_INDEX
 from .._io.arrays import list_array
 from .._io.inputs import TOKEN_SUFFIXES, shown_path
-from .._io.manifest import read_json
+from .._io.manifest import read_json, write_json
 from .._io.objects import is_object_uri
-from .._io.outdir import atomic_output_files, output_file, writing
+from .._io.outdir import atomic_output_files, writing
 from .._io.overlap import Place, check_apart, local_place, uri_place
 from .._io.store import object_output_files
 from ..errors import ConfigError, CorruptOutputError, DataError
@@ -101,10 +100,8 @@ def _outputs(shown: List[str], packed: PackedDir, force: bool, owned: Callable[.
     places = [uri_place(name) if is_object_uri(name) else local_place(name) for name in shown]
     for place, name in zip(places, shown):
         check_apart(place, _read_places(packed, name), writes="file")
-    if is_object_uri(shown[0]):
-        return object_output_files(shown, force=force, owned=lambda fs, key: owned(key, fs))
-    finals = [output_file(name) for name in shown]
-    return atomic_output_files(finals, shown, force=force, owned=lambda path: owned(str(path)))
+    write = object_output_files if is_object_uri(shown[0]) else atomic_output_files
+    return write(shown, force=force, owned=owned)
 
 
 def _read_places(packed: PackedDir, name: str) -> List[Tuple[Place, bool]]:
@@ -239,12 +236,9 @@ def _write_marker(path: Path, files: Dict[str, Path]) -> None:
         entries[name] = {"size": size, "checksum": checksum}
     # Straight into ``path``, itself a temporary of atomic_output_files (a temporary of it would
     # be a name the next run's clean-up does not know, left behind by a kill -9).
-    with open(path, "w", encoding="utf-8") as f:
-        data = {"tokpack_version": _tokpack.__version__, "format": "megatron", "files": entries}
-        json.dump(data, f, indent=2, sort_keys=True)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
+    write_json(
+        path, {"tokpack_version": _tokpack.__version__, "format": "megatron", "files": entries}
+    )
 
 
 def _read_marker(marker: Any, fs: Any = None) -> Optional[Dict[str, Any]]:

@@ -9,13 +9,12 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from .._io.inputs import is_parquet, shown_path
-from .._io.manifest import read_manifest
 from .._tokpack import (
     DROPPED_NAME,
     FORMAT,
@@ -30,7 +29,6 @@ from .._tokpack import (
     PackReport,
     file_checksum,
 )
-from ..errors import CorruptOutputError, InputNotFoundError
 
 __all__ = [
     "DROPPED_NAME",
@@ -48,7 +46,6 @@ __all__ = [
     "SIDE_DIR",
     "manifest_schema",
     "packed_manifest",
-    "read_packed_manifest",
     "write_dropped",
 ]
 
@@ -68,18 +65,6 @@ PAIR_SHARD_COLUMNS = SHARD_COLUMNS[8:]
 def manifest_schema() -> Dict[str, Any]:
     """The JSON Schema of a packed directory's manifest (``FORMAT_VERSION``)."""
     return json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
-
-
-def read_packed_manifest(out_dir: Union[str, os.PathLike]) -> Dict[str, Any]:
-    """The manifest of a packed directory (``tokpack pack``'s output)."""
-    shown = shown_path(out_dir)
-    manifest = read_manifest(out_dir)
-    if manifest is None:
-        raise InputNotFoundError(f"{shown}: no {MANIFEST_NAME} (not a tokpack output directory)")
-    if manifest.get("format") != FORMAT:
-        found = manifest.get("format")
-        raise CorruptOutputError(f"{shown}: not a packed directory (format {found})")
-    return manifest
 
 
 def packed_manifest(

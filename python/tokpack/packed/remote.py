@@ -41,7 +41,7 @@ import pyarrow.parquet as pq
 
 from .._checks import check_int
 from .._io.fetch import Source
-from .._io.manifest import member_path
+from .._io.manifest import listed_files, member_path
 from .._io.rangecache import RangeCache, Want
 from .._io.uri import RUN_MARKER, cache_home, local_path, store_of
 from .._tokpack import bytes_checksum, file_checksum
@@ -328,15 +328,8 @@ class RemotePackedDir(PackedDir):
         return path
 
     def _side_files(self) -> Dict[str, Tuple[Any, Any]]:
-        """``{name: (size, checksum)}`` of the side files the manifest records."""
-        m = self.manifest
-        found = {}
-        for shard in m.get("shards") or []:
-            if "index" in shard:
-                found[str(shard["index"])] = (shard.get("index_size"), shard.get("index_checksum"))
-        if m.get("dropped_file"):
-            found[str(m["dropped_file"])] = (m.get("dropped_size"), m.get("dropped_checksum"))
-        return found
+        """``{name: (size, checksum)}`` of the files the manifest lists (shards, side files)."""
+        return {str(name): (size, checksum) for name, size, checksum in listed_files(self.manifest)}
 
     @staticmethod
     def _side_intact(path: Path, size: Any, checksum: Any) -> bool:

@@ -12,8 +12,15 @@ import shutil
 import tempfile
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import ray.data
+
 from .._io.store import MANIFEST_NAME
 from ..errors import CorruptOutputError
+from ..packed.reader import byte_range, decode_row_group
 
 
 def dataset_inputs(ds: Any) -> List[str]:
@@ -70,8 +77,6 @@ def plain_read_files(ds: Any) -> Optional[List[str]]:
     include_paths=...)``, then ``repartition(n)`` without a shuffle. Else None: the plan is
     another, or not one this Ray writes as the read did (nothing is executed)."""
     try:
-        import pyarrow.fs as pafs
-
         op = ds._logical_plan.dag
         while type(op).__name__ == REPARTITION_OP:
             if op.shuffle or op.keys or op.sort:
@@ -111,8 +116,6 @@ def read_checked_shards(
     checked reader (``packed_dir.decode_row_group``: its bytes and the footer against the
     manifest's checksums), so a damaged shard raises :class:`CorruptOutputError` naming it
     instead of yielding other tokens. A shard on object storage is downloaded whole first."""
-    import ray.data
-
     items = [{"shard": json.dumps(s)} for s in shards]
     return ray.data.from_items(items, override_num_blocks=max(len(items), 1)).map_batches(
         _read_shards,  # type: ignore[arg-type]
@@ -123,8 +126,6 @@ def read_checked_shards(
 
 
 def _read_shards(batch: Any, root: str, fs: Any, columns: Optional[List[str]]) -> Any:
-    import pyarrow as pa
-
     tables = [
         _read_shard(json.loads(text), root, fs, columns)
         for text in batch.column("shard").to_pylist()
@@ -133,12 +134,6 @@ def _read_shards(batch: Any, root: str, fs: Any, columns: Optional[List[str]]) -
 
 
 def _read_shard(shard: Dict[str, Any], root: str, fs: Any, columns: Optional[List[str]]) -> Any:
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from ..packed.reader import byte_range, decode_row_group
-
     name = shard["file"]
     try:
         size = int(shard["size"])
@@ -174,8 +169,6 @@ def _read_shard(shard: Dict[str, Any], root: str, fs: Any, columns: Optional[Lis
 
 
 def _names(path: str) -> List[str]:
-    import pyarrow.parquet as pq
-
     try:
         return list(pq.read_schema(path).names)
     except Exception as exc:
