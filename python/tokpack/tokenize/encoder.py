@@ -99,12 +99,9 @@ class RecordEncoder:
         self.renderer_info = self.template.renderer_info
         self._eos_id = self.tokenizer.eos_id()
         self._fast = self.tokenizer.fast if options.encoder == "auto" else None
-        if self._fast is not None:
-            self.encoder_info: Dict[str, Any] = {"name": "tokpack-bpe"}
-        elif options.encoder == "tokenizers":
-            self.encoder_info = {"name": "tokenizers", "reason": "requested"}
-        else:
-            self.encoder_info = {"name": "tokenizers", "reason": self.tokenizer.fast_unsupported}
+        why = "requested" if options.encoder == "tokenizers" else self.tokenizer.fast_unsupported
+        slow = {"name": "tokenizers", "reason": why}
+        self.encoder_info: Dict[str, Any] = {"name": "tokpack-bpe"} if self._fast else slow
         eos = self.tokenizer.eos_token
         if eos is not None and self._eos_id is None and options.add_eos is not False:
             # Otherwise samples meant to end with EOS would silently go without it.
