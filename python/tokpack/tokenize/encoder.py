@@ -520,7 +520,7 @@ class RecordEncoder:
             stats.dropped += 1
             return []
         stats.split += 1
-        pieces = [(ids[i : i + max_len], labels[i : i + max_len]) for i in range(0, n, max_len)]  # type: ignore[misc]
+        pieces = [(ids[i : i + max_len], labels[i : i + max_len]) for i in range(0, n, max_len)]  # type: ignore[operator,arg-type]
         stats.split_pieces += len(pieces)
         return pieces
 
