@@ -278,21 +278,16 @@ class MultimodalEncoder:
         placed.sort(key=lambda x: x[0])
         # Each placeholder pad becomes its medium's tokens: n pads, or for a Qwen3-VL video one
         # "<t seconds><|vision_start|>pads<|vision_end|>" block per temporal patch.
-        out_ids: List[np.ndarray] = []
-        out_labels: List[np.ndarray] = []
-        at = 0
-        for pad, m in placed:
-            out_ids.append(ids[at:pad])
-            out_labels.append(labels[at:pad])
-            tokens = self._tokens_of(m)
-            m["span"] = [sum(map(len, out_ids)), len(tokens)]
-            out_ids.append(tokens)
-            out_labels.append(np.full(len(tokens), IGNORE_INDEX, dtype=labels.dtype))
-            at = pad + 1
-        out_ids.append(ids[at:])
-        out_labels.append(labels[at:])
-        ids = np.concatenate(out_ids).astype(np.int32)
-        labels = np.concatenate(out_labels).astype(labels.dtype)
+        expanded = [self._tokens_of(m) for _, m in placed]
+        reps = np.ones(len(ids), dtype=np.int64)
+        reps[[pad for pad, _ in placed]] = [len(tokens) for tokens in expanded]
+        starts = np.cumsum(reps) - reps
+        ids, labels = np.repeat(ids, reps), np.repeat(labels, reps)
+        for (pad, m), tokens in zip(placed, expanded):
+            start = int(starts[pad])
+            m["span"] = [start, len(tokens)]
+            ids[start : start + len(tokens)] = tokens
+            labels[start : start + len(tokens)] = IGNORE_INDEX
         vision = [self.pad_id, self.start_id, self.end_id, self.video_pad_id]
         labels[np.isin(ids, [v for v in vision if v is not None])] = IGNORE_INDEX
         return MultimodalSample(ids, labels, [m for _, m in placed])
