@@ -172,23 +172,14 @@ def _run_multimodal(args: argparse.Namespace) -> int:
     unknown = sorted(set(columns) - {"messages", "images", "videos"})
     if unknown:
         raise ConfigError(f"--vision reads the fields messages, images and videos; not {unknown}")
-    manifest = tokenize_files(
-        args.inputs,
-        args.output,
-        args.tokenizer,
-        vision=args.vision,
-        chat_template=args.chat_template,
-        train_on=args.train_on,
-        max_len=args.max_len,
-        overlong=args.overlong,
-        **{f"{field}_column": name for field, name in columns.items()},
-        video_fps=args.video_fps,
-        image_root=args.image_root,
-        family=args.family,
-        skip_invalid=args.skip_invalid,
-        shard_rows=args.shard_rows,
-        force=args.force,
+    # The flags tokpack.multimodal.tokenize_files takes as they are, and the --column ones.
+    names = (
+        "vision chat_template train_on max_len overlong video_fps image_root family skip_invalid"
+        " shard_rows force"
     )
+    given = {name: getattr(args, name) for name in names.split()}
+    given.update({f"{field}_column": name for field, name in columns.items()})
+    manifest = tokenize_files(args.inputs, args.output, args.tokenizer, **given)
     c = manifest["counts"]
     extra = [f"{c[k]:,} {k.replace('_', ' ')}" for k in ("rejected", "truncated", "split") if c[k]]
     if c["dropped_overlong"]:

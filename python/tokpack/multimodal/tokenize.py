@@ -145,7 +145,12 @@ class MultimodalEncoder:
         tokens_per_second: Optional[int] = None,
     ) -> None:
         # Checked by their owner.
-        checked = TokenizeOptions(train_on=train_on, max_len=max_len, overlong=overlong)
+        self.options = TokenizeOptions(train_on=train_on, max_len=max_len, overlong=overlong)
+        self.columns = {
+            "messages": messages_column,
+            "images": images_column,
+            "videos": videos_column,
+        }
         processor_config = {} if isinstance(vision, VisionRules) else vision
         if not isinstance(processor_config, dict):
             processor_config = read_preprocessor_config(processor_config)
@@ -168,11 +173,6 @@ class MultimodalEncoder:
             train_on=train_on,
         )
         self.template_info = {**info, "hash": self.template.hash}
-        self.train_on = train_on
-        self.max_len = checked.max_len
-        self.overlong = overlong
-        self.messages_column = messages_column
-        self.images_column = images_column
         self.image_root = None if image_root is None else Path(os.path.abspath(image_root))
         self.tokens = tokens
         self.start_id = _token_id(self.tokenizer, tokens.start, "vision start")
@@ -180,7 +180,6 @@ class MultimodalEncoder:
         self.end_id = _token_id(self.tokenizer, tokens.end, "vision end")
         video_pad_id = self.tokenizer.tokenizer.token_to_id(tokens.video_pad)
         self.video_pad_id = None if video_pad_id is None else int(video_pad_id)
-        self.videos_column = videos_column
 
     def _video_settings(
         self,
@@ -223,14 +222,10 @@ class MultimodalEncoder:
                 "tokens_per_second": self.tokens_per_second,
             },
             "vision_tokens": self.tokens.__dict__,
-            "train_on": self.train_on,
-            "max_len": self.max_len,
-            "overlong": self.overlong,
-            "columns": {
-                "messages": self.messages_column,
-                "images": self.images_column,
-                "videos": self.videos_column,
-            },
+            "train_on": self.options.train_on,
+            "max_len": self.options.max_len,
+            "overlong": self.options.overlong,
+            "columns": dict(self.columns),
             "image_root": None if self.image_root is None else str(self.image_root),
         }
 
@@ -244,18 +239,18 @@ class MultimodalEncoder:
             raise record.fail(record.error)
         if not isinstance(value, dict):
             raise record.fail("a record must be a JSON object")
-        messages = value.get(self.messages_column)
+        messages = value.get(self.columns["messages"])
         if not isinstance(messages, list) or not messages:
-            raise record.fail(f"{self.messages_column!r} must be a non-empty list of messages")
-        image_parts, video_parts = _media_parts(messages, record, self.messages_column)
-        images = self._column(record, value, self.images_column, image_parts, "image")
-        videos = self._column(record, value, self.videos_column, video_parts, "video")
+            raise record.fail(f"{self.columns['messages']!r} must be a non-empty list of messages")
+        image_parts, video_parts = _media_parts(messages, record, self.columns["messages"])
+        images = self._column(record, value, self.columns["images"], image_parts, "image")
+        videos = self._column(record, value, self.columns["videos"], video_parts, "video")
         if videos and self.video_pad_id is None:
             raise record.fail(
                 f"{self.tokenizer.path}: the tokenizer has no video pad token"
                 f" {self.tokens.video_pad!r}"
             )
-        text, spans = self.template.trained_spans(messages, self.train_on, record)
+        text, spans = self.template.trained_spans(messages, self.options.train_on, record)
         encoding = self.tokenizer.tokenizer.encode(text, add_special_tokens=False)
         ids = np.asarray(encoding.ids, dtype=np.int32)
         labels = labels_from_spans(encoding, ids, spans)
@@ -283,21 +278,16 @@ class MultimodalEncoder:
         placed.sort(key=lambda x: x[0])
         # Each placeholder pad becomes its medium's tokens: n pads, or for a Qwen3-VL video one
         # "<t seconds><|vision_start|>pads<|vision_end|>" block per temporal patch.
-        out_ids: List[np.ndarray] = []
-        out_labels: List[np.ndarray] = []
-        at = 0
-        for pad, m in placed:
-            out_ids.append(ids[at:pad])
-            out_labels.append(labels[at:pad])
-            tokens = self._tokens_of(m)
-            m["span"] = [sum(map(len, out_ids)), len(tokens)]
-            out_ids.append(tokens)
-            out_labels.append(np.full(len(tokens), IGNORE_INDEX, dtype=labels.dtype))
-            at = pad + 1
-        out_ids.append(ids[at:])
-        out_labels.append(labels[at:])
-        ids = np.concatenate(out_ids).astype(np.int32)
-        labels = np.concatenate(out_labels).astype(labels.dtype)
+        expanded = [self._tokens_of(m) for _, m in placed]
+        reps = np.ones(len(ids), dtype=np.int64)
+        reps[[pad for pad, _ in placed]] = [len(tokens) for tokens in expanded]
+        starts = np.cumsum(reps) - reps
+        ids, labels = np.repeat(ids, reps), np.repeat(labels, reps)
+        for (pad, m), tokens in zip(placed, expanded):
+            start = int(starts[pad])
+            m["span"] = [start, len(tokens)]
+            ids[start : start + len(tokens)] = tokens
+            labels[start : start + len(tokens)] = IGNORE_INDEX
         vision = [self.pad_id, self.start_id, self.end_id, self.video_pad_id]
         labels[np.isin(ids, [v for v in vision if v is not None])] = IGNORE_INDEX
         return MultimodalSample(ids, labels, [m for _, m in placed])
@@ -331,7 +321,7 @@ class MultimodalEncoder:
             raise record.fail(f"column {column!r} must be a list of {kind}s")
         if parts != len(items):
             raise record.fail(
-                f"{parts} {kind} part(s) in {self.messages_column!r} but {len(items)} {kind}(s)"
+                f"{parts} {kind} part(s) in {self.columns['messages']!r} but {len(items)} {kind}(s)"
                 f" in column {column!r}"
             )
         return items
@@ -344,7 +334,7 @@ class MultimodalEncoder:
         return {"file": file, "row": record.line, "column": column, "index": index, **frame}
 
     def _image(self, record: Record, image: Any, i: int, root: Path) -> Dict[str, Any]:
-        where = self._where(record, self.images_column, i)
+        where = self._where(record, self.columns["images"], i)
         try:
             ref, data = resolve_image(image, root, where)
             width, height = image_size(io.BytesIO(data), name=ref.get("path", ""))
@@ -360,7 +350,7 @@ class MultimodalEncoder:
             raise record.fail(f"video {i}: a video must be a non-empty list of frames")
         frames, size = [], None
         for j, frame in enumerate(video):
-            where = self._where(record, self.videos_column, i, frame=j)
+            where = self._where(record, self.columns["videos"], i, frame=j)
             try:
                 ref, data = resolve_image(frame, root, where)
                 frame_size = image_size(io.BytesIO(data), name=ref.get("path", ""))
@@ -397,19 +387,17 @@ class MultimodalEncoder:
         self, sample: MultimodalSample, record: Record, counts: _Counts
     ) -> List[MultimodalSample]:
         """The sample, or its pieces, within ``max_len`` by the overlong policy (counted)."""
-        n = len(sample.input_ids)
-        if self.max_len is None or n <= self.max_len:
+        n, max_len, overlong = len(sample.input_ids), self.options.max_len, self.options.overlong
+        if max_len is None or n <= max_len:
             return [sample]
-        if self.overlong == "error":
-            raise overlong_error(record, n, self.max_len, OVERLONG_HINT)
-        if self.overlong == "drop":
-            counts.dropped_overlong += 1
-            return []
-        pieces = safe_pieces(n, self.max_len, self.overlong, image_blocks(sample.media))
+        if overlong == "error":
+            raise overlong_error(record, n, max_len, OVERLONG_HINT)
+        blocks = image_blocks(sample.media)
+        pieces = [] if overlong == "drop" else safe_pieces(n, max_len, overlong, blocks)
         if not pieces:
             counts.dropped_overlong += 1
             return []
-        if self.overlong == "truncate":
+        if overlong == "truncate":
             counts.truncated += 1
         else:
             counts.split += 1

@@ -50,6 +50,7 @@ from .trees import common_prefix, each_turn_prepared, finish_tree
 
 # An over-long tree sequence's remedies ('split' is refused for trees).
 _TREE_HINT = 'pass overlong="truncate" or "drop", or filter it out first'
+_PAIR_HINT = 'pass overlong="truncate" or "drop"'
 # The columns whose presence makes a record of format "auto" other than a chat (detect_format).
 _DETECTED = ("chosen", "rejected", "prompt", "completion", "label")
 
@@ -68,25 +69,15 @@ class RecordEncoder:
         self.tree = self.kind == TREE
         self.prompted = self.spec.prompted and not self.tree
         self.grpo = options.format == "grpo"
-        _check_tree(options, self.tree)
+        self._check_kind()
         # A GRPO run's per-completion columns (present when its records give them).
         self.optional = tuple(PER_COMPLETION.values()) if self.grpo else ()
-        if self.prompted and options.overlong == "split":
-            raise ConfigError(
-                f"overlong 'split' cannot apply to {self.kind} samples (a prompt and its "
-                "completions stay together); choose 'error', 'truncate' or 'drop'"
-            )
         names = (*token_schema(self.kind, sources=True).names, *self.optional)
         clash = [c for c in options.carry if c in names]
         if clash:
             raise ConfigError(
                 f"carry: {', '.join(map(repr, clash))} would replace a column of the {self.kind}"
                 " token shards; a carried record field needs another name"
-            )
-        if self.prompted and options.train_on != "assistant":
-            raise ConfigError(
-                f"train_on {options.train_on!r} does not apply to {self.kind} samples: they are "
-                "trained on their completions, as TRL trains them"
             )
         self.tokenizer = (
             tokenizer if isinstance(tokenizer, LoadedTokenizer) else load_tokenizer(tokenizer)
@@ -108,12 +99,9 @@ class RecordEncoder:
         self.renderer_info = self.template.renderer_info
         self._eos_id = self.tokenizer.eos_id()
         self._fast = self.tokenizer.fast if options.encoder == "auto" else None
-        if self._fast is not None:
-            self.encoder_info: Dict[str, Any] = {"name": "tokpack-bpe"}
-        elif options.encoder == "tokenizers":
-            self.encoder_info = {"name": "tokenizers", "reason": "requested"}
-        else:
-            self.encoder_info = {"name": "tokenizers", "reason": self.tokenizer.fast_unsupported}
+        why = "requested" if options.encoder == "tokenizers" else self.tokenizer.fast_unsupported
+        slow = {"name": "tokenizers", "reason": why}
+        self.encoder_info: Dict[str, Any] = {"name": "tokpack-bpe"} if self._fast else slow
         eos = self.tokenizer.eos_token
         if eos is not None and self._eos_id is None and options.add_eos is not False:
             # Otherwise samples meant to end with EOS would silently go without it.
@@ -127,6 +115,32 @@ class RecordEncoder:
                 "add_eos needs an EOS token: the tokenizer config names none (or it is not in "
                 "the vocabulary)"
             )
+
+    def _check_kind(self) -> None:
+        """The options a run of preference / KTO samples or of tree samples (GRPO records,
+        ``each_turn`` chats) takes."""
+        options = self.options
+        if options.each_turn and options.format in ("preference", "kto", "grpo"):
+            raise ConfigError(
+                f"each_turn applies to chats, not to {options.format} records (a GRPO record's "
+                "completions are its tree already)"
+            )
+        if self.tree:
+            what = "GRPO records" if self.grpo else "each_turn samples"
+            why = "a piece would lose the prefix its sequence shares with its group"
+            trained = "each sequence is trained on its own completion / assistant turn only"
+        elif self.prompted:
+            what, why = f"{self.kind} samples", "a prompt and its completions stay together"
+            trained = "they are trained on their completions, as TRL trains them"
+        else:
+            return
+        if options.overlong == "split":
+            raise ConfigError(
+                f"overlong 'split' cannot apply to {what} ({why}); choose 'error', 'truncate' or "
+                "'drop'"
+            )
+        if options.train_on != "assistant":
+            raise ConfigError(f"train_on {options.train_on!r} does not apply to {what}: {trained}")
 
     def schema(
         self, sources: bool = False, carried: Optional[Mapping[str, pa.DataType]] = None
@@ -477,15 +491,11 @@ class RecordEncoder:
         TRL's ``max_length``): kept whole, truncated (each keeps its start, as TRL's
         ``keep_start``; a sample whose prompt alone fills ``max_len`` is dropped, as TRL drops
         it), dropped (None), or an error."""
-        max_len = self.options.max_len
-        longest = max(len(ids) for ids in full)
-        if max_len is None or longest <= max_len:
+        policy = self._overlong(record, max(map(len, full)), stats, _PAIR_HINT)
+        if policy is None:
             return full
-        stats.overlong += 1
-        overlong = self.options.overlong
-        if overlong == "error":
-            raise overlong_error(record, longest, max_len, 'pass overlong="truncate" or "drop"')
-        if overlong == "truncate" and prompt_length < max_len:
+        max_len = self.options.max_len
+        if policy == "truncate" and prompt_length < max_len:  # type: ignore[operator]
             stats.truncated += 1
             return [ids[:max_len] for ids in full]
         stats.dropped += 1
@@ -499,24 +509,31 @@ class RecordEncoder:
         stats: TokenizeStats,
         hint: str = OVERLONG_HINT,
     ) -> List[Tuple[np.ndarray, np.ndarray]]:
-        max_len = self.options.max_len
-        n = len(ids)
-        if max_len is None or n <= max_len:
+        n, max_len = len(ids), self.options.max_len
+        policy = self._overlong(record, n, stats, hint)
+        if policy is None:
             return [(ids, labels)]
-        stats.overlong += 1
-        overlong = self.options.overlong
-        if overlong == "error":
-            raise overlong_error(record, n, max_len, hint)
-        if overlong == "truncate":
+        if policy == "truncate":
             stats.truncated += 1
             return [(ids[:max_len], labels[:max_len])]
-        if overlong == "drop":
+        if policy == "drop":
             stats.dropped += 1
             return []
         stats.split += 1
-        pieces = [(ids[i : i + max_len], labels[i : i + max_len]) for i in range(0, n, max_len)]
+        pieces = [(ids[i : i + max_len], labels[i : i + max_len]) for i in range(0, n, max_len)]  # type: ignore[operator,arg-type]
         stats.split_pieces += len(pieces)
         return pieces
+
+    def _overlong(self, record: Record, n: int, stats: TokenizeStats, hint: str) -> Optional[str]:
+        """None when ``n`` tokens fit ``max_len``; else (counted) the over-long policy to apply,
+        or its error."""
+        max_len = self.options.max_len
+        if max_len is None or n <= max_len:
+            return None
+        stats.overlong += 1
+        if self.options.overlong == "error":
+            raise overlong_error(record, n, max_len, hint)
+        return self.options.overlong
 
 
 def _carried_value(record: Record, name: str) -> Any:
@@ -538,28 +555,6 @@ def _carried_value(record: Record, name: str) -> Any:
 def overlong_error(record: Record, n: int, max_len: int, hint: str) -> OverlongError:
     where = f"{record.path}:{'row ' if record.is_row else ''}{record.line}"
     return OverlongError(f"{where}: sample of {n} tokens, more than max_len={max_len}; {hint}")
-
-
-def _check_tree(options: TokenizeOptions, tree: bool) -> None:
-    """The options a run of tree samples (GRPO records, ``each_turn`` chats) takes."""
-    if options.each_turn and options.format in ("preference", "kto", "grpo"):
-        raise ConfigError(
-            f"each_turn applies to chats, not to {options.format} records (a GRPO record's "
-            "completions are its tree already)"
-        )
-    if not tree:
-        return
-    what = "GRPO records" if options.format == "grpo" else "each_turn samples"
-    if options.overlong == "split":
-        raise ConfigError(
-            f"overlong 'split' cannot apply to {what} (a piece would lose the prefix its "
-            "sequence shares with its group); choose 'error', 'truncate' or 'drop'"
-        )
-    if options.train_on != "assistant":
-        raise ConfigError(
-            f"train_on {options.train_on!r} does not apply to {what}: each sequence is trained"
-            " on its own completion / assistant turn only"
-        )
 
 
 def _encode_part(tokenizer: Any, part: List[Prepared]) -> List[Tuple[np.ndarray, np.ndarray]]:

@@ -279,24 +279,27 @@ def _parquet_records(path: Path, on_bytes: Optional[Callable[[int], None]]) -> I
 # --- parsing ---------------------------------------------------------------------------------
 
 
+# The formats of "auto" by the fields a record has, first match first (GRPO's completions: a
+# list).
+_DETECT = (
+    ("preference", ("chosen", "rejected")),
+    ("grpo", ("prompt", "completions")),
+    ("kto", ("prompt", "completion", "label")),
+    ("messages", ("messages",)),
+    ("sharegpt", ("conversations",)),
+    ("alpaca", ("instruction", "output")),
+    ("text", ("text",)),
+)
+
+
 def detect_format(value: Any, columns: Mapping[str, str]) -> Optional[str]:
     """The format a decoded record looks like, or None."""
     if not isinstance(value, dict):
         return None
-    if columns["chosen"] in value and columns["rejected"] in value:
-        return "preference"
-    if columns["prompt"] in value and isinstance(value.get(columns["completions"]), list):
-        return "grpo"
-    if all(columns[k] in value for k in ("prompt", "completion", "label")):
-        return "kto"
-    if columns["messages"] in value:
-        return "messages"
-    if columns["conversations"] in value:
-        return "sharegpt"
-    if columns["instruction"] in value and columns["output"] in value:
-        return "alpaca"
-    if columns["text"] in value:
-        return "text"
+    for fmt, needed in _DETECT:
+        if all(columns[k] in value for k in needed):
+            if fmt != "grpo" or isinstance(value[columns["completions"]], list):
+                return fmt
     return None
 
 
@@ -349,11 +352,8 @@ def parse_record(record: Record, fmt: str, columns: Mapping[str, str]) -> Sample
         if not text:
             raise record.fail(f"{columns['text']!r} is empty")
         return Sample(record, text=text)
-    parse = {"preference": _preference, "kto": _kto, "grpo": _grpo}.get(fmt)
-    if parse is not None:
-        return parse(record, value, columns)
     check_choice("format", fmt, FORMATS)
-    raise AssertionError(f"format {fmt!r} has no parser")  # (a FORMATS name without a branch)
+    return {"preference": _preference, "kto": _kto, "grpo": _grpo}[fmt](record, value, columns)
 
 
 def _field(record: Record, value: Dict[str, Any], name: str) -> Any:
@@ -414,12 +414,9 @@ def _chat_messages(record: Record, name: str, turns: List[Dict]) -> List[Dict]:
         role = msg.get("role")
         if not (role.__class__ is str and role in CHAT_ROLES):  # the usual case costs no f-string
             role = _one_of(record, msg, f"{name}[{i}]", "role", CHAT_ROLES)
-        content = msg.get("content")
-        if content is None and not (role == "assistant" and msg.get("tool_calls")):
-            what = "'content' is null" if "content" in msg else "has no 'content'"
-            raise record.fail(f"{name}[{i}] ({role}) {what}")
-        if content is not None and not isinstance(content, str):
-            raise record.fail(f"{name}[{i}] ({role}) 'content' must be a string")
+        if msg.get("content").__class__ is not str:
+            tool_call = role == "assistant" and bool(msg.get("tool_calls"))
+            _text(record, msg, "content", f"{name}[{i}] ({role})", optional=tool_call)
         # As transformers does: keys whose value is None are dropped before rendering.
         out.append({k: v for k, v in msg.items() if v is not None})
     return out
@@ -430,15 +427,22 @@ def _sharegpt(record: Record, value: Dict[str, Any], columns: Mapping[str, str])
     out = _system(record, value, columns)
     for i, turn in enumerate(_turn_list(record, name, _field(record, value, name))):
         speaker = _one_of(record, turn, f"{name}[{i}]", "from", SHAREGPT_ROLES, "speaker")
-        role = SHAREGPT_ROLES[speaker]
-        content = turn.get("value")
-        if content is None:
-            what = "'value' is null" if "value" in turn else "has no 'value'"
-            raise record.fail(f"{name}[{i}] ({speaker}) {what}")
-        if not isinstance(content, str):
-            raise record.fail(f"{name}[{i}] ({speaker}) 'value' must be a string")
-        out.append({"role": role, "content": content})
+        content = _text(record, turn, "value", f"{name}[{i}] ({speaker})")
+        out.append({"role": SHAREGPT_ROLES[speaker], "content": content})
     return out
+
+
+def _text(
+    record: Record, turn: Dict[str, Any], key: str, where: str, optional: bool = False
+) -> Any:
+    """``turn[key]`` (of the turn ``where`` names): a string, or (``optional``) None."""
+    content = turn.get(key)
+    if content is None and not optional:
+        what = f"{key!r} is null" if key in turn else f"has no {key!r}"
+        raise record.fail(f"{where} {what}")
+    if content is not None and not isinstance(content, str):
+        raise record.fail(f"{where} {key!r} must be a string")
+    return content
 
 
 def _alpaca(record: Record, value: Dict[str, Any], columns: Mapping[str, str]) -> List[Dict]:

@@ -129,10 +129,9 @@ class TokenStream:
         self.rejected: List[Dict[str, Any]] = []
         self._on_reject = on_reject if on_reject is not None else self.rejected.append
         self._used = False
-        # Each carried field's type, and where it was first seen, once a sample has it; a
-        # GRPO run's per-completion columns none of its records gives, with the first record.
+        # Each carried field's type, and where it was first seen, once a sample has it (a GRPO
+        # run's per-completion column: float64, or null when its first record gives none).
         self._carried: Dict[str, Tuple[pa.DataType, str]] = {}
-        self._absent: Dict[str, str] = {}
 
     def config(self) -> Dict[str, Any]:
         """Everything besides the input bytes that determines the output (for the cache key)."""
@@ -142,16 +141,23 @@ class TokenStream:
     def schema(self) -> pa.Schema:
         """The batches' schema (a carried field's type is known once a sample has it: null
         before, and for good when none has)."""
-        return self.encoding.schema(self.sources, {n: t for n, (t, _) in self._carried.items()})
+        types = {n: t for n, (t, _) in self._carried.items() if t != pa.null()}
+        return self.encoding.schema(self.sources, types)
 
     def _carried_types(self, tokens: Tokens) -> List[Tuple[str, pa.DataType]]:
         """Each carried field with its type in this run: the type of its first value, which
         every later value must have (else an InvalidRecordError naming both records); first,
-        the per-completion columns of a GRPO run that its records give (:meth:`_given`)."""
-        out = [(n, pa.float64()) for n in self.encoding.optional if self._given(n, tokens)]
-        for name in self.encoding.options.carry:
+        the per-completion columns of a GRPO run that its records give: as its first record
+        does, every record or none."""
+        out = []
+        for name in (*self.encoding.optional, *self.encoding.options.carry):
             values = (tokens.carried or {})[name]
-            types = [next(t for kind, t in _CARRIED_TYPES if isinstance(v, kind)) for v in values]
+            if name in self.encoding.optional:
+                types = [pa.null() if v is None else pa.float64() for v in values]
+            else:
+                types = [
+                    next(t for kind, t in _CARRIED_TYPES if isinstance(v, kind)) for v in values
+                ]
             if name not in self._carried:
                 path, line, row = self._source(tokens, 0)
                 self._carried[name] = (types[0], f"{path}:{'row ' * row}{line}")
@@ -159,40 +165,28 @@ class TokenStream:
             odd = next((j for j, t in enumerate(types) if t != first), None)
             if odd is not None:
                 path, line, row = self._source(tokens, odd)
-                reason = (
-                    f"carried field {name!r} is of type {types[odd]}, not {first} as at {where}:"
-                    " a carried field has one type in a run"
+                raise InvalidRecordError(
+                    path, line, self._odd(name, types[odd], first, where), row=row
                 )
-                raise InvalidRecordError(path, line, reason, row=row)
-            out.append((name, first))
+            if first != pa.null():
+                out.append((name, first))
         return out
 
-    def _given(self, name: str, tokens: Tokens) -> bool:
-        """Whether the run's records give the per-completion column ``name``: as its first
-        sample does; every record gives it, or none does (else an InvalidRecordError naming
-        the record and the first one)."""
-        given = [v is not None for v in (tokens.carried or {})[name]]
-        if name not in self._carried and name not in self._absent:
-            path, line, row = self._source(tokens, 0)
-            where = f"{path}:{'row ' * row}{line}"
-            if given[0]:
-                self._carried[name] = (pa.float64(), where)
-            else:
-                self._absent[name] = where
-        has = name in self._carried
-        odd = next((j for j, g in enumerate(given) if g != has), None)
-        if odd is not None:
-            field = next(f for f, c in PER_COMPLETION.items() if c == name)
-            field = (self.encoding.options.columns or {}).get(field, field)
-            first = self._carried[name][1] if has else self._absent[name]
-            path, line, row = self._source(tokens, odd)
-            reason = (
-                f"{'no ' if has else ''}{field!r} {'field' if has else 'given'}, unlike the "
-                f"run's first record ({first}): the records of a run all give {field!r} or "
-                "none does"
+    def _odd(self, name: str, odd: pa.DataType, first: pa.DataType, where: str) -> str:
+        """Why a sample's ``odd`` type of carried column ``name`` is refused (``first``: the
+        type of the run's first record, at ``where``)."""
+        if name not in self.encoding.optional:
+            return (
+                f"carried field {name!r} is of type {odd}, not {first} as at {where}: a carried"
+                " field has one type in a run"
             )
-            raise InvalidRecordError(path, line, reason, row=row)
-        return has
+        field = next(f for f, c in PER_COMPLETION.items() if c == name)
+        field = (self.encoding.options.columns or {}).get(field, field)
+        has = first != pa.null()
+        return (
+            f"{'no ' if has else ''}{field!r} {'field' if has else 'given'}, unlike the run's "
+            f"first record ({where}): the records of a run all give {field!r} or none does"
+        )
 
     def _source(self, tokens: Tokens, j: int) -> Tuple[str, int, bool]:
         """The file (as shown), line or row, and whether it is a row, of sample ``j``."""

@@ -402,22 +402,13 @@ class ChatTemplate:
                 raise record.fail("message content holds private-use characters U+E000/U+E001")
             marked[i] = {**messages[i], "content": _OPEN + content + _CLOSE}
         marked_text = self.render(marked, record)
-        pieces = marked_text.split(_OPEN)
-        out = [pieces[0]]
-        pos = len(pieces[0])
-        spans = []
-        ok = _CLOSE not in pieces[0]
-        for piece in pieces[1:]:
-            inner, sep, rest = piece.partition(_CLOSE)
-            if not sep or _CLOSE in rest:
-                ok = False
-                break
-            end = pos + len(inner)
-            spans.append((pos, end))
-            pos = end + len(rest)
-            out.append(inner)
-            out.append(rest)
-        if not ok or len(spans) != len(targets) or "".join(out) != text:
+        # Each marked content (the markers alone in pairs around them): its span once the
+        # 2 * k markers before the k-th pair are removed.
+        found = list(re.finditer(f"{_OPEN}[^{_OPEN}{_CLOSE}]*{_CLOSE}", marked_text))
+        markers = marked_text.count(_OPEN) + marked_text.count(_CLOSE)
+        unmarked = marked_text.replace(_OPEN, "").replace(_CLOSE, "")
+        spans = [(m.start() - 2 * k, m.end() - 2 * k - 2) for k, m in enumerate(found)]
+        if markers != 2 * len(found) or len(spans) != len(targets) or unmarked != text:
             raise record.fail(
                 "cannot locate the assistant turns in the rendered chat (the template changes or "
                 "repeats their content); add {% generation %} markers to the template or train "

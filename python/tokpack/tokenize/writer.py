@@ -44,7 +44,6 @@ class _ShardWriter:
         self.schema = schema
         self.shard_rows = shard_rows
         self.shards: List[Dict[str, Any]] = []
-        self._is_open = False
         # Used on the background thread only.
         self._file: Optional[pq.ParquetWriter] = None
         self._sink: Optional[pa.NativeFile] = None
@@ -85,15 +84,15 @@ class _ShardWriter:
     def _open(self) -> None:
         name = f"part-{len(self.shards):05d}.parquet"
         self.shards.append({"file": name, "rows": 0, "tokens": 0})
-        self._is_open = True
         self._submit(self._open_file, self.directory / name)
 
     def write(self, batch: pa.RecordBatch) -> None:
         # The stream's schema, with each carried field's type (known from its first batch).
         self.schema = batch.schema
         while batch.num_rows:
-            if not self._is_open or self.shards[-1]["rows"] == self.shard_rows:
-                self._close_shard()
+            if not self.shards or self.shards[-1]["rows"] == self.shard_rows:
+                if self.shards:
+                    self._submit(self._close_file)
                 self._open()
             take = min(batch.num_rows, self.shard_rows - self.shards[-1]["rows"])
             part = batch.slice(0, take)
@@ -101,11 +100,6 @@ class _ShardWriter:
             self.shards[-1]["rows"] += take
             self.shards[-1]["tokens"] += pc.sum(part.column("length")).as_py() or 0
             batch = batch.slice(take)
-
-    def _close_shard(self) -> None:
-        if self._is_open:
-            self._is_open = False
-            self._submit(self._close_file)
 
     def write_all(self, batches: Iterable[pa.RecordBatch]) -> List[Dict[str, Any]]:
         """Writes ``batches`` and closes the last shard: every file is complete when this
@@ -116,7 +110,7 @@ class _ShardWriter:
                 self.write(batch)
             if not self.shards:  # an empty result still has one (empty) shard with the schema
                 self._open()
-            self._close_shard()
+            self._submit(self._close_file)
             for future in self._pending:
                 future.result()
             self._io.shutdown(wait=True)
