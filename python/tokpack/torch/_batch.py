@@ -14,25 +14,23 @@ from .._contract import IGNORE_INDEX
 from ..errors import ConfigError, DataError, PackingError
 from ..packed.format import SHARD_COLUMNS
 from .pairs import row_tensor
-from .static import STATIC_FORMATS, StaticShapes
 
 
-def _check_layer_masks(
-    layer_masks: Mapping[str, Optional[int]], format: str, cp_size: int, return_pairs: bool
-) -> Dict[str, Optional[int]]:
-    if format not in ("hf", "padded") or cp_size > 1 or return_pairs:
+def _check_layer_masks(c: Any) -> Dict[str, Optional[int]]:
+    """The layer masks of collator ``c``, checked against its layout."""
+    if c.format not in ("hf", "padded") or c.cp_size > 1 or c.return_pairs:
         raise ConfigError(
             f"layer_masks needs format hf or padded without context parallelism or pairs,"
-            f" got format={format!r}, cp_size={cp_size}, return_pairs={return_pairs}"
+            f" got format={c.format!r}, cp_size={c.cp_size}, return_pairs={c.return_pairs}"
         )
-    if not isinstance(layer_masks, Mapping) or not layer_masks:
+    if not isinstance(c.layer_masks, Mapping) or not c.layer_masks:
         raise ConfigError(
             f"layer_masks must be a non-empty dict of layer type -> sliding window or None,"
-            f" got {layer_masks!r}"
+            f" got {c.layer_masks!r}"
         )
     return {
         str(k): None if w is None else check_int(w, f"layer_masks[{k!r}]", 1, MAX_LEN)
-        for k, w in layer_masks.items()
+        for k, w in c.layer_masks.items()
     }
 
 
@@ -116,32 +114,16 @@ def _per_sample_weights(trained: torch.Tensor, seq_idx: torch.Tensor, n_seqs: in
     return (inv[bucket] * flat_trained).view(trained.shape)
 
 
+def boundary_fields(format: str, cu32: torch.Tensor, max_len: int) -> Dict[str, Any]:
+    """The segment boundaries of a flat format: ``cu_seqlens`` and ``max_seqlen`` (flash),
+    ``cu_seq_lens_q/k`` and ``max_length_q/k`` (hf)."""
+    if format == "flash":
+        return {"cu_seqlens": cu32, "max_seqlen": max_len}
+    return dict(cu_seq_lens_q=cu32, cu_seq_lens_k=cu32, max_length_q=max_len, max_length_k=max_len)
+
+
 # The columns of a packed row other than the carried ones (``--carry``, KTO's label).
 _ROW_KEYS = frozenset(SHARD_COLUMNS)
-
-
-def _check_static(
-    static, format, cp_size, return_pairs, layer_masks, pad_to, seq_idx, loss_weights
-) -> None:
-    """Static shapes are their own layout: formats hf, flash and padded, one rank's whole
-    rows, no other layout option."""
-    if not isinstance(static, StaticShapes):
-        raise ConfigError(f"static must be a StaticShapes, got {type(static).__name__}")
-    others = {
-        "cp_size > 1": cp_size > 1,
-        "return_pairs": return_pairs,
-        "layer_masks": layer_masks is not None,
-        "pad_to (static sets the row length)": pad_to is not None,
-        "return_seq_idx": seq_idx,
-        "return_loss_weights": loss_weights,
-    }
-    clash = [name for name, on in others.items() if on]
-    if format not in STATIC_FORMATS or clash:
-        raise ConfigError(
-            f"static shapes need format {', '.join(STATIC_FORMATS)} without"
-            f" {', '.join(others)}; got format={format!r}"
-            + (f" with {', '.join(clash)}" if clash else "")
-        )
 
 
 def _add_carried(batch: Dict[str, Any], rows: Sequence[Mapping[str, Any]]) -> None:

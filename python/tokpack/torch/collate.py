@@ -11,7 +11,7 @@ TransformerEngine's THD layout (see ``_context_parallel``).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, ClassVar, Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -23,16 +23,16 @@ from ._batch import (
     _add_carried,
     _check_layer_masks,
     _check_splits,
-    _check_static,
     _count_trained,
     _host_rows,
     _per_sample_weights,
+    boundary_fields,
     refuse_tree_rows,
 )
 from ._transport import ship
 from .attention import layer_type_masks
 from .pairs import PAIR_FORMATS, add_pair_fields, row_tensor
-from .static import StaticShapes, static_batch
+from .static import StaticShapes, check_static, static_batch
 
 __all__ = ["PackedCollator", "FORMATS", "IGNORE_INDEX"]
 
@@ -40,22 +40,12 @@ FORMATS = ("hf", "flash", "padded", "torchtune", "per_sample")
 CP_FORMATS = ("hf", "flash")
 
 
-def _segments(lens: torch.Tensor, total: int) -> "tuple[torch.Tensor, torch.Tensor]":
-    """(position within its segment, segment index) of each of ``total`` tokens, int64.
-
-    Built with two cumulative sums (a step at every segment start): several times faster on CPU
-    than ``repeat_interleave`` for rows of thousands of tokens.
-    """
-    device = lens.device
-    starts = torch.cumsum(lens, 0)[:-1]
-    step = torch.zeros(total, dtype=torch.int64, device=device)
-    step[starts] = 1
-    seg = torch.cumsum(step, 0)
-    pos_step = torch.ones(total, dtype=torch.int64, device=device)
-    pos_step[starts] = 1 - lens[:-1]
-    if total:
-        pos_step[0] = 0
-    return torch.cumsum(pos_step, 0), seg
+def _cat64(parts: Sequence[Any]) -> torch.Tensor:
+    """A column of the rows concatenated, as a new int64 tensor: NumPy arrays on the host,
+    tensors on their device."""
+    if isinstance(parts[0], np.ndarray):
+        return torch.from_numpy(np.concatenate(parts, dtype=np.int64))
+    return torch.cat(list(parts)).to(torch.int64)
 
 
 def _as_tensor(value: Any, name: str, row: int) -> torch.Tensor:
@@ -65,6 +55,7 @@ def _as_tensor(value: Any, name: str, row: int) -> torch.Tensor:
     return t
 
 
+@dataclasses.dataclass(eq=False)
 class PackedCollator:
     """Collate packed rows (dicts with ``input_ids``, ``seq_lengths`` and optional ``labels``).
 
@@ -104,65 +95,50 @@ class PackedCollator:
 
     #: The collator never writes into its rows (every batch tensor is a new one), so tokpack's
     #: readers hand it views of their cached row groups instead of copies.
-    reads_rows_only = True
+    reads_rows_only: ClassVar[bool] = True
 
-    def __init__(
-        self,
-        format: str = "hf",
-        pad_to: Optional[int] = None,
-        pad_id: int = 0,
-        return_seq_idx: bool = False,
-        return_loss_weights: bool = False,
-        cp_size: int = 1,
-        cp_rank: int = 0,
-        return_pairs: bool = False,
-        layer_masks: Optional[Mapping[str, Optional[int]]] = None,
-        mask_dtype: Optional[torch.dtype] = None,
-        static: Optional["StaticShapes"] = None,
-    ) -> None:
-        check_choice("format", format, FORMATS)
-        if pad_to is not None:
-            pad_to = check_int(pad_to, "pad_to", 1, MAX_LEN)
-        cp_size = check_int(cp_size, "cp_size", 1, MAX_LEN)
-        cp_rank = check_int(cp_rank, "cp_rank", 0, cp_size - 1)
-        if cp_size > 1 and format not in CP_FORMATS:
+    format: str = "hf"
+    pad_to: Optional[int] = None
+    pad_id: int = 0
+    return_seq_idx: bool = False
+    return_loss_weights: bool = False
+    cp_size: int = 1
+    cp_rank: int = 0
+    return_pairs: bool = False
+    layer_masks: Optional[Mapping[str, Optional[int]]] = None
+    mask_dtype: Optional[torch.dtype] = None
+    static: Optional[StaticShapes] = None
+
+    def __post_init__(self) -> None:
+        check_choice("format", self.format, FORMATS)
+        if self.pad_to is not None:
+            self.pad_to = check_int(self.pad_to, "pad_to", 1, MAX_LEN)
+        self.cp_size = check_int(self.cp_size, "cp_size", 1, MAX_LEN)
+        self.cp_rank = check_int(self.cp_rank, "cp_rank", 0, self.cp_size - 1)
+        if self.cp_size > 1 and self.format not in CP_FORMATS:
             raise ConfigError(
-                f"context parallelism (cp_size={cp_size}) needs format {' or '.join(CP_FORMATS)},"
-                f" got {format!r}"
+                f"context parallelism (cp_size={self.cp_size}) needs format"
+                f" {' or '.join(CP_FORMATS)}, got {self.format!r}"
             )
-        if return_pairs and (format not in PAIR_FORMATS or cp_size > 1):
+        if self.return_pairs and (self.format not in PAIR_FORMATS or self.cp_size > 1):
             raise ConfigError(
                 f"return_pairs needs format {', '.join(PAIR_FORMATS)} without context"
-                f" parallelism, got format={format!r}, cp_size={cp_size}"
+                f" parallelism, got format={self.format!r}, cp_size={self.cp_size}"
             )
-        if layer_masks is not None:
-            layer_masks = _check_layer_masks(layer_masks, format, cp_size, return_pairs)
-        if mask_dtype is not None and not (
-            isinstance(mask_dtype, torch.dtype) and mask_dtype.is_floating_point
+        if self.layer_masks is not None:
+            self.layer_masks = _check_layer_masks(self)
+        if self.mask_dtype is not None and not (
+            isinstance(self.mask_dtype, torch.dtype) and self.mask_dtype.is_floating_point
         ):
-            raise ConfigError(f"mask_dtype must be None or a float torch.dtype, got {mask_dtype!r}")
-        self.format = format
-        self.pad_to = pad_to
-        self.pad_id = int(pad_id)
-        self.return_seq_idx = bool(return_seq_idx)
-        self.return_loss_weights = bool(return_loss_weights)
-        self.cp_size = cp_size
-        self.cp_rank = cp_rank
-        self.return_pairs = bool(return_pairs)
-        if static is not None:
-            _check_static(
-                static,
-                format,
-                cp_size,
-                return_pairs,
-                layer_masks,
-                pad_to,
-                return_seq_idx,
-                return_loss_weights,
+            raise ConfigError(
+                f"mask_dtype must be None or a float torch.dtype, got {self.mask_dtype!r}"
             )
-        self.static = static
-        self.layer_masks = layer_masks
-        self.mask_dtype = mask_dtype
+        self.pad_id = int(self.pad_id)
+        self.return_seq_idx = bool(self.return_seq_idx)
+        self.return_loss_weights = bool(self.return_loss_weights)
+        self.return_pairs = bool(self.return_pairs)
+        if self.static is not None:
+            check_static(self)
 
     @classmethod
     def for_model(
@@ -227,21 +203,20 @@ class PackedCollator:
         if len(rows) == 0:
             raise DataError("PackedCollator got an empty batch")
         refuse_tree_rows(rows, "PackedCollator")
+        flat = self.format in ("hf", "flash") and self.cp_size == 1
         host = None
-        if self.static is None and self.format in ("hf", "flash") and self.cp_size == 1:
-            host = None if self.return_pairs else _host_rows(rows)
+        if flat and self.static is None and not self.return_pairs:
+            host = _host_rows(rows)
         if self.static is not None:
             batch = static_batch(rows, self.static, self.format, self.pad_id)
         elif host is not None:
-            batch = self._flat_host(*host)
+            batch = self._flat(*host)
         else:
             ids, labels, seg_lens = self._rows(rows)
             if self.cp_size > 1:
                 batch = self._context_parallel(ids, labels, seg_lens)
-            elif self.format in ("hf", "flash"):
+            elif flat:
                 batch = self._flat(ids, labels, seg_lens)
-            elif self.format == "per_sample":
-                batch = self._per_sample(ids, labels, seg_lens)
             else:
                 batch = self._padded(ids, labels, seg_lens)
             if self.return_pairs:
@@ -278,84 +253,46 @@ class PackedCollator:
         return [list(column) for column in zip(*checked)]
 
     def _flat(self, ids, labels, seg_lens) -> Dict[str, Any]:
-        device = ids[0].device
-        input_ids = torch.cat(ids).to(torch.int64)
-        lab = torch.cat(labels).to(torch.int64)
-        host_lens = torch.cat([s.cpu() for s in seg_lens]).to(torch.int64)
-        max_len = int(host_lens.max()) if host_lens.numel() else 0
-        lens = host_lens.to(device)
-        cu = torch.zeros(lens.numel() + 1, dtype=torch.int64, device=device)
-        torch.cumsum(lens, 0, out=cu[1:])
-        starts = cu[:-1]
-        lab[starts] = IGNORE_INDEX
-        positions, seq_idx = _segments(lens, input_ids.numel())
-        out, shape = self._flat_fields(input_ids, lab, positions, cu.to(torch.int32), max_len)
-        self._extras(out, lab.view(shape), seq_idx.view(shape), lens.numel())
-        return out
-
-    def _flat_fields(
-        self,
-        input_ids: torch.Tensor,
-        lab: torch.Tensor,
-        positions: torch.Tensor,
-        cu32: torch.Tensor,
-        max_len: int,
-    ) -> "tuple[Dict[str, Any], tuple[int, ...]]":
-        """The flat formats' tokens, labels, positions and boundaries, and their shape."""
-        flat = self.format == "flash"
-        shape = (-1,) if flat else (1, -1)
-        out: Dict[str, Any] = {
-            "input_ids": input_ids.view(shape),
-            "labels": lab.view(shape),
-            "position_ids": positions.view(shape),
-        }
-        if flat:
-            out["cu_seqlens"] = cu32
-            out["max_seqlen"] = max_len
-        else:
-            out["cu_seq_lens_q"] = cu32
-            out["cu_seq_lens_k"] = cu32
-            out["max_length_q"] = max_len
-            out["max_length_k"] = max_len
-        return out, shape
-
-    def _flat_host(
-        self, ids: List[np.ndarray], labels: List[np.ndarray], seg_lens: List[np.ndarray]
-    ) -> Dict[str, Any]:
-        """:meth:`_flat` for rows of host (NumPy) data, the common case in a DataLoader: the same
-        batch, built with NumPy, whose cost per call is a fraction of torch's at batch sizes (a
-        batch of 8 rows of 4,096 tokens is collated in about half the time)."""
-        lens = np.concatenate(seg_lens, dtype=np.int64)
+        """The flat formats' batch of the rows (lists of NumPy arrays or of checked tensors): the
+        tokens concatenated on their device, the index arithmetic in NumPy on the host, whose
+        cost per call is a fraction of torch's at batch sizes (a batch of 8 rows of 4,096
+        tokens is collated in about half the time)."""
+        lens = _cat64(seg_lens).cpu().numpy()
         cu = np.zeros(lens.size + 1, dtype=np.int64)
         np.cumsum(lens, out=cu[1:])
-        _check_splits(ids, seg_lens, lens, cu)
+        if isinstance(ids[0], np.ndarray):  # host rows, not checked yet
+            _check_splits(ids, seg_lens, lens, cu)
+        input_ids, lab = _cat64(ids), _cat64(labels)
+        device = input_ids.device
+
+        def dev(a: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(a).to(device)
+
         total = int(cu[-1])
-        input_ids = np.concatenate(ids, dtype=np.int64)
-        lab = np.concatenate(labels, dtype=np.int64)
         starts = cu[:-1]
-        lab[starts] = IGNORE_INDEX
+        lab.index_fill_(0, dev(starts), IGNORE_INDEX)
         # Position within its segment: 1 per token, stepping back at every segment start.
         step = np.ones(total, dtype=np.int64)
         step[starts[1:]] = 1 - lens[:-1]
         if total:
             step[0] = 0
-        positions = np.cumsum(step, out=step)
-        out, shape = self._flat_fields(
-            torch.from_numpy(input_ids),
-            torch.from_numpy(lab),
-            torch.from_numpy(positions),
-            torch.from_numpy(cu.astype(np.int32)),
-            int(lens.max()) if lens.size else 0,
-        )
-        out["num_loss_tokens"] = int(np.count_nonzero(lab != IGNORE_INDEX))
-        out["num_seqs"] = int(lens.size)
+        shape = (-1,) if self.format == "flash" else (1, -1)
+        max_len = int(lens.max()) if lens.size else 0
+        out: Dict[str, Any] = {
+            "input_ids": input_ids.view(shape),
+            "labels": lab.view(shape),
+            "position_ids": dev(np.cumsum(step, out=step)).view(shape),
+            **boundary_fields(self.format, dev(cu.astype(np.int32)), max_len),
+            "num_loss_tokens": _count_trained(lab),
+            "num_seqs": int(lens.size),
+        }
         if self.return_seq_idx or self.return_loss_weights:
-            seq_idx = torch.from_numpy(np.repeat(np.arange(lens.size, dtype=np.int32), lens))
+            seq_idx = dev(np.repeat(np.arange(lens.size, dtype=np.int32), lens)).view(shape)
             if self.return_seq_idx:
-                out["seq_idx"] = seq_idx.view(shape)
+                out["seq_idx"] = seq_idx
             if self.return_loss_weights:
                 trained = out["labels"] != IGNORE_INDEX
-                out["loss_weights"] = _per_sample_weights(trained, seq_idx.view(shape), lens.size)
+                out["loss_weights"] = _per_sample_weights(trained, seq_idx, lens.size)
         return out
 
     def _context_parallel(self, ids, labels, seg_lens) -> Dict[str, Any]:
@@ -447,78 +384,61 @@ class PackedCollator:
         return out
 
     def _padded(self, ids, labels, seg_lens) -> Dict[str, Any]:
-        device = ids[0].device
-        longest = max(x.shape[0] for x in ids)
+        """``[B, L]`` right-padded rows: a packed row each (formats padded and torchtune,
+        positions restarting per sample), or each sample of the batch alone (per_sample: a
+        causal model never reads the padding after a token, so every family sees each sample
+        exactly as alone; no positions, the model's default 0..n-1 are each sample's, and no
+        mask). Index arithmetic in NumPy on the host; the tokens are scattered on their device."""
+        per_sample = self.format == "per_sample"
+        input_ids, lab = _cat64(ids), _cat64(labels)
+        device = input_ids.device
+        lens = _cat64(seg_lens).cpu().numpy()
+        tokens = np.array([x.shape[0] for x in ids], dtype=np.int64)
+        longest = int((lens if per_sample else tokens).max(initial=0))
         width = longest if self.pad_to is None else self.pad_to
         if longest > width:
-            raise DataError(f"a row has {longest} tokens, more than pad_to={width}")
-        b = len(ids)
-        input_ids = torch.full((b, width), self.pad_id, dtype=torch.int64, device=device)
-        lab = torch.full((b, width), IGNORE_INDEX, dtype=torch.int64, device=device)
-        positions = torch.zeros((b, width), dtype=torch.int64, device=device)
-        doc = torch.full((b, width), -1, dtype=torch.int32, device=device)
-        seq_idx = torch.full((b, width), -1, dtype=torch.int32, device=device)
-        tt_seq_lens = []
-        n_seqs = 0
-        for r, (x, y, s) in enumerate(zip(ids, labels, seg_lens)):
-            n = x.shape[0]
-            s = s.to(device=device, dtype=torch.int64)
-            starts = torch.cumsum(s, 0) - s
-            input_ids[r, :n] = x
-            lab[r, :n] = y
-            lab[r, starts] = IGNORE_INDEX
-            pos, seg = _segments(s, n)
-            positions[r, :n] = pos
-            doc[r, :n] = seg.to(torch.int32)
-            seq_idx[r, :n] = doc[r, :n] + n_seqs
-            if n < width:
-                # torchtune gives the padding its own segment and continuing positions.
-                positions[r, n:] = torch.arange(width - n, device=device)
-                s = torch.cat([s, s.new_tensor([width - n])])
-            tt_seq_lens.append(s.to(torch.int32))
-            n_seqs += seg_lens[r].numel()
-        if self.format == "padded":
-            out: Dict[str, Any] = {
-                "input_ids": input_ids,
-                "labels": lab,
-                "position_ids": positions,
-                "document_ids": doc,
-            }
-        else:
-            out = {
-                "tokens": input_ids,
-                "labels": lab,
-                "input_pos": positions,
-                "seq_lens": tt_seq_lens,
-            }
-        self._extras(out, lab, seq_idx, n_seqs)
-        return out
+            what = "sample" if per_sample else "row"
+            raise DataError(f"a {what} has {longest} tokens, more than pad_to={width}")
 
-    def _per_sample(self, ids, labels, seg_lens) -> Dict[str, Any]:
-        """Each sample of the batch alone in a row, right-padded: a causal model never reads the
-        padding after a token, so every family sees each sample exactly as alone. No positions
-        (the model's default 0..n-1 are each sample's) and no mask (nothing to mask)."""
-        device = ids[0].device
-        lens = torch.cat([s.cpu() for s in seg_lens]).to(torch.int64)
-        n_seqs = lens.numel()
-        longest = int(lens.max()) if n_seqs else 0
-        width = longest if self.pad_to is None else self.pad_to
-        if longest > width:
-            raise DataError(f"a sample has {longest} tokens, more than pad_to={width}")
-        tokens = torch.cat(ids).to(device=device, dtype=torch.int64)
-        lab = torch.cat(labels).to(device=device, dtype=torch.int64)
-        # Each token goes to its sample's row, at its position within the sample.
-        column, sample = _segments(lens, int(lens.sum()))
-        flat = (sample * width + column).to(device)
-        input_ids = torch.full((n_seqs, width), self.pad_id, dtype=torch.int64, device=device)
-        out_lab = torch.full((n_seqs, width), IGNORE_INDEX, dtype=torch.int64, device=device)
-        input_ids.view(-1)[flat] = tokens
-        out_lab.view(-1)[flat] = lab
-        out_lab[:, 0] = IGNORE_INDEX
-        seq_idx = torch.full((n_seqs, width), -1, dtype=torch.int32, device=device)
-        seq_idx.view(-1)[flat] = sample.to(device=device, dtype=torch.int32)
-        out: Dict[str, Any] = {"input_ids": input_ids, "labels": out_lab}
-        self._extras(out, out_lab, seq_idx, n_seqs)
+        def dev(a: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(a).to(device)
+
+        # Per token: its sample (numbered across the batch), position in it, row and column.
+        seg = np.repeat(np.arange(lens.size), lens)
+        seg_start = np.cumsum(lens) - lens
+        pos = np.arange(seg.size) - seg_start[seg]
+        row = seg if per_sample else np.repeat(np.arange(len(ids)), tokens)
+        col = pos if per_sample else np.arange(seg.size) - (np.cumsum(tokens) - tokens)[row]
+        n_rows = lens.size if per_sample else len(ids)
+        index = dev(row * width + col)
+        lab.index_fill_(0, dev(seg_start), IGNORE_INDEX)
+
+        def scatter(values: torch.Tensor, fill: int, dtype: torch.dtype) -> torch.Tensor:
+            out = torch.full((n_rows, width), fill, dtype=dtype, device=device)
+            out.view(-1)[index] = values.to(dtype)
+            return out
+
+        out_ids = scatter(input_ids, self.pad_id, torch.int64)
+        out_lab = scatter(lab, IGNORE_INDEX, torch.int64)
+        seq_idx = scatter(dev(seg), -1, torch.int32)
+        out: Dict[str, Any] = {"input_ids": out_ids, "labels": out_lab}
+        if not per_sample:
+            # torchtune gives the padding its own segment and continuing positions.
+            positions = np.arange(width) - tokens[:, None]
+            positions.reshape(-1)[row * width + col] = pos
+            n_segs = [s.numel() for s in seg_lens]
+            seg_first = np.cumsum(n_segs) - n_segs
+            doc = scatter(dev(seg - seg_first[row]), -1, torch.int32)
+            seq_lens = [
+                dev(np.append(part, width - n) if n < width else part).to(torch.int32)
+                for part, n in zip(np.split(lens, np.cumsum(n_segs)[:-1]), tokens)
+            ]
+            if self.format == "padded":
+                out.update(position_ids=dev(positions), document_ids=doc)
+            else:
+                out = {"tokens": out_ids, "labels": out_lab, "input_pos": dev(positions)}
+                out["seq_lens"] = seq_lens
+        self._extras(out, out_lab, seq_idx, lens.size)
         return out
 
     def _extras(

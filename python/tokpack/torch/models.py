@@ -231,10 +231,7 @@ def _layer_kinds(config: Any) -> Tuple[str, ...]:
     kinds = getattr(config, "layer_types", None)
     if not kinds:
         return ("full_attention",)
-    seen: Dict[str, None] = {}
-    for k in kinds:
-        seen[str(k)] = None
-    return tuple(seen)
+    return tuple(dict.fromkeys(map(str, kinds)))
 
 
 def _installed(package: str) -> bool:
@@ -276,19 +273,15 @@ def packing_support(model_or_config: Any, format: Optional[str] = None) -> Model
     if chosen == "per_sample":
         return ModelPacking(fields=("input_ids",), exact=True, **support)
     positions = ("position_ids",) if chosen == "padded" else ("position_ids", "cu_seq_lens_q")
-    if rule.path == "positions":
+    # Varlen kernels take cu_seq_lens and the window themselves, not a dense mask.
+    if rule.path == "positions" or (rule.path == "layer_masks" and varlen):
         return ModelPacking(fields=positions, exact=True, **support)
     if rule.path == "layer_masks":
-        if varlen:
-            # Varlen kernels take cu_seq_lens and the window themselves, not a dense mask.
-            return ModelPacking(fields=positions, exact=True, **support)
-        windows = _layer_windows(text, kinds)
-        dtype = None if impl == "sdpa" else _model_dtype(model_or_config)
         return ModelPacking(
             fields=("attention_mask",) + positions,
             exact=True,
-            layer_masks=windows,
-            mask_dtype=dtype,
+            layer_masks=_layer_windows(text, kinds),
+            mask_dtype=None if impl == "sdpa" else _model_dtype(model_or_config),
             **support,
         )
     name = f"{family} ({type(model_or_config).__name__})"

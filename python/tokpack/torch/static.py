@@ -37,6 +37,7 @@ import torch
 from .._checks import MAX_LEN, check_choice, check_int
 from .._contract import IGNORE_INDEX
 from ..errors import ConfigError, DataError
+from ._batch import boundary_fields
 
 __all__ = ["StaticShapes", "TAILS", "STATIC_FORMATS", "block_mask", "block_mask_data"]
 
@@ -96,6 +97,28 @@ class StaticShapes:
         return self.rows * self.max_segments + 1
 
 
+def check_static(c: Any) -> None:
+    """Static shapes are their own layout: formats hf, flash and padded, one rank's whole
+    rows, no other layout option (``c``: the ``PackedCollator``)."""
+    if not isinstance(c.static, StaticShapes):
+        raise ConfigError(f"static must be a StaticShapes, got {type(c.static).__name__}")
+    others = {
+        "cp_size > 1": c.cp_size > 1,
+        "return_pairs": c.return_pairs,
+        "layer_masks": c.layer_masks is not None,
+        "pad_to (static sets the row length)": c.pad_to is not None,
+        "return_seq_idx": c.return_seq_idx,
+        "return_loss_weights": c.return_loss_weights,
+    }
+    clash = [name for name, on in others.items() if on]
+    if c.format not in STATIC_FORMATS or clash:
+        raise ConfigError(
+            f"static shapes need format {', '.join(STATIC_FORMATS)} without"
+            f" {', '.join(others)}; got format={c.format!r}"
+            + (f" with {', '.join(clash)}" if clash else "")
+        )
+
+
 def _row_lengths(rows: Sequence[Mapping[str, Any]], shapes: StaticShapes) -> List[np.ndarray]:
     """Each row's seq_lengths, checked against the shapes (the row and the fix named)."""
     if len(rows) > shapes.rows:
@@ -126,8 +149,6 @@ def static_batch(
     rows: Sequence[Mapping[str, Any]], shapes: StaticShapes, format: str, pad_id: int
 ) -> Dict[str, Any]:
     """The static-shape batch of ``rows`` in ``format`` (``PackedCollator(static=...)``)."""
-    if format not in STATIC_FORMATS:
-        raise ConfigError(f"static shapes need format {', '.join(STATIC_FORMATS)}, got {format!r}")
     lens = _row_lengths(rows, shapes)
     k, width = shapes.align, shapes.max_len
     flat = format != "padded"
@@ -183,12 +204,7 @@ def static_batch(
     out["labels"] = torch.from_numpy(lab).view(shape)
     out["position_ids"] = torch.from_numpy(pos).view(shape)
     if flat:
-        cu32 = torch.from_numpy(bounds[0].astype(np.int32))
-        if format == "flash":
-            out["cu_seqlens"], out["max_seqlen"] = cu32, width
-        else:
-            out["cu_seq_lens_q"] = out["cu_seq_lens_k"] = cu32
-            out["max_length_q"] = out["max_length_k"] = width
+        out.update(boundary_fields(format, torch.from_numpy(bounds[0].astype(np.int32)), width))
     out["document_ids"] = torch.from_numpy(doc)
     out["num_loss_tokens"] = int(np.count_nonzero(lab != IGNORE_INDEX))
     out["num_seqs"] = n_seqs
