@@ -216,31 +216,22 @@ impl PackConfig {
             out.carry = std::iter::once(group.to_string())
                 .chain(self.carry.iter().filter(|c| *c != group).cloned())
                 .collect();
-            if self
-                .carry
-                .iter()
-                .any(|c| c == crate::format::col::KTO_LABEL)
-            {
-                check_carry_name(crate::format::col::KTO_LABEL, false)?;
-            }
-            return Ok(out);
-        }
-        if let Some(n) = self.tree_max_path {
+        } else if let Some(n) = self.tree_max_path {
             return Err(CoreError::Config(format!(
                 "tree_max_path={n} caps the paths of prefix trees; {inputs} holds {} samples, \
                  which are not packed as trees (max_len caps their rows)",
                 kind.name()
             )));
-        }
-        if let Some(group) = &self.tree_group {
+        } else if let Some(group) = &self.tree_group {
             return Err(CoreError::Config(format!(
                 "tree_group {group:?} packs token shards as prefix trees (tokpack.pack_files, \
                  tokpack pack); {inputs} holds {} samples, which are not",
                 kind.name()
             )));
+        } else {
+            out.carry = kind.carry(&self.carry);
         }
         let label = crate::format::col::KTO_LABEL;
-        out.carry = kind.carry(&self.carry);
         if !kind.spec().carried.contains(&label) && self.carry.iter().any(|c| c == label) {
             check_carry_name(label, false)?;
         }

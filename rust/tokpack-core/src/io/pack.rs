@@ -152,19 +152,6 @@ fn read_sequence(
     Ok((flat, labels.map(|l| l.values)))
 }
 
-/// Spills the sequences of a batch; returns the location of each row.
-fn spill_rows(
-    spill: Option<&Spill>,
-    worker: usize,
-    flat: &Flat,
-    labels: Option<&[i32]>,
-) -> Result<Vec<u64>> {
-    match spill {
-        Some(spill) => spill.append(worker, &flat.values, &flat.offsets, labels),
-        None => Ok(Vec::new()),
-    }
-}
-
 fn read_unit(
     source: &Source,
     unit: usize,
@@ -184,29 +171,34 @@ fn read_unit(
             unit: &at,
             row_base: out.rows,
         };
+        // A sequence's tokens (and labels) read and spilled: the flat tokens, each row's
+        // location in the spill.
+        let spilled = |tokens: &str, labels: Option<(&str, Role)>| {
+            let (flat, labels) = read_sequence(&batch, tokens, labels, &loc, &source.path)?;
+            let locations = match spill {
+                Some(spill) => {
+                    spill.append(worker, &flat.values, &flat.offsets, labels.as_deref())?
+                }
+                None => Vec::new(),
+            };
+            Ok::<_, CoreError>((flat, locations))
+        };
         match columns.pairs {
             Some(layout) => {
                 let [ci, cl, ri, rl, p] = PAIR_COLUMNS;
-                let labels = |c| Some((c, Role::Labels));
-                let (chosen, chosen_labels) =
-                    read_sequence(&batch, ci, labels(cl), &loc, &source.path)?;
-                let (rejected, rejected_labels) =
-                    read_sequence(&batch, ri, labels(rl), &loc, &source.path)?;
+                let (chosen, c) = spilled(ci, Some((cl, Role::Labels)))?;
+                let (rejected, r) = spilled(ri, Some((rl, Role::Labels)))?;
                 let prompts = batch.column_by_name(p).expect("projected column");
                 let lengths = pair_lengths(&chosen, &rejected, prompts, layout, &loc)?;
                 out.pairs.extend(lengths);
-                let c = spill_rows(spill, worker, &chosen, chosen_labels.as_deref())?;
-                let r = spill_rows(spill, worker, &rejected, rejected_labels.as_deref())?;
                 out.locations.extend(c);
                 out.rejected.extend(r);
             }
             None => {
                 let labels = columns.labels.as_ref().map(|(c, r)| (c.as_str(), *r));
-                let (tokens, labels) =
-                    read_sequence(&batch, &columns.tokens, labels, &loc, &source.path)?;
+                let (tokens, locations) = spilled(&columns.tokens, labels)?;
                 out.lengths
                     .extend(tokens.offsets.windows(2).map(|w| w[1] - w[0]));
-                let locations = spill_rows(spill, worker, &tokens, labels.as_deref())?;
                 out.locations.extend(locations);
             }
         }

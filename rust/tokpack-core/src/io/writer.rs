@@ -405,16 +405,12 @@ fn row_group(
     for &(sample, part) in &segments {
         let len = part.len as usize;
         let span = pos..pos + len;
-        let out = &mut tokens[span.clone()];
-        if ctx.has_labels {
-            let labels = &mut labels[span];
-            ctx.source
-                .read(sample, part.seq, part.start, out, Some(&mut *labels))?;
-            seg_loss.push(labels.iter().filter(|&&v| v != IGNORE_INDEX).count() as i32);
-        } else {
-            ctx.source.read(sample, part.seq, part.start, out, None)?;
-            seg_loss.push(len as i32);
-        }
+        let mut out_labels = ctx.has_labels.then(|| &mut labels[span.clone()]);
+        let out = &mut tokens[span];
+        ctx.source
+            .read(sample, part.seq, part.start, out, out_labels.as_deref_mut())?;
+        let trained = |l: &mut [i32]| l.iter().filter(|&&v| v != IGNORE_INDEX).count();
+        seg_loss.push(out_labels.map_or(len, trained) as i32);
         pos += len;
     }
     // Row-level offsets into this row group's tokens and segments.
