@@ -140,18 +140,15 @@ impl PackConfig {
         let seed = check_range("seed", f.seed, 0, u64::MAX.into())? as u64;
         let rows_per_shard = check_range("rows_per_shard", f.rows_per_shard, 1, MAX_ROWS)?;
         let row_group_rows = check_range("row_group_rows", f.row_group_rows, 1, MAX_ROWS)?;
-        let max_segments = f
-            .max_segments_per_row
-            .map(|n| check_range("max_segments_per_row", n, 1, MAX_LEN))
-            .transpose()?
-            .map(|n| n as u32);
+        // A count in `1..=hi` when given.
+        let count = |name, n: Option<i128>, hi| -> Result<Option<u32>> {
+            n.map(|n| check_range(name, n, 1, hi).map(|n| n as u32))
+                .transpose()
+        };
+        let max_segments = count("max_segments_per_row", f.max_segments_per_row, MAX_LEN)?;
         let align = check_range("align_segments", f.align_segments, 1, MAX_LEN)? as u32;
         let tree_min_shared = check_range("tree_min_shared", f.tree_min_shared, 1, MAX_LEN)? as u32;
-        let tree_max_path = f
-            .tree_max_path
-            .map(|n| check_range("tree_max_path", n, 1, max_len.into()))
-            .transpose()?
-            .map(|n| n as u32);
+        let tree_max_path = count("tree_max_path", f.tree_max_path, max_len.into())?;
         if f.tree_group.as_deref() == Some("") {
             return Err(CoreError::Config(
                 "tree_group must be a column name, got ''".into(),

@@ -10,7 +10,7 @@
 //! scheduling but is only ever addressed through the per-sample locations.
 
 use super::carry::{carried_values, concat, with_pieces, Carried};
-use super::columns::{flatten_sequence, BatchAt, Flat, Role};
+use super::columns::{flatten_sequence, BatchAt, Role};
 use super::pagecache::inputs_read_once;
 use super::pairs::{pair_lengths, plan_pairs, PairLayout, PairLengths, SEQ_REJECTED};
 use super::progress::{Phase, Progress};
@@ -31,8 +31,7 @@ use crate::kind::PAIR_COLUMNS;
 use crate::media::{media_cuts, parse_media, MediaCuts, String3};
 use crate::plan::{Plan, PlanConfig};
 use crate::policy::{SampleKind, Strategy};
-use arrow::array::{Array, ArrayRef, AsArray, Int64Array, RecordBatch, StringArray};
-use arrow::buffer::ScalarBuffer;
+use arrow::array::{Array, ArrayRef, AsArray, Int64Array, StringArray};
 use arrow::datatypes::{DataType, Int64Type};
 use rayon::prelude::*;
 use std::path::PathBuf;
@@ -134,24 +133,6 @@ impl UnitOut {
     }
 }
 
-/// Flattens a sequence's token and label columns of a batch (labels aligned to the tokens).
-fn read_sequence(
-    batch: &RecordBatch,
-    tokens: &str,
-    labels: Option<(&str, Role)>,
-    loc: &BatchAt,
-    path: &std::path::Path,
-) -> Result<(Flat, Option<ScalarBuffer<i32>>)> {
-    let column = |name: &str| {
-        batch
-            .column_by_name(name)
-            .ok_or_else(|| CoreError::schema(Location::file(path), format!("no column {name:?}")))
-    };
-    let labels = labels.map(|(name, role)| column(name).map(|c| (c, name, role)));
-    let (flat, labels) = flatten_sequence((column(tokens)?, tokens), labels.transpose()?, loc)?;
-    Ok((flat, labels.map(|l| l.values)))
-}
-
 fn read_unit(
     source: &Source,
     unit: usize,
@@ -171,14 +152,15 @@ fn read_unit(
             unit: &at,
             row_base: out.rows,
         };
+        let column = |name: &str| batch.column_by_name(name).expect("projected column");
         // A sequence's tokens (and labels) read and spilled: the flat tokens, each row's
         // location in the spill.
         let spilled = |tokens: &str, labels: Option<(&str, Role)>| {
-            let (flat, labels) = read_sequence(&batch, tokens, labels, &loc, &source.path)?;
+            let labels = labels.map(|(name, role)| (column(name), name, role));
+            let (flat, labels) = flatten_sequence((column(tokens), tokens), labels, &loc)?;
+            let labels = labels.as_ref().map(|l| &l.values[..]);
             let locations = match spill {
-                Some(spill) => {
-                    spill.append(worker, &flat.values, &flat.offsets, labels.as_deref())?
-                }
+                Some(spill) => spill.append(worker, &flat.values, &flat.offsets, labels)?,
                 None => Vec::new(),
             };
             Ok::<_, CoreError>((flat, locations))
@@ -188,7 +170,7 @@ fn read_unit(
                 let [ci, cl, ri, rl, p] = PAIR_COLUMNS;
                 let (chosen, c) = spilled(ci, Some((cl, Role::Labels)))?;
                 let (rejected, r) = spilled(ri, Some((rl, Role::Labels)))?;
-                let prompts = batch.column_by_name(p).expect("projected column");
+                let prompts = column(p);
                 let lengths = pair_lengths(&chosen, &rejected, prompts, layout, &loc)?;
                 out.pairs.extend(lengths);
                 out.locations.extend(c);
@@ -203,8 +185,7 @@ fn read_unit(
             }
         }
         for (chunks, (name, _)) in out.carried.iter_mut().zip(&columns.carry) {
-            let array = batch.column_by_name(name).expect("projected column");
-            chunks.push(carried_values(array, name, &loc)?);
+            chunks.push(carried_values(column(name), name, &loc)?);
         }
         out.rows += batch.num_rows() as u64;
         progress.add_samples(batch.num_rows() as u64);
