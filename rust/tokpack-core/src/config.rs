@@ -5,94 +5,83 @@
 
 use crate::error::{CoreError, Result};
 use crate::format::check_carry_name;
-use crate::io::pack::{LabelSource, PackFilesConfig};
+use crate::io::pack::LabelSource;
 use crate::io::pairs::check_pair_config;
 use crate::io::writer::parse_compression;
 use crate::plan::PlanConfig;
 use crate::policy::{
     check_range, Overlong, PairLayout, RowOrder, SampleKind, Strategy, MAX_LEN, MAX_ROWS,
 };
-use std::path::PathBuf;
 
-/// The fields, in the order of the manifest's `config` and of the CLI's flags: name, the
-/// choices it takes (empty: any value of its type) and the help the CLI prints (defaults:
-/// [`PackFields::defaults`]).
-pub const FIELDS: &[(&str, &[&str], &str)] = &[
-    ("max_len", &[], "row capacity in tokens"),
-    (
-        "strategy",
-        Strategy::NAMES,
-        "bfd best-fit decreasing, ffd first-fit decreasing, \
-      next_fit input order, padding one sample per row, random shuffle, concatenate and cut",
-    ),
-    (
-        "overlong",
-        Overlong::NAMES,
-        "samples longer than max_len: error, truncate, drop, \
-      or split into pieces",
-    ),
-    (
-        "seed",
-        &[],
-        "seed of the shuffled row order and of the random strategy",
-    ),
-    (
-        "row_order",
-        RowOrder::NAMES,
-        "order of the written rows: shuffled (a seeded \
-      permutation of the planned rows, so readers get mixed batches) or plan (the planner's \
-      order: longest samples first with bfd/ffd)",
-    ),
-    (
-        "max_segments_per_row",
-        &[],
+/// The fields of a config from one line per field, in the order of the manifest's `config` and
+/// of the CLI's flags: `name: type = default, choices, help` (choices empty: any value of its
+/// type; `max_len` has no default). Makes [`PackFields`], [`PackFields::defaults`] and
+/// [`FIELDS`], the `(name, choices, help)` the CLI prints.
+macro_rules! pack_fields {
+    (max_len: $max_ty:ty, $max_help:expr;
+     $($(#[$doc:meta])* $name:ident: $ty:ty = $default:expr, $choices:expr, $help:expr;)*) => {
+        /// The values a config is made from, as the caller gives them (checked by
+        /// [`PackConfig::new`]).
+        #[derive(Clone, Debug)]
+        pub struct PackFields {
+            pub max_len: $max_ty,
+            $($(#[$doc])* pub $name: $ty,)*
+        }
+
+        impl PackFields {
+            /// The defaults, with the given `max_len`.
+            pub fn defaults(max_len: $max_ty) -> Self {
+                Self { max_len, $($name: $default,)* }
+            }
+        }
+
+        pub const FIELDS: &[(&str, &[&str], &str)] =
+            &[("max_len", &[], $max_help), $((stringify!($name), $choices, $help),)*];
+    };
+}
+
+pack_fields! {
+    max_len: i128, "row capacity in tokens";
+    strategy: String = Strategy::Bfd.name().into(), Strategy::NAMES,
+        "bfd best-fit decreasing, ffd first-fit decreasing, next_fit input order, padding one \
+        sample per row, random shuffle, concatenate and cut";
+    overlong: String = Overlong::Error.name().into(), Overlong::NAMES,
+        "samples longer than max_len: error, truncate, drop, or split into pieces";
+    seed: i128 = 0, &[], "seed of the shuffled row order and of the random strategy";
+    row_order: String = RowOrder::Shuffled.name().into(), RowOrder::NAMES,
+        "order of the written rows: shuffled (a seeded permutation of the planned rows, so \
+        readers get mixed batches) or plan (the planner's order: longest samples first with \
+        bfd/ffd)";
+    max_segments_per_row: Option<i128> = None, &[],
         "the most segments (samples or pieces) a row may hold, a hard constraint of every \
-      strategy: fixed-capacity boundary arrays for CUDA graphs and torch.compile",
-    ),
-    (
-        "align_segments",
-        &[],
-        "plan each segment as its length rounded up to a multiple of this (128 for \
-      block-aligned attention, 2*cp for context parallelism, 16 for FP8); the collators pad it",
-    ),
-    ("tokens_column", &[], "list-of-integers column of token ids"),
-    (
-        "labels_column",
-        &[],
-        "used when present (-100 = not trained on)",
-    ),
-    ("loss_mask_column", &[], "0/1 column instead of labels"),
-    (
-        "pair_layout",
-        PairLayout::NAMES,
-        "preference pairs: chosen then rejected, each whole \
-      (separate, the default), or the prompt once then both completions (shared-prompt)",
-    ),
-    (
-        "tree_group",
-        &[],
+        strategy: fixed-capacity boundary arrays for CUDA graphs and torch.compile";
+    align_segments: i128 = 1, &[],
+        "plan each segment as its length rounded up to a multiple of this (128 for block-aligned \
+        attention, 2*cp for context parallelism, 16 for FP8); the collators pad it";
+    tokens_column: String = "input_ids".into(), &[], "list-of-integers column of token ids";
+    labels_column: Option<String> = Some("labels".into()), &[],
+        "used when present (-100 = not trained on)";
+    loss_mask_column: Option<String> = None, &[], "0/1 column instead of labels";
+    /// None: not given (the default layout for preference pairs, nothing for other samples).
+    pair_layout: Option<String> = None, PairLayout::NAMES,
+        "preference pairs: chosen then rejected, each whole (separate, the default), or the \
+        prompt once then both completions (shared-prompt)";
+    /// None: not given (`group` for tree token shards; other shards stay what they are).
+    tree_group: Option<String> = None, &[],
         "the int64 column grouping sequences that share prefixes (a prompt's completions, a \
-      chat's turns): packs the token shards as prefix trees (tree token shards: \"group\")",
-    ),
-    (
-        "tree_min_shared",
-        &[],
-        "prefix trees: a shared prefix shorter than this many tokens is not shared",
-    ),
-    (
-        "tree_max_path",
-        &[],
-        "prefix trees: the longest root-to-leaf path, the model's context (default: max_len);       a longer sequence is over-long (--overlong: drop, truncate or error)",
-    ),
-    (
-        "carry",
-        &[],
-        "scalar per-sample columns kept as per-segment lists (KTO's label always is)",
-    ),
-    ("rows_per_shard", &[], "packed rows per part-NNNNN.parquet"),
-    ("row_group_rows", &[], "packed rows per Parquet row group"),
-    ("compression", &[], "zstd[:LEVEL], snappy, lz4, none"),
-];
+        chat's turns): packs the token shards as prefix trees (tree token shards: \"group\")";
+    tree_min_shared: i128 = 1, &[],
+        "prefix trees: a shared prefix shorter than this many tokens is not shared";
+    /// None: `max_len`.
+    tree_max_path: Option<i128> = None, &[],
+        "prefix trees: the longest root-to-leaf path, the model's context (default: \
+        max_len);       a longer sequence is over-long (--overlong: drop, truncate or error)";
+    carry: Vec<String> = Vec::new(), &[],
+        "scalar per-sample columns kept as per-segment lists (KTO's label always is)";
+    rows_per_shard: i128 = 16384, &[], "packed rows per part-NNNNN.parquet";
+    row_group_rows: i128 = 1024, &[], "packed rows per Parquet row group";
+    compression: String = "zstd".into(), &[], "zstd[:LEVEL], snappy, lz4, none";
+}
 
 /// The pair layout of inputs of `kind` (`inputs` names them in messages): preference pairs
 /// get one (`separate` when none is given); other kinds refuse any but `separate`.
@@ -109,58 +98,6 @@ pub fn pair_layout_for(
             kind.name()
         ))),
         _ => Ok(None),
-    }
-}
-
-/// The values a config is made from, as the caller gives them (checked by [`PackConfig::new`]).
-#[derive(Clone, Debug)]
-pub struct PackFields {
-    pub max_len: i128,
-    pub strategy: String,
-    pub overlong: String,
-    pub seed: i128,
-    pub max_segments_per_row: Option<i128>,
-    pub align_segments: i128,
-    pub tokens_column: String,
-    pub labels_column: Option<String>,
-    pub loss_mask_column: Option<String>,
-    /// None: not given (the default layout for preference pairs, nothing for other samples).
-    pub pair_layout: Option<String>,
-    /// None: not given (`group` for tree token shards; other shards stay what they are).
-    pub tree_group: Option<String>,
-    pub tree_min_shared: i128,
-    /// None: `max_len`.
-    pub tree_max_path: Option<i128>,
-    pub carry: Vec<String>,
-    pub row_order: String,
-    pub rows_per_shard: i128,
-    pub row_group_rows: i128,
-    pub compression: String,
-}
-
-impl PackFields {
-    /// The defaults, with the given `max_len`.
-    pub fn defaults(max_len: i128) -> Self {
-        Self {
-            max_len,
-            strategy: Strategy::Bfd.name().into(),
-            overlong: Overlong::Error.name().into(),
-            seed: 0,
-            max_segments_per_row: None,
-            align_segments: 1,
-            tokens_column: "input_ids".into(),
-            labels_column: Some("labels".into()),
-            loss_mask_column: None,
-            pair_layout: None,
-            tree_group: None,
-            tree_min_shared: 1,
-            tree_max_path: None,
-            carry: Vec::new(),
-            row_order: RowOrder::Shuffled.name().into(),
-            rows_per_shard: 16384,
-            row_group_rows: 1024,
-            compression: "zstd".into(),
-        }
     }
 }
 
@@ -203,18 +140,15 @@ impl PackConfig {
         let seed = check_range("seed", f.seed, 0, u64::MAX.into())? as u64;
         let rows_per_shard = check_range("rows_per_shard", f.rows_per_shard, 1, MAX_ROWS)?;
         let row_group_rows = check_range("row_group_rows", f.row_group_rows, 1, MAX_ROWS)?;
-        let max_segments = f
-            .max_segments_per_row
-            .map(|n| check_range("max_segments_per_row", n, 1, MAX_LEN))
-            .transpose()?
-            .map(|n| n as u32);
+        // A count in `1..=hi` when given.
+        let count = |name, n: Option<i128>, hi| -> Result<Option<u32>> {
+            n.map(|n| check_range(name, n, 1, hi).map(|n| n as u32))
+                .transpose()
+        };
+        let max_segments = count("max_segments_per_row", f.max_segments_per_row, MAX_LEN)?;
         let align = check_range("align_segments", f.align_segments, 1, MAX_LEN)? as u32;
         let tree_min_shared = check_range("tree_min_shared", f.tree_min_shared, 1, MAX_LEN)? as u32;
-        let tree_max_path = f
-            .tree_max_path
-            .map(|n| check_range("tree_max_path", n, 1, max_len.into()))
-            .transpose()?
-            .map(|n| n as u32);
+        let tree_max_path = count("tree_max_path", f.tree_max_path, max_len.into())?;
         if f.tree_group.as_deref() == Some("") {
             return Err(CoreError::Config(
                 "tree_group must be a column name, got ''".into(),
@@ -279,31 +213,22 @@ impl PackConfig {
             out.carry = std::iter::once(group.to_string())
                 .chain(self.carry.iter().filter(|c| *c != group).cloned())
                 .collect();
-            if self
-                .carry
-                .iter()
-                .any(|c| c == crate::format::col::KTO_LABEL)
-            {
-                check_carry_name(crate::format::col::KTO_LABEL, false)?;
-            }
-            return Ok(out);
-        }
-        if let Some(n) = self.tree_max_path {
+        } else if let Some(n) = self.tree_max_path {
             return Err(CoreError::Config(format!(
                 "tree_max_path={n} caps the paths of prefix trees; {inputs} holds {} samples, \
                  which are not packed as trees (max_len caps their rows)",
                 kind.name()
             )));
-        }
-        if let Some(group) = &self.tree_group {
+        } else if let Some(group) = &self.tree_group {
             return Err(CoreError::Config(format!(
                 "tree_group {group:?} packs token shards as prefix trees (tokpack.pack_files, \
                  tokpack pack); {inputs} holds {} samples, which are not",
                 kind.name()
             )));
+        } else {
+            out.carry = kind.carry(&self.carry);
         }
         let label = crate::format::col::KTO_LABEL;
-        out.carry = kind.carry(&self.carry);
         if !kind.spec().carried.contains(&label) && self.carry.iter().any(|c| c == label) {
             check_carry_name(label, false)?;
         }
@@ -366,34 +291,6 @@ impl PackConfig {
             },
             (None, None) => LabelSource::None,
         }
-    }
-
-    /// The `pack_files` job of this config over `paths`.
-    pub fn files_job(
-        &self,
-        paths: Vec<PathBuf>,
-        out_dir: PathBuf,
-        spill_dir: PathBuf,
-        batch_rows: usize,
-    ) -> Result<PackFilesConfig> {
-        Ok(PackFilesConfig {
-            paths,
-            out_dir,
-            spill_dir,
-            tokens_column: self.tokens_column.clone(),
-            labels: self.labels(),
-            pairs: self.pair_layout,
-            carry: self.carry.clone(),
-            plan: self.plan,
-            rows_per_shard: self.rows_per_shard,
-            row_group_rows: self.row_group_rows,
-            compression: parse_compression(&self.compression)?,
-            batch_rows,
-            kind: SampleKind::Sft,
-            tree_group: self.tree_group_column().to_string(),
-            tree_min_shared: self.tree_min_shared as usize,
-            tree_max_path: self.tree_max_path.unwrap_or(self.plan.max_len),
-        })
     }
 }
 

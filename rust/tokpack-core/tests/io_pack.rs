@@ -8,11 +8,11 @@ use parquet::file::properties::WriterProperties;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use tokpack_core::config::PackFields;
 use tokpack_core::io::{
-    file_checksum, pack_files, parse_compression, read_checked_row_group, GroupCheck, LabelSource,
-    PackFilesConfig, Progress,
+    file_checksum, pack_files, read_checked_row_group, GroupCheck, PackFilesConfig, Progress,
 };
-use tokpack_core::{pool, CoreError, PlanConfig};
+use tokpack_core::{pool, CoreError, PackConfig};
 
 fn write_input(path: &Path, rows: &[Vec<i64>]) {
     write_row_groups(path, rows, 1 << 20);
@@ -37,23 +37,21 @@ fn config(dir: &Path, inputs: Vec<PathBuf>, name: &str) -> PackFilesConfig {
     let spill = dir.join(format!("{name}-spill"));
     std::fs::create_dir_all(&out).unwrap();
     std::fs::create_dir_all(&spill).unwrap();
+    let fields = PackFields {
+        overlong: "split".into(),
+        row_order: "plan".into(),
+        labels_column: None,
+        rows_per_shard: 3,
+        row_group_rows: 2,
+        ..PackFields::defaults(16)
+    };
     PackFilesConfig {
         paths: inputs,
         out_dir: out,
         spill_dir: spill,
-        tokens_column: "input_ids".into(),
-        labels: LabelSource::None,
-        pairs: None,
-        carry: Vec::new(),
-        plan: PlanConfig::new(16, "bfd", "split", 0).unwrap(),
-        rows_per_shard: 3,
-        row_group_rows: 2,
-        compression: parse_compression("zstd").unwrap(),
+        config: PackConfig::new(fields).unwrap(),
         batch_rows: 2,
         kind: tokpack_core::SampleKind::Sft,
-        tree_group: "group".into(),
-        tree_min_shared: 1,
-        tree_max_path: 1 << 30,
     }
 }
 

@@ -71,11 +71,14 @@ pub fn pack_files(
     progress: Option<&Bound<'_, Progress>>,
     kind: &str,
 ) -> PyResult<PyPackReport> {
-    let mut job = config
-        .0
-        .files_job(paths, out_dir, spill_dir, batch_rows)
-        .map_err(to_py)?;
-    job.kind = kind.parse().map_err(to_py)?;
+    let job = io::PackFilesConfig {
+        paths,
+        out_dir,
+        spill_dir,
+        config: config.0.clone(),
+        batch_rows,
+        kind: kind.parse().map_err(to_py)?,
+    };
     let progress = progress_of(progress);
     let outcome = detached(py, threads, || io::pack_files(&job, &progress))?;
     Ok(PyPackReport(outcome.into()))

@@ -122,16 +122,7 @@ pub fn carried_types(sources: &[Source], columns: &[String]) -> Result<Vec<DataT
 /// and no null (errors name the row and column).
 pub fn check_carried_in_memory(array: &ArrayRef, column: &str) -> Result<()> {
     check_scalar(array.data_type(), Location::default().column(column))?;
-    let unit = Location::default();
-    carried_values(
-        array,
-        column,
-        &BatchAt {
-            unit: &unit,
-            row_base: 0,
-        },
-    )
-    .map(|_| ())
+    carried_values(array, column, &BatchAt::IN_MEMORY).map(|_| ())
 }
 
 /// A batch's values of a carried column, which must hold no null (its row named otherwise).

@@ -28,6 +28,20 @@ pub struct BatchAt<'a> {
     pub row_base: u64,
 }
 
+impl BatchAt<'static> {
+    /// In-memory data (`pack_tokens`, the blocks of `tokpack.ray`): no file or unit, so errors
+    /// name the row and column only.
+    pub const IN_MEMORY: Self = BatchAt {
+        unit: &Location {
+            file: None,
+            unit: None,
+            row: None,
+            column: None,
+        },
+        row_base: 0,
+    };
+}
+
 impl BatchAt<'_> {
     /// Invalid data in row `row` of this batch, column `column`.
     pub(crate) fn data(&self, row: usize, column: &str, what: impl Into<String>) -> CoreError {
@@ -239,12 +253,7 @@ pub fn flatten_in_memory(
     tokens: (&ArrayRef, &str),
     labels: Option<(&ArrayRef, &str, Role)>,
 ) -> Result<(Flat, Option<Flat>)> {
-    let unit = Location::default();
-    let loc = BatchAt {
-        unit: &unit,
-        row_base: 0,
-    };
-    flatten_sequence(tokens, labels, &loc)
+    flatten_sequence(tokens, labels, &BatchAt::IN_MEMORY)
 }
 
 /// Flattens and checks a sequence's tokens and its labels or loss mask (as many rows, as many

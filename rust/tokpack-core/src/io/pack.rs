@@ -9,8 +9,8 @@
 //! Output bytes depend only on the inputs and the config: the spill layout varies with thread
 //! scheduling but is only ever addressed through the per-sample locations.
 
-use super::carry::{carried_values, concat, with_pieces};
-use super::columns::{flatten_sequence, BatchAt, Flat, Role};
+use super::carry::{carried_values, concat, with_pieces, Carried};
+use super::columns::{flatten_sequence, BatchAt, Role};
 use super::pagecache::inputs_read_once;
 use super::pairs::{pair_lengths, plan_pairs, PairLayout, PairLengths, SEQ_REJECTED};
 use super::progress::{Phase, Progress};
@@ -19,7 +19,10 @@ use super::read_columns::{open_all, resolve_columns, Columns};
 use super::source::Source;
 use super::spill::{Spill, SpillReader};
 use super::trees::{check_group_column, pack_trees, TreeCounts, TreeJob};
-use super::writer::{write_shard, SampleSource, ShardContext, ShardInfo, ShardOut};
+use super::writer::{
+    parse_compression, write_shard, SampleSource, ShardContext, ShardInfo, ShardOut,
+};
+use crate::config::PackConfig;
 use crate::cuts::Cuts;
 use crate::error::{Context, CoreError, Location, Result};
 use crate::format::{col, MEDIA_COLUMNS};
@@ -28,10 +31,8 @@ use crate::kind::PAIR_COLUMNS;
 use crate::media::{media_cuts, parse_media, MediaCuts, String3};
 use crate::plan::{Plan, PlanConfig};
 use crate::policy::{SampleKind, Strategy};
-use arrow::array::{Array, ArrayRef, AsArray, Int64Array, RecordBatch, StringArray};
-use arrow::buffer::ScalarBuffer;
+use arrow::array::{Array, ArrayRef, AsArray, Int64Array, StringArray};
 use arrow::datatypes::{DataType, Int64Type};
-use parquet::basic::Compression;
 use rayon::prelude::*;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -43,31 +44,19 @@ pub struct PackFilesConfig {
     pub out_dir: PathBuf,
     /// Empty directory for the spill files (removed by the caller).
     pub spill_dir: PathBuf,
-    pub tokens_column: String,
-    pub labels: LabelSource,
-    /// Preference token shards: pairs are read from the [`PAIR_COLUMNS`] (`tokens_column` and
-    /// `labels` are not used) and packed as units in this layout.
-    pub pairs: Option<PairLayout>,
-    /// Scalar per-sample columns written as per-segment list columns.
-    pub carry: Vec<String>,
-    pub plan: PlanConfig,
-    /// The layout of a `PackConfig` (checked when it was made).
-    pub rows_per_shard: usize,
-    pub row_group_rows: usize,
-    pub compression: Compression,
+    /// The pack options, a config `for_kind` of the inputs: the plan, the columns read (for
+    /// preference token shards the [`PAIR_COLUMNS`], packed as units in its pair layout), the
+    /// carried columns, the shard layout and prefix trees' options.
+    pub config: PackConfig,
     /// Rows decoded at a time inside a unit (bounds the memory of reading).
     pub batch_rows: usize,
     /// The kind of samples (`crate::kind`): multimodal samples are cut only at safe blocks,
-    /// planned here once ([`crate::media`]), each piece carrying its own media.
+    /// planned here once ([`crate::media`]), each piece carrying its own media; tree samples
+    /// are packed as prefix trees (`super::trees`).
     pub kind: SampleKind,
-    /// Prefix trees ([`SampleKind::Tree`]): the column grouping the sequences, and the shortest
-    /// prefix shared (`crate::tree::build`'s `min_shared`).
-    pub tree_group: String,
-    pub tree_min_shared: usize,
-    /// The longest root-to-leaf path (at most `plan.max_len`): a longer sequence is over-long.
-    pub tree_max_path: u32,
 }
 
+#[derive(Default)]
 pub struct PackOutcome {
     /// Samples (pairs for preference shards) in each input file, in order.
     pub input_rows: Vec<u64>,
@@ -144,37 +133,6 @@ impl UnitOut {
     }
 }
 
-/// Flattens a sequence's token and label columns of a batch (labels aligned to the tokens).
-fn read_sequence(
-    batch: &RecordBatch,
-    tokens: &str,
-    labels: Option<(&str, Role)>,
-    loc: &BatchAt,
-    path: &std::path::Path,
-) -> Result<(Flat, Option<ScalarBuffer<i32>>)> {
-    let column = |name: &str| {
-        batch
-            .column_by_name(name)
-            .ok_or_else(|| CoreError::schema(Location::file(path), format!("no column {name:?}")))
-    };
-    let labels = labels.map(|(name, role)| column(name).map(|c| (c, name, role)));
-    let (flat, labels) = flatten_sequence((column(tokens)?, tokens), labels.transpose()?, loc)?;
-    Ok((flat, labels.map(|l| l.values)))
-}
-
-/// Spills the sequences of a batch; returns the location of each row.
-fn spill_rows(
-    spill: Option<&Spill>,
-    worker: usize,
-    flat: &Flat,
-    labels: Option<&[i32]>,
-) -> Result<Vec<u64>> {
-    match spill {
-        Some(spill) => spill.append(worker, &flat.values, &flat.offsets, labels),
-        None => Ok(Vec::new()),
-    }
-}
-
 fn read_unit(
     source: &Source,
     unit: usize,
@@ -194,35 +152,40 @@ fn read_unit(
             unit: &at,
             row_base: out.rows,
         };
+        let column = |name: &str| batch.column_by_name(name).expect("projected column");
+        // A sequence's tokens (and labels) read and spilled: the flat tokens, each row's
+        // location in the spill.
+        let spilled = |tokens: &str, labels: Option<(&str, Role)>| {
+            let labels = labels.map(|(name, role)| (column(name), name, role));
+            let (flat, labels) = flatten_sequence((column(tokens), tokens), labels, &loc)?;
+            let labels = labels.as_ref().map(|l| &l.values[..]);
+            let locations = match spill {
+                Some(spill) => spill.append(worker, &flat.values, &flat.offsets, labels)?,
+                None => Vec::new(),
+            };
+            Ok::<_, CoreError>((flat, locations))
+        };
         match columns.pairs {
             Some(layout) => {
                 let [ci, cl, ri, rl, p] = PAIR_COLUMNS;
-                let labels = |c| Some((c, Role::Labels));
-                let (chosen, chosen_labels) =
-                    read_sequence(&batch, ci, labels(cl), &loc, &source.path)?;
-                let (rejected, rejected_labels) =
-                    read_sequence(&batch, ri, labels(rl), &loc, &source.path)?;
-                let prompts = batch.column_by_name(p).expect("projected column");
+                let (chosen, c) = spilled(ci, Some((cl, Role::Labels)))?;
+                let (rejected, r) = spilled(ri, Some((rl, Role::Labels)))?;
+                let prompts = column(p);
                 let lengths = pair_lengths(&chosen, &rejected, prompts, layout, &loc)?;
                 out.pairs.extend(lengths);
-                let c = spill_rows(spill, worker, &chosen, chosen_labels.as_deref())?;
-                let r = spill_rows(spill, worker, &rejected, rejected_labels.as_deref())?;
                 out.locations.extend(c);
                 out.rejected.extend(r);
             }
             None => {
                 let labels = columns.labels.as_ref().map(|(c, r)| (c.as_str(), *r));
-                let (tokens, labels) =
-                    read_sequence(&batch, &columns.tokens, labels, &loc, &source.path)?;
+                let (tokens, locations) = spilled(&columns.tokens, labels)?;
                 out.lengths
                     .extend(tokens.offsets.windows(2).map(|w| w[1] - w[0]));
-                let locations = spill_rows(spill, worker, &tokens, labels.as_deref())?;
                 out.locations.extend(locations);
             }
         }
         for (chunks, (name, _)) in out.carried.iter_mut().zip(&columns.carry) {
-            let array = batch.column_by_name(name).expect("projected column");
-            chunks.push(carried_values(array, name, &loc)?);
+            chunks.push(carried_values(column(name), name, &loc)?);
         }
         out.rows += batch.num_rows() as u64;
         progress.add_samples(batch.num_rows() as u64);
@@ -413,9 +376,35 @@ fn piece_arrays(
     Ok((Some(pieces), typed))
 }
 
-/// Packs the token shards `config.paths` into `config.out_dir`. Call inside `pool::install`.
-pub fn pack_files(config: &PackFilesConfig, progress: &Progress) -> Result<PackOutcome> {
-    let mut sources = open_all(&config.paths)?;
+/// The carried columns of the samples read (`chunks`: each column's, in sample order), each
+/// with the values of the pieces some samples are packed in (`pieces`, `piece_values`).
+fn carried_columns(
+    columns: &Columns,
+    chunks: Vec<Vec<ArrayRef>>,
+    pieces: Option<&Arc<Cuts>>,
+    piece_values: &ColumnValues,
+) -> Result<Vec<Carried>> {
+    columns
+        .carry
+        .iter()
+        .zip(chunks)
+        .map(|((name, data_type), chunks)| {
+            let values = piece_values.iter().find(|(n, _)| n == name).map(|(_, v)| v);
+            with_pieces(name, concat(&chunks, data_type)?, pieces, values)
+        })
+        .collect()
+}
+
+/// Packs the token shards `job.paths` into `job.out_dir`. Call inside `pool::install`.
+pub fn pack_files(job: &PackFilesConfig, progress: &Progress) -> Result<PackOutcome> {
+    let config = &job.config;
+    let out = ShardOut {
+        dir: &job.out_dir,
+        row_group_rows: config.row_group_rows,
+        compression: parse_compression(&config.compression)?,
+        progress,
+    };
+    let mut sources = open_all(&job.paths)?;
     let read_once = inputs_read_once(sources.iter().map(|s| s.parts.size).sum());
     for source in &mut sources {
         source.read_once = read_once;
@@ -423,42 +412,44 @@ pub fn pack_files(config: &PackFilesConfig, progress: &Progress) -> Result<PackO
     let columns = resolve_columns(
         &sources,
         &config.tokens_column,
-        &config.labels,
-        config.pairs,
+        &config.labels(),
+        config.pair_layout,
         &config.carry,
     )?;
     let has_labels = columns.pairs.is_some() || columns.labels.is_some();
-    if config.kind == SampleKind::Tree {
-        check_group_column(&sources, &config.tree_group)?;
+    let tree = job.kind == SampleKind::Tree;
+    if tree {
+        check_group_column(&sources, config.tree_group_column())?;
     }
-    let spill = Spill::create(&config.spill_dir, rayon::current_num_threads(), has_labels)?;
+    let spill = Spill::create(&job.spill_dir, rayon::current_num_threads(), has_labels)?;
     let (mut read, input_rows, input_fingerprints) = read_all(
         &sources,
         &columns,
-        config.batch_rows,
+        job.batch_rows,
         Some(&spill),
         true,
         progress,
     )?;
     if read.rows == 0 {
-        return Err(no_samples(&config.paths));
+        return Err(no_samples(&job.paths));
     }
-    if config.kind == SampleKind::Tree {
-        return pack_tree_files(
-            config, &sources, &columns, read, input_rows, spill, progress,
-        )
-        .map(|o| PackOutcome {
+    let locate = |i: usize| locate(&sources, &input_rows, i);
+    if tree {
+        let packed = pack_tree_files(config, &columns, read, spill, out, &locate)?;
+        progress.start(Phase::Done, 0);
+        return Ok(PackOutcome {
+            input_rows,
             input_fingerprints,
-            ..o
+            ..packed
         });
     }
     progress.start(Phase::Planning, 1);
-    let media = match config.kind.spec().cut {
+    let media = match job.kind.spec().cut {
         CutRule::SafeBlocks => {
             media_cuts_of(&read, &columns, &config.plan, |i, what| CoreError::Data {
                 at: Box::new(Location {
                     column: Some(col::MEDIA.into()),
-                    ..locate(&sources, &input_rows, i)
+                    ..locate(i)
                 }),
                 what,
             })?
@@ -469,12 +460,12 @@ pub fn pack_files(config: &PackFilesConfig, progress: &Progress) -> Result<PackO
         if let CoreError::Overlong { at, index, .. } = &mut e {
             **at = Location {
                 column: column.map(str::to_string),
-                ..locate(&sources, &input_rows, *index)
+                ..locate(*index)
             };
         }
         e
     };
-    let (plan, pairs) = match config.pairs {
+    let (plan, pairs) = match config.pair_layout {
         Some(layout) => {
             let (plan, pairs) = plan_pairs(&read.pairs, layout, &config.plan)
                 .map_err(|e| locate_overlong(e, None))?;
@@ -492,23 +483,17 @@ pub fn pack_files(config: &PackFilesConfig, progress: &Progress) -> Result<PackO
         None => (None, Vec::new()),
     };
     let pieces = pieces.map(Arc::new);
-    let carried = columns
-        .carry
-        .iter()
-        .zip(std::mem::take(&mut read.carried))
-        .map(|((name, data_type), chunks)| {
-            let values = piece_values.iter().find(|(n, _)| n == name).map(|(_, v)| v);
-            with_pieces(name, concat(&chunks, data_type)?, pieces.as_ref(), values)
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let chunks = std::mem::take(&mut read.carried);
+    let carried = carried_columns(&columns, chunks, pieces.as_ref(), &piece_values)?;
     progress.advance(1);
     let reader = spill.into_reader();
     let n_rows = plan.n_bins();
+    let rows_per_shard = config.rows_per_shard;
     // An empty shard still carries the schema when every sample was dropped.
-    let n_shards = n_rows.div_ceil(config.rows_per_shard).max(1);
+    let n_shards = n_rows.div_ceil(rows_per_shard).max(1);
     progress.start(Phase::Writing, n_rows as u64);
     let ctx = ShardContext {
-        dir: &config.out_dir,
+        out,
         plan: &plan,
         source: &Spilled {
             read: &read,
@@ -517,19 +502,12 @@ pub fn pack_files(config: &PackFilesConfig, progress: &Progress) -> Result<PackO
         has_labels,
         pairs: pairs.as_ref(),
         carried: &carried,
-        row_group_rows: config.row_group_rows,
-        compression: config.compression,
-        progress,
     };
     let shards: Vec<Result<ShardInfo>> = (0..n_shards)
         .into_par_iter()
         .map(|s| {
-            let a = s * config.rows_per_shard;
-            write_shard(
-                &ctx,
-                s,
-                a.min(n_rows)..(a + config.rows_per_shard).min(n_rows),
-            )
+            let a = s * rows_per_shard;
+            write_shard(&ctx, s, a.min(n_rows)..(a + rows_per_shard).min(n_rows))
         })
         .collect();
     let shards = shards.into_iter().collect::<Result<Vec<_>>>()?;
@@ -548,24 +526,18 @@ pub fn pack_files(config: &PackFilesConfig, progress: &Progress) -> Result<PackO
 /// The read and spilled samples of tree token shards packed as prefix trees
 /// (`super::trees`); their shards have no `labels` column (the targets are the trees').
 fn pack_tree_files(
-    config: &PackFilesConfig,
-    sources: &[Source],
+    config: &PackConfig,
     columns: &Columns,
     mut read: UnitOut,
-    input_rows: Vec<u64>,
     spill: Spill,
-    progress: &Progress,
+    out: ShardOut,
+    locate: &(dyn Fn(usize) -> Location + Sync),
 ) -> Result<PackOutcome> {
-    let carried = columns
-        .carry
-        .iter()
-        .zip(std::mem::take(&mut read.carried))
-        .map(|((name, t), chunks)| with_pieces(name, concat(&chunks, t)?, None, None))
-        .collect::<Result<Vec<_>>>()?;
+    let chunks = std::mem::take(&mut read.carried);
+    let carried = carried_columns(columns, chunks, None, &Vec::new())?;
     let reader = spill.into_reader();
-    let locate = |i: usize| locate(sources, &input_rows, i);
     let data = super::trees::Spilled {
-        locate: &locate,
+        locate,
         lengths: &read.lengths,
         locations: &read.locations,
         reader: &reader,
@@ -574,27 +546,19 @@ fn pack_tree_files(
         tokens_column: &config.tokens_column,
         labels_column: columns.labels.as_ref().map(|(c, _)| c.as_str()),
     };
+    let progress = out.progress;
     let job = TreeJob {
         plan: &config.plan,
-        min_shared: config.tree_min_shared,
-        max_path: config.tree_max_path.min(config.plan.max_len),
-        out: ShardOut {
-            dir: &config.out_dir,
-            row_group_rows: config.row_group_rows,
-            compression: config.compression,
-            progress,
-        },
+        min_shared: config.tree_min_shared as usize,
+        max_path: config.tree_max_path.unwrap_or(config.plan.max_len),
+        out,
         rows_per_shard: config.rows_per_shard,
     };
     let packed = pack_trees(&data, &job, progress)?;
-    progress.start(Phase::Done, 0);
     Ok(PackOutcome {
-        input_rows,
         plan: packed.plan,
-        has_labels: false,
         shards: packed.shards,
-        input_fingerprints: Vec::new(),
-        no_safe_cut: Vec::new(),
         tree: Some(packed.counts),
+        ..PackOutcome::default()
     })
 }

@@ -4,7 +4,7 @@
 
 use super::carry::Carried;
 use super::progress::Progress;
-use super::writer::{write_shard, SampleSource, ShardContext, ShardInfo};
+use super::writer::{write_shard, SampleSource, ShardContext, ShardInfo, ShardOut};
 use crate::error::{CoreError, Result};
 use crate::plan::Plan;
 use parquet::basic::Compression;
@@ -90,17 +90,18 @@ pub fn write_held_shard(
     compression: Compression,
 ) -> Result<ShardInfo> {
     samples.check()?;
-    let progress = Progress::new();
     let ctx = ShardContext {
-        dir,
+        out: ShardOut {
+            dir,
+            row_group_rows,
+            compression,
+            progress: &Progress::new(),
+        },
         plan: rows,
         source: samples,
         has_labels: samples.labels.is_some(),
         pairs: None,
         carried,
-        row_group_rows,
-        compression,
-        progress: &progress,
     };
     write_shard(&ctx, shard, 0..rows.n_bins())
 }

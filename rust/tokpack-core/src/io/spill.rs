@@ -193,85 +193,6 @@ fn unpack<const W: usize>(bytes: &[u8], out: &mut [i32]) {
     }
 }
 
-/// Reads the values `start..start + tokens.len()` of a record of `n` values at `pos` of
-/// `file`, into `tokens` and (when given) `labels`. `scratch` holds the bytes read.
-#[allow(clippy::too_many_arguments)]
-fn decode_span(
-    read_at: &dyn Fn(&mut [u8], u64) -> Result<()>,
-    pos: u64,
-    n: usize,
-    width: Width,
-    coding: Labels,
-    start: usize,
-    tokens: &mut [i32],
-    labels: Option<&mut [i32]>,
-    scratch: &mut Vec<u8>,
-) -> Result<()> {
-    let len = tokens.len();
-    let end = start + len;
-    debug_assert!(end <= n);
-    let (ids_end, labels_end) = layout(n, width, coding);
-    let w = width.bytes();
-    // One read from the span's first id to the last byte it needs: whole records mostly.
-    let first = start * w;
-    let last = match (&labels, coding) {
-        (None, _) | (_, Labels::None) => match width {
-            Width::U17 => n * w + plane_bytes(end),
-            _ => end * w,
-        },
-        (Some(_), Labels::Raw) => ids_end + 4 * end,
-        (Some(_), Labels::Bits) => ids_end + plane_bytes(end),
-        (Some(_), Labels::Exceptions) => labels_end,
-    };
-    scratch.resize(last - first, 0);
-    read_at(scratch, pos + first as u64)?;
-    let bytes = |at: usize| &scratch[at - first..];
-    match w {
-        2 => unpack::<2>(bytes(first), tokens),
-        3 => unpack::<3>(bytes(first), tokens),
-        _ => unpack::<4>(bytes(first), tokens),
-    }
-    if width == Width::U17 {
-        let plane = bytes(n * w);
-        for (i, t) in tokens.iter_mut().enumerate() {
-            *t |= i32::from(plane_bit(plane, start + i)) << 16;
-        }
-    }
-    let Some(labels) = labels else {
-        return Ok(());
-    };
-    match coding {
-        Labels::None => labels.fill(IGNORE_INDEX),
-        Labels::Raw => unpack::<4>(bytes(ids_end + 4 * start), labels),
-        Labels::Bits | Labels::Exceptions => {
-            let plane = bytes(ids_end);
-            for (i, (l, &t)) in labels.iter_mut().zip(tokens.iter()).enumerate() {
-                *l = if plane_bit(plane, start + i) {
-                    t
-                } else {
-                    IGNORE_INDEX
-                };
-            }
-            if coding == Labels::Exceptions {
-                let c = bytes(labels_end - 4);
-                let count = u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize;
-                let mut entries = vec![0u8; 8 * count];
-                read_at(&mut entries, pos + labels_end as u64)?;
-                let (at, values) = entries.split_at(4 * count);
-                let word =
-                    |b: &[u8], k: usize| [b[4 * k], b[4 * k + 1], b[4 * k + 2], b[4 * k + 3]];
-                for k in 0..count {
-                    let i = u32::from_le_bytes(word(at, k)) as usize;
-                    if (start..end).contains(&i) {
-                        labels[i - start] = i32::from_le_bytes(word(values, k));
-                    }
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
 struct Appender {
     file: File,
     /// Bytes written so far.
@@ -382,18 +303,73 @@ impl SpillReader {
         let (file, width, coding, pos) = parts(loc);
         let file = &self.files[file];
         let read_at = |buf: &mut [u8], at: u64| file.read_exact_at(buf, at).output(&self.dir);
+        let (n, start) = (n as usize, start as usize);
+        // `scratch` holds the bytes read.
         SCRATCH.with_borrow_mut(|scratch| {
-            decode_span(
-                &read_at,
-                pos,
-                n as usize,
-                width,
-                coding,
-                start as usize,
-                tokens,
-                labels,
-                scratch,
-            )
+            let len = tokens.len();
+            let end = start + len;
+            debug_assert!(end <= n);
+            let (ids_end, labels_end) = layout(n, width, coding);
+            let w = width.bytes();
+            // One read from the span's first id to the last byte it needs: whole records mostly.
+            let first = start * w;
+            let last = match (&labels, coding) {
+                (None, _) | (_, Labels::None) => match width {
+                    Width::U17 => n * w + plane_bytes(end),
+                    _ => end * w,
+                },
+                (Some(_), Labels::Raw) => ids_end + 4 * end,
+                (Some(_), Labels::Bits) => ids_end + plane_bytes(end),
+                (Some(_), Labels::Exceptions) => labels_end,
+            };
+            scratch.resize(last - first, 0);
+            read_at(scratch, pos + first as u64)?;
+            let bytes = |at: usize| &scratch[at - first..];
+            match w {
+                2 => unpack::<2>(bytes(first), tokens),
+                3 => unpack::<3>(bytes(first), tokens),
+                _ => unpack::<4>(bytes(first), tokens),
+            }
+            if width == Width::U17 {
+                let plane = bytes(n * w);
+                for (i, t) in tokens.iter_mut().enumerate() {
+                    *t |= i32::from(plane_bit(plane, start + i)) << 16;
+                }
+            }
+            let Some(labels) = labels else {
+                return Ok(());
+            };
+            match coding {
+                Labels::None => labels.fill(IGNORE_INDEX),
+                Labels::Raw => unpack::<4>(bytes(ids_end + 4 * start), labels),
+                Labels::Bits | Labels::Exceptions => {
+                    let plane = bytes(ids_end);
+                    for (i, (l, &t)) in labels.iter_mut().zip(tokens.iter()).enumerate() {
+                        *l = if plane_bit(plane, start + i) {
+                            t
+                        } else {
+                            IGNORE_INDEX
+                        };
+                    }
+                    if coding == Labels::Exceptions {
+                        let c = bytes(labels_end - 4);
+                        let count = u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize;
+                        let mut entries = vec![0u8; 8 * count];
+                        read_at(&mut entries, pos + labels_end as u64)?;
+                        let (at, values) = entries.split_at(4 * count);
+                        let word = |b: &[u8], k: usize| {
+                            [b[4 * k], b[4 * k + 1], b[4 * k + 2], b[4 * k + 3]]
+                        };
+                        for k in 0..count {
+                            let i = u32::from_le_bytes(word(at, k)) as usize;
+                            if (start..end).contains(&i) {
+                                labels[i - start] = i32::from_le_bytes(word(values, k));
+                            }
+                        }
+                    }
+                }
+            }
+            Ok(())
         })
     }
 }

@@ -191,16 +191,13 @@ pub trait SampleSource: Sync {
 
 /// Everything a shard writer needs besides its row range.
 pub struct ShardContext<'a> {
-    pub dir: &'a Path,
+    pub out: ShardOut<'a>,
     pub plan: &'a Plan,
     pub source: &'a dyn SampleSource,
     pub has_labels: bool,
     /// The plan's units are preference pairs, each written as two or three segments.
     pub pairs: Option<&'a Pairs>,
     pub carried: &'a [Carried],
-    pub row_group_rows: usize,
-    pub compression: Compression,
-    pub progress: &'a Progress,
 }
 
 pub(crate) fn list(offsets: &[i32], values: ArrayRef) -> ArrayRef {
@@ -212,19 +209,13 @@ pub(crate) fn list(offsets: &[i32], values: ArrayRef) -> ArrayRef {
 /// Writes shard `shard` holding plan rows `rows`.
 pub fn write_shard(ctx: &ShardContext, shard: usize, rows: Range<usize>) -> Result<ShardInfo> {
     let schema = shard_schema(ctx.has_labels, ctx.pairs.is_some(), ctx.carried);
-    let out = ShardOut {
-        dir: ctx.dir,
-        row_group_rows: ctx.row_group_rows,
-        compression: ctx.compression,
-        progress: ctx.progress,
-    };
-    write_rows(&out, shard, rows, &schema, |range, index, info| {
+    write_rows(&ctx.out, shard, rows, &schema, |range, index, info| {
         row_group(ctx, &schema, range, index, info)
     })
 }
 
 /// Where and how shards are written, whatever their rows hold.
-pub(crate) struct ShardOut<'a> {
+pub struct ShardOut<'a> {
     pub dir: &'a Path,
     pub row_group_rows: usize,
     pub compression: Compression,
@@ -414,16 +405,12 @@ fn row_group(
     for &(sample, part) in &segments {
         let len = part.len as usize;
         let span = pos..pos + len;
-        let out = &mut tokens[span.clone()];
-        if ctx.has_labels {
-            let labels = &mut labels[span];
-            ctx.source
-                .read(sample, part.seq, part.start, out, Some(&mut *labels))?;
-            seg_loss.push(labels.iter().filter(|&&v| v != IGNORE_INDEX).count() as i32);
-        } else {
-            ctx.source.read(sample, part.seq, part.start, out, None)?;
-            seg_loss.push(len as i32);
-        }
+        let mut out_labels = ctx.has_labels.then(|| &mut labels[span.clone()]);
+        let out = &mut tokens[span];
+        ctx.source
+            .read(sample, part.seq, part.start, out, out_labels.as_deref_mut())?;
+        let trained = |l: &mut [i32]| l.iter().filter(|&&v| v != IGNORE_INDEX).count();
+        seg_loss.push(out_labels.map_or(len, trained) as i32);
         pos += len;
     }
     // Row-level offsets into this row group's tokens and segments.
@@ -436,18 +423,12 @@ fn row_group(
     let mut a = 0usize;
     for &b in &row_ends {
         let n: i64 = segments[a..b].iter().map(|(_, p)| p.len).sum();
-        let loss: i32 = seg_loss[a..b].iter().sum();
-        index.offset.push(info.tokens as i64 + t);
         t += n;
         tok_offsets.push(t as i32);
         seg_offsets.push(b as i32);
-        index.num_tokens.push(n as i32);
-        index.num_seqs.push((b - a) as i32);
-        index.num_loss_tokens.push(loss);
-        info.loss_tokens += loss as u64;
+        index.row(info, n as i32, (b - a) as i32, seg_loss[a..b].iter().sum());
         a = b;
     }
-    info.tokens += t as u64;
     let of_rows = |column: &[i32]| Arc::new(Int32Array::from(column[first..].to_vec())) as ArrayRef;
     let seq_lengths: Vec<i32> = segments.iter().map(|(_, p)| p.len as i32).collect();
     let sample_ids: Vec<i64> = segments.iter().map(|&(s, _)| s).collect();
@@ -475,8 +456,8 @@ fn row_group(
     }
     let starts: Vec<i64> = segments.iter().map(|(_, p)| p.start).collect();
     for carried in ctx.carried {
-        let values = per_segment(carried, &sample_ids, &starts, ctx.dir)?;
+        let values = per_segment(carried, &sample_ids, &starts, ctx.out.dir)?;
         columns.push(list(&seg_offsets, values));
     }
-    RecordBatch::try_new(schema.clone(), columns).output(ctx.dir)
+    RecordBatch::try_new(schema.clone(), columns).output(ctx.out.dir)
 }
