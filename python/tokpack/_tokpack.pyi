@@ -162,27 +162,10 @@ class PackConfig:
 
 @final
 class PackReport:
-    """What a pack job did; ``figures()`` are the manifest's figures."""
+    """What a pack job did; ``figures()`` are the manifest's figures. Made from the fields of
+    ``tokpack_core::PackReport`` (keywords: counts, sample ids, shards; unknown ones refused)."""
 
-    def __new__(
-        cls,
-        *,
-        input_rows: Sequence[int],
-        has_labels: bool,
-        max_len: int,
-        n_samples: int,
-        rows: int,
-        segments: int,
-        tokens: int,
-        input_tokens: int,
-        dropped: Any,
-        empty: Any,
-        truncated: Any,
-        split: Any,
-        shards: Sequence[Dict[str, Any]],
-        max_row_segments: Optional[int] = None,
-        alignment_padding_tokens: Optional[int] = None,
-    ) -> PackReport: ...
+    def __new__(cls, **fields: Any) -> PackReport: ...
     @staticmethod
     def merge(
         parts: Sequence[PackReport], shards: Sequence[Dict[str, Any]], input_rows: Sequence[int]
