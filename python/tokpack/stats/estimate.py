@@ -96,6 +96,13 @@ class MaxLenFigures:
         return 1.0 - self.rows[strategy] / padded if padded else 0.0
 
 
+# The figures of a candidate that ``PackingStats.as_dict`` gives as they are, in its order.
+_PLAIN_FIGURES = (
+    "max_len over_samples over_sample_share over_tokens over_token_share beyond_tokens"
+    " beyond_token_share split_pieces compute full_row_compute"
+).split()
+
+
 @dataclass(frozen=True)
 class PackingStats:
     """Length distribution of a corpus and the figures of each ``max_len`` candidate."""
@@ -128,16 +135,7 @@ class PackingStats:
             "world_size": self.world_size,
             "candidates": [
                 {
-                    "max_len": c.max_len,
-                    "over_samples": c.over_samples,
-                    "over_sample_share": c.over_sample_share,
-                    "over_tokens": c.over_tokens,
-                    "over_token_share": c.over_token_share,
-                    "beyond_tokens": c.beyond_tokens,
-                    "beyond_token_share": c.beyond_token_share,
-                    "split_pieces": c.split_pieces,
-                    "compute": c.compute,
-                    "full_row_compute": c.full_row_compute,
+                    **{name: getattr(c, name) for name in _PLAIN_FIGURES},
                     "step_imbalance": (
                         None
                         if c.step_imbalance is None

@@ -49,12 +49,6 @@ TOLERANCES: Dict[torch.dtype, Tuple[float, float]] = {
 }
 
 
-def _model_inputs(batch: Mapping[str, Any]) -> Dict[str, Any]:
-    """The model's inputs of a batch, labels dropped too: the check compares outputs, it
-    computes no loss."""
-    return {k: v for k, v in model_inputs(batch).items() if k not in ("labels", "shift_labels")}
-
-
 @dataclass(frozen=True)
 class PackingReport:
     """What :func:`check_packing` measured.
@@ -169,7 +163,9 @@ def check_packing(
         device = params[0].device if params else torch.device("cpu")
     device = torch.device(device)
     if dtype is None:
-        dtype = max((p.dtype for p in params), key=_eps, default=torch.float32)
+        dtype = max(
+            (p.dtype for p in params), key=lambda d: torch.finfo(d).eps, default=torch.float32
+        )
     check_choice("dtype", dtype, TOLERANCES)
     default_atol, default_rtol = TOLERANCES[dtype]
     atol = default_atol if atol is None else float(atol)
@@ -274,10 +270,6 @@ def _failure_message(report: PackingReport, model: torch.nn.Module, fix: Optiona
         f" {err:.3g}, tolerance atol={report.atol:g} rtol={report.rtol:g} in {report.dtype});"
         f" {fix}"
     )
-
-
-def _eps(dtype: torch.dtype) -> float:
-    return torch.finfo(dtype).eps
 
 
 def _random_segments(
@@ -433,8 +425,14 @@ def _tokens_first(t: torch.Tensor, n_tokens: int, shape: torch.Size) -> Optional
     return None
 
 
-def _on(batch: Mapping[str, Any], device: torch.device) -> Dict[str, Any]:
-    return to_device(dict(batch), device, pin=False, non_blocking=False)
+def _forward(model, batch, device, extra) -> Optional[torch.Tensor]:
+    """The model's logits on ``batch`` as ``[tokens, ...]`` (None when it gives none)."""
+    # Labels dropped too: the check compares outputs, it computes no loss.
+    inputs = {k: v for k, v in model_inputs(batch).items() if k not in ("labels", "shift_labels")}
+    inputs = to_device(inputs, device, pin=False, non_blocking=False)
+    out = _logits(model(**inputs, **extra))
+    ids = batch["input_ids"]
+    return None if out is None else _tokens_first(out.detach(), int(ids.numel()), ids.shape)
 
 
 def _compare(
@@ -480,8 +478,7 @@ def _compare(
 
     handles = [layer.register_forward_hook(hook_for(i)) for i, layer in enumerate(layers)]
     try:
-        out = _logits(model(**_on(_model_inputs(batch), device), **extra))
-        packed_out = None if out is None else _tokens_first(out.detach(), n_tokens, shape)
+        packed_out = _forward(model, batch, device, extra)
         state["packed"] = False
         output_error = (0.0, 0.0)
         for k, piece in enumerate(pieces):
@@ -494,10 +491,7 @@ def _compare(
                 n=int(alone_batch["input_ids"].numel()),
                 shape=alone_batch["input_ids"].shape,
             )
-            out = _logits(model(**_on(_model_inputs(alone_batch), device), **extra))
-            if out is not None:
-                out = _tokens_first(out.detach(), state["n"], state["shape"])
-            alone_out = out
+            alone_out = _forward(model, alone_batch, device, extra)
             if packed_out is not None and alone_out is not None:
                 output_error = _worst(
                     output_error, packed_out[state["rows"]], alone_out[state["index"]]

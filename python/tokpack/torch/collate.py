@@ -410,12 +410,16 @@ class PackedCollator:
         row = seg if per_sample else np.repeat(np.arange(len(ids)), tokens)
         col = pos if per_sample else np.arange(seg.size) - (np.cumsum(tokens) - tokens)[row]
         n_rows = lens.size if per_sample else len(ids)
-        index = dev(row * width + col)
+        flat = row * width + col
+        index = dev(flat)
         lab.index_fill_(0, dev(seg_start), IGNORE_INDEX)
 
         def scatter(values: torch.Tensor, fill: int, dtype: torch.dtype) -> torch.Tensor:
             out = torch.full((n_rows, width), fill, dtype=dtype, device=device)
-            out.view(-1)[index] = values.to(dtype)
+            if device.type == "cpu":  # NumPy: no thread pool to wake (and wait for) on a copy
+                out.numpy().reshape(-1)[flat] = values.numpy()
+            else:
+                out.view(-1)[index] = values.to(dtype)
             return out
 
         out_ids = scatter(input_ids, self.pad_id, torch.int64)
