@@ -346,18 +346,18 @@ def export_nemo_packed(
             "(Megatron-Bridge reads only those)"
         )
     packed = _packed_dir(packed_dir, "a NeMo packed-sequence file")
-    figures = {"file": shown, "rows": 0, "sequences": 0, "tokens": 0, "loss_tokens": 0}
+    counts = dict.fromkeys(("rows", "sequences", "tokens", "loss_tokens"), 0)
     schema = _NEMO_SCHEMA.with_metadata({_NEMO_MARK: _tokpack.__version__})
     with writing(shown), _outputs([shown], packed, force, _nemo_written) as (tmp,):
         with pq.ParquetWriter(tmp, schema, compression=compression) as writer:
             for group in _row_groups(packed, packed.has_labels):
                 table, n_loss = _nemo_table(group)
                 writer.write_table(table, row_group_size=max(table.num_rows, 1))
-                figures["rows"] += table.num_rows
-                figures["sequences"] += int(group.lengths.size)  # type: ignore[operator]
-                figures["tokens"] += int(group.tokens.size)  # type: ignore[operator]
-                figures["loss_tokens"] += n_loss  # type: ignore[operator]
-    return figures
+                for key, n in zip(
+                    counts, (table.num_rows, group.lengths.size, group.tokens.size, n_loss)
+                ):
+                    counts[key] += int(n)
+    return {"file": shown, **counts}
 
 
 def _nemo_written(path: Any, fs: Any = None) -> bool:
