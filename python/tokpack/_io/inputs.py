@@ -34,8 +34,9 @@ from ..errors import (
     InputReadError,
     TokpackError,
 )
-from .objects import is_object_uri, mirror_objects, shown_path, uri_of  # noqa: F401 (shown_path re-exported)
+from .objects import mirror_objects, shown_path, uri_of  # noqa: F401 (shown_path re-exported)
 from .overlap import Place, check_apart, local_place, uri_place
+from .uri import is_remote
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 # Token shards: Parquet and Arrow IPC (the Rust reader recognises the format by its magic bytes).
@@ -104,7 +105,7 @@ def resolve_inputs(
         text = os.fspath(item)
         if not text:
             raise ConfigError("an input path is empty")
-        if is_object_uri(str(text)):
+        if is_remote(text):
             copies = mirror_objects(str(text), suffixes)
             places = _object_places(str(text), copies)
             if out is not None:

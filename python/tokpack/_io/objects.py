@@ -38,10 +38,9 @@ import pyarrow.fs as pafs
 from .. import _tokpack
 from ..errors import InputNotFoundError, TokpackError
 from .pids import remove_dead_temporaries
-from .uri import cache_home, is_remote, store_of
+from .uri import cache_home, store_of
 
 __all__ = [
-    "is_object_uri",
     "mirror_objects",
     "uri_of",
     "object_fingerprint",
@@ -56,11 +55,6 @@ _SOURCE_SUFFIX = ".tokpack-source.json"
 def cache_root() -> Path:
     """The local cache of object copies: ``objects/`` of tokpack's cache."""
     return cache_home() / "objects"
-
-
-def is_object_uri(text: str) -> bool:
-    """A URI of object storage (``scheme://...``, not ``file://``)."""
-    return "://" in text and is_remote(text)
 
 
 def uri_of(path: Union[str, os.PathLike]) -> Optional[str]:

@@ -48,6 +48,7 @@ from .inputs import input_error, shown_path
 from .manifest import MANIFEST_NAME, read_manifest, write_json_atomic  # noqa: F401 (re-exported)
 from .objects import object_fingerprint
 from .pids import remove_dead_temporaries
+from .scratch import remove_unheld
 
 # Side files (manifest, indexes, accounting) live in SIDE_DIR, a subdirectory Parquet readers
 # skip: pyarrow.dataset ignores names starting with "_", Hugging Face datasets ignores directories
@@ -130,24 +131,9 @@ def _clean_stale(out_dir: Path) -> None:
     remove_dead_temporaries(
         parent, re.compile(rf"{re.escape(prefix)}(?:{tags})(\d+)(?:-.*)?", re.DOTALL)
     )
-    _remove_stale_lock(parent / f"{prefix}{_LOCK_SUFFIX}")
-
-
-def _remove_stale_lock(path: Path) -> None:
-    """Removes the lock file of a run that died (kill -9): nobody holds its flock. A run that
-    opened it meanwhile sees it unlinked and takes a new one (see :func:`_output_lock`)."""
-    try:
-        fd = os.open(path, os.O_RDWR)
-    except OSError:
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        if os.stat(path).st_ino == os.fstat(fd).st_ino:
-            os.unlink(path)
-    except OSError:
-        pass  # held by a live run, already gone, or not ours to remove
-    finally:
-        os.close(fd)
+    # The lock file of a run that died (kill -9): nobody holds its flock. A run that opened it
+    # meanwhile sees it unlinked and takes a new one (see :func:`_output_lock`).
+    remove_unheld(parent / f"{prefix}{_LOCK_SUFFIX}")
 
 
 def output_target(out_dir: Union[str, os.PathLike]) -> Path:

@@ -17,7 +17,7 @@ from typing import Any, Iterable, Optional, Tuple
 
 from ..errors import ConfigError
 from .objects import shown_path
-from .uri import shown_uri
+from .uri import fs_protocols, shown_uri
 
 __all__ = ["Place", "local_place", "store_place", "uri_place", "check_apart"]
 
@@ -70,12 +70,8 @@ def _key_parts(key: str) -> Tuple[str, ...]:
 
 def store_place(fs: Any, key: str, shown: str) -> Place:
     """A key on a ``pyarrow.fs`` file system (an fsspec one wrapped in ``PyFileSystem``)."""
-    handler = getattr(fs, "handler", None)
-    protocol = getattr(getattr(handler, "fs", None), "protocol", None)
-    if protocol:
-        name = protocol if isinstance(protocol, str) else protocol[0]
-    else:
-        name = getattr(fs, "type_name", "store")
+    protocols = fs_protocols(getattr(getattr(fs, "handler", None), "fs", None))
+    name = protocols[0] if protocols else getattr(fs, "type_name", "store")
     if "://" in key:  # (a URI given as a key names its own store)
         return uri_place(key, shown)
     return Place(_store_name(str(name)), _key_parts(key), shown)

@@ -56,23 +56,27 @@ def remove_dead(parent: Union[str, os.PathLike]) -> None:
     except OSError:
         return
     for name in names:
-        lock = Path(parent, name)
-        try:
-            fd = os.open(lock, os.O_RDWR | os.O_NOFOLLOW)
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if os.stat(lock, follow_symlinks=False).st_ino != os.fstat(fd).st_ino:
-                continue  # replaced meanwhile: not the file this lock is
-            folder = Path(parent, name[: -len(_LOCK)])
-            if folder.is_dir() and not folder.is_symlink():
+        remove_unheld(Path(parent, name), Path(parent, name[: -len(_LOCK)]))
+
+
+def remove_unheld(lock: Path, folder: Optional[Path] = None) -> None:
+    """Removes the lock file ``lock`` when nobody holds its flock (its run died, kill -9), and
+    first ``folder`` (that run's directory); nothing when it is held, or was replaced meanwhile
+    (not the file this lock is)."""
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_NOFOLLOW)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if os.stat(lock, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
+            if folder is not None and folder.is_dir() and not folder.is_symlink():
                 shutil.rmtree(folder, ignore_errors=True)
             os.unlink(lock)
-        except OSError:
-            pass  # held by a live run (or already removed by another run)
-        finally:
-            os.close(fd)
+    except OSError:
+        pass  # held by a live run (or already removed by another run)
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager

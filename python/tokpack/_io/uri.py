@@ -37,7 +37,8 @@ def cache_home() -> Path:
     return Path(base, "tokpack")
 
 
-def _protocols(filesystem: Any) -> Tuple[str, ...]:
+def fs_protocols(filesystem: Any) -> Tuple[str, ...]:
+    """The protocols an fsspec file system names itself by (``("s3", "s3a")``), or ()."""
     protocol = getattr(filesystem, "protocol", None)
     return (protocol,) if isinstance(protocol, str) else tuple(protocol or ())
 
@@ -93,8 +94,9 @@ def local_path(output_dir: Union[str, os.PathLike], filesystem: Any = None) -> O
             fs, path = pafs.FileSystem.from_uri(text)
             return path if isinstance(fs, pafs.LocalFileSystem) else None
         return None
-    fsspec_local = not isinstance(filesystem, pafs.FileSystem) and "file" in _protocols(filesystem)
-    return text if isinstance(filesystem, pafs.LocalFileSystem) or fsspec_local else None
+    if isinstance(filesystem, pafs.FileSystem):
+        return text if isinstance(filesystem, pafs.LocalFileSystem) else None
+    return text if "file" in fs_protocols(filesystem) else None
 
 
 def is_remote(path: Union[str, os.PathLike], filesystem: Any = None) -> bool:

@@ -30,10 +30,10 @@ from .._contract import IGNORE_INDEX
 from .._io.arrays import list_array
 from .._io.inputs import TOKEN_SUFFIXES, shown_path
 from .._io.manifest import read_json, write_json
-from .._io.objects import is_object_uri
 from .._io.outdir import atomic_output_files, writing
 from .._io.overlap import Place, check_apart, local_place, uri_place
 from .._io.store import object_output_files
+from .._io.uri import is_remote
 from ..errors import ConfigError, CorruptOutputError, DataError
 from ..kinds import refuse_kind
 from .reader import PackedDir, segment_sums
@@ -97,10 +97,10 @@ def _outputs(shown: List[str], packed: PackedDir, force: bool, owned: Callable[.
     objects on object storage, else local files. An existing one is replaced only with
     ``force`` and when ``owned(path or key, fs)`` says tokpack wrote it. Refused first when
     one overlaps what :func:`_read_places` says the export reads."""
-    places = [uri_place(name) if is_object_uri(name) else local_place(name) for name in shown]
+    places = [uri_place(name) if is_remote(name) else local_place(name) for name in shown]
     for place, name in zip(places, shown):
         check_apart(place, _read_places(packed, name), writes="file")
-    write = object_output_files if is_object_uri(shown[0]) else atomic_output_files
+    write = object_output_files if is_remote(shown[0]) else atomic_output_files
     return write(shown, force=force, owned=owned)
 
 
@@ -112,7 +112,7 @@ def _read_places(packed: PackedDir, name: str) -> List[Tuple[Place, bool]]:
     places = [(root, True)]
     if name.lower().endswith(TOKEN_SUFFIXES):
         for folder in packed.manifest.get("input_folders") or []:
-            place = uri_place(folder) if is_object_uri(folder) else local_place(folder)
+            place = uri_place(folder) if is_remote(folder) else local_place(folder)
             places.append((place, True))
     return places
 
@@ -346,18 +346,18 @@ def export_nemo_packed(
             "(Megatron-Bridge reads only those)"
         )
     packed = _packed_dir(packed_dir, "a NeMo packed-sequence file")
-    figures = {"file": shown, "rows": 0, "sequences": 0, "tokens": 0, "loss_tokens": 0}
+    counts = dict.fromkeys(("rows", "sequences", "tokens", "loss_tokens"), 0)
     schema = _NEMO_SCHEMA.with_metadata({_NEMO_MARK: _tokpack.__version__})
     with writing(shown), _outputs([shown], packed, force, _nemo_written) as (tmp,):
         with pq.ParquetWriter(tmp, schema, compression=compression) as writer:
             for group in _row_groups(packed, packed.has_labels):
                 table, n_loss = _nemo_table(group)
                 writer.write_table(table, row_group_size=max(table.num_rows, 1))
-                figures["rows"] += table.num_rows
-                figures["sequences"] += int(group.lengths.size)  # type: ignore[operator]
-                figures["tokens"] += int(group.tokens.size)  # type: ignore[operator]
-                figures["loss_tokens"] += n_loss  # type: ignore[operator]
-    return figures
+                for key, n in zip(
+                    counts, (table.num_rows, group.lengths.size, group.tokens.size, n_loss)
+                ):
+                    counts[key] += int(n)
+    return {"file": shown, **counts}
 
 
 def _nemo_written(path: Any, fs: Any = None) -> bool:

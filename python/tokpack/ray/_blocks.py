@@ -249,9 +249,8 @@ def file_columns(paths: List[Any], config: PackConfig) -> Tuple[str, PackConfig,
     labels = _tokpack.input_columns(paths=[str(p) for p in paths], config=config)
     schema = pq.read_schema(paths[0])
     carry = pa.schema([schema.field(c) for c in config.carry]) if config.carry else None
-    if labels is None:
-        return kind, config, Columns(config.tokens_column, None, carry=carry)
-    return kind, config, Columns(config.tokens_column, labels[0], mask=labels[1], carry=carry)
+    label, mask = labels or (None, False)
+    return kind, config, Columns(config.tokens_column, label, mask=mask, carry=carry)
 
 
 def dataset_columns(

@@ -15,9 +15,9 @@ from .._checks import check_choice, check_int
 from .._io import manifest as _manifest
 from .._io.inputs import TOKEN_SUFFIXES, is_parquet, resolve_inputs
 from .._io.manifest import member_path
-from .._io.objects import is_object_uri
 from .._io.outdir import output_target, writing
-from .._io.store import LocalOut, committed_output, local_path, read_manifest_at
+from .._io.store import LocalOut, committed_output, read_manifest_at
+from .._io.uri import is_remote, local_path
 from ..errors import ConfigError, CorruptOutputError
 from ..pack.config import PackConfig, pack_config, refuse_unsupported
 from ..pack.plan import plan as make_plan
@@ -166,7 +166,7 @@ def _input_files(inputs: Any, output_dir: Any, filesystem: Any) -> List[Path]:
     ``output_dir``."""
     # An object-store OUT (s3://..., or on a filesystem=) cannot overlap local inputs.
     items = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
-    remote = [str(i) for i in items if is_object_uri(os.fspath(i))]
+    remote = [str(i) for i in items if is_remote(i)]
     if remote:  # the copies would be on the driver only, not on the nodes that read them
         raise ConfigError(
             f"{remote[0]}: --ray reads input files from a path every node sees; for objects,"

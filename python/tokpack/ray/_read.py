@@ -12,12 +12,12 @@ import shutil
 import tempfile
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import ray.data
 
+from .._io.arrays import list_array
 from .._io.store import MANIFEST_NAME
 from ..errors import CorruptOutputError
 from ..packed.reader import byte_range, decode_row_group
@@ -153,10 +153,8 @@ def _read_shard(shard: Dict[str, Any], root: str, fs: Any, columns: Optional[Lis
                 field = schema.field(col)
                 if isinstance(decoded[col], tuple):
                     values, offsets = decoded[col]
-                    inner = pa.array(values, type=field.type.value_type)
-                    kind = pa.LargeListArray if pa.types.is_large_list(field.type) else pa.ListArray
-                    width = np.int64 if kind is pa.LargeListArray else np.int32
-                    arrays.append(kind.from_arrays(pa.array(offsets.astype(width)), inner))
+                    lists = list_array(offsets, values, field.type.value_type)
+                    arrays.append(lists.cast(field.type))
                 else:
                     arrays.append(pa.array(decoded[col], type=field.type))
             tables.append(pa.Table.from_arrays(arrays, names=names))
