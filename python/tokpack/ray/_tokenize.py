@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import ConfigError
-from ..kinds import refuse_kind
+from ..kinds import KINDS, refuse_kind
 from ..tokenize import tokenize_to_batches
 from ..tokenize.formats import detect_format, resolve_columns
 from ..tokenize.options import TokenizeOptions
@@ -107,7 +107,7 @@ def tokenize(
         first = ds.take(1)
         columns = resolve_columns(chosen.columns)
         chosen = chosen.for_first_format(detect_format(first[0], columns) if first else None)
-    if chosen.kind == "tree":
+    if KINDS[chosen.kind].trees:
         # A tree sample's group is its record's position in the run; a Ray dataset's blocks
         # number no records (tokpack tokenize --ray does: its records are read in one place).
         refuse_kind("ray", chosen.kind, "the dataset given to tokpack.ray.tokenize")
