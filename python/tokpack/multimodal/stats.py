@@ -50,9 +50,8 @@ def vision_stats(inputs: Union[str, Sequence[str]]) -> Optional[Dict[str, Any]]:
         videos = pc.sum(pc.count_substring(media, '"type":"video"')).as_py() or 0
         out["videos"] += videos
         out["images"] += (pc.sum(pc.count_substring(media, '"span"')).as_py() or 0) - videos
-        out["tokens"] += pc.sum(t.column("length")).as_py() or 0
-        out["vision_tokens"] += pc.sum(vision).as_py() or 0
-        out["vision_patches"] += pc.sum(t.column("vision_patches")).as_py() or 0
+        for key, column in (("tokens", "length"), *((c, c) for c in MEDIA[1:])):
+            out[key] += pc.sum(t.column(column)).as_py() or 0
         out["max_vision_tokens"] = max(out["max_vision_tokens"], pc.max(vision).as_py() or 0)
     if not found:
         return None

@@ -178,8 +178,7 @@ class MultimodalEncoder:
         self.start_id = _token_id(self.tokenizer, tokens.start, "vision start")
         self.pad_id = _token_id(self.tokenizer, tokens.image_pad, "image pad")
         self.end_id = _token_id(self.tokenizer, tokens.end, "vision end")
-        video_pad_id = self.tokenizer.tokenizer.token_to_id(tokens.video_pad)
-        self.video_pad_id = None if video_pad_id is None else int(video_pad_id)
+        self.video_pad_id: Optional[int] = self.tokenizer.tokenizer.token_to_id(tokens.video_pad)
 
     def _video_settings(
         self,

@@ -29,14 +29,13 @@ from .._io.inputs import is_parquet
 from .._tokpack import KTO_LABEL
 from ..errors import ConfigError, InvalidRecordError, OverlongError
 from ..kinds import kind
-from .formats import PER_COMPLETION, TREE, Record, parse_record
+from .formats import PER_COMPLETION, TREE, Record, Sample, parse_record
 from .masks import IGNORE_INDEX, labels_from_spans
 from .options import TokenizeOptions
 from .samples import (
     Chat,
     ChunkResult,
     JsonlTokens,
-    PairChat,
     PathLike,
     Prepared,
     RejectSink,
@@ -177,30 +176,27 @@ class RecordEncoder:
         """Parse each record, render the chats in one batch, then take the records in order: a
         rejected one is counted and sent to ``reject`` (without ``skip_invalid``, the first
         one in input order raises)."""
-        parsed: List[Union[List[Prepared], Chat, PairChat, InvalidRecordError]] = []
+        parsed: List[Union[List[Prepared], Chat, Sample, InvalidRecordError]] = []
         for record in records:
             try:
                 parsed.append(self._prepare(record))
             except InvalidRecordError as exc:
                 parsed.append(exc)
         chats = [item for item in parsed if isinstance(item, Chat)]
-        pairs = [item for item in parsed if isinstance(item, PairChat)]
+        pairs = [item for item in parsed if isinstance(item, Sample)]
         train_on = self.options.train_on
         if self.options.each_turn:
             render = lambda convs: self.template.trained_spans_many(convs, train_on)  # noqa: E731
-            turns = iter(each_turn_prepared(chats, self.template.has_generation, render))
+            chat_texts = iter(each_turn_prepared(chats, self.template.has_generation, render))
         else:
-            rendered = iter(
-                self.template.trained_spans_many([(c.messages, c.record) for c in chats], train_on)
-            )
+            convs = [(c.messages, c.record) for c in chats]
+            rendered = self.template.trained_spans_many(convs, train_on)
+            chat_texts = map(self._chat_prepared, chats, rendered)
         pair_texts = iter(self._render_pairs(pairs))
         prepared = []
         for record, item in zip(records, parsed):
-            if isinstance(item, Chat):
-                each = self.options.each_turn
-                item = next(turns) if each else self._chat_prepared(item, next(rendered))
-            elif isinstance(item, PairChat):
-                item = next(pair_texts)
+            if isinstance(item, (Chat, Sample)):
+                item = next(chat_texts if isinstance(item, Chat) else pair_texts)
             if isinstance(item, InvalidRecordError):
                 if not self.options.skip_invalid:
                     raise item
@@ -213,23 +209,17 @@ class RecordEncoder:
             stats.formats[fmt] = stats.formats.get(fmt, 0) + 1
         return prepared
 
-    def _render_pairs(
-        self, pairs: List["PairChat"]
-    ) -> List[Union[List[Prepared], InvalidRecordError]]:
+    def _render_pairs(self, pairs: List[Sample]) -> List[Union[List[Prepared], InvalidRecordError]]:
         """Each conversational preference / KTO record's texts (its prompt with the generation
         prompt, then the prompt with each completion), the chunk's rendered in two batches; a
         record whose render fails is its first error, in that order."""
-        prompts = self.template.render_many(
-            [(p.prompt, p.record) for p in pairs], add_generation_prompt=True
-        )
-        fulls = iter(
-            self.template.render_many(
-                [(p.prompt + c, p.record) for p in pairs for c in p.completions]
-            )
-        )
+        convs: List[Any] = [(p.prompt, p.record) for p in pairs]
+        prompts = self.template.render_many(convs, add_generation_prompt=True)
+        convs = [(p.prompt + c, p.record) for p in pairs for c in p.completions]  # type: ignore[operator,union-attr]
+        fulls = iter(self.template.render_many(convs))
         out: List[Union[List[Prepared], InvalidRecordError]] = []
         for pair, prompt in zip(pairs, prompts):
-            texts = [prompt] + [next(fulls) for _ in pair.completions]
+            texts = [prompt] + [next(fulls) for _ in pair.completions]  # type: ignore[union-attr]
             error = next((t for t in texts if isinstance(t, InvalidRecordError)), None)
             # A chat text's labels come from the prompt length (finish), hence empty spans.
             out.append(
@@ -239,14 +229,14 @@ class RecordEncoder:
             )
         return out
 
-    def _prepare(self, record: Record) -> Union[List[Prepared], "Chat", "PairChat"]:
+    def _prepare(self, record: Record) -> Union[List[Prepared], Chat, Sample]:
         """The record's texts: one, or for a preference / KTO record ``1 + roles``; a chat
         to render (with the chunk's others, :meth:`prepare`)."""
         sample = parse_record(record, self.options.format, self.options.columns or {})
         if self.options.carry:
             record.carried = tuple(_carried_value(record, name) for name in self.options.carry)
         if sample.completions is not None:
-            return self._prepare_pair(record, sample.prompt, sample.completions, sample.label)
+            return self._prepare_pair(sample)
         if sample.text is not None:
             return [Prepared(record, sample.text, None, True)]
         return Chat(record, sample.messages or [])
@@ -263,20 +253,19 @@ class RecordEncoder:
         last_trained = train_on == "all" or chat.messages[-1].get("role") == "assistant"
         return [Prepared(chat.record, text, spans, last_trained)]
 
-    def _prepare_pair(
-        self, record: Record, prompt: Any, completions: List[Any], label: Optional[bool]
-    ) -> Union[List[Prepared], "PairChat"]:
+    def _prepare_pair(self, sample: Sample) -> Union[List[Prepared], Sample]:
         """As TRL's DPO and KTO trainers prepare them: the prompt alone, then the prompt with
         each completion. Strings (the standard shape) are joined, each completion ending with
         the EOS text unless it already does (or ``add_eos`` is off), and encoded with the
         tokenizer's special tokens; conversations are rendered with the chat template, the
         prompt with the generation prompt, and encoded without them."""
+        prompt, completions = sample.prompt, sample.completions or []
         if not isinstance(prompt, str):
-            return PairChat(record, prompt, completions, label)  # rendered with the chunk's
+            return sample  # rendered with the chunk's
         eos = self.tokenizer.eos_token if self.options.add_eos is not False else None
-        ends = [eos if eos and not c.endswith(eos) else "" for c in completions]
-        texts = [prompt] + [prompt + c + end for c, end in zip(completions, ends)]
-        return [Prepared(record, text, None, False, label) for text in texts]
+        ends = [eos if eos and not c.endswith(eos) else "" for c in completions]  # type: ignore[union-attr]
+        texts = [prompt] + [prompt + c + end for c, end in zip(completions, ends)]  # type: ignore[operator]
+        return [Prepared(sample.record, text, None, False, sample.label) for text in texts]
 
     def jsonl_in_rust(self, inputs: Sequence[PathLike]) -> bool:
         """Whether chunks of ``inputs`` go through :meth:`encode_jsonl`: JSONL chat records

@@ -1,5 +1,5 @@
 """The shapes a tokenize run passes around: the accounting of a run (:class:`TokenizeStats`),
-the texts one record becomes (:class:`Prepared`, :class:`Chat`, :class:`PairChat`), and a chunk's
+the texts one record becomes (:class:`Prepared`, :class:`Chat`), and a chunk's
 token sequences as flat arrays (:class:`Tokens`), which become the token ``RecordBatch``es of
 :mod:`tokpack.tokenize.schema`."""
 
@@ -87,16 +87,6 @@ class Chat:
 
     record: Record
     messages: List[Dict[str, Any]]
-
-
-@dataclass
-class PairChat:
-    """A conversational preference / KTO record, rendered with the rest of its chunk."""
-
-    record: Record
-    prompt: List[Dict[str, Any]]
-    completions: List[List[Dict[str, Any]]]
-    label: Optional[bool]
 
 
 @dataclass
