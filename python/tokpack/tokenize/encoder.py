@@ -29,7 +29,7 @@ from .._io.inputs import is_parquet
 from .._tokpack import KTO_LABEL
 from ..errors import ConfigError, InvalidRecordError, OverlongError
 from ..kinds import kind
-from .formats import PER_COMPLETION, TREE, Record, Sample, parse_record
+from .formats import PER_COMPLETION, Record, Sample, parse_record
 from .masks import IGNORE_INDEX, labels_from_spans
 from .options import TokenizeOptions
 from .samples import (
@@ -65,7 +65,7 @@ class RecordEncoder:
         self.options = options
         self.kind = options.kind
         self.spec = kind(self.kind)
-        self.tree = self.kind == TREE
+        self.tree = self.spec.trees
         self.prompted = self.spec.prompted and not self.tree
         self.grpo = options.format == "grpo"
         self._check_kind()
@@ -271,7 +271,7 @@ class RecordEncoder:
         """Whether chunks of ``inputs`` go through :meth:`encode_jsonl`: JSONL chat records
         (format ``messages``, or ``auto`` for SFT) rendered and encoded in Rust."""
         return (
-            self.kind == "sft"
+            not (self.spec.prompted or self.tree)  # one flat sequence per record
             and not self.options.carry  # carried fields are read from records parsed in Python
             and self.options.format in ("auto", "messages")
             and self.template.rust is not None

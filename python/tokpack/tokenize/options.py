@@ -13,7 +13,7 @@ from .._checks import MAX_ROWS, check_choice, check_int
 from .._contract import OVERLONG_POLICIES
 from .._tokpack import PackConfig
 from ..errors import ConfigError
-from ..kinds import kind_of_records
+from ..kinds import RECORD_KINDS, kind, kind_of_records
 from .formats import (
     DEFAULT_COLUMNS,
     FORMATS,
@@ -127,7 +127,7 @@ class TokenizeOptions:
 
     def for_first_format(self, detected: Optional[str]) -> "TokenizeOptions":
         """:meth:`for_inputs` given the format of the run's first record (None: unknown)."""
-        if self.format != "auto" or detected is None or kind_of_records(detected) == "sft":
+        if self.format != "auto" or detected not in RECORD_KINDS:
             return self
         return replace(self, format=detected)
 
@@ -142,7 +142,7 @@ class TokenizeOptions:
             del data["carry"]
         if not self.each_turn:
             del data["each_turn"]
-        if self.kind != TREE:  # (the same: the GRPO fields only in the runs that read them)
+        if not kind(self.kind).trees:  # (the same: the GRPO fields only in the runs that read them)
             for name in ("completions", *PER_COMPLETION):
                 if data["columns"][name] == DEFAULT_COLUMNS[name]:
                     del data["columns"][name]
