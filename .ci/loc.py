@@ -6,6 +6,8 @@ lines than before" is measured with it.
     python .ci/loc.py 193a457 HEAD                      # totals at each commit
     python .ci/loc.py 193a457 HEAD --exclude 'tree|cap_repair'
     python .ci/loc.py 193a457 HEAD --files              # per-file change, largest first
+    python .ci/loc.py 193a457 HEAD --commits --exclude 'tree|cap_repair'
+                                       # each commit's own change (merges left out), in order
 
 ``--exclude`` leaves out files whose path matches (features added after the first commit, to
 compare the code the two commits share).
@@ -19,7 +21,7 @@ import io
 import re
 import subprocess
 import tokenize
-from typing import Dict, Optional, Set
+from typing import Dict, List, Optional, Set
 
 
 def _git(*args: str) -> str:
@@ -56,11 +58,13 @@ def rust_lines(src: str) -> int:
     return sum(1 for line in stripped if line and not line.startswith("//"))
 
 
-def counts(commit: str, exclude: Optional[str]) -> Dict[str, int]:
-    """Code lines per counted file at ``commit``."""
-    names = _git("ls-tree", "-r", "--name-only", commit, "python/tokpack", "rust").split()
+def counts(
+    commit: str, exclude: Optional[str], names: Optional[List[str]] = None
+) -> Dict[str, int]:
+    """Code lines per counted file at ``commit`` (of ``names`` only, when given)."""
+    listed = _git("ls-tree", "-r", "--name-only", commit, "python/tokpack", "rust").split()
     out = {}
-    for name in names:
+    for name in listed if names is None else sorted(set(names) & set(listed)):
         if re.match(r"rust/[^/]+/tests/", name) or (exclude and re.search(exclude, name)):
             continue
         if name.endswith((".py", ".pyi")):
@@ -70,12 +74,27 @@ def counts(commit: str, exclude: Optional[str]) -> Dict[str, int]:
     return out
 
 
+def commit_changes(first: str, last: str, exclude: Optional[str]) -> None:
+    """Each non-merge commit of ``first..last``: its own change of the count, and its title."""
+    for c in _git("rev-list", "--reverse", "--no-merges", f"{first}..{last}").split():
+        changed = _git("diff", "--no-renames", "--name-only", f"{c}^", c).split()
+        before, after = counts(f"{c}^", exclude, changed), counts(c, exclude, changed)
+        title = _git("log", "-1", "--format=%h %s", c).strip()
+        print(f"{sum(after.values()) - sum(before.values()):+6d} {title[:100]}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("commits", nargs="+")
     parser.add_argument("--exclude", help="regex of file paths left out")
     parser.add_argument("--files", action="store_true", help="per-file change, first to last")
+    parser.add_argument(
+        "--commits", dest="each_commit", action="store_true", help="each commit's own change"
+    )
     args = parser.parse_args()
+    if args.each_commit:
+        commit_changes(args.commits[0], args.commits[-1], args.exclude)
+        return
     per = {c: counts(c, args.exclude) for c in args.commits}
     for c, files in per.items():
         py = sum(n for f, n in files.items() if not f.endswith(".rs"))
